@@ -1,0 +1,5 @@
+import sys
+
+from fxwrap.cli import main
+
+sys.exit(main())

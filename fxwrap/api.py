@@ -1,0 +1,193 @@
+"""The user-facing entry points: ``compile``, ``lower``, ``Backend``, ``Program``.
+
+    >>> model = torch.compile(model, backend="fxwrap")           # registered by entry point
+    >>> model = fxwrap.compile(model, target="cpu")               # same, explicit target
+    >>> prog = fxwrap.lower(lambda x: x.sin() + 1, torch.randn(8))
+    >>> print(prog.code())
+    def forward(arg0):
+        # sin: aten.sin.default
+        buf0 = empty_strided((8,), (1,), dtype=torch.float32, device='cpu')
+        aten.sin.out(arg0, out=buf0)
+        ...
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fxwrap.core.capture import capture_backend, default_decompositions
+from fxwrap.core.memory import MemoryPlan, plan_memory
+from fxwrap.plugins.manager import get_plugin_manager
+from fxwrap.targets.base import Target
+from fxwrap.wrapper_ir.build import build_lines
+from fxwrap.wrapper_ir.fx import to_graph_module
+from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
+from fxwrap.wrapper_ir.printer import program_source
+
+log = logging.getLogger("fxwrap")
+
+OPTION_NAMES = {"target", "reuse", "decompositions", "on_program"}
+
+
+@dataclass
+class Program:
+    """One compiled graph (an inference, forward or backward graph).
+
+    ``lines`` is the Wrapper IR, ``graph_module`` its FX form, ``code()`` the
+    printed program, ``peak_bytes`` the memory plan's peak (at the size hints),
+    and calling the Program runs what the target's wrapper made of the graph.
+    """
+
+    kind: str
+    target: Target
+    inputs: list[Buffer | SizeInput]
+    lines: list[Line]
+    graph_module: torch.fx.GraphModule
+    memory: MemoryPlan
+    runner: Callable = field(repr=False)
+    constants: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak_bytes
+
+    def code(self) -> str:
+        return program_source(self.inputs, self.lines)
+
+    def __call__(self, *args):
+        return self.runner(*args)
+
+
+def _log_enabled(what: str) -> bool:
+    return what in os.environ.get("FXWRAP_LOG", "").split(",")
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, target: Target, kind: str = "inference",
+                       options: dict | None = None) -> Program:
+    """ATen graph -> Wrapper IR -> memory plan -> GraphModule -> target's runner."""
+    options = options or {}
+    manager = get_plugin_manager()
+    built = build_lines(gm, target.name)
+    plan = plan_memory(built.lines, built.hints, reuse=options.get("reuse", True))
+    lines = plan.lines
+    for wrapper_pass in manager.wrapper_passes(target):
+        lines = list(wrapper_pass(lines))
+    graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
+    runner = target.wrapper(target).compile_graph(graph_module)
+    program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants)
+    if _log_enabled("wrapper"):
+        log.warning("fxwrap %s program (target %s):\n%s", kind, target.name, program.code())
+    if _log_enabled("fx"):
+        log.warning("fxwrap %s GraphModule:\n%s", kind, graph_module.code)
+    return program
+
+
+def _device_type_of(example_inputs: Sequence[Any]) -> str:
+    types = [t.device.type for t in example_inputs if isinstance(t, torch.Tensor)]
+    for device_type in types:
+        if device_type != "cpu":
+            return device_type
+    return "cpu"
+
+
+def resolve_target(target: str | Target | None, example_inputs: Sequence[Any] = ()) -> Target:
+    """A Target by name, as given, or the default one for the inputs' device."""
+    if isinstance(target, Target):
+        return target
+    manager = get_plugin_manager()
+    if target is not None:
+        return manager.target(target)
+    return manager.target_for_device(_device_type_of(example_inputs))
+
+
+class Backend:
+    """A ``torch.compile`` backend: ``torch.compile(fn, backend=Backend(target="cpu"))``.
+
+    Options: ``target`` (name or Target; default: the inputs' device), ``reuse``
+    (storage reuse in the memory plan, default True), ``decompositions``
+    (``"core"`` (default) or ``"none"``), ``on_program`` (a callable receiving every
+    compiled ``Program``).
+    """
+
+    def __init__(self, target: str | Target | None = None, options: dict | None = None):
+        options = dict(options or {})
+        unknown = set(options) - OPTION_NAMES
+        if unknown:
+            raise TypeError(f"unknown fxwrap option(s) {sorted(unknown)}; known: {sorted(OPTION_NAMES)}")
+        self.target = options.pop("target", target)
+        self.options = options
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        target = resolve_target(self.target, example_inputs)
+        on_program = self.options.get("on_program")
+        mode = self.options.get("decompositions", "core")
+        decomps = default_decompositions() if mode == "core" else {}
+        decomps.update(get_plugin_manager().decompositions(target))
+
+        def compile_graph(aten_gm, aten_inputs, kind):
+            program = compile_aten_graph(aten_gm, target, kind, self.options)
+            if on_program is not None:
+                on_program(program)
+            return program.runner
+
+        return capture_backend(compile_graph, decomps)(gm, example_inputs)
+
+
+def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
+                   mode: str | None = None):
+    """``torch.compile(model, backend="fxwrap", options={...})`` lands here."""
+    if mode not in (None, "default"):
+        raise ValueError(f"fxwrap has no mode {mode!r}; pass options={{...}} instead")
+    return Backend(options=options)(gm, example_inputs)
+
+
+def compile(model, target: str | Target | None = None, dynamic: bool | None = None,
+            fullgraph: bool = False, options: dict | None = None):
+    """``torch.compile`` with the fxwrap backend on ``target``."""
+    return torch.compile(model, backend=Backend(target, options), dynamic=dynamic, fullgraph=fullgraph)
+
+
+@dataclass
+class TrainingPrograms:
+    """``lower(..., training=True)``: the forward and backward programs."""
+
+    forward: Program
+    backward: Program
+
+
+def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
+          target: str | Target | None = None, options: dict | None = None):
+    """Compile ``fn`` for ``example_inputs`` and return its Program(s) without running later.
+
+    ``training=False`` gives the inference Program; ``training=True`` runs one
+    forward and backward (on the sum of the floating outputs) and returns both.
+    """
+    programs: list[Program] = []
+    opts = dict(options or {})
+    opts["on_program"] = programs.append
+    compiled = torch.compile(fn, backend=Backend(target, opts), dynamic=dynamic, fullgraph=True)
+    if not training:
+        with torch.no_grad():
+            compiled(*example_inputs)
+        return _only(programs, "inference")
+    out = compiled(*example_inputs)
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    loss = sum(o.float().sum() for o in outs
+               if isinstance(o, torch.Tensor) and o.requires_grad)
+    if not isinstance(loss, torch.Tensor):
+        raise ValueError("lower(training=True): no output requires grad; give inputs with requires_grad=True")
+    loss.backward()
+    return TrainingPrograms(_only(programs, "forward"), _only(programs, "backward"))
+
+
+def _only(programs: list[Program], kind: str) -> Program:
+    found = [p for p in programs if p.kind == kind]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one {kind} program, dynamo produced {[p.kind for p in programs]} "
+                           "(a graph break splits the function; lower() needs one graph)")
+    return found[0]

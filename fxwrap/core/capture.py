@@ -1,0 +1,54 @@
+"""From a dynamo FX graph to ATen graphs, through AOTAutograd.
+
+``capture_backend(compile_graph, decompositions)`` is a dynamo backend; for
+
+    @torch.compile(backend=...)
+    def f(x): return torch.nn.functional.gelu(x) * 2
+
+AOTAutograd traces the forward (and, when inputs need grad, the backward) into
+ATen/prims graphs after applying ``decompositions`` and calls
+``compile_graph(aten_gm, example_inputs, kind)`` with kind ``"inference"``,
+``"forward"`` or ``"backward"``.  With ``dynamic=True`` the graphs take size
+symbols (``s0``) as inputs beside the tensors.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from functorch.compile import make_boxed_func
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+
+aten = torch.ops.aten
+
+# Decompositions fxwrap does not take from the core table: they are slower or
+# less exact than the op, which the extern path calls directly.
+_KEEP_AS_OPS = {
+    aten.addmm.default, aten._addmm_activation.default,
+}
+
+
+def default_decompositions() -> dict:
+    """PyTorch's core-ATen decomposition table, less the ops fxwrap keeps whole."""
+    table = dict(core_aten_decompositions())
+    for op in _KEEP_AS_OPS:
+        table.pop(op, None)
+    return table
+
+
+def capture_backend(compile_graph: Callable, decompositions: dict) -> Callable:
+    """A dynamo backend that hands every ATen graph AOTAutograd makes to ``compile_graph``."""
+
+    def compiler(kind: str):
+        def compile_boxed(gm: torch.fx.GraphModule, example_inputs):
+            return make_boxed_func(compile_graph(gm, example_inputs, kind))
+        return compile_boxed
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decompositions,
+        keep_inference_input_mutations=True,
+    )

@@ -1,0 +1,66 @@
+"""How an ATen op is called as an extern: its out= overload, when it has one.
+
+``aten.add.Tensor`` is called as ``aten.add.out(a, b, out=buf)`` so the program
+allocates ``buf`` itself (an ``Allocate`` line the memory planner can reuse);
+ops without an out= overload are called functionally and own their result.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+aten = torch.ops.aten
+
+# Ops whose out= overload is not a drop-in for the functional one.
+_NO_OUT = {
+    aten.empty_like.default,  # out= would still be uninitialised; kept functional
+}
+
+
+@dataclass(frozen=True)
+class OutVariant:
+    """``OutVariant(aten.topk.values, ("values", "indices"))``."""
+
+    op: torch._ops.OpOverload
+    out_names: tuple[str, ...]
+
+
+def _is_write(arg) -> bool:
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
+def is_mutating(op) -> bool:
+    """True for in-place / out= ops (``add_``, ``copy_``): they write an argument."""
+    return isinstance(op, torch._ops.OpOverload) and any(_is_write(a) for a in op._schema.arguments)
+
+
+def is_view(op) -> bool:
+    """True for ops whose result aliases an input without writing it."""
+    if op is aten._unsafe_view.default:  # declared functional, aliases in practice
+        return True
+    return isinstance(op, torch._ops.OpOverload) and bool(op.is_view) and not is_mutating(op)
+
+
+@functools.cache
+def out_variant(op) -> OutVariant | None:
+    """The out= overload of a functional op with tensor results, or None."""
+    if not isinstance(op, torch._ops.OpOverload) or op in _NO_OUT or is_mutating(op):
+        return None
+    schema = op._schema
+    if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
+        return None
+    wanted = [(a.name, str(a.type)) for a in schema.arguments]
+    packet = op.overloadpacket
+    for overload in sorted(packet.overloads()):
+        candidate = getattr(packet, overload)
+        args = candidate._schema.arguments
+        outs = [a for a in args if a.kwarg_only and _is_write(a)]
+        if len(outs) != len(schema.returns) or any(str(a.type) != "Tensor" for a in outs):
+            continue
+        out_names = {a.name for a in outs}
+        rest = [(a.name, str(a.type)) for a in args if a.name not in out_names]
+        if rest == wanted:
+            return OutVariant(candidate, tuple(a.name for a in outs))
+    return None

@@ -1,0 +1,111 @@
+"""The ``Kernel`` object: the call target of every kernel launch in an FX graph.
+
+In a GraphModule produced by fxwrap a launch reads::
+
+    fxwrap_kernel_0 = fxwrap.runtime.kernel.fxwrap_kernel_0_3f2a...  # a Kernel
+    fxwrap_kernel_0(buf0, arg0_1, 1024)
+
+A consumer finds every launch with ``isinstance(node.target, fxwrap.Kernel)`` and
+reads ``name``, ``source``, ``target`` (device type), ``signature`` and ``launch``.
+"""
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx
+
+ROLES = ("input", "output", "inout", "size")
+
+# Kernels alive in this process, by key: lets FX's import block of a pickled
+# GraphModule name a kernel as ``fxwrap.runtime.kernel.<key>``.
+_LIVE: "weakref.WeakValueDictionary[str, Kernel]" = weakref.WeakValueDictionary()
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    """One kernel parameter: ``KernelArg("in_ptr0", "input")``."""
+
+    name: str
+    role: str
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"kernel argument {self.name!r}: role {self.role!r} is not one of {ROLES}")
+
+
+class Kernel:
+    """A compiled kernel, callable as ``kernel(*args)``; writes its output args.
+
+    ``loader`` is a picklable callable (a module-level function or class) with
+    ``loader(kernel) -> launcher``; it is called once, on the first launch, so an
+    unpickled GraphModule recompiles (or loads from cache) lazily.  Example::
+
+        k = Kernel("add_one", source, target="cpu",
+                   signature=(KernelArg("x", "input"), KernelArg("y", "output")),
+                   launch={"threads": 4}, loader=my_loader)
+        k(x, y)
+    """
+
+    __module__ = "fxwrap.runtime.kernel"
+
+    def __init__(self, name: str, source: str, target: str, signature, launch=None,
+                 loader: Callable[["Kernel"], Callable] | None = None):
+        self.name = name
+        self.source = source
+        self.target = target
+        self.signature = tuple(signature)
+        self.launch = dict(launch or {})
+        self.loader = loader
+        digest = hashlib.sha256(
+            repr((name, source, target, self.signature)).encode()).hexdigest()[:16]
+        self.key = f"{name}_{digest}"
+        self._launcher: Callable = self._first_call
+        _LIVE[self.key] = self
+        torch.fx.node.has_side_effect(self)
+
+    @property
+    def __name__(self) -> str:  # FX names the global after this
+        return self.key
+
+    def __call__(self, *args):
+        return self._launcher(*args)
+
+    def _first_call(self, *args):
+        if any(isinstance(a, torch.fx.Proxy) for a in args):  # FX re-tracing on unpickle
+            tracer = next(a for a in args if isinstance(a, torch.fx.Proxy)).tracer
+            return tracer.create_proxy("call_function", self, args, {})
+        if self.loader is None:
+            raise RuntimeError(f"kernel {self.name} (target {self.target}) has no loader: "
+                               "build it with a KernelEmitter or pass loader=")
+        self._launcher = self.loader(self)
+        return self._launcher(*args)
+
+    def bind(self, launcher: Callable) -> None:
+        """Pre-bind the launcher (done at compile time by emitters)."""
+        self._launcher = launcher
+
+    # FX's importer asks __reduce__ for a global name; pickle uses __reduce_ex__.
+    def __reduce__(self) -> str:
+        return self.key
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild, (self.name, self.source, self.target, self.signature,
+                           self.launch, self.loader))
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r}, target={self.target!r})"
+
+
+def _rebuild(name, source, target, signature, launch, loader) -> Kernel:
+    return Kernel(name, source, target, signature, launch, loader)
+
+
+def __getattr__(key: str) -> Any:
+    try:
+        return _LIVE[key]
+    except KeyError:
+        raise AttributeError(key) from None

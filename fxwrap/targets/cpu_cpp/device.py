@@ -1,0 +1,25 @@
+"""CPU device interface."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from fxwrap.targets.base import DeviceInterface
+
+
+class CpuDevice(DeviceInterface):
+    """``CpuDevice().capabilities() -> {"cores": 8, "dtypes": [...]}``."""
+
+    device_type = "cpu"
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def capabilities(self) -> dict:
+        return {"cores": os.cpu_count() or 1, "threads": torch.get_num_threads(),
+                "dtypes": ["float64", "float32", "bfloat16", "float16", "int64", "int32",
+                           "int16", "int8", "uint8", "bool"]}

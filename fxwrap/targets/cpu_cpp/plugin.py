@@ -1,0 +1,9 @@
+"""Registers the built-in ``cpu`` target through the ``fxwrap`` entry point."""
+from fxwrap.plugins.hookspecs import hookimpl
+from fxwrap.targets.base import KernelEmitter, Target, WrapperCodegen
+from fxwrap.targets.cpu_cpp.device import CpuDevice
+
+
+@hookimpl
+def fxwrap_targets():
+    return [Target("cpu", "cpu", CpuDevice(), KernelEmitter, WrapperCodegen)]

@@ -1,0 +1,1 @@
+"""The CUDA target: Triton kernels (extern calls until the Triton emitter lands)."""

@@ -1,0 +1,1 @@
+"""The MPS target: Metal kernels (extern calls until the Metal emitter lands)."""
