@@ -34,11 +34,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import sympy
+import torch
 
 from fxwrap.core.symbolic import evaluate
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Free, GetItem, Line, Return, Reuse, View,
-    buffers_defined, buffers_read,
+    Allocate, Buffer, CallExtern, Free, Line, Return, Reuse, View,
+    buffers_defined, buffers_in, buffers_read,
 )
 
 
@@ -125,6 +126,15 @@ def plan_memory(lines: list[Line], hints: Mapping[sympy.Symbol, int] | None = No
     for j in range(n):
         new = by_def.get(j)
         if reuse and new is not None:
+            donor = _in_place_donor(lines, j, new, owned, absorbed)
+            if donor is not None:
+                writer = donor.last_use
+                for i in range(j, writer + 1):
+                    live[i] -= new.nbytes
+                replaced[j] = Reuse(donor.root, new.root)
+                absorbed.add(donor.root.name)
+                new = None
+        if reuse and new is not None:
             best = None
             for old in dead:
                 if old.last_use >= j or old.root.device != new.root.device or old.root.dtype != new.root.dtype:
@@ -166,6 +176,37 @@ def plan_memory(lines: list[Line], hints: Mapping[sympy.Symbol, int] | None = No
         for buf in frees_after.get(i, ()):
             out.append(Free(buf))
     return MemoryPlan(out, max(live, default=0), peak, unplanned, len(replaced))
+
+
+def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], absorbed: set[str]):
+    """An input of the pointwise extern writing ``new`` that dies at that very call.
+
+    Elementwise ops read each element before writing the same element, so when an
+    input has exactly the output's layout and this is its last use, the output may
+    take its storage (in place), saving one buffer at the call.
+    """
+    writer = next((i for i in range(j + 1, len(lines))
+                   if new.root in buffers_read(lines[i])), None)
+    if writer is None:
+        return None
+    line = lines[writer]
+    if not (isinstance(line, CallExtern) and line.out is None
+            and torch.Tag.pointwise in getattr(line.op, "tags", ())):
+        return None
+    outs = {b.name for b in buffers_in([v for _, v in line.kwargs])}
+    if new.root.name not in outs:
+        return None
+    inputs = buffers_in(line.args) + [b for k, v in line.kwargs for b in buffers_in([v])
+                                      if b.name not in outs]
+    for buf in inputs:
+        donor = owned.get(buf.name)
+        if (donor is None or donor.root.name in absorbed or not donor.reusable
+                or not donor.freeable or donor.last_use != writer):
+            continue
+        a, b = donor.root, new.root
+        if (a.size, a.stride, a.offset, a.dtype, a.device) == (b.size, b.stride, b.offset, b.dtype, b.device):
+            return donor
+    return None
 
 
 def _fits(old: Buffer, new: Buffer, old_bytes: int, new_bytes: int) -> bool:
