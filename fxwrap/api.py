@@ -20,18 +20,20 @@ from typing import Any
 
 import torch
 
-from fxwrap.core.capture import capture_backend, default_decompositions
+from fxwrap.core.capture import capture_backend, default_decompositions, kernel_decompositions
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.targets.base import Target
+from fxwrap.targets.base import KernelEmitter
 from fxwrap.wrapper_ir.build import build_lines
+from fxwrap.wrapper_ir.build_kernels import KernelBuilder
 from fxwrap.wrapper_ir.fx import to_graph_module
 from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
 from fxwrap.wrapper_ir.printer import program_source
 
 log = logging.getLogger("fxwrap")
 
-OPTION_NAMES = {"target", "reuse", "decompositions", "on_program"}
+OPTION_NAMES = {"target", "reuse", "decompositions", "on_program", "kernels"}
 
 
 @dataclass
@@ -63,6 +65,11 @@ class Program:
         return self.runner(*args)
 
 
+def generates_kernels(target: Target) -> bool:
+    """True when the target's emitter renders kernels (else every op is an extern)."""
+    return target.emitter.render is not KernelEmitter.render
+
+
 def _log_enabled(what: str) -> bool:
     return what in os.environ.get("FXWRAP_LOG", "").split(",")
 
@@ -72,7 +79,10 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target, kind: str = "in
     """ATen graph -> Wrapper IR -> memory plan -> GraphModule -> target's runner."""
     options = options or {}
     manager = get_plugin_manager()
-    built = build_lines(gm, target.name)
+    if generates_kernels(target) and options.get("kernels", True):
+        built = KernelBuilder(gm, target).run()
+    else:
+        built = build_lines(gm, target.name)
     plan = plan_memory(built.lines, built.hints, reuse=options.get("reuse", True))
     lines = plan.lines
     for wrapper_pass in manager.wrapper_passes(target):
@@ -110,7 +120,8 @@ class Backend:
 
     Options: ``target`` (name or Target; default: the inputs' device), ``reuse``
     (storage reuse in the memory plan, default True), ``decompositions``
-    (``"core"`` (default) or ``"none"``), ``on_program`` (a callable receiving every
+    (``"core"`` (default) or ``"none"``), ``kernels`` (generate kernels where the
+    target can, default True; False: every op an extern), ``on_program`` (a callable receiving every
     compiled ``Program``).
     """
 
@@ -127,6 +138,8 @@ class Backend:
         on_program = self.options.get("on_program")
         mode = self.options.get("decompositions", "core")
         decomps = default_decompositions() if mode == "core" else {}
+        if mode == "core" and generates_kernels(target) and self.options.get("kernels", True):
+            decomps.update(kernel_decompositions())
         decomps.update(get_plugin_manager().decompositions(target))
 
         def compile_graph(aten_gm, aten_inputs, kind):

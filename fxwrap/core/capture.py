@@ -37,6 +37,18 @@ def default_decompositions() -> dict:
     return table
 
 
+def kernel_decompositions() -> dict:
+    """What targets that generate kernels also decompose: composite ops whose parts
+    (reductions and pointwise math) fuse into fewer kernels than the op's own."""
+    from torch._decomp import get_decompositions
+    return get_decompositions([
+        aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.gelu, aten.silu,
+        aten._softmax_backward_data, aten._log_softmax_backward_data,
+        aten.native_layer_norm_backward, aten.gelu_backward, aten.silu_backward,
+        aten.sigmoid_backward, aten.tanh_backward, aten.threshold_backward,
+    ])
+
+
 def capture_backend(compile_graph: Callable, decompositions: dict) -> Callable:
     """A dynamo backend that hands every ATen graph AOTAutograd makes to ``compile_graph``."""
 

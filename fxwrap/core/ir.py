@@ -1,0 +1,147 @@
+"""Loop IR: frozen, hashable records ``(op, dtype, args)`` and the scheduled kernels
+made of them.
+
+``torch.relu(x) * 2`` over a contiguous ``(s0, 64)`` float tensor is the kernel::
+
+    ScheduledKernel(name="fxwrap_kernel_0",
+        ranges=(s0, 64), reduction_ranges=(),
+        stores=(Store(buf1, 64*x0 + x1,
+            Op("mul", f32, (Op("maximum", f32, (Op("load", f32, ("arg0", 64*x0 + x1)),
+                                               Op("const", f32, (0.0,)))),
+                            Op("const", f32, (2.0,))))),))
+
+Iteration variables are the sympy symbols ``x0, x1, ...`` (one per entry of
+``ranges``, outermost first) and ``r0, r1, ...`` (one per entry of
+``reduction_ranges``).  Index expressions are sympy expressions over them and over
+the program's size symbols.  Because nodes are structural records, equal
+sub-expressions are equal objects: CSE and cache keys come for free.
+
+Ops (``Op.op``) and their ``args``:
+
+* ``load``: ``(buffer_name, index)``; ``const``: ``(python_value,)``;
+  ``index``: ``(int_expr,)`` the value of an index expression (iota/arange);
+  ``acc``: ``(reduction_name, field)``, the result of a reduction of this kernel
+  (field 0 except for ``welford``: 0 mean, 1 m2, 2 count; and ``argmax``/``argmin``:
+  0 index, 1 value).
+* unary (``args=(x,)``): see ``UNARY``; ``cast`` converts ``x`` to ``dtype``.
+* binary (``args=(a, b)``): see ``BINARY``; comparisons give ``torch.bool``.
+* ``where``: ``(cond, a, b)``.
+
+Reductions (``Reduction.kind``): ``sum prod max min any all argmax argmin welford``.
+bf16/fp16 values are loaded and stored in their type and computed in float32 (the
+lowerings insert the casts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+UNARY = frozenset("""
+neg abs exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh
+tanh asinh acosh atanh erf erfc erfinv floor ceil round trunc sigmoid sign reciprocal
+logical_not bitwise_not isnan isinf signbit cast
+""".split())
+
+BINARY = frozenset("""
+add sub mul truediv floordiv truncdiv mod fmod pow maximum minimum atan2 copysign
+logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor lshift rshift
+lt le gt ge eq ne
+""".split())
+
+COMPARISONS = frozenset("lt le gt ge eq ne isnan isinf signbit logical_not logical_and logical_or logical_xor".split())
+
+REDUCTIONS = frozenset("sum prod max min any all argmax argmin welford".split())
+
+
+@dataclass(frozen=True)
+class Op:
+    """One loop-IR value: ``Op("add", torch.float32, (a, b))``."""
+
+    op: str
+    dtype: torch.dtype
+    args: tuple = ()
+
+    def children(self) -> tuple["Op", ...]:
+        return tuple(a for a in self.args if isinstance(a, Op))
+
+
+def xvar(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"x{i}", integer=True, nonnegative=True)
+
+
+def rvar(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"r{i}", integer=True, nonnegative=True)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """``Reduction("acc0", "sum", value)``: accumulate ``value`` over every ``r`` var.
+
+    ``value`` is an ``Op`` over x and r vars; it may read earlier reductions'
+    ``acc`` of the same kernel (softmax: max, then sum of exp(x - max)).
+    """
+
+    name: str
+    kind: str
+    value: Op
+    dtype: torch.dtype  # the accumulator's dtype
+
+
+@dataclass(frozen=True)
+class Store:
+    """``Store("buf1", 64*x0 + x1, value)``.
+
+    In a reduction kernel a store whose index uses r vars runs in a final pass over
+    the reduction range (the pointwise epilogue: softmax's ``exp(x-max)/sum``);
+    one that uses only x vars runs once per output row.
+    """
+
+    buffer: str
+    index: sympy.Expr
+    value: Op
+
+
+@dataclass(frozen=True)
+class ScheduledKernel:
+    """A fused kernel, ready for a ``KernelEmitter.render``.
+
+    ``inputs``/``outputs`` are the buffers (``fxwrap.lines.Buffer``) the kernel
+    reads and writes, in argument order; ``size_symbols`` follow them as scalar
+    arguments.  ``origins`` are the ATen nodes it came from.
+    """
+
+    name: str
+    inputs: tuple
+    outputs: tuple
+    size_symbols: tuple[sympy.Symbol, ...]
+    ranges: tuple[sympy.Expr, ...]
+    reduction_ranges: tuple[sympy.Expr, ...]
+    reductions: tuple[Reduction, ...]
+    stores: tuple[Store, ...]
+    origins: tuple[str, ...] = ()
+
+    @property
+    def is_reduction(self) -> bool:
+        return bool(self.reductions)
+
+
+def walk(root: Op):
+    """Every distinct node under ``root``, children before parents (deterministic)."""
+    seen: set[Op] = set()
+    order: list[Op] = []
+    stack: list[tuple[Op, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in seen:
+            continue
+        if expanded:
+            seen.add(node)
+            order.append(node)
+            continue
+        stack.append((node, True))
+        for child in reversed(node.children()):
+            if child not in seen:
+                stack.append((child, False))
+    return order

@@ -1,0 +1,225 @@
+"""Registry: ATen overload -> loop-IR value, with per-target tables that win over
+the default.  Anything without a rule stays a ``CallExtern`` (correct by
+construction).
+
+A rule takes a ``LoweringContext`` plus the node's arguments (tensors arrive as
+``TensorValue``s) and returns a ``TensorValue`` or ``None`` (None: use the
+extern).  Pointwise rules return lazy ``Loops``: a function from index
+expressions to an ``Op``, inlined into whatever consumes them::
+
+    @register(aten.sigmoid.default)
+    def _sigmoid(ctx, x):
+        return ctx.pointwise("sigmoid", x)
+
+    # lowering aten.mul(aten.sigmoid(a), 2.0) over (s0, 64) gives, at index (x0, x1):
+    # Op("mul", f32, (Op("sigmoid", f32, (Op("load", f32, ("arg0", 64*x0 + x1)),)),
+    #                 Op("const", f32, (2.0,))))
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from fxwrap.core.ir import Op
+from fxwrap.core.symbolic import to_expr
+from fxwrap.wrapper_ir.lines import Buffer
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """bf16/fp16 compute in float32."""
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
+class Loops:
+    """A lazily computed tensor: ``size``, ``dtype``, and ``fn(index) -> Op``.
+
+    ``fn`` is memoised per index, so deep graphs with fan-out inline in linear time.
+    """
+
+    def __init__(self, size: Sequence[sympy.Expr], dtype: torch.dtype, device: torch.device,
+                 fn: Callable[[tuple], Op]):
+        self.size = tuple(sympy.sympify(s) for s in size)
+        self.dtype = dtype
+        self.device = device
+        self._fn = fn
+        self._memo: dict[tuple, Op] = {}
+
+    def __call__(self, index: Sequence[sympy.Expr]) -> Op:
+        key = tuple(index)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._fn(key)
+            self._memo[key] = got
+        return got
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A tensor already in memory (an input, an extern result, a kernel output)."""
+
+    buffer: Buffer
+
+
+TensorValue = Loops | Stored
+
+
+def loads(buf: Buffer) -> Loops:
+    """``Loops`` reading ``buf`` through its own strides (the pointer is the tensor's
+    data pointer, so the storage offset is already applied)."""
+    def fn(index):
+        flat = sum((i * s for i, s, n in zip(index, buf.stride, buf.size) if n != 1), sympy.Integer(0))
+        return Op("load", buf.dtype, (buf.name, sympy.expand(flat)))
+    return Loops(buf.size, buf.dtype, buf.device, fn)
+
+
+def as_loops(value: TensorValue) -> Loops:
+    return loads(value.buffer) if isinstance(value, Stored) else value
+
+
+def cast(op: Op, dtype: torch.dtype) -> Op:
+    if op.dtype == dtype:
+        return op
+    if op.op == "const":
+        value = op.args[0]
+        if dtype == torch.bool:
+            value = bool(value)
+        elif not dtype.is_floating_point and isinstance(value, float) and math.isfinite(value):
+            value = int(value)
+        return Op("const", dtype, (value,))
+    return Op("cast", dtype, (op,))
+
+
+def broadcast(loops: Loops, size: Sequence[sympy.Expr]) -> Loops:
+    size = tuple(sympy.sympify(s) for s in size)
+    if loops.size == size:
+        return loops
+    lead = len(size) - len(loops.size)
+
+    def fn(index):
+        inner = tuple(sympy.Integer(0) if n == 1 else index[lead + k] for k, n in enumerate(loops.size))
+        return loops(inner)
+    return Loops(size, loops.dtype, loops.device, fn)
+
+
+class Unsupported(Exception):
+    """Raised inside a rule for a case it does not cover: the node becomes an extern."""
+
+
+class LoweringRegistry:
+    """``{OpOverload: rule}`` with per-target tables that win over the default."""
+
+    def __init__(self):
+        self.default: dict = {}
+        self.per_target: dict[str, dict] = {}
+
+    def register(self, op, rule=None, *, target: str | None = None):
+        table = self.default if target is None else self.per_target.setdefault(target, {})
+
+        def add(fn):
+            for o in (op if isinstance(op, (list, tuple)) else [op]):
+                table[o] = fn
+            return fn
+        return add(rule) if rule is not None else add
+
+    def lookup(self, op, target: str):
+        table = self.per_target.get(target, {})
+        return table.get(op) or self.default.get(op)
+
+    def copy(self) -> "LoweringRegistry":
+        new = LoweringRegistry()
+        new.default = dict(self.default)
+        new.per_target = {k: dict(v) for k, v in self.per_target.items()}
+        return new
+
+
+REGISTRY = LoweringRegistry()
+register = REGISTRY.register
+
+
+class LoweringContext:
+    """What a rule sees: the node being lowered and helpers to build values."""
+
+    def __init__(self, node: torch.fx.Node, device: torch.device):
+        self.node = node
+        self.device = device
+        self.val = node.meta.get("val")
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return self.val.dtype
+
+    @property
+    def out_size(self) -> tuple:
+        return tuple(to_expr(s) for s in self.val.shape)
+
+    def promoted(self, *args, kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT) -> torch.dtype:
+        metas = [self.meta_of(a) for a in args]
+        return elementwise_dtypes(*metas, type_promotion_kind=kind)[0]
+
+    def meta_of(self, arg):
+        if isinstance(arg, (Loops, Stored)):
+            dtype = arg.dtype if isinstance(arg, Loops) else arg.buffer.dtype
+            size = arg.size if isinstance(arg, Loops) else arg.buffer.size
+            return torch.empty([1] * len(size), dtype=dtype, device="meta")
+        if isinstance(arg, sympy.Expr):
+            return 1
+        return arg
+
+    def operand(self, arg, dtype: torch.dtype, size) -> Loops:
+        """``arg`` (tensor value, number or size expression) as Loops of ``dtype``."""
+        if isinstance(arg, (Loops, Stored)):
+            loops = broadcast(as_loops(arg), size)
+            return Loops(size, dtype, self.device, lambda i, l=loops: cast(l(i), dtype))
+        if isinstance(arg, sympy.Expr):
+            return Loops(size, dtype, self.device, lambda i: cast(Op("index", torch.int64, (arg,)), dtype))
+        if isinstance(arg, (bool, int, float)):
+            return Loops(size, dtype, self.device, lambda i: cast(Op("const", _py_dtype(arg), (arg,)), dtype))
+        raise Unsupported(f"operand {arg!r}")
+
+    def pointwise(self, name: str, *args, compute: torch.dtype | None = None) -> Loops:
+        """``Op(name)`` of ``args`` elementwise, broadcast to the node's size,
+        computed in ``compute`` (default: bf16/fp16 upcast of the output, or of the
+        promoted inputs for bool results) and cast to the node's dtype."""
+        out = self.out_dtype
+        if compute is None:
+            compute = compute_dtype(out if out != torch.bool else self.promoted(*args))
+        size = self.out_size
+        ops = [self.operand(a, compute, size) for a in args]
+        result_dtype = torch.bool if name in _BOOL_RESULT else compute
+
+        def fn(index):
+            return cast(Op(name, result_dtype, tuple(o(index) for o in ops)), out)
+        return Loops(size, out, self.device, fn)
+
+    def map(self, fn: Callable[..., Op], *args, compute: torch.dtype | None = None) -> Loops:
+        """Elementwise custom body: ``fn(*ops) -> Op`` over operands cast to ``compute``."""
+        out = self.out_dtype
+        compute = compute or compute_dtype(out)
+        size = self.out_size
+        ops = [self.operand(a, compute, size) for a in args]
+        return Loops(size, out, self.device, lambda i: cast(fn(*(o(i) for o in ops)), out))
+
+
+def _py_dtype(value) -> torch.dtype:
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    return torch.float64
+
+
+_BOOL_RESULT = frozenset("lt le gt ge eq ne isnan isinf signbit logical_not logical_and logical_or logical_xor".split())
+
+
+def const(value, dtype) -> Op:
+    return cast(Op("const", _py_dtype(value), (value,)), dtype)

@@ -1,0 +1,2 @@
+"""Lowering rules, registered into ``fxwrap.core.lowering.REGISTRY`` on import."""
+from fxwrap.core.rules import pointwise, reductions, views  # noqa: F401

@@ -1,0 +1,239 @@
+"""ATen graph -> lines with generated kernels (targets whose emitter renders).
+
+Extends the extern-only builder of ``wrapper_ir.build``: nodes with a lowering
+rule become lazy loop IR, fused by ``core.scheduler`` into kernels that the
+target's emitter renders and loads; the rest stay ``CallExtern``.  For
+``torch.softmax(x, -1)`` the lines are::
+
+    buf2 = empty_strided((64, 128), (128, 1), dtype=torch.float32, device='cpu')
+    # kernel fxwrap_reduction_0 (cpu): in_ptr0:input, out_ptr0:output
+    fxwrap_reduction_0(arg0, buf2)
+    return (buf2,)
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+import fxwrap.core.rules  # noqa: F401  (registers the rules)
+from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
+from fxwrap.core.lowering import REGISTRY, LoweringContext, Loops, Stored, Unsupported, cast
+from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
+from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_exprs
+from fxwrap.runtime.kernel import Kernel, KernelArg
+from fxwrap.wrapper_ir import build
+from fxwrap.wrapper_ir.lines import Allocate, Buffer, CallKernel, DefineKernel, Line, buffers_read
+
+
+class _Ctx(LoweringContext):
+    def __init__(self, node, device, builder):
+        super().__init__(node, device)
+        self.builder = builder
+        self.outputs_made = 0  # var_mean: one reduction call per output
+
+    def reduction(self, loops: Loops, dims, keepdim, kind, acc_dtype, finish=None, field=0):
+        return self.builder.reduction(self, loops, dims, keepdim, kind, acc_dtype, finish, field)
+
+
+class KernelBuilder(build._Builder):
+    """The extern builder plus lowering rules, jobs and fusion."""
+
+    def __init__(self, gm, target, registry=None):
+        super().__init__(gm, target.name)
+        self.target = target
+        self.registry = registry or REGISTRY
+        self.items: list = []  # lines and Jobs in program order
+        self.buffers: dict[str, Buffer] = {}
+        self.acc_counter = 0
+        self.node_of_loops: dict[int, torch.fx.Node] = {}
+
+    # lines go to the item list; kernels are made at the end
+    def emit(self, line: Line) -> None:
+        self.items.append(line)
+
+    def new_buffer(self, fake, prefix="buf"):
+        buf = super().new_buffer(fake, prefix)
+        self.buffers[buf.name] = buf
+        return buf
+
+    def placeholder(self, node, index):
+        super().placeholder(node, index)
+        if isinstance(self.env[node], Buffer):
+            self.buffers[self.env[node].name] = self.env[node]
+
+    # -- values ---------------------------------------------------------------
+    def value(self, arg):
+        if isinstance(arg, torch.fx.Node):
+            v = self.env[arg]
+            if isinstance(v, Loops):
+                v = self.realize(arg, v)
+            return v
+        return super().value(arg)
+
+    def rule_value(self, arg):
+        if isinstance(arg, torch.fx.Node):
+            v = self.env[arg]
+            return Stored(v) if isinstance(v, Buffer) else v
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(self.rule_value(a) for a in arg)
+        return super().value(arg)
+
+    def realize(self, node: torch.fx.Node, loops: Loops) -> Buffer:
+        fake = node.meta["val"]
+        hints = self.out.hints
+        size = [evaluate(n, hints) for n in to_exprs(fake.shape)]
+        stride = [evaluate(s, hints) for s in to_exprs(fake.stride())]
+        buf = self.new_buffer(fake)
+        if not is_non_overlapping_and_dense(size, stride) or fake.storage_offset() != 0:
+            buf = Buffer(buf.name, buf.size, contiguous_strides(buf.size), buf.dtype, buf.device)
+            self.buffers[buf.name] = buf
+            self.roots[buf.name] = buf
+            self.out.fake_values.pop(buf.name, None)
+        self.pointwise_job(buf, loops, [node.name])
+        self.env[node] = buf
+        return buf
+
+    def pointwise_job(self, buf: Buffer, loops: Loops, origins) -> None:
+        xs = tuple(xvar(i) for i in range(len(buf.size)))
+        index = sympy.expand(sum((x * s for x, s, n in zip(xs, buf.stride, buf.size) if n != 1), sympy.Integer(0)))
+        self.items.append(Job(tuple(buf.size), stores=[Store(buf.name, index, cast(loops(xs), buf.dtype))],
+                              origins=list(origins)))
+
+    def reduction(self, ctx, loops, dims, keepdim, kind, acc_dtype, finish, field):
+        rank = len(loops.size)
+        if not dims or any(loops.size[d] == 0 for d in dims):
+            raise Unsupported("empty reduction")
+        kept = [d for d in range(rank) if d not in dims]
+        outer = tuple(loops.size[d] for d in kept)
+        reduced = tuple(loops.size[d] for d in dims)
+        xs = [xvar(i) for i in range(len(kept))]
+        rs = [rvar(i) for i in range(len(dims))]
+        index = [None] * rank
+        for k, d in enumerate(kept):
+            index[d] = xs[k]
+        for k, d in enumerate(dims):
+            index[d] = rs[k]
+        value = loops(tuple(index))
+        value = cast(value, acc_dtype) if kind not in ("argmax", "argmin") else value
+        name = f"acc{self.acc_counter}"
+        self.acc_counter += 1
+        vals = ctx.val if isinstance(ctx.val, (tuple, list)) else [ctx.val]
+        out = self.new_buffer(vals[ctx.outputs_made])
+        ctx.outputs_made += 1
+        numel = sympy.Integer(1)
+        for n in reduced:
+            numel = numel * n
+        acc = Op("acc", acc_dtype if kind not in ("argmax", "argmin") else torch.int64, (name, field))
+        result = finish(acc, numel) if finish is not None else acc
+        if keepdim:
+            out_vars = [sympy.Integer(0)] * rank
+            for k, d in enumerate(kept):
+                out_vars[d] = xs[k]
+        else:
+            out_vars = xs
+        store_index = sympy.expand(sum((v * s for v, s, n in zip(out_vars, out.stride, out.size) if n != 1),
+                                       sympy.Integer(0)))
+        self.items.append(Job(outer, reduced, (rank, tuple(dims)),
+                              reductions=[Reduction(name, kind, value, acc_dtype)],
+                              stores=[Store(out.name, store_index, cast(result, out.dtype))],
+                              origins=[ctx.node.name]))
+        return Stored(out)
+
+    # -- nodes ----------------------------------------------------------------
+    def call_function(self, node):
+        rule = self.registry.lookup(node.target, self.target.name) if isinstance(
+            node.target, torch._ops.OpOverload) else None
+        if rule is not None and self._all_on_device(node):
+            ctx = _Ctx(node, self._device_of(node), self)
+            args = self.rule_value(node.args)
+            kwargs = {k: self.rule_value(v) for k, v in node.kwargs.items()}
+            mark = len(self.items), self.counter, self.acc_counter
+            try:
+                result = rule(ctx, *args, **kwargs)
+            except Unsupported:
+                result = None
+                del self.items[mark[0]:]
+            if result is not None:
+                self.env[node] = _unwrap(result)
+                return
+        super().call_function(node)
+
+    def _device_of(self, node):
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        return next(v.device for v in vals if isinstance(v, torch.Tensor))
+
+    def _all_on_device(self, node) -> bool:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
+            return False
+        if any(v.dtype.is_complex or v.dtype not in _DTYPES for v in vals):
+            return False
+        device = vals[0].device
+        for a in node.all_input_nodes:
+            v = a.meta.get("val")
+            if isinstance(v, torch.Tensor) and (v.device != device or v.dtype not in _DTYPES):
+                return False
+        return device.type == self.target.device_type
+
+    # -- kernels --------------------------------------------------------------
+    def run(self):
+        built = super().run()
+        items = fuse(self.items)
+        needed = referenced_outside(items, buffers_read)
+        inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
+        emitter = self.target.emitter(self.target)
+        lines: list[Line] = []
+        count = 0
+        for item in items:
+            if not isinstance(item, Group):
+                lines.append(item)
+                continue
+            keep = needed[id(item)]
+            kind = "reduction" if item.reductions else "pointwise"
+            sk = to_kernel(item, f"fxwrap_{kind}_{count}", keep, self.buffers, inputs)
+            count += 1
+            if not sk.stores:
+                continue
+            for out in sk.outputs:
+                if out.name not in inputs:
+                    lines.append(Allocate(out))
+            source = emitter.render(sk)
+            signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
+                              + [KernelArg(b.name, "output") for b in sk.outputs]
+                              + [KernelArg(s.name, "size") for s in sk.size_symbols])
+            kernel = Kernel(sk.name, source.text, self.target.name, signature, source.launch,
+                            loader=load_kernel)
+            kernel.bind(emitter.load(source))
+            lines.append(DefineKernel(kernel))
+            lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols)))
+        built.lines = lines
+        return built
+
+
+_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+           torch.int16, torch.int8, torch.uint8, torch.bool}
+
+
+def _unwrap(result):
+    if isinstance(result, Stored):
+        return result.buffer
+    if isinstance(result, tuple):
+        return tuple(_unwrap(r) for r in result)
+    return result
+
+
+def load_kernel(kernel: Kernel):
+    """Loader of kernels from unpickled programs: the named target's emitter."""
+    from fxwrap.plugins.manager import get_plugin_manager
+    from fxwrap.targets.base import KernelSource
+
+    target = get_plugin_manager().target(kernel.target)
+    source = KernelSource(kernel.name, kernel.source, target.emitter.language,
+                          tuple(kernel.signature), kernel.launch)
+    return target.emitter(target).load(source)
+
+
+def build_lines_with_kernels(gm, target):
+    return KernelBuilder(gm, target).run()
