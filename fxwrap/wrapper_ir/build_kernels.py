@@ -22,7 +22,7 @@ from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kerne
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
-from fxwrap.wrapper_ir.lines import Allocate, Buffer, CallKernel, DefineKernel, Line, buffers_read
+from fxwrap.wrapper_ir.lines import Allocate, Buffer, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
 
 
 class _Ctx(LoweringContext):
@@ -49,6 +49,8 @@ class KernelBuilder(build._Builder):
 
     # lines go to the item list; kernels are made at the end
     def emit(self, line: Line) -> None:
+        for buf in buffers_defined(line):
+            self.buffers[buf.name] = buf
         self.items.append(line)
 
     def new_buffer(self, fake, prefix="buf"):

@@ -1,0 +1,184 @@
+"""Loop IR evaluated with torch: the ``reference`` target's emitter."""
+from __future__ import annotations
+
+import sympy
+import torch
+from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, ModularIndexing, PythonMod
+
+from fxwrap.core.ir import Op, ScheduledKernel, rvar, walk, xvar
+from fxwrap.targets.base import KernelEmitter, KernelSource
+
+_UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
+    "log": torch.log, "log2": torch.log2, "log10": torch.log10, "log1p": torch.log1p,
+    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan,
+    "asin": torch.asin, "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh,
+    "cosh": torch.cosh, "tanh": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh,
+    "atanh": torch.atanh, "erf": torch.erf, "erfc": torch.erfc, "erfinv": torch.erfinv,
+    "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+    "sigmoid": torch.sigmoid, "sign": torch.sign, "reciprocal": torch.reciprocal,
+    "logical_not": torch.logical_not, "bitwise_not": torch.bitwise_not, "isnan": torch.isnan,
+    "isinf": torch.isinf, "signbit": torch.signbit,
+}
+_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "truediv": torch.true_divide,
+    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "truncdiv": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "mod": torch.remainder, "fmod": torch.fmod, "pow": torch.pow, "maximum": torch.maximum,
+    "minimum": torch.minimum, "atan2": torch.atan2, "copysign": torch.copysign,
+    "logical_and": torch.logical_and, "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
+    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
+    "lshift": torch.bitwise_left_shift, "rshift": torch.bitwise_right_shift,
+    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne,
+}
+
+
+def eval_index(expr, env: dict):
+    """A sympy index expression over int64 tensors / ints."""
+    e = sympy.sympify(expr)
+    if e.is_Integer:
+        return int(e)
+    if isinstance(e, sympy.Symbol):
+        return env[e.name]
+    args = [eval_index(a, env) for a in e.args]
+    if isinstance(e, sympy.Add):
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if isinstance(e, sympy.Mul):
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if isinstance(e, (FloorDiv, CleanDiv)):
+        return args[0] // args[1]
+    if isinstance(e, ModularIndexing):
+        return (args[0] // args[1]) % args[2]
+    if isinstance(e, (Mod, PythonMod, sympy.Mod)):
+        return args[0] % args[1]
+    if isinstance(e, sympy.Pow):
+        return args[0] ** args[1]
+    if isinstance(e, (Max, sympy.Max)):
+        return torch.maximum(torch.as_tensor(args[0]), torch.as_tensor(args[1])) if len(args) == 2 else max(args)
+    if isinstance(e, (Min, sympy.Min)):
+        return torch.minimum(torch.as_tensor(args[0]), torch.as_tensor(args[1])) if len(args) == 2 else min(args)
+    raise NotImplementedError(f"reference target: index expression {e} ({type(e).__name__})")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's storage from its data pointer on, as a 1-d tensor."""
+    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    return torch.as_strided(t, (max(n, 0),), (1,), t.storage_offset())
+
+
+class ReferenceLauncher:
+    """``launcher(*inputs, *outputs, *sizes)`` evaluating a ScheduledKernel with torch."""
+
+    def __init__(self, kernel: ScheduledKernel):
+        self.k = kernel
+
+    def __call__(self, *args):
+        k = self.k
+        names = [b.name for b in (*k.inputs, *k.outputs)]
+        tensors = dict(zip(names, args))
+        env = {s.name: int(v) for s, v in zip(k.size_symbols, args[len(names):])}
+        ranges = [int(eval_index(n, env)) for n in (*k.ranges, *k.reduction_ranges)]
+        device = args[0].device if args else torch.device("cpu")
+        grids = torch.meshgrid(*[torch.arange(n, device=device) for n in ranges], indexing="ij") \
+            if ranges else []
+        nx = len(k.ranges)
+        for i, g in enumerate(grids):
+            env[(xvar(i) if i < nx else rvar(i - nx)).name] = g
+        shape = tuple(ranges)
+        accs: dict[str, tuple] = {}
+        for red in k.reductions:
+            v = self.value(red.value, tensors, env, accs, shape)
+            accs[red.name] = self.reduce(red.kind, v, red.dtype, len(k.reduction_ranges), shape)
+        for store in k.stores:
+            v = self.value(store.value, tensors, env, accs, shape)
+            index = eval_index(store.index, env)
+            uses_r = any(s.name.startswith("r") for s in sympy.sympify(store.index).free_symbols)
+            if k.reduction_ranges and not uses_r:
+                sel = (Ellipsis,) + (0,) * len(k.reduction_ranges)
+                index = torch.as_tensor(index, device=device).expand(shape)[sel]
+                v = torch.as_tensor(v).expand(shape)[sel] if torch.as_tensor(v).dim() else v
+            index = torch.as_tensor(index, device=device)
+            out = _flat(tensors[store.buffer])
+            v = torch.as_tensor(v, device=device).to(out.dtype)
+            index, v = torch.broadcast_tensors(index, v)
+            out[index.reshape(-1)] = v.reshape(-1)
+
+    def reduce(self, kind, v, dtype, nr, shape):
+        v = torch.as_tensor(v).expand(shape)
+        dims = tuple(range(len(shape) - nr, len(shape)))
+        flat = v.reshape(*shape[:len(shape) - nr], -1)
+        if kind == "sum":
+            return (flat.to(dtype).sum(-1, keepdim=True),)
+        if kind == "prod":
+            return (flat.to(dtype).prod(-1, keepdim=True),)
+        if kind == "max":
+            return (flat.amax(-1, keepdim=True),)
+        if kind == "min":
+            return (flat.amin(-1, keepdim=True),)
+        if kind == "any":
+            return (flat.bool().any(-1, keepdim=True),)
+        if kind == "all":
+            return (flat.bool().all(-1, keepdim=True),)
+        if kind in ("argmax", "argmin"):
+            fn = torch.argmax if kind == "argmax" else torch.argmin
+            idx = fn(flat, -1, keepdim=True)
+            return (idx, torch.gather(flat, -1, idx))
+        if kind == "welford":
+            f = flat.to(torch.float64)
+            mean = f.mean(-1, keepdim=True)
+            m2 = ((f - mean) ** 2).sum(-1, keepdim=True)
+            return (mean.to(dtype), m2.to(dtype), torch.full_like(mean, f.shape[-1]).to(dtype))
+        raise NotImplementedError(f"reference target: reduction {kind}")
+        _ = dims
+
+    def value(self, root: Op, tensors, env, accs, shape):
+        vals: dict[Op, object] = {}
+        nr = len(self.k.reduction_ranges)
+        for node in walk(root):
+            a = [vals[c] if isinstance(c, Op) else c for c in node.args]
+            if node.op == "load":
+                index = torch.as_tensor(eval_index(node.args[1], env))
+                vals[node] = _flat(tensors[node.args[0]])[index]
+            elif node.op == "const":
+                vals[node] = torch.tensor(node.args[0], dtype=node.dtype)
+            elif node.op == "index":
+                vals[node] = torch.as_tensor(eval_index(node.args[0], env)).to(node.dtype)
+            elif node.op == "acc":
+                acc = accs[node.args[0]][node.args[1]]
+                vals[node] = acc.reshape(acc.shape[:len(shape) - nr] + (1,) * nr)
+            elif node.op == "cast":
+                vals[node] = torch.as_tensor(a[0]).to(node.dtype)
+            elif node.op == "where":
+                vals[node] = torch.where(a[0], a[1], a[2])
+            elif node.op in _UNARY:
+                vals[node] = _UNARY[node.op](torch.as_tensor(a[0]))
+            elif node.op in _BINARY:
+                vals[node] = _BINARY[node.op](torch.as_tensor(a[0]), torch.as_tensor(a[1]))
+            else:
+                raise NotImplementedError(f"reference target: op {node.op}")
+            if node.op not in ("cast",) and isinstance(vals[node], torch.Tensor) and node.op != "acc" \
+                    and vals[node].dtype != node.dtype and vals[node].dtype.is_floating_point == node.dtype.is_floating_point:
+                vals[node] = vals[node].to(node.dtype)
+        return vals[root]
+
+
+class ReferenceEmitter(KernelEmitter):
+    """Renders a kernel as its loop-IR repr; the launcher evaluates it with torch."""
+
+    language = "loop-ir"
+
+    def render(self, kernel: ScheduledKernel) -> KernelSource:
+        text = "\n".join([f"# {kernel.name} from {', '.join(kernel.origins)}",
+                          f"ranges={kernel.ranges} reduction_ranges={kernel.reduction_ranges}",
+                          *(f"{r.name} = {r.kind}({r.value})" for r in kernel.reductions),
+                          *(f"{s.buffer}[{s.index}] = {s.value}" for s in kernel.stores)])
+        return KernelSource(kernel.name, text, self.language, launch={"kernel": kernel})
+
+    def load(self, source: KernelSource):
+        return ReferenceLauncher(source.launch["kernel"])
