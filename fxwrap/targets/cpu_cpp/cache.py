@@ -1,0 +1,88 @@
+"""On-disk cache of compiled kernels, safe under concurrent writers and crashes.
+
+Layout under ``FXWRAP_CACHE_DIR`` (default ``~/.cache/fxwrap``)::
+
+    cpu_cpp/3f/3f2a...e1.so     the shared object, keyed by sha256(source, flags, compiler)
+    cpu_cpp/3f/3f2a...e1.cpp    the source it was built from (for humans)
+
+An entry is produced under a unique temporary name in the same directory and then
+``os.replace``d onto its final name, which is atomic on POSIX: a reader sees either
+no entry or a complete one.  Two processes building the same key race harmlessly
+(the last rename wins, both files are complete); a crash leaves only a temporary
+file, which later builds of that key sweep away once it is stale.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+STALE_SECONDS = 3600.0
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("FXWRAP_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "fxwrap"
+
+
+class KernelCache:
+    """``KernelCache(root).get_or_build(key, source, build) -> Path`` of the ``.so``."""
+
+    def __init__(self, root: str | os.PathLike | None = None, namespace: str = "cpu_cpp"):
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.dir = self.root / namespace
+
+    def path(self, key: str, suffix: str = ".so") -> Path:
+        return self.dir / key[:2] / f"{key}{suffix}"
+
+    def lookup(self, key: str) -> Path | None:
+        p = self.path(key)
+        return p if p.is_file() else None
+
+    def evict(self, key: str) -> None:
+        """Drop an entry (e.g. one that fails to load); a later build recreates it."""
+        for suffix in (".so", ".cpp"):
+            try:
+                self.path(key, suffix).unlink()
+            except FileNotFoundError:
+                pass
+
+    def get_or_build(self, key: str, source: str,
+                     build: Callable[[Path, Path], None]) -> Path:
+        """The entry for ``key``; ``build(src_path, out_path)`` writes ``out_path`` if missing."""
+        final = self.path(key)
+        if final.is_file():
+            return final
+        d = final.parent
+        d.mkdir(parents=True, exist_ok=True)
+        self._sweep(d, key)
+        tag = f"{os.getpid()}.{secrets.token_hex(6)}"
+        src_tmp = d / f"{key}.{tag}.tmp.cpp"
+        out_tmp = d / f"{key}.{tag}.tmp.so"
+        try:
+            src_tmp.write_text(source)
+            build(src_tmp, out_tmp)
+            if not out_tmp.is_file():
+                raise RuntimeError(f"kernel build for {key} produced no {out_tmp.name}")
+            os.replace(src_tmp, self.path(key, ".cpp"))
+            os.replace(out_tmp, final)  # the commit point
+        finally:
+            for tmp in (src_tmp, out_tmp):
+                try:
+                    tmp.unlink()
+                except FileNotFoundError:
+                    pass
+        return final
+
+    @staticmethod
+    def _sweep(d: Path, key: str) -> None:
+        """Remove temporaries of ``key`` left by crashed builds (older than an hour)."""
+        now = time.time()
+        for tmp in d.glob(f"{key}.*.tmp.*"):
+            try:
+                if now - tmp.stat().st_mtime > STALE_SECONDS:
+                    tmp.unlink()
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,694 @@
+"""The C++/OpenMP kernel emitter: ``ScheduledKernel`` -> ``extern "C"`` function -> launcher.
+
+A kernel is one function taking the input pointers, the output pointers (in
+``kernel.inputs`` / ``kernel.outputs`` order), then one ``int64_t`` per size symbol::
+
+    extern "C" void fxwrap_kernel_0(const float* __restrict__ in_ptr0,
+                                    float* __restrict__ out_ptr0, const int64_t s0)
+
+Pointwise kernels are a loop nest over ``ranges``: the outer loops (and a blocked
+innermost loop) collapse into one ``#pragma omp parallel for``; the innermost loop is
+``#pragma omp simd`` when every store is contiguous in it.
+
+Reduction kernels pick one of two tilings, from the index strides:
+
+* **row** (the reduced dim is innermost, e.g. ``x.sum(-1)``): one task per output row;
+  each pass over the ``r`` range accumulates into ``reduction_lanes`` vector lanes
+  plus a scalar tail, and combines them in a fixed order;
+* **column** (the reduced dim is outer and the output is contiguous, ``x.sum(0)``):
+  a task owns a block of ``col_block`` contiguous outputs and walks ``r`` outermost,
+  so every load of the inner loop is contiguous.
+
+Either way, when there are few output rows but a long reduction, the ``r`` range
+is split into ``nchunks`` chunks (a function of the sizes only, never of the thread
+count or timing); per-chunk partial states are combined in chunk order, so results
+are bitwise reproducible.  Reductions run as passes in order (a reduction reading
+another's ``acc`` starts a new pass); stores indexed by ``r`` vars run in a final
+pass over ``r`` (the epilogue); stores indexed by ``x`` vars only, once per row.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy
+import torch
+
+from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, walk
+from fxwrap.targets.base import KernelSource
+from fxwrap.targets.cpu_cpp.prelude import PRELUDE
+from fxwrap.targets.cstyle import CStyleEmitter, EmitError, Scope, _Names
+
+
+class CppEmitter(CStyleEmitter):
+    """``CppEmitter(target).render(kernel) -> KernelSource``; ``.load(source) -> launcher``.
+
+    The launcher is called with the kernel's arguments in signature order, tensors
+    for buffers and ints for sizes: ``launcher(in0, ..., out0, ..., s0, ...)``.
+    """
+
+    language = "c++"
+    kernel_qualifier = 'extern "C"'
+    prelude = PRELUDE
+    # tuning (all decisions depend on sizes only: results never depend on thread count)
+    parallel_min_work = 32768   # elements of work below which a kernel stays on one thread
+    pointwise_block = 1024      # innermost tile of a collapsed pointwise nest
+    reduction_lanes = 16        # independent accumulators of a row reduction (vector lanes)
+    sum_flush = 256             # lane blocks between flushes of a float sum (two-level sum)
+    col_block = 128             # outputs per task of a column reduction
+    split_max_rows = 64         # row tiling: split r when there are fewer rows than this...
+    split_row_chunk = 4096      # ... into chunks of at least this many elements
+    split_max_tiles = 64        # column tiling: split r when there are fewer tiles than this...
+    split_col_chunk = 256       # ... into chunks of at least this many r steps
+    max_chunks = 64
+    reserved_names = frozenset("""xindex rindex rbase rcount rj lane tile task chunk nchunks
+        chunk_size rstart rend xnumel rnumel xo xl xbase xcount xj tiles nxb ptile c""".split())
+
+    def __init__(self, target=None, compiler=None):
+        super().__init__(target)
+        self._compiler = compiler
+
+    # ------------------------------------------------------------------ naming
+    def symbol_name(self, sym: sympy.Symbol) -> str:
+        if sym.name in self.reserved_names:
+            raise EmitError(f"size symbol {sym.name!r} clashes with a loop variable of the "
+                            f"{self.language} emitter (target {self.target_name})")
+        return super().symbol_name(sym)
+
+    def launch_metadata(self, kernel: ScheduledKernel) -> dict:
+        return {"parallel": "openmp"}
+
+    # ------------------------------------------------------------------ body
+    def render_body(self, kernel: ScheduledKernel, names: _Names) -> list[str]:
+        if kernel.reductions:
+            return _ReductionCode(self, kernel, names).render()
+        # no reductions: every var (x, then r if any) is a pointwise loop
+        vars_ = self.xvars(kernel) + self.rvars(kernel)
+        ranges = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
+        return self.pointwise(kernel, names, vars_, ranges)
+
+    def parallel_if(self, work) -> str | None:
+        """``None``: stay serial; ``""``: always parallel; ``" if(...)"``: decide at run time."""
+        work = sympy.sympify(work)
+        if work.is_number:
+            return "" if int(work) >= self.parallel_min_work else None
+        return f" if({self.render_index(work)} >= {self.parallel_min_work})"
+
+    def pointwise(self, kernel, names, vars_, ranges) -> list[str]:
+        fn = Scope(self, names, None, kernel=kernel)
+        if not vars_:
+            body = self.render_stores(kernel, kernel.stores, fn)
+            return fn.lines + body
+        it = self.index_type
+        inner_var, inner_range = vars_[-1], sympy.sympify(ranges[-1])
+        block = self.pointwise_block
+        blocked = not (inner_range.is_number and int(inner_range) <= block)
+        numel = sympy.Mul(*[sympy.sympify(r) for r in ranges])
+        par = self.parallel_if(numel)
+        outer = Scope(self, names, fn, declares=[v.name for v in vars_[:-1]])
+        inner = Scope(self, names, outer, declares=[inner_var.name])
+        body = self.render_stores(kernel, kernel.stores, inner)
+        simd = all(_stride(st.index, inner_var) == 1 for st in kernel.stores)
+
+        head, close = [], []
+        n_collapse = len(vars_) - 1 + (1 if blocked else 0)
+        if par is not None and n_collapse:
+            collapse = f" collapse({n_collapse})" if n_collapse > 1 else ""
+            head.append(f"#pragma omp parallel for{collapse} schedule(static){par}")
+        for v, r in zip(vars_[:-1], ranges[:-1]):
+            head.append(f"for ({it} {v.name} = 0; {v.name} < {self.render_index(r)}; ++{v.name}) {{")
+            close.append("}")
+        iv, ir = inner_var.name, self.render_index(inner_range)
+        if blocked:
+            head.append(f"for ({it} {iv}_blk = 0; {iv}_blk < {ir}; {iv}_blk += {block}) {{")
+            close.append("}")
+        lines = fn.lines[:] + head
+        depth = len(close)
+        pad = "  " * depth
+        lines += [pad + ln for ln in outer.lines]
+        if blocked:
+            lines.append(f"{pad}const {it} {iv}_end = fx_imin({iv}_blk + {block}, {ir});")
+            start, stop = f"{iv}_blk", f"{iv}_end"
+        else:
+            start, stop = "0", ir
+        if simd:
+            lines.append(f"{pad}#pragma omp simd")
+        lines.append(f"{pad}for ({it} {iv} = {start}; {iv} < {stop}; ++{iv}) {{")
+        lines += [pad + "  " + ln for ln in body]
+        lines.append(pad + "}")
+        for i in range(depth - 1, -1, -1):
+            lines.append("  " * i + "}")
+        return lines
+
+    # ------------------------------------------------------------------ load
+    def load(self, source: KernelSource) -> Callable:
+        """Compile (or fetch from the on-disk cache), dlopen, and bind a launcher."""
+        from fxwrap.targets.cpu_cpp.loader import launcher_for
+        return launcher_for(source.text, source.launch["symbol"],
+                            source.launch["pointers"], len(source.launch["size_symbols"]),
+                            compiler=self._compiler)
+
+
+def _stride(index, var) -> int | None:
+    """The constant coefficient of ``var`` in ``index`` (0 if absent), else None."""
+    index = sympy.sympify(index)
+    if var not in index.free_symbols:
+        return 0
+    d = sympy.diff(index, var)
+    return int(d) if d.is_Integer else None
+
+
+def _block(lines: list[str], head: str, body: list[str]) -> None:
+    lines.append(head + " {")
+    lines.extend("  " + ln if ln else ln for ln in body)
+    lines.append("}")
+
+
+class _Red:
+    """One reduction's accumulator state and its update/combine statements."""
+
+    def __init__(self, em: CppEmitter, k: int, red: Reduction):
+        self.em, self.k, self.red, self.kind = em, k, red, red.kind
+        self.base = f"rd{k}"
+        vdt = red.value.dtype
+        kind = red.kind
+        if kind in ("any", "all"):
+            self.acc_dtype = torch.bool
+        elif kind in ("argmax", "argmin"):
+            self.acc_dtype = vdt
+        else:
+            self.acc_dtype = red.dtype
+        T = em.ctype(self.acc_dtype)
+        self.T = T
+        inits = {"sum": "0", "prod": "1", "max": f"fx_lowest<{T}>()", "min": f"fx_highest<{T}>()",
+                 "any": "false", "all": "true"}
+        if kind in inits:
+            self.states = [(T, inits[kind])]
+            self.fields = {0: (0, self.acc_dtype)}
+        elif kind in ("argmax", "argmin"):
+            self.states = [(T, f"{T}(0)"), ("int64_t", "-1")]
+            self.fields = {0: (1, torch.int64), 1: (0, self.acc_dtype)}
+        elif kind == "welford":
+            self.states = [(T, "0"), (T, "0"), ("int64_t", "0")]
+            self.fields = {0: (0, self.acc_dtype), 1: (1, self.acc_dtype), 2: (2, torch.int64)}
+        else:  # pragma: no cover - CStyleEmitter.check rejects it first
+            raise EmitError(f"reduction kind {kind!r}")
+        self.flushable = kind == "sum" and em.compute_dtype(self.acc_dtype).is_floating_point
+
+    def names(self, tag: str) -> list[str]:
+        return [f"{self.base}_{tag}{i}" for i in range(len(self.states))]
+
+    def value(self, scope: Scope) -> str:
+        v = scope.value(self.red.value)
+        if self.kind in ("any", "all", "argmax", "argmin"):
+            return v
+        return self.em.render_cast(v, self.red.value.dtype, self.acc_dtype)
+
+    def value_type(self) -> str:
+        return self.em.ctype(self.red.value.dtype)
+
+    def upd(self, st: list[str], v: str, idx: str) -> str:
+        T, kind = self.T, self.kind
+        if kind in ("sum", "prod", "max", "min"):
+            return f"fx_{kind}_upd<{T}>({st[0]}, {v});"
+        if kind in ("any", "all"):
+            return f"fx_{kind}_upd<{self.value_type()}>({st[0]}, {v});"
+        if kind in ("argmax", "argmin"):
+            return f"fx_{kind}_upd<{T}>({st[0]}, {st[1]}, {v}, {idx});"
+        return f"fx_welford_upd<{T}>({st[0]}, {st[1]}, {st[2]}, {v});"
+
+    def cmb(self, a: list[str], b: list[str]) -> str:
+        T, kind = self.T, self.kind
+        if kind in ("sum", "prod", "max", "min"):
+            return f"fx_{kind}_upd<{T}>({a[0]}, {b[0]});"
+        if kind == "any":
+            return f"{a[0]} = {a[0]} || {b[0]};"
+        if kind == "all":
+            return f"{a[0]} = {a[0]} && {b[0]};"
+        if kind in ("argmax", "argmin"):
+            return f"fx_{kind}_upd<{T}>({a[0]}, {a[1]}, {b[0]}, {b[1]});"
+        return f"fx_welford_cmb<{T}>({a[0]}, {a[1]}, {a[2]}, {b[0]}, {b[1]}, {b[2]});"
+
+    def finish(self, st: list[str]) -> list[str]:
+        """Round 16-bit float results to their dtype (in place)."""
+        if self.acc_dtype not in self.em.half_types or self.kind in ("argmax", "argmin"):
+            return []
+        rnd = self.em.half_types[self.acc_dtype][2]
+        return [f"{s} = {rnd}({s});" for s, (t, _) in zip(st, self.states) if t != "int64_t"]
+
+    def bind(self, scope: Scope, exprs: list[str]) -> None:
+        for field, (i, dtype) in self.fields.items():
+            scope.bind_acc(self.red.name, field, exprs[i], dtype)
+
+
+class _ReductionCode:
+    """Renders one reduction kernel (row or column tiling, split or not)."""
+
+    def __init__(self, em: CppEmitter, kernel: ScheduledKernel, names: _Names):
+        self.em, self.k, self.names = em, kernel, names
+        self.it = em.index_type
+        self.xv = em.xvars(kernel)
+        self.rv = em.rvars(kernel)
+        self.xr = [sympy.sympify(r) for r in kernel.ranges]
+        self.rr = [sympy.sympify(r) for r in kernel.reduction_ranges]
+        if not self.rv:
+            raise EmitError(f"kernel {kernel.name} has reductions but no reduction_ranges")
+        self.reds = [_Red(em, i, r) for i, r in enumerate(kernel.reductions)]
+        by_name = {r.red.name: r for r in self.reds}
+        if len(by_name) != len(self.reds):
+            raise EmitError(f"kernel {kernel.name}: two reductions share a name")
+        self.passes = self._passes(by_name)
+        rnames = {v.name for v in self.rv}
+        self.r_stores: list[Store] = []
+        self.x_stores: list[Store] = []
+        for st in kernel.stores:
+            uses_r = any(s.name in rnames for s in sympy.sympify(st.index).free_symbols)
+            (self.r_stores if uses_r else self.x_stores).append(st)
+        self.xnumel = sympy.Mul(*self.xr) if self.xr else sympy.Integer(1)
+        self.rnumel = sympy.Mul(*self.rr)
+        self.column = self._is_column()
+        self.need_ridx = any(r.kind in ("argmax", "argmin") for r in self.reds)
+
+    # -- analysis --------------------------------------------------------------
+    def _passes(self, by_name) -> list[list[_Red]]:
+        passes: list[list[_Red]] = []
+        for r in self.reds:
+            reads = {n.args[0] for n in walk(r.red.value) if n.op == "acc"}
+            for name in reads:
+                if name not in by_name or by_name[name].k >= r.k:
+                    raise EmitError(f"kernel {self.k.name}: reduction {r.red.name} reads acc "
+                                    f"{name!r}, which is not an earlier reduction of the kernel")
+            if passes and not reads & {p.red.name for p in passes[-1]}:
+                passes[-1].append(r)
+            else:
+                passes.append([r])
+        return passes
+
+    def _is_column(self) -> bool:
+        """Reduce over an outer dim with contiguous outputs: iterate r outer, x inner."""
+        if not self.xv:
+            return False
+        xl, rl = self.xv[-1], self.rv[-1]
+        loads = [n for r in self.reds for n in walk(r.red.value) if n.op == "load"]
+        rnames = {v.name for v in self.rv}
+        loads = [n for n in loads if any(s.name in rnames for s in
+                                         sympy.sympify(n.args[1]).free_symbols)]
+        if not loads:
+            return False
+        x_contig = any(_stride(n.args[1], xl) == 1 for n in loads)
+        r_contig = any(_stride(n.args[1], rl) == 1 for n in loads)
+        return x_contig and not r_contig
+
+    # -- helpers ---------------------------------------------------------------
+    def idx(self, e) -> str:
+        return self.em.render_index(e)
+
+    def scope(self, parent, declares=()) -> Scope:
+        return Scope(self.em, self.names, parent, declares=declares, kernel=self.k)
+
+    def nchunks_expr(self) -> sympy.Expr | str:
+        """How many chunks the r range splits into: a function of the sizes only."""
+        em = self.em
+        if self.column:
+            few, lim, chunk = self.tiles_expr(), em.split_max_tiles, em.split_col_chunk
+        else:
+            few, lim, chunk = self.xnumel, em.split_max_rows, em.split_row_chunk
+        few = sympy.sympify(few)
+        if few.is_number and self.rnumel.is_number:
+            if int(few) < lim and int(self.rnumel) >= 2 * chunk:
+                return sympy.Integer(min(em.max_chunks, int(self.rnumel) // chunk))
+            return sympy.Integer(1)
+        rn = self.idx(self.rnumel)
+        return (f"({self.idx(few)} < {lim} && {rn} >= {2 * chunk}) ? "
+                f"fx_imin({em.max_chunks}, {rn} / {chunk}) : 1")
+
+    def tiles_expr(self) -> sympy.Expr:
+        xo = sympy.Mul(*self.xr[:-1]) if len(self.xr) > 1 else sympy.Integer(1)
+        from torch.utils._sympy.functions import CeilDiv
+        return xo * CeilDiv(self.xr[-1], self.em.col_block)
+
+    # -- top level -------------------------------------------------------------
+    def render(self) -> list[str]:
+        fn = self.scope(None)
+        nchunks = self.nchunks_expr()
+        if isinstance(nchunks, sympy.Expr):
+            body = self.split(fn, nchunks) if int(nchunks) > 1 else self.whole(fn)
+            return fn.lines + body
+        whole = self.whole(fn)
+        split = self.split(fn, "nchunks")
+        lines = fn.lines + [f"const {self.it} nchunks = {nchunks};"]
+        _block(lines, "if (nchunks <= 1)", whole)
+        _block(lines, "else", split)
+        return lines
+
+    # -- no split: one task per row (or column tile) does every pass --------------
+    def whole(self, fn: Scope) -> list[str]:
+        par = self.em.parallel_if(self.xnumel * self.rnumel)
+        lines: list[str] = []
+        if self.column:
+            tiles = self.idx(self.tiles_expr())
+            if par is not None:
+                lines.append(f"#pragma omp parallel for schedule(static){par}")
+            _block(lines, f"for ({self.it} tile = 0; tile < {tiles}; ++tile)",
+                   self.col_task(fn, "tile", "0", self.idx(self.rnumel), partial=None))
+        else:
+            if par is not None and self.xv:
+                lines.append(f"#pragma omp parallel for schedule(static){par}")
+            _block(lines, f"for ({self.it} xindex = 0; xindex < {self.idx(self.xnumel)}; ++xindex)",
+                   self.row_task(fn, "xindex", "0", self.idx(self.rnumel), partial=None))
+        return lines
+
+    # -- split: passes over (tile, chunk) tasks with partials combined in order ----
+    def split(self, fn: Scope, nchunks) -> list[str]:
+        it, em = self.it, self.em
+        nch = nchunks if isinstance(nchunks, str) else self.idx(nchunks)
+        xnumel = self.idx(self.xnumel)
+        rnumel = self.idx(self.rnumel)
+        ntiles = self.idx(self.tiles_expr()) if self.column else xnumel
+        width = em.col_block if self.column else 1
+        lines = [f"const {it} chunk_size = ({rnumel} + {nch} - 1) / {nch};",
+                 f"const {it} tiles = {ntiles};"]
+        for r in self.reds:
+            for (t, _), p, f in zip(r.states, r.names("p"), r.names("F")):
+                lines.append(f"std::unique_ptr<{t}[]> {p}(new {t}[tiles * {nch} * {width}]);")
+                lines.append(f"std::unique_ptr<{t}[]> {f}(new {t}[{xnumel}]);")
+        par_tasks = em.parallel_if(self.xnumel * self.rnumel)
+        pragma = f"#pragma omp parallel for schedule(static){par_tasks}" if par_tasks is not None else None
+        chunk_range = ["const int64_t chunk = task % " + nch + ";",
+                       "const int64_t rstart = chunk * chunk_size;",
+                       f"const int64_t rend = fx_imin(rstart + chunk_size, {rnumel});"]
+        done: list[_Red] = []
+        for p in self.passes:
+            task = [f"const {it} tile = task / {nch};"] + chunk_range
+            if self.column:
+                task += self.col_task(fn, "tile", "rstart", "rend", partial=(p, done, nch))
+            else:
+                task += self.row_task(fn, "tile", "rstart", "rend", partial=(p, done, nch))
+            if pragma:
+                lines.append(pragma)
+            _block(lines, f"for ({it} task = 0; task < tiles * {nch}; ++task)", task)
+            lines += self.combine(p, nch, xnumel)
+            done += p
+        if self.r_stores:
+            task = [f"const {it} tile = task / {nch};"] + chunk_range
+            if self.column:
+                task += self.col_task(fn, "tile", "rstart", "rend", partial=([], done, nch))
+            else:
+                task += self.row_task(fn, "tile", "rstart", "rend", partial=([], done, nch))
+            if pragma:
+                lines.append(pragma)
+            _block(lines, f"for ({it} task = 0; task < tiles * {nch}; ++task)", task)
+        if self.x_stores:
+            row = self.scope(fn, [v.name for v in self.xv])
+            for r in done:
+                r.bind(row, [f"{f}[xindex]" for f in r.names("F")])
+            stores = self.em.render_stores(self.k, self.x_stores, row)
+            _block(lines, f"for ({it} xindex = 0; xindex < {xnumel}; ++xindex)",
+                   self.em.decompose("xindex", self.xv, self.xr, self.names) + stores)
+        return lines
+
+    def combine(self, p: list[_Red], nch: str, xnumel: str) -> list[str]:
+        """Per output: fold the chunk partials in chunk order into the final arrays."""
+        it, em = self.it, self.em
+        body: list[str] = []
+        if self.column:
+            xl = self.idx(self.xr[-1])
+            cb = em.col_block
+            body += [f"const {it} xo = xindex / {xl};", f"const {it} xl = xindex % {xl};",
+                     f"const {it} ptile = xo * (({xl} + {cb - 1}) / {cb}) + xl / {cb};",
+                     f"const {it} xj = xl % {cb};"]
+            at = f"(ptile * {nch} + c) * {cb} + xj"
+        else:
+            at = f"xindex * {nch} + c"
+        for r in p:
+            acc = r.names("a")
+            body += [f"{t} {a} = {init};" for (t, init), a in zip(r.states, acc)]
+            inner = r.cmb(acc, [f"{q}[{at}]" for q in r.names("p")])
+            body.append(f"for ({it} c = 0; c < {nch}; ++c) {inner}")
+            body += r.finish(acc)
+            body += [f"{f}[xindex] = {a};" for f, a in zip(r.names("F"), acc)]
+        lines: list[str] = []
+        par = em.parallel_if(self.xnumel * 8)
+        if par is not None:
+            lines.append(f"#pragma omp parallel for schedule(static){par}")
+        _block(lines, f"for ({it} xindex = 0; xindex < {xnumel}; ++xindex)", body)
+        return lines
+
+    # -- row tiling ------------------------------------------------------------
+    def row_task(self, fn: Scope, xlin: str, rs: str, re_: str, partial) -> list[str]:
+        """One output row: passes, epilogue and x-only stores (or one pass of a split)."""
+        row = self.scope(fn, [v.name for v in self.xv])
+        out = self.em.decompose(xlin, self.xv, self.xr, self.names)
+        if partial is None:
+            passes, bound = self.passes, []
+        else:
+            passes, bound, nch = partial
+            passes = [passes] if passes else []
+            for r in bound:
+                r.bind(row, [f"{f}[{xlin}]" for f in r.names("F")])
+        for p in passes:
+            code, finals = self.row_pass(row, p, rs, re_)
+            row.flush_into(out)
+            out += code
+            if partial is None:
+                for r in p:
+                    fin = finals[r.k]
+                    out += r.finish(fin)
+                    r.bind(row, fin)
+            else:
+                for r in p:
+                    out += [f"{q}[task] = {s};" for q, s in zip(r.names("p"), finals[r.k])]
+        if partial is None or (partial is not None and not partial[0]):
+            if self.r_stores:
+                code = self.row_epilogue(row, rs, re_)
+                row.flush_into(out)
+                out += code
+        if partial is None and self.x_stores:
+            stores = self.em.render_stores(self.k, self.x_stores, row)
+            row.flush_into(out)
+            out += stores
+        return out
+
+    def r_segment(self, rbase: str, re_: str) -> tuple[list[str], str, str]:
+        """Decompose linear ``rbase`` into the outer r vars and the start of the last one."""
+        it = self.it
+        last = self.rv[-1].name
+        if len(self.rv) == 1:
+            lines = [f"const {it} {last}_start = {rbase};"]
+            count = f"{re_} - {rbase}"
+        else:
+            q = self.names.fresh("q")
+            rlast = self.idx(self.rr[-1])
+            lines = [f"const {it} {q} = {rbase} / {rlast};",
+                     f"const {it} {last}_start = {rbase} % {rlast};"]
+            lines += self.em.decompose(q, self.rv[:-1], self.rr[:-1], self.names)
+            count = f"fx_imin({rlast} - {last}_start, {re_} - {rbase})"
+        return lines, f"{last}_start", count
+
+    def row_pass(self, row: Scope, p: list[_Red], rs: str, re_: str):
+        it, L = self.it, self.em.reduction_lanes
+        last = self.rv[-1].name
+        flush = [r for r in p if r.flushable]
+        pre: list[str] = []
+        finals: dict[int, list[str]] = {}
+        for r in p:
+            for (t, init), lane, tail in zip(r.states, r.names("l"), r.names("t")):
+                pre.append(f"{t} {lane}[{L}];")
+                pre.append(f"{t} {tail} = {init};")
+            for (t, init), fin in zip(r.states, r.names("f")):
+                pre.append(f"{t} {fin} = {init};")
+            finals[r.k] = r.names("f")
+        for r in flush:
+            pre.append(f"{r.T} {r.base}_o[{L}];")
+        inits = [f"{lane}[lane] = {init};" for r in p for (_, init), lane in zip(r.states, r.names("l"))]
+        inits += [f"{r.base}_o[lane] = 0;" for r in flush]
+        pre.append(f"for (int lane = 0; lane < {L}; ++lane) {{ {' '.join(inits)} }}")
+        if flush:
+            pre.append(f"{it} {p[0].base}_flush = 0;")
+
+        seg_lines, start, count = self.r_segment("rbase", re_)
+        seg = self.scope(row, [v.name for v in self.rv[:-1]])
+        # lanes
+        lane_scope = self.scope(seg, [last])
+        lane_body = [f"const {it} {last} = {start} + rj + lane;"]
+        ridx_l = "rbase + rj + lane"
+        upd_l = []
+        for r in p:
+            v = r.value(lane_scope)
+            upd_l.append(r.upd([f"{s}[lane]" for s in r.names("l")], v, ridx_l))
+        lane_scope.flush_into(lane_body)
+        lane_body += upd_l
+        # tail
+        tail_scope = self.scope(seg, [last])
+        tail_body = [f"const {it} {last} = {start} + rj;"]
+        upd_t = []
+        for r in p:
+            v = r.value(tail_scope)
+            upd_t.append(r.upd(r.names("t"), v, "rbase + rj"))
+        tail_scope.flush_into(tail_body)
+        tail_body += upd_t
+
+        seg_body = seg_lines + [f"const {it} rcount = {count};"]
+        seg.flush_into(seg_body)
+        seg_body.append(f"{it} rj = 0;")
+        blk: list[str] = []
+        blk.append("#pragma omp simd")
+        _block(blk, f"for ({it} lane = 0; lane < {L}; ++lane)", lane_body)
+        if flush:
+            fl = " ".join(f"{r.base}_o[lane] += {r.names('l')[0]}[lane]; {r.names('l')[0]}[lane] = 0;"
+                          for r in flush)
+            blk.append(f"if (++{p[0].base}_flush == {self.em.sum_flush}) {{")
+            blk.append(f"  {p[0].base}_flush = 0;")
+            blk.append(f"  for (int lane = 0; lane < {L}; ++lane) {{ {fl} }}")
+            blk.append("}")
+        _block(seg_body, f"for (; rj + {L} <= rcount; rj += {L})", blk)
+        _block(seg_body, "for (; rj < rcount; ++rj)", tail_body)
+        seg_body.append("rbase += rcount;")
+        code = list(pre)
+        _block(code, f"for ({it} rbase = {rs}; rbase < {re_}; )", seg_body)
+        # fold lanes (outer flushed lanes first), then the tail, in a fixed order
+        fold: list[str] = []
+        for r in p:
+            fin = r.names("f")
+            if r in flush:
+                fold.append(r.cmb(fin, [f"{r.base}_o[lane]"]))
+            fold.append(r.cmb(fin, [f"{s}[lane]" for s in r.names("l")]))
+        code.append(f"for (int lane = 0; lane < {L}; ++lane) {{ {' '.join(fold)} }}")
+        for r in p:
+            code.append(r.cmb(r.names("f"), r.names("t")))
+        return code, finals
+
+    def row_epilogue(self, row: Scope, rs: str, re_: str) -> list[str]:
+        it = self.it
+        last = self.rv[-1]
+        seg_lines, start, count = self.r_segment("rbase", re_)
+        seg = self.scope(row, [v.name for v in self.rv[:-1]])
+        inner = self.scope(seg, [last.name])
+        body = [f"const {it} {last.name} = {start} + rj;"]
+        body += self.em.render_stores(self.k, self.r_stores, inner)
+        seg_body = seg_lines + [f"const {it} rcount = {count};"]
+        seg.flush_into(seg_body)
+        if all(_stride(st.index, last) == 1 for st in self.r_stores):
+            seg_body.append("#pragma omp simd")
+        _block(seg_body, f"for ({it} rj = 0; rj < rcount; ++rj)", body)
+        seg_body.append("rbase += rcount;")
+        code: list[str] = []
+        _block(code, f"for ({it} rbase = {rs}; rbase < {re_}; )", seg_body)
+        return code
+
+    # -- column tiling ------------------------------------------------------------
+    def col_task(self, fn: Scope, tile: str, rs: str, re_: str, partial) -> list[str]:
+        it, cb = self.it, self.em.col_block
+        xl_range = self.idx(self.xr[-1])
+        out = [f"const {it} nxb = ({xl_range} + {cb - 1}) / {cb};",
+               f"const {it} xo = {tile} / nxb;",
+               f"const {it} xbase = ({tile} % nxb) * {cb};",
+               f"const {it} xcount = fx_imin({cb}, {xl_range} - xbase);"]
+        out += self.em.decompose("xo", self.xv[:-1], self.xr[:-1], self.names)
+        outer = self.scope(fn, [v.name for v in self.xv[:-1]])
+        xlast = self.xv[-1].name
+        if partial is None:
+            passes, bound = self.passes, []
+        else:
+            passes, bound, nch = partial
+            passes = [passes] if passes else []
+        xfull = f"xo * {xl_range} + xbase + xj"
+
+        def bind_all(scope: Scope, done: list[_Red]) -> None:
+            for r in bound:
+                r.bind(scope, [f"{f}[{xfull}]" for f in r.names("F")])
+            for r in done:
+                r.bind(scope, [f"{f}[xj]" for f in r.names("f")])
+
+        done: list[_Red] = []
+        for p in passes:
+            code = self.col_pass(outer, p, rs, re_, lambda s, d=list(done): bind_all(s, d),
+                                 final=partial is None)
+            outer.flush_into(out)
+            out += code
+            if partial is None:
+                done += p
+            else:
+                for r in p:
+                    for q, f in zip(r.names("p"), r.names("f")):
+                        out.append(f"for ({it} xj = 0; xj < xcount; ++xj) {q}[task * {cb} + xj] = {f}[xj];")
+        if (partial is None or not partial[0]) and self.r_stores:
+            code = self.col_epilogue(outer, rs, re_, lambda s: bind_all(s, done))
+            outer.flush_into(out)
+            out += code
+        if partial is None and self.x_stores:
+            inner = self.scope(outer, [xlast])
+            bind_all(inner, done)
+            body = [f"const {it} {xlast} = xbase + xj;"]
+            body += self.em.render_stores(self.k, self.x_stores, inner)
+            outer.flush_into(out)
+            _block(out, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
+        return out
+
+    def r_all(self, rindex: str) -> list[str]:
+        return self.em.decompose(rindex, self.rv, self.rr, self.names)
+
+    def col_pass(self, outer: Scope, p: list[_Red], rs: str, re_: str, bind,
+                 final: bool) -> list[str]:
+        it, cb = self.it, self.em.col_block
+        xlast = self.xv[-1].name
+        flush = [r for r in p if r.flushable]
+        code: list[str] = []
+        inits = []
+        for r in p:
+            for (t, init), c, f in zip(r.states, r.names("c"), r.names("f")):
+                code.append(f"{t} {c}[{cb}];")
+                code.append(f"{t} {f}[{cb}];")
+                inits.append(f"{c}[xj] = {init};")
+        for r in flush:
+            code.append(f"{r.T} {r.base}_o[{cb}];")
+            inits.append(f"{r.base}_o[xj] = 0;")
+        code.append(f"for ({it} xj = 0; xj < {cb}; ++xj) {{ {' '.join(inits)} }}")
+        if flush:
+            code.append(f"{it} {p[0].base}_flush = 0;")
+        rscope = self.scope(outer, [v.name for v in self.rv])
+        inner = self.scope(rscope, [xlast])
+        bind(inner)
+        body = [f"const {it} {xlast} = xbase + xj;"]
+        upd = [r.upd([f"{c}[xj]" for c in r.names("c")], r.value(inner), "rindex") for r in p]
+        inner.flush_into(body)
+        body += upd
+        rbody = self.r_all("rindex")
+        rscope.flush_into(rbody)
+        rbody.append("#pragma omp simd")
+        _block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
+        if flush:
+            fl = " ".join(f"{r.base}_o[xj] += {r.names('c')[0]}[xj]; {r.names('c')[0]}[xj] = 0;"
+                          for r in flush)
+            rbody.append(f"if (++{p[0].base}_flush == {self.em.sum_flush}) {{")
+            rbody.append(f"  {p[0].base}_flush = 0;")
+            rbody.append(f"  for ({it} xj = 0; xj < xcount; ++xj) {{ {fl} }}")
+            rbody.append("}")
+        _block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
+        fold: list[str] = []
+        for r in p:
+            a = r.names("a")
+            fold += [f"{t} {x} = {init};" for (t, init), x in zip(r.states, a)]
+            if r in flush:
+                fold.append(r.cmb(a, [f"{r.base}_o[xj]"]))
+            fold.append(r.cmb(a, [f"{c}[xj]" for c in r.names("c")]))
+            fold += r.finish(a) if final else []
+            fold += [f"{f}[xj] = {x};" for f, x in zip(r.names("f"), a)]
+        _block(code, f"for ({it} xj = 0; xj < xcount; ++xj)", fold)
+        return code
+
+    def col_epilogue(self, outer: Scope, rs: str, re_: str, bind) -> list[str]:
+        it = self.it
+        xlast = self.xv[-1]
+        rscope = self.scope(outer, [v.name for v in self.rv])
+        inner = self.scope(rscope, [xlast.name])
+        bind(inner)
+        body = [f"const {it} {xlast.name} = xbase + xj;"]
+        body += self.em.render_stores(self.k, self.r_stores, inner)
+        rbody = self.r_all("rindex")
+        rscope.flush_into(rbody)
+        if all(_stride(st.index, xlast) == 1 for st in self.r_stores):
+            rbody.append("#pragma omp simd")
+        _block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
+        code: list[str] = []
+        _block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
+        return code

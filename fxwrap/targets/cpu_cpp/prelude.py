@@ -1,0 +1,277 @@
+"""The C++ helper prelude every CPU kernel starts with.
+
+Kept as a Python string (not a ``.h`` file) so the rendered source is self-contained:
+the cache key covers it, and ``fxwrap show`` prints exactly what was compiled.  Each
+helper gives PyTorch's eager semantics for one op of the loop IR (``fx_floordiv`` is
+``torch.div(rounding_mode="floor")``, ``fx_max`` propagates NaN, ...).
+"""
+
+PRELUDE = r"""
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+// ---- 16-bit floating storage: loaded to float, computed in float, stored rounded ----
+typedef uint16_t fx_bf16;
+static inline float fx_bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint32_t fx_float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+static inline float fx_bf16_to_float(fx_bf16 b) { return fx_bits_to_float((uint32_t)b << 16); }
+static inline fx_bf16 fx_float_to_bf16(float f) {
+  // round to nearest, ties to even; every NaN becomes the canonical quiet NaN
+  const uint32_t u = fx_float_to_bits(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return std::isnan(f) ? (fx_bf16)0x7FC0 : (fx_bf16)rounded;
+}
+static inline float fx_bf16_round(float f) { return fx_bf16_to_float(fx_float_to_bf16(f)); }
+
+#if defined(__FLT16_MAX__) && !defined(FX_SOFT_HALF)
+typedef _Float16 fx_half;
+static inline float fx_half_to_float(fx_half h) { return (float)h; }
+static inline fx_half fx_float_to_half(float f) { return (fx_half)f; }
+#else
+typedef uint16_t fx_half;
+static inline float fx_half_to_float(fx_half h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  const uint32_t man = h & 0x3FFu;
+  if (exp == 0x1Fu) return fx_bits_to_float(sign | 0x7F800000u | (man << 13));
+  if (exp != 0) return fx_bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
+  // zero or subnormal: man * 2^-24, exact in float
+  const float mag = (float)man * 5.9604644775390625e-8f;
+  return sign ? -mag : mag;
+}
+static inline fx_half fx_float_to_half(float f) {
+  const uint32_t u = fx_float_to_bits(f);
+  const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  const uint32_t au = u & 0x7FFFFFFFu;
+  if (au > 0x7F800000u) return (fx_half)(sign | 0x7E00u);          // NaN
+  if (au >= 0x477FF000u) return (fx_half)(sign | 0x7C00u);         // rounds to >= 65520: inf
+  if (au < 0x38800000u) {                                           // below 2^-14: subnormal half
+    // a float add rounds to nearest-even at the half's subnormal quantum 2^-24
+    const float a = fx_bits_to_float(au) + 0.5f;                    // 0.5 = 2^23 * 2^-24
+    return (fx_half)(sign | (uint16_t)(fx_float_to_bits(a) - 0x3F000000u));
+  }
+  const uint32_t odd = (au >> 13) & 1u;
+  const uint32_t r = au + 0xFFFu + odd;                             // round away the low 13 bits
+  return (fx_half)(sign | (uint16_t)((r - 0x38000000u) >> 13));     // rebias 127 -> 15
+}
+#endif
+static inline float fx_half_round(float f) { return fx_half_to_float(fx_float_to_half(f)); }
+
+// ---- integer index helpers (python semantics for negative operands) ----
+static inline int64_t fx_ifloordiv(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t fx_imod(int64_t a, int64_t b) {
+  const int64_t r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline int64_t fx_imax(int64_t a, int64_t b) { return a < b ? b : a; }
+static inline int64_t fx_imin(int64_t a, int64_t b) { return b < a ? b : a; }
+static inline int64_t fx_ipow_index(int64_t b, int64_t e) {
+  int64_t r = 1;
+  for (; e > 0; e >>= 1, b *= b) if (e & 1) r *= b;
+  return r;
+}
+
+// ---- value helpers: one per loop-IR op whose C spelling is not a plain operator ----
+template <typename T> static inline constexpr bool fx_is_float() { return std::is_floating_point<T>::value; }
+template <typename T> static inline bool fx_isnan(T x) {
+  if constexpr (fx_is_float<T>()) return std::isnan(x); else return false;
+}
+template <typename T> static inline bool fx_isinf(T x) {
+  if constexpr (fx_is_float<T>()) return std::isinf(x); else return false;
+}
+template <typename T> static inline bool fx_signbit(T x) {
+  if constexpr (fx_is_float<T>()) return std::signbit(x);
+  else if constexpr (std::is_signed<T>::value) return x < 0;
+  else return false;
+}
+template <typename T> static inline T fx_abs(T x) {
+  if constexpr (fx_is_float<T>()) return std::fabs(x);
+  else if constexpr (std::is_signed<T>::value) return (T)(x < 0 ? -x : x);
+  else return x;
+}
+template <typename T> static inline T fx_floor(T x) { if constexpr (fx_is_float<T>()) return std::floor(x); else return x; }
+template <typename T> static inline T fx_ceil(T x) { if constexpr (fx_is_float<T>()) return std::ceil(x); else return x; }
+template <typename T> static inline T fx_trunc(T x) { if constexpr (fx_is_float<T>()) return std::trunc(x); else return x; }
+// half to even under the default rounding mode
+template <typename T> static inline T fx_round(T x) { if constexpr (fx_is_float<T>()) return std::nearbyint(x); else return x; }
+template <typename T> static inline T fx_sign(T x) { return (T)((T(0) < x) - (x < T(0))); }
+template <typename T> static inline T fx_reciprocal(T x) { return T(1) / x; }
+template <typename T> static inline T fx_rsqrt(T x) { return T(1) / std::sqrt(x); }
+template <typename T> static inline T fx_sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+
+// maximum/minimum and max/min reductions: NaN wins; otherwise std::max/std::min
+template <typename T> static inline T fx_max(T a, T b) {
+  return fx_isnan(a) ? a : (fx_isnan(b) ? b : (a < b ? b : a));
+}
+template <typename T> static inline T fx_min(T a, T b) {
+  return fx_isnan(a) ? a : (fx_isnan(b) ? b : (b < a ? b : a));
+}
+
+// division family. Integer division by zero gives 0 instead of trapping (eager raises).
+template <typename T> static inline T fx_truncdiv(T a, T b) {
+  if constexpr (fx_is_float<T>()) return std::trunc(a / b);
+  else {
+    if (b == 0) return 0;
+    if constexpr (std::is_signed<T>::value) { if (b == T(-1)) return (T)(T(0) - a); }
+    return (T)(a / b);
+  }
+}
+template <typename T> static inline T fx_floordiv(T a, T b) {
+  if constexpr (fx_is_float<T>()) {
+    if (b == 0) return a / b;
+    const T m = std::fmod(a, b);
+    T d = (a - m) / b;                       // exact multiple of b, up to rounding
+    if (m != 0 && ((b < 0) != (m < 0))) d -= T(1);
+    if (d == 0) return std::copysign(T(0), a / b);
+    T f = std::floor(d);
+    if (d - f > T(0.5)) f += T(1);
+    return f;
+  } else {
+    if (b == 0) return 0;
+    if constexpr (std::is_signed<T>::value) {
+      if (b == T(-1)) return (T)(T(0) - a);
+      const T q = (T)(a / b);
+      return (a % b != 0 && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
+    } else {
+      return (T)(a / b);
+    }
+  }
+}
+template <typename T> static inline T fx_fmod(T a, T b) {
+  if constexpr (fx_is_float<T>()) return std::fmod(a, b);
+  else {
+    if (b == 0) return 0;
+    if constexpr (std::is_signed<T>::value) { if (b == T(-1)) return 0; }
+    return (T)(a % b);
+  }
+}
+// torch.remainder: the result takes the sign of the divisor
+template <typename T> static inline T fx_mod(T a, T b) {
+  if constexpr (fx_is_float<T>()) {
+    T m = std::fmod(a, b);
+    if (m != 0 && ((b < 0) != (m < 0))) m += b;
+    return m;
+  } else {
+    if (b == 0) return 0;
+    if constexpr (std::is_signed<T>::value) {
+      if (b == T(-1)) return 0;
+      const T r = (T)(a % b);
+      return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
+    } else {
+      return (T)(a % b);
+    }
+  }
+}
+template <typename T> static inline T fx_pow(T base, T e) {
+  if constexpr (fx_is_float<T>()) return std::pow(base, e);
+  else if constexpr (std::is_same<T, bool>::value) return base || !e;
+  else {
+    if constexpr (std::is_signed<T>::value) {
+      if (e < 0) {
+        if (base == 1) return 1;
+        if (base == -1) return (e & 1) ? (T)-1 : (T)1;
+        return 0;
+      }
+    }
+    T r = 1;
+    while (e != 0) {
+      if (e & 1) r = (T)(r * base);
+      e = (T)(e >> 1);
+      base = (T)(base * base);
+    }
+    return r;
+  }
+}
+// shifts: an amount outside [0, bits) shifts everything out (sign fill for >>)
+template <typename T> static inline T fx_lshift(T a, T b) {
+  constexpr int64_t bits = sizeof(T) * 8;
+  if ((int64_t)b < 0 || (int64_t)b >= bits) return 0;
+  return (T)((typename std::make_unsigned<T>::type)a << b);
+}
+template <typename T> static inline T fx_rshift(T a, T b) {
+  constexpr int64_t bits = sizeof(T) * 8;
+  if ((int64_t)b < 0 || (int64_t)b >= bits) {
+    if constexpr (std::is_signed<T>::value) return (T)(a < 0 ? -1 : 0); else return 0;
+  }
+  return (T)(a >> b);
+}
+
+// erfinv: an initial guess good to ~2e-3 (Winitzki's closed form), then Halley steps on
+// erf(x) = y in double; near |y| = 1 the residual uses erfc so 1 - |y| stays exact.
+static inline double fx_erfinv_d(double y) {
+  const double a = std::fabs(y);
+  if (!(a < 1.0)) return a == 1.0 ? std::copysign(INFINITY, y) : NAN;
+  if (a == 0.0) return y;
+  const double k = 0.147;
+  const double pi = 3.14159265358979323846;
+  const double l = std::log((1.0 - a) * (1.0 + a));
+  const double t = 2.0 / (pi * k) + 0.5 * l;
+  double x = std::sqrt(std::sqrt(t * t - l / k) - t);
+  const double two_over_sqrt_pi = 1.12837916709551257390;
+  for (int i = 0; i < 3; ++i) {
+    const double f = a < 0.5 ? std::erf(x) - a : (1.0 - a) - std::erfc(x);
+    const double step = f / (two_over_sqrt_pi * std::exp(-x * x));
+    x -= step / (1.0 + x * step);
+  }
+  return std::copysign(x, y);
+}
+template <typename T> static inline T fx_erfinv(T y) { return (T)fx_erfinv_d((double)y); }
+
+// ---- reductions: update with one value, combine two partial states ----
+template <typename T> static inline T fx_lowest() {
+  if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
+  else return std::numeric_limits<T>::lowest();
+}
+template <typename T> static inline T fx_highest() {
+  if constexpr (std::numeric_limits<T>::has_infinity) return std::numeric_limits<T>::infinity();
+  else return std::numeric_limits<T>::max();
+}
+template <typename T> static inline void fx_sum_upd(T& a, T v) { a = a + v; }
+template <typename T> static inline void fx_prod_upd(T& a, T v) { a = a * v; }
+template <typename T> static inline void fx_max_upd(T& a, T v) { a = fx_max(a, v); }
+template <typename T> static inline void fx_min_upd(T& a, T v) { a = fx_min(a, v); }
+template <typename T> static inline void fx_any_upd(bool& a, T v) { a = a || (v != 0); }
+template <typename T> static inline void fx_all_upd(bool& a, T v) { a = a && (v != 0); }
+// argmax/argmin: does (vb, ib) beat (va, ia)?  The extreme wins, NaN is the most extreme,
+// ties go to the lower index, an empty state (index < 0) always loses.
+template <bool IsMax, typename T>
+static inline bool fx_arg_better(T va, int64_t ia, T vb, int64_t ib) {
+  if (ib < 0) return false;
+  if (ia < 0) return true;
+  const bool na = fx_isnan(va), nb = fx_isnan(vb);
+  if (na || nb) return (na && nb) ? ib < ia : nb;
+  if (IsMax ? (va < vb) : (vb < va)) return true;
+  return va == vb && ib < ia;
+}
+template <typename T> static inline void fx_argmax_upd(T& va, int64_t& ia, T v, int64_t i) {
+  if (fx_arg_better<true>(va, ia, v, i)) { va = v; ia = i; }
+}
+template <typename T> static inline void fx_argmin_upd(T& va, int64_t& ia, T v, int64_t i) {
+  if (fx_arg_better<false>(va, ia, v, i)) { va = v; ia = i; }
+}
+template <typename T> static inline void fx_welford_upd(T& mean, T& m2, int64_t& n, T v) {
+  n += 1;
+  const T d = v - mean;
+  mean += d / (T)n;
+  m2 += d * (v - mean);
+}
+template <typename T>
+static inline void fx_welford_cmb(T& mean, T& m2, int64_t& n, T mean_b, T m2_b, int64_t n_b) {
+  if (n_b == 0) return;
+  if (n == 0) { mean = mean_b; m2 = m2_b; n = n_b; return; }
+  const int64_t nn = n + n_b;
+  const T d = mean_b - mean;
+  const T wb = (T)n_b / (T)nn;
+  mean = mean + d * wb;
+  m2 = m2 + m2_b + d * d * (T)n * wb;
+  n = nn;
+}
+"""

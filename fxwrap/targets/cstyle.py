@@ -1,0 +1,755 @@
+"""One emitter for the C family: C++ (``cpu_cpp``) and Metal (``mps_metal``) subclass it.
+
+A subclass overrides only what differs, through class attributes (kernel qualifier,
+pointer qualifiers, type names, thread indexing, barrier, prelude) and the one dict
+``code_for_op`` of op renderings; the Op-DAG walk, the SSA locals, the sympy index
+printer, loads, stores, casts and 16-bit float handling are shared.
+
+A kernel over a contiguous ``(s0, 64)`` float tensor computing ``relu(x) * 2``::
+
+    ScheduledKernel("fxwrap_kernel_0", inputs=(arg0,), outputs=(buf1,), size_symbols=(s0,),
+        ranges=(s0, 64), reduction_ranges=(), reductions=(),
+        stores=(Store("buf1", 64*x0 + x1, Op("mul", f32, (Op("maximum", f32, (
+            Op("load", f32, ("arg0", 64*x0 + x1)), Op("const", f32, (0.0,)))),
+            Op("const", f32, (2.0,))))),),
+        origins=("relu: aten.relu.default", "mul: aten.mul.Tensor"))
+
+renders (``CppEmitter``; the body of the loops) as::
+
+    const float tmp0 = in_ptr0[64*x0 + x1];
+    const float tmp1 = 0.0f;
+    const float tmp2 = fx_max(tmp0, tmp1);
+    const float tmp3 = 2.0f;
+    const float tmp4 = tmp2 * tmp3;
+    out_ptr0[64*x0 + x1] = tmp4;
+
+Value conventions shared by every C-family target:
+
+* one ``const`` local per distinct ``Op`` (equal Ops are one local: CSE for free);
+* a local holds the *compute* type of its dtype: bf16 and fp16 values live in float,
+  always rounded to their own precision (loads convert, every op whose dtype is bf16
+  or fp16 is rounded once, stores convert back to the 16-bit storage type);
+* index arithmetic is ``index_type`` (``int64_t``); size symbols are kernel params.
+"""
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Callable
+
+import sympy
+import torch
+from torch.utils._sympy import functions as symfn
+
+from fxwrap.core.ir import BINARY, COMPARISONS, REDUCTIONS, UNARY, Op, ScheduledKernel, walk
+from fxwrap.runtime.kernel import KernelArg
+from fxwrap.targets.base import KernelEmitter, KernelSource
+
+
+class EmitError(NotImplementedError):
+    """A kernel the C-family emitter cannot render; names the op, the target and a way out."""
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _call(fn: str) -> Callable[..., str]:
+    return lambda *args, dtype: f"{fn}({', '.join(args)})"
+
+
+def _infix(op: str) -> Callable[..., str]:
+    return lambda a, b, dtype: f"{a} {op} {b}"
+
+
+def _is_bool(dtype: torch.dtype) -> bool:
+    return dtype == torch.bool
+
+
+# One rendering per op of fxwrap.core.ir: argument strings (C locals, already of the op's
+# compute type) -> a C expression.  Subclasses copy the dict and replace entries.
+CSTYLE_OPS: dict[str, Callable[..., str]] = {
+    # unary
+    "neg": lambda x, dtype: f"!{x}" if _is_bool(dtype) else f"-{x}",
+    "abs": _call("fx_abs"),
+    "exp": _call("std::exp"), "exp2": _call("std::exp2"), "expm1": _call("std::expm1"),
+    "log": _call("std::log"), "log2": _call("std::log2"), "log10": _call("std::log10"),
+    "log1p": _call("std::log1p"), "sqrt": _call("std::sqrt"), "rsqrt": _call("fx_rsqrt"),
+    "sin": _call("std::sin"), "cos": _call("std::cos"), "tan": _call("std::tan"),
+    "asin": _call("std::asin"), "acos": _call("std::acos"), "atan": _call("std::atan"),
+    "sinh": _call("std::sinh"), "cosh": _call("std::cosh"), "tanh": _call("std::tanh"),
+    "asinh": _call("std::asinh"), "acosh": _call("std::acosh"), "atanh": _call("std::atanh"),
+    "erf": _call("std::erf"), "erfc": _call("std::erfc"), "erfinv": _call("fx_erfinv"),
+    "floor": _call("fx_floor"), "ceil": _call("fx_ceil"), "round": _call("fx_round"),
+    "trunc": _call("fx_trunc"), "sigmoid": _call("fx_sigmoid"), "sign": _call("fx_sign"),
+    "reciprocal": _call("fx_reciprocal"),
+    "logical_not": lambda x, dtype: f"!{x}",
+    "bitwise_not": lambda x, dtype: f"!{x}" if _is_bool(dtype) else f"~{x}",
+    "isnan": _call("fx_isnan"), "isinf": _call("fx_isinf"), "signbit": _call("fx_signbit"),
+    # binary
+    "add": lambda a, b, dtype: f"{a} || {b}" if _is_bool(dtype) else f"{a} + {b}",
+    "sub": lambda a, b, dtype: f"{a} != {b}" if _is_bool(dtype) else f"{a} - {b}",
+    "mul": lambda a, b, dtype: f"{a} && {b}" if _is_bool(dtype) else f"{a} * {b}",
+    "truediv": _infix("/"),
+    "floordiv": _call("fx_floordiv"), "truncdiv": _call("fx_truncdiv"),
+    "mod": _call("fx_mod"), "fmod": _call("fx_fmod"), "pow": _call("fx_pow"),
+    "maximum": _call("fx_max"), "minimum": _call("fx_min"),
+    "atan2": _call("std::atan2"), "copysign": _call("std::copysign"),
+    "logical_and": lambda a, b, dtype: f"({a} != 0) && ({b} != 0)",
+    "logical_or": lambda a, b, dtype: f"({a} != 0) || ({b} != 0)",
+    "logical_xor": lambda a, b, dtype: f"({a} != 0) != ({b} != 0)",
+    "bitwise_and": _infix("&"), "bitwise_or": _infix("|"), "bitwise_xor": _infix("^"),
+    "lshift": _call("fx_lshift"), "rshift": _call("fx_rshift"),
+    "lt": _infix("<"), "le": _infix("<="), "gt": _infix(">"), "ge": _infix(">="),
+    "eq": _infix("=="), "ne": _infix("!="),
+    # ternary
+    "where": lambda c, a, b, dtype: f"{c} ? {a} : {b}",
+}
+
+# Ops whose result is exactly representable in a 16-bit float dtype when the operands
+# are: their bf16/fp16 results need no re-rounding.
+_EXACT_OPS = frozenset("neg abs where maximum minimum copysign sign floor ceil round trunc".split())
+# Ops whose operands keep their own dtype (result bool, or any operand dtype).
+_OWN_OPERAND_TYPES = COMPARISONS | {"where"}
+
+
+class CStyleEmitter(KernelEmitter):
+    """The shared C-family renderer; ``render(kernel) -> KernelSource``.
+
+    Subclasses set the language options below and implement ``render_body`` (the
+    loop nest or thread indexing around the values this class renders), or use the
+    default one-thread-per-element ``render_body`` of grid targets (Metal) by setting
+    ``thread_index``.
+    """
+
+    language = "c"
+    comment = "//"
+    headers: tuple[str, ...] = ()
+    prelude: str = ""                       # helpers every kernel includes (fx_*)
+    kernel_qualifier = ""                   # 'extern "C"' (C++), 'kernel' (Metal)
+    buffer_qualifier = ""                   # address space of buffers: Metal 'device '
+    const_qualifier = "const "              # read-only buffers
+    restrict_qualifier = "__restrict__"     # '' where unsupported
+    size_param_type = "const int64_t"       # Metal: 'constant int64_t&'
+    index_type = "int64_t"
+    extra_params: tuple[str, ...] = ()      # Metal: ('uint3 gid [[thread_position_in_grid]]',)
+    thread_index: str | None = None         # grid targets: the global thread id expression
+    barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
+    infinity = "INFINITY"
+    nan = "NAN"
+    # storage type of each dtype (what pointers point to)
+    type_names: dict[torch.dtype, str] = {
+        torch.float32: "float", torch.float64: "double",
+        torch.bfloat16: "fx_bf16", torch.float16: "fx_half",
+        torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
+        torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+        torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
+    }
+    # 16-bit floats: computed in float32; (storage -> float, float -> storage, round)
+    half_types: dict[torch.dtype, tuple[str, str, str]] = {
+        torch.bfloat16: ("fx_bf16_to_float", "fx_float_to_bf16", "fx_bf16_round"),
+        torch.float16: ("fx_half_to_float", "fx_float_to_half", "fx_half_round"),
+    }
+    code_for_op: dict[str, Callable[..., str]] = CSTYLE_OPS
+
+    def __init__(self, target=None):
+        super().__init__(target)
+
+    # ------------------------------------------------------------------ types
+    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if dtype in self.half_types else dtype
+
+    def storage_type(self, dtype: torch.dtype) -> str:
+        try:
+            return self.type_names[dtype]
+        except KeyError:
+            raise EmitError(f"dtype {dtype} has no {self.language} type on target "
+                            f"{self.target_name}; add it to {type(self).__name__}.type_names "
+                            "or let the lowering fall back to ATen") from None
+
+    def ctype(self, dtype: torch.dtype) -> str:
+        """The C type a local of ``dtype`` is computed in."""
+        return self.storage_type(self.compute_dtype(dtype))
+
+    @property
+    def target_name(self) -> str:
+        return getattr(self.target, "name", None) or self.language
+
+    # ------------------------------------------------------------------ render
+    def render(self, kernel: ScheduledKernel) -> KernelSource:
+        """Source text of ``kernel``: a provenance comment, the prelude, one function."""
+        self.check(kernel)
+        cname = self.function_name(kernel)
+        sig = self.signature(kernel)
+        body = self.render_body(kernel, _Names())
+        text = "\n".join([
+            *self.header_comment(kernel),
+            *self.headers,
+            self.prelude.strip("\n"),
+            "",
+            f"{self.function_head(kernel, cname)}",
+            "{",
+            *("  " + line if line else "" for line in body),
+            "}",
+            "",
+        ])
+        launch = {"symbol": cname, "language": self.language,
+                  "pointers": len(kernel.inputs) + len(kernel.outputs),
+                  "size_symbols": tuple(s.name for s in kernel.size_symbols)}
+        launch.update(self.launch_metadata(kernel))
+        return KernelSource(kernel.name, text, self.language, sig, launch)
+
+    def launch_metadata(self, kernel: ScheduledKernel) -> dict:
+        return {}
+
+    def render_body(self, kernel: ScheduledKernel, names: "_Names") -> list[str]:
+        """Grid targets: one thread per element of ``ranges`` (no reductions)."""
+        if self.thread_index is None:
+            raise EmitError(f"{type(self).__name__} must implement render_body or set thread_index")
+        if kernel.is_reduction or kernel.reduction_ranges:
+            raise EmitError(f"{type(self).__name__}: reductions need a target-specific "
+                            f"render_body (kernel {kernel.name})")
+        xvars = self.xvars(kernel)
+        fn = Scope(self, names, parent=None)
+        out = [f"const {self.index_type} xindex = {self.thread_index};",
+               f"if (xindex >= {self.numel(kernel.ranges)}) return;"]
+        out += self.decompose("xindex", xvars, kernel.ranges, names)
+        inner = Scope(self, names, parent=fn, declares=[v.name for v in xvars])
+        stores = self.render_stores(kernel, kernel.stores, inner)
+        return fn.lines + out + inner.lines + stores
+
+    # ------------------------------------------------------------------ pieces
+    def check(self, kernel: ScheduledKernel) -> None:
+        for red in kernel.reductions:
+            if red.kind not in REDUCTIONS:
+                raise EmitError(f"reduction kind {red.kind!r} of kernel {kernel.name} is not one of "
+                                f"{sorted(REDUCTIONS)} (target {self.target_name})")
+        names = [b.name for b in kernel.inputs] + [b.name for b in kernel.outputs]
+        for name in names:
+            if not isinstance(name, str):
+                raise EmitError(f"kernel {kernel.name}: buffer name {name!r} is not a string")
+
+    def function_name(self, kernel: ScheduledKernel) -> str:
+        name = re.sub(r"[^A-Za-z0-9_]", "_", kernel.name)
+        return name if name and not name[0].isdigit() else f"k_{name}"
+
+    def header_comment(self, kernel: ScheduledKernel) -> list[str]:
+        c = self.comment
+        lines = [f"{c} fxwrap kernel {kernel.name}"]
+        origins = ", ".join(kernel.origins) if kernel.origins else "(no ATen origin recorded)"
+        lines.append(f"{c} from: {origins}")
+        for i, buf in enumerate(kernel.inputs):
+            lines.append(f"{c} in_ptr{i}: {self._describe(buf)}")
+        for i, buf in enumerate(kernel.outputs):
+            lines.append(f"{c} out_ptr{i}: {self._describe(buf)}")
+        if kernel.ranges:
+            lines.append(f"{c} ranges: {tuple(kernel.ranges)}")
+        if kernel.reduction_ranges:
+            lines.append(f"{c} reduction_ranges: {tuple(kernel.reduction_ranges)}")
+        for red in kernel.reductions:
+            lines.append(f"{c} reduction {red.name}: {red.kind} ({red.dtype})")
+        return lines
+
+    @staticmethod
+    def _describe(buf) -> str:
+        size = tuple(getattr(buf, "size", ()))
+        stride = tuple(getattr(buf, "stride", ()))
+        return f"{buf.name} {str(buf.dtype).replace('torch.', '')} size={size} stride={stride}"
+
+    def signature(self, kernel: ScheduledKernel) -> tuple[KernelArg, ...]:
+        """Arguments in call order: inputs, outputs (``inout`` if also an input), sizes."""
+        in_names = {b.name for b in kernel.inputs}
+        args = [KernelArg(b.name, "input") for b in kernel.inputs]
+        args += [KernelArg(b.name, "inout" if b.name in in_names else "output")
+                 for b in kernel.outputs]
+        args += [KernelArg(s.name, "size") for s in kernel.size_symbols]
+        return tuple(args)
+
+    def function_head(self, kernel: ScheduledKernel, cname: str) -> str:
+        params = self.params(kernel)
+        qual = f"{self.kernel_qualifier} " if self.kernel_qualifier else ""
+        return f"{qual}void {cname}({', '.join(params)})"
+
+    def params(self, kernel: ScheduledKernel) -> list[str]:
+        in_names = [b.name for b in kernel.inputs]
+        out_names = [b.name for b in kernel.outputs]
+        aliased = set(in_names) & set(out_names)
+        params = []
+        for i, buf in enumerate(kernel.inputs):
+            params.append(self.pointer_param(f"in_ptr{i}", buf.dtype, const=True,
+                                             restrict=buf.name not in aliased, index=len(params)))
+        for i, buf in enumerate(kernel.outputs):
+            params.append(self.pointer_param(f"out_ptr{i}", buf.dtype, const=False,
+                                             restrict=buf.name not in aliased, index=len(params)))
+        for sym in kernel.size_symbols:
+            params.append(self.size_param(self.symbol_name(sym), index=len(params)))
+        params += list(self.extra_params)
+        return params
+
+    def pointer_param(self, name: str, dtype: torch.dtype, const: bool, restrict: bool,
+                      index: int) -> str:
+        cq = self.const_qualifier if const else ""
+        rq = f" {self.restrict_qualifier}" if restrict and self.restrict_qualifier else ""
+        return f"{self.buffer_qualifier}{cq}{self.storage_type(dtype)}*{rq} {name}"
+
+    def size_param(self, name: str, index: int) -> str:
+        return f"{self.size_param_type} {name}"
+
+    def symbol_name(self, sym: sympy.Symbol) -> str:
+        name = sym.name
+        if not _IDENT.match(name) or re.match(r"^(tmp|in_ptr|out_ptr|rd|xi|rl|fx_)", name):
+            raise EmitError(f"size symbol {name!r} cannot be a {self.language} parameter name "
+                            f"(target {self.target_name}); rename it in the ShapeEnv mapping")
+        return name
+
+    # ------------------------------------------------------------------ loops helpers
+    def xvars(self, kernel: ScheduledKernel) -> list[sympy.Symbol]:
+        from fxwrap.core.ir import xvar
+        return [xvar(i) for i in range(len(kernel.ranges))]
+
+    def rvars(self, kernel: ScheduledKernel) -> list[sympy.Symbol]:
+        from fxwrap.core.ir import rvar
+        return [rvar(i) for i in range(len(kernel.reduction_ranges))]
+
+    def numel(self, ranges) -> str:
+        return self.render_index(sympy.Mul(*[sympy.sympify(r) for r in ranges])) if ranges else "1"
+
+    def decompose(self, linear: str, vars_, ranges, names: "_Names") -> list[str]:
+        """Row-major ``linear`` index -> one ``const`` per var (last var fastest)."""
+        it = self.index_type
+        if not vars_:
+            return []
+        if len(vars_) == 1:
+            return [f"const {it} {vars_[0].name} = {linear};"]
+        lines = []
+        rest = names.fresh("q")
+        lines.append(f"{it} {rest} = {linear};")
+        for i in range(len(vars_) - 1, 0, -1):
+            size = self.render_index(ranges[i])
+            lines.append(f"const {it} {vars_[i].name} = {rest} % {size};")
+            lines.append(f"{rest} = {rest} / {size};")
+        lines.append(f"const {it} {vars_[0].name} = {rest};")
+        return lines
+
+    # ------------------------------------------------------------------ stores / values
+    def buffer_pointers(self, kernel: ScheduledKernel) -> tuple[dict, dict]:
+        """``(loads, stores)``: buffer name -> (pointer name, dtype)."""
+        loads: dict[str, tuple[str, torch.dtype]] = {}
+        stores: dict[str, tuple[str, torch.dtype]] = {}
+        for i, b in enumerate(kernel.outputs):
+            stores.setdefault(b.name, (f"out_ptr{i}", b.dtype))
+            loads.setdefault(b.name, (f"out_ptr{i}", b.dtype))
+        for i, b in enumerate(kernel.inputs):
+            loads[b.name] = (f"in_ptr{i}", b.dtype)
+        return loads, stores
+
+    def render_stores(self, kernel: ScheduledKernel, stores, scope: "Scope") -> list[str]:
+        """Statements writing ``stores``; their values are rendered into ``scope``."""
+        _, pointers = scope.pointers()
+        out = []
+        for st in stores:
+            if st.buffer not in pointers:
+                raise EmitError(f"kernel {kernel.name} stores to {st.buffer!r}, which is not one of "
+                                f"its outputs {[b.name for b in kernel.outputs]}")
+            ptr, dtype = pointers[st.buffer]
+            value = scope.value(st.value)
+            value = self.render_cast(value, st.value.dtype, dtype)
+            scope.flush_into(out)
+            out.append(f"{ptr}[{self.render_index(st.index)}] = {self.to_storage(value, dtype)};")
+        return out
+
+    def to_storage(self, value: str, dtype: torch.dtype) -> str:
+        if dtype in self.half_types:
+            return f"{self.half_types[dtype][1]}({value})"
+        return value
+
+    def from_storage(self, value: str, dtype: torch.dtype) -> str:
+        if dtype in self.half_types:
+            return f"{self.half_types[dtype][0]}({value})"
+        return value
+
+    def render_load(self, op: Op, scope: "Scope") -> str:
+        name, index = op.args[0], op.args[1]
+        loads, _ = scope.pointers()
+        if name not in loads:
+            raise EmitError(f"load of {name!r}: not an input or output of kernel "
+                            f"{scope.kernel_name} (target {self.target_name})")
+        ptr, dtype = loads[name]
+        expr = self.from_storage(f"{ptr}[{self.render_index(index)}]", dtype)
+        expr = self.render_cast(expr, dtype, op.dtype)
+        if len(op.args) > 2:  # masked load: (name, index, mask) reads nothing where mask is false
+            mask = scope.value(op.args[2])
+            expr = f"{mask} ? {expr} : {self.ctype(op.dtype)}(0)"
+        return expr
+
+    def render_const(self, value, dtype: torch.dtype) -> str:
+        if dtype == torch.bool:
+            return "true" if value else "false"
+        if dtype.is_floating_point:
+            v = float(value)
+            if dtype in self.half_types:  # a bf16/fp16 constant is a value of that type
+                v = torch.tensor(v, dtype=dtype).item()
+            if math.isnan(v):
+                return self.nan
+            if math.isinf(v):
+                return self.infinity if v > 0 else f"-{self.infinity}"
+            if self.compute_dtype(dtype) == torch.float32:
+                return self._float32_literal(v)
+            text = repr(v)
+            return text if any(c in text for c in ".en") else text + ".0"
+        if dtype.is_complex:
+            raise EmitError(f"complex constant {value!r} on target {self.target_name}")
+        return self.int_literal(int(value), dtype)
+
+    @staticmethod
+    def _float32_literal(v: float) -> str:
+        f = struct.unpack("f", struct.pack("f", v))[0]
+        for digits in range(1, 10):  # the shortest decimal that reads back as the same float
+            text = f"{f:.{digits}g}"
+            if struct.unpack("f", struct.pack("f", float(text)))[0] == f:
+                break
+        if not any(c in text for c in ".en"):
+            text += ".0"
+        return text + "f"
+
+    def int_literal(self, v: int, dtype: torch.dtype = torch.int64) -> str:
+        if v == -(2 ** 63):
+            return "(-9223372036854775807LL - 1)"
+        if v >= 2 ** 63:
+            return f"{v}ULL"
+        return str(v) if -(2 ** 31) <= v < 2 ** 31 else f"{v}LL"
+
+    def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+        """``x`` (a value of ``src``'s compute type) as ``dst``'s compute type, PyTorch style."""
+        if src == dst:
+            return x
+        cdst = self.compute_dtype(dst)
+        if dst == torch.bool:
+            return f"({x} != 0)"
+        if dst in self.half_types:
+            # torch goes through float: double -> float -> bf16 rounds twice, like c10
+            inner = x if self.compute_dtype(src) == torch.float32 else f"static_cast<float>({x})"
+            return f"{self.half_types[dst][2]}({inner})"
+        if src.is_floating_point and not cdst.is_floating_point:
+            # float -> integer truncates; through int64 like c10 (defined for unsigned targets)
+            if cdst == torch.int64:
+                return f"static_cast<int64_t>({x})"
+            return f"static_cast<{self.ctype(cdst)}>(static_cast<int64_t>({x}))"
+        if self.ctype(src) == self.ctype(dst):
+            return x
+        return f"static_cast<{self.ctype(dst)}>({x})"
+
+    def render_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        """The C expression of ``op`` over already-rendered argument locals."""
+        name = op.op
+        if name == "cast":
+            return self.render_cast(args[0], arg_dtypes[0], op.dtype)
+        fn = self.code_for_op.get(name)
+        if fn is None:
+            known = name in UNARY or name in BINARY or name == "where"
+            raise EmitError(
+                f"op {name!r} ({op.dtype}) has no rendering on target {self.target_name}"
+                + (f"; add it to {type(self).__name__}.code_for_op" if known else
+                   f"; it is not a loop-IR op (see fxwrap.core.ir), so the lowering should "
+                   "emit an extern call instead"))
+        if name in COMPARISONS and name not in ("logical_not",) and len(args) == 2:
+            # comparisons and logical ops compare in the operands' common type
+            a_dt, b_dt = arg_dtypes
+            if a_dt != b_dt:
+                common = torch.promote_types(a_dt, b_dt)
+                args = [self.render_cast(a, d, common) for a, d in zip(args, arg_dtypes)]
+            dtype = self.compute_dtype(torch.promote_types(a_dt, b_dt))
+        elif name in COMPARISONS:
+            dtype = self.compute_dtype(arg_dtypes[0])
+        elif name == "where":
+            args = [self.render_cast(args[0], arg_dtypes[0], torch.bool)] + [
+                self.render_cast(a, d, op.dtype) for a, d in zip(args[1:], arg_dtypes[1:])]
+            dtype = self.compute_dtype(op.dtype)
+        else:
+            args = [self.render_cast(a, d, op.dtype) for a, d in zip(args, arg_dtypes)]
+            dtype = self.compute_dtype(op.dtype)
+        expr = fn(*args, dtype=dtype)
+        if op.dtype in self.half_types and name not in _EXACT_OPS:
+            expr = f"{self.half_types[op.dtype][2]}({expr})"
+        return expr
+
+    # ------------------------------------------------------------------ index printer
+    def render_index(self, expr) -> str:
+        """A sympy integer expression as ``index_type`` C arithmetic."""
+        text = self._idx(sympy.sympify(expr))
+        return text[1:-1] if _outer_parens(text) else text
+
+    def _idx(self, e) -> str:
+        if isinstance(e, (bool, sympy.logic.boolalg.BooleanTrue, sympy.logic.boolalg.BooleanFalse)):
+            return "true" if bool(e) else "false"
+        if isinstance(e, int):
+            return self.int_literal(e)
+        if e.is_Integer:
+            return self.int_literal(int(e))
+        if e.is_Symbol:
+            if e.name.startswith(("x", "r")) and e.name[1:].isdigit():
+                return e.name
+            return self.symbol_name(e)
+        if isinstance(e, sympy.Add):
+            def term(t) -> str:  # products bind tighter than +/-: no parentheses needed
+                text = self._idx(t)
+                return text[1:-1] if isinstance(t, sympy.Mul) and _outer_parens(text) else text
+
+            terms = e.as_ordered_terms()
+            out = term(terms[0])
+            for t in terms[1:]:
+                coeff, _ = t.as_coeff_Mul()
+                if coeff.is_negative:
+                    out += f" - {term(-t)}"
+                else:
+                    out += f" + {term(t)}"
+            return f"({out})"
+        if isinstance(e, sympy.Mul):
+            coeff, rest = e.as_coeff_Mul()
+            if coeff.is_Rational and not coeff.is_Integer:
+                # p/q * rest: the lowering promises the division is exact
+                num = self._idx(sympy.Integer(coeff.p) * rest)
+                return f"({num} / {self.int_literal(int(coeff.q))})"
+            factors = [self._idx(f) for f in e.as_ordered_factors()]
+            if factors[0] == "-1":
+                return f"(-{'*'.join(factors[1:])})"
+            return f"({'*'.join(factors)})"
+        if isinstance(e, sympy.Pow):
+            base, exp = e.args
+            if exp.is_Integer and int(exp) >= 0:
+                if int(exp) == 0:
+                    return "1"
+                b = self._idx(base)
+                return f"({'*'.join([b] * int(exp))})"
+            raise EmitError(f"index expression {e} (a non-natural power) cannot be rendered on "
+                            f"target {self.target_name}; precompute it on the host (DefineSymbol)")
+        if isinstance(e, symfn.PowByNatural):
+            base, exp = e.args
+            if exp.is_Integer:
+                return self._idx(sympy.Pow(base, exp, evaluate=False))
+            return f"fx_ipow_index({self._idx(base)}, {self._idx(exp)})"
+        if isinstance(e, symfn.FloorDiv):
+            a, b = e.args
+            if _nonneg(a) and _positive(b):
+                return f"({self._idx(a)} / {self._idx(b)})"
+            return f"fx_ifloordiv({self._idx(a)}, {self._idx(b)})"
+        if isinstance(e, symfn.CleanDiv):
+            a, b = e.args
+            return f"({self._idx(a)} / {self._idx(b)})"
+        if isinstance(e, symfn.CeilDiv):
+            a, b = e.args
+            if _nonneg(a) and _positive(b):
+                return f"(({self._idx(a)} + {self._idx(b)} - 1) / {self._idx(b)})"
+            return f"(-fx_ifloordiv(-{self._idx(a)}, {self._idx(b)}))"
+        if isinstance(e, symfn.ModularIndexing):
+            base, div, mod = e.args
+            if _nonneg(base) and _positive(div) and _positive(mod):
+                q = self._idx(base) if div == 1 else f"({self._idx(base)} / {self._idx(div)})"
+                return f"({q} % {self._idx(mod)})"
+            return f"fx_imod(fx_ifloordiv({self._idx(base)}, {self._idx(div)}), {self._idx(mod)})"
+        if isinstance(e, (symfn.Mod, symfn.PythonMod, sympy.Mod)):
+            a, b = e.args
+            if _nonneg(a) and _positive(b):
+                return f"({self._idx(a)} % {self._idx(b)})"
+            return f"fx_imod({self._idx(a)}, {self._idx(b)})"
+        if isinstance(e, (symfn.Max, sympy.Max, symfn.Min, sympy.Min)):
+            fn = "fx_imax" if isinstance(e, (symfn.Max, sympy.Max)) else "fx_imin"
+            args = sorted(e.args, key=sympy.default_sort_key)
+            out = self._idx(args[-1])
+            for a in reversed(args[:-1]):
+                out = f"{fn}({self._idx(a)}, {out})"
+            return out
+        if isinstance(e, symfn.Identity):
+            return self._idx(e.args[0])
+        if isinstance(e, symfn.Where):
+            c, a, b = e.args
+            return f"({self._idx(c)} ? {self._idx(a)} : {self._idx(b)})"
+        if isinstance(e, (symfn.LShift, symfn.RShift)):
+            op = "<<" if isinstance(e, symfn.LShift) else ">>"
+            return f"({self._idx(e.args[0])} {op} {self._idx(e.args[1])})"
+        bitwise = {"BitwiseFn_bitwise_and": "&", "BitwiseFn_bitwise_or": "|",
+                   "BitwiseFn_bitwise_xor": "^"}
+        if type(e).__name__ in bitwise:
+            return "(" + f" {bitwise[type(e).__name__]} ".join(self._idx(a) for a in e.args) + ")"
+        rel = {sympy.StrictLessThan: "<", sympy.LessThan: "<=", sympy.StrictGreaterThan: ">",
+               sympy.GreaterThan: ">=", sympy.Equality: "==", sympy.Unequality: "!="}
+        if type(e) in rel:
+            return f"({self._idx(e.lhs)} {rel[type(e)]} {self._idx(e.rhs)})"
+        if isinstance(e, sympy.And):
+            return "(" + " && ".join(self._idx(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
+        if isinstance(e, sympy.Or):
+            return "(" + " || ".join(self._idx(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
+        if isinstance(e, sympy.Not):
+            return f"(!{self._idx(e.args[0])})"
+        raise EmitError(f"index expression {e} ({type(e).__name__}) cannot be rendered on target "
+                        f"{self.target_name}; precompute it on the host (a DefineSymbol line) and "
+                        "pass it in as a size symbol")
+
+
+def _nonneg(e) -> bool:
+    return bool(sympy.sympify(e).is_nonnegative)
+
+
+def _positive(e) -> bool:
+    return bool(sympy.sympify(e).is_positive)
+
+
+def _outer_parens(text: str) -> bool:
+    """True when ``text`` is one parenthesised group: ``(a + b)`` but not ``(a) + (b)``."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return False
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and i < len(text) - 1:
+            return False
+    return True
+
+
+class _Names:
+    """Fresh, deterministic local names for one kernel."""
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+
+    def fresh(self, prefix: str) -> str:
+        n = self.counts.get(prefix, 0)
+        self.counts[prefix] = n + 1
+        return f"{prefix}{n}"
+
+
+class Scope:
+    """A C block that values can be declared in.
+
+    Scopes nest like the loops: the function, then (say) a row of a reduction, then
+    the innermost loop body.  ``value(op)`` declares ``op`` (and its operands) in the
+    *outermost* enclosing scope where everything it depends on (loop vars, reduction
+    results) is declared, so loop invariants are hoisted out of inner loops for free.
+    Declarations land in ``lines`` of their scope at the point the scope has reached;
+    build inner code first, then append it to the outer scope's text.
+    """
+
+    def __init__(self, emitter: CStyleEmitter, names: _Names, parent: "Scope | None",
+                 declares=(), kernel: ScheduledKernel | None = None):
+        self.emitter = emitter
+        self.names = names
+        self.parent = parent
+        self.kernel = kernel if kernel is not None else (parent.kernel if parent else None)
+        self.declared: set = set(declares)
+        self.env: dict[Op, tuple[str, torch.dtype]] = {}
+        self.lines: list[str] = []
+        self.accs: dict[tuple[str, int], tuple[str, torch.dtype]] = {}
+        self._deps_cache = parent._deps_cache if parent else {}
+        self._ptrs = parent._ptrs if parent else None
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel.name if self.kernel is not None else "?"
+
+    def pointers(self):
+        if self._ptrs is None:
+            self._ptrs = self.emitter.buffer_pointers(self.kernel)
+        return self._ptrs
+
+    def bind_acc(self, name: str, field: int, expr: str, dtype: torch.dtype) -> None:
+        """Make ``Op("acc", _, (name, field))`` read ``expr`` (of ``dtype``) in this scope."""
+        self.accs[(name, field)] = (expr, dtype)
+        self.declared.add(("acc", name))
+
+    def flush_into(self, out: list[str]) -> None:
+        """Move this scope's pending declarations to ``out`` (keeps statement order)."""
+        out.extend(self.lines)
+        self.lines.clear()
+
+    def chain(self) -> list["Scope"]:
+        scopes, s = [], self
+        while s is not None:
+            scopes.append(s)
+            s = s.parent
+        return scopes[::-1]  # outermost first
+
+    def deps(self, op: Op) -> frozenset:
+        hit = self._deps_cache.get(op)
+        if hit is not None:
+            return hit
+        if op.op in ("load", "index"):
+            expr = op.args[1] if op.op == "load" else op.args[0]
+            d = frozenset(s.name for s in sympy.sympify(expr).free_symbols if _is_loop_var(s))
+            if op.op == "load" and len(op.args) > 2:
+                d |= self.deps(op.args[2])
+        elif op.op == "acc":
+            d = frozenset([("acc", op.args[0])])
+        else:
+            d = frozenset()
+            for child in op.children():
+                d |= self.deps(child)
+        self._deps_cache[op] = d
+        return d
+
+    def lookup(self, op: Op):
+        s = self
+        while s is not None:
+            if op in s.env:
+                return s.env[op]
+            s = s.parent
+        return None
+
+    def home(self, op: Op) -> "Scope":
+        need = set(self.deps(op))
+        have: set = set()
+        for s in self.chain():
+            have |= s.declared
+            if need <= have:
+                return s
+        missing = sorted(map(str, need - have))
+        raise EmitError(f"kernel {self.kernel_name}: value {op.op} needs {missing}, which are not "
+                        "available where it is used (a store's index must use the r vars its value "
+                        "uses; an acc may only be read after its reduction)")
+
+    def value(self, op: Op) -> str:
+        """The C local holding ``op`` (declared on first use, operands first)."""
+        for node in walk(op):
+            if self.lookup(node) is None:
+                self._declare(node)
+        return self.lookup(op)[0]
+
+    def _declare(self, op: Op) -> None:
+        em = self.emitter
+        home = self.home(op)
+        if op.op == "acc":
+            expr, dtype = self._acc_binding(home, op)
+            if dtype == op.dtype and _IDENT.match(expr):
+                home.env[op] = (expr, dtype)  # already a local: no copy
+                return
+            expr = em.render_cast(expr, dtype, op.dtype)
+        elif op.op == "load":
+            expr = em.render_load(op, home)
+        elif op.op == "const":
+            expr = em.render_const(op.args[0], op.dtype)
+        elif op.op == "index":
+            expr = em.render_cast(em.render_index(op.args[0]), torch.int64, op.dtype)
+        else:
+            kids = [self.lookup(c) for c in op.args]
+            if any(k is None for k in kids):
+                raise EmitError(f"op {op.op!r} has a non-Op argument {op.args!r} "
+                                f"(kernel {self.kernel_name}, target {em.target_name})")
+            expr = em.render_op(op, [k[0] for k in kids], [k[1] for k in kids])
+        name = self.names.fresh("tmp")
+        home.lines.append(f"const {em.ctype(op.dtype)} {name} = {expr};")
+        home.env[op] = (name, op.dtype)
+
+    @staticmethod
+    def _acc_binding(home: "Scope", op: Op):
+        key = (op.args[0], int(op.args[1]) if len(op.args) > 1 else 0)
+        s = home
+        while s is not None:
+            if key in s.accs:
+                return s.accs[key]
+            s = s.parent
+        raise EmitError(f"kernel {home.kernel_name}: acc {key} is read before reduction "
+                        f"{key[0]!r} has a result (or the field does not exist)")
+
+
+def _is_loop_var(s: sympy.Symbol) -> bool:
+    return s.name[:1] in ("x", "r") and s.name[1:].isdigit()
