@@ -92,7 +92,7 @@ def binary_float(x, y, ny):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # bf16: unary/reduction/norm tests
 def test_binary_float(dtype, layout, dynamic):
     x = make(layout, dtype)
     y = make("contiguous", dtype)[0]  # (m,) broadcast against (n, m)
