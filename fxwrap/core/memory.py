@@ -131,6 +131,10 @@ def plan_memory(lines: list[Line], hints: Mapping[sympy.Symbol, int] | None = No
                 writer = donor.last_use
                 for i in range(j, writer + 1):
                     live[i] -= new.nbytes
+                # from here on the storage is the donor's (maybe larger, reused) one
+                for i in range(writer + 1, (new.last_use if new.freeable else n - 1) + 1):
+                    live[i] += donor.nbytes - new.nbytes
+                new.nbytes = donor.nbytes
                 replaced[j] = Reuse(donor.root, new.root)
                 absorbed.add(donor.root.name)
                 new = None
