@@ -14,14 +14,18 @@ A kernel over a contiguous ``(s0, 64)`` float tensor computing ``relu(x) * 2``::
             Op("const", f32, (2.0,))))),),
         origins=("relu: aten.relu.default", "mul: aten.mul.Tensor"))
 
-renders (``CppEmitter``; the body of the loops) as::
+renders (``CppEmitter``; loop-invariant values are hoisted to the outermost level
+where everything they use exists) as::
 
-    const float tmp0 = in_ptr0[64*x0 + x1];
     const float tmp1 = 0.0f;
-    const float tmp2 = fx_max(tmp0, tmp1);
     const float tmp3 = 2.0f;
-    const float tmp4 = tmp2 * tmp3;
-    out_ptr0[64*x0 + x1] = tmp4;
+    ...
+        for (int64_t x1 = 0; x1 < 64; ++x1) {
+          const float tmp0 = in_ptr0[64*x0 + x1];
+          const float tmp2 = fx_max(tmp0, tmp1);
+          const float tmp4 = tmp2 * tmp3;
+          out_ptr0[64*x0 + x1] = tmp4;
+        }
 
 Value conventions shared by every C-family target:
 
@@ -210,13 +214,13 @@ class CStyleEmitter(KernelEmitter):
             raise EmitError(f"{type(self).__name__}: reductions need a target-specific "
                             f"render_body (kernel {kernel.name})")
         xvars = self.xvars(kernel)
-        fn = Scope(self, names, parent=None)
+        fn = Scope(self, names, parent=None, kernel=kernel)
         out = [f"const {self.index_type} xindex = {self.thread_index};",
                f"if (xindex >= {self.numel(kernel.ranges)}) return;"]
         out += self.decompose("xindex", xvars, kernel.ranges, names)
         inner = Scope(self, names, parent=fn, declares=[v.name for v in xvars])
         stores = self.render_stores(kernel, kernel.stores, inner)
-        return fn.lines + out + inner.lines + stores
+        return fn.lines + out + stores
 
     # ------------------------------------------------------------------ pieces
     def check(self, kernel: ScheduledKernel) -> None:
@@ -468,15 +472,29 @@ class CStyleEmitter(KernelEmitter):
         else:
             args = [self.render_cast(a, d, op.dtype) for a, d in zip(args, arg_dtypes)]
             dtype = self.compute_dtype(op.dtype)
+        if name in ("truncdiv", "floordiv") and op.dtype in self.half_types:
+            # eager's vectorized bf16/fp16 kernels round the intermediates of these
+            # to the 16-bit type (its 1-element scalar path does not; we follow the former)
+            rnd = self.half_types[op.dtype][2]
+            if name == "truncdiv":
+                return self.code_for_op["trunc"](f"{rnd}({args[0]} / {args[1]})", dtype=dtype)
+            return self.floordiv16(args[0], args[1], rnd)
         expr = fn(*args, dtype=dtype)
         if op.dtype in self.half_types and name not in _EXACT_OPS:
             expr = f"{self.half_types[op.dtype][2]}({expr})"
         return expr
 
+    def floordiv16(self, a: str, b: str, rnd: str) -> str:
+        return f"fx_floordiv16<{rnd}>({a}, {b})"
+
     # ------------------------------------------------------------------ index printer
     def render_index(self, expr) -> str:
         """A sympy integer expression as ``index_type`` C arithmetic."""
         text = self._idx(sympy.sympify(expr))
+        return text[1:-1] if _outer_parens(text) else text
+
+    def _arg(self, e) -> str:
+        text = self._idx(e)
         return text[1:-1] if _outer_parens(text) else text
 
     def _idx(self, e) -> str:
@@ -527,12 +545,12 @@ class CStyleEmitter(KernelEmitter):
             base, exp = e.args
             if exp.is_Integer:
                 return self._idx(sympy.Pow(base, exp, evaluate=False))
-            return f"fx_ipow_index({self._idx(base)}, {self._idx(exp)})"
+            return f"fx_ipow_index({self._arg(base)}, {self._arg(exp)})"
         if isinstance(e, symfn.FloorDiv):
             a, b = e.args
             if _nonneg(a) and _positive(b):
                 return f"({self._idx(a)} / {self._idx(b)})"
-            return f"fx_ifloordiv({self._idx(a)}, {self._idx(b)})"
+            return f"fx_ifloordiv({self._arg(a)}, {self._arg(b)})"
         if isinstance(e, symfn.CleanDiv):
             a, b = e.args
             return f"({self._idx(a)} / {self._idx(b)})"
@@ -540,24 +558,24 @@ class CStyleEmitter(KernelEmitter):
             a, b = e.args
             if _nonneg(a) and _positive(b):
                 return f"(({self._idx(a)} + {self._idx(b)} - 1) / {self._idx(b)})"
-            return f"(-fx_ifloordiv(-{self._idx(a)}, {self._idx(b)}))"
+            return f"(-fx_ifloordiv({self._arg(-a)}, {self._arg(b)}))"
         if isinstance(e, symfn.ModularIndexing):
             base, div, mod = e.args
             if _nonneg(base) and _positive(div) and _positive(mod):
                 q = self._idx(base) if div == 1 else f"({self._idx(base)} / {self._idx(div)})"
                 return f"({q} % {self._idx(mod)})"
-            return f"fx_imod(fx_ifloordiv({self._idx(base)}, {self._idx(div)}), {self._idx(mod)})"
+            return f"fx_imod(fx_ifloordiv({self._arg(base)}, {self._arg(div)}), {self._arg(mod)})"
         if isinstance(e, (symfn.Mod, symfn.PythonMod, sympy.Mod)):
             a, b = e.args
             if _nonneg(a) and _positive(b):
                 return f"({self._idx(a)} % {self._idx(b)})"
-            return f"fx_imod({self._idx(a)}, {self._idx(b)})"
+            return f"fx_imod({self._arg(a)}, {self._arg(b)})"
         if isinstance(e, (symfn.Max, sympy.Max, symfn.Min, sympy.Min)):
             fn = "fx_imax" if isinstance(e, (symfn.Max, sympy.Max)) else "fx_imin"
             args = sorted(e.args, key=sympy.default_sort_key)
-            out = self._idx(args[-1])
+            out = self._arg(args[-1])
             for a in reversed(args[:-1]):
-                out = f"{fn}({self._idx(a)}, {out})"
+                out = f"{fn}({self._arg(a)}, {out})"
             return out
         if isinstance(e, symfn.Identity):
             return self._idx(e.args[0])

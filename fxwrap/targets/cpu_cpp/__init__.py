@@ -1,1 +1,7 @@
-"""The CPU target: C++/OpenMP kernels (extern calls until the C++ emitter lands)."""
+"""The CPU target: C++/OpenMP kernels.
+
+``emitter.CppEmitter`` renders a ``ScheduledKernel`` to an ``extern "C"`` function and
+loads it; ``compiler``/``cache`` build it with ``$CXX`` into ``$FXWRAP_CACHE_DIR``;
+``loader`` binds a ctypes launcher; ``prelude`` holds the C++ helpers every kernel
+includes.
+"""

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, walk
+from fxwrap.core.ir import Reduction, ScheduledKernel, Store, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cstyle import CStyleEmitter, EmitError, Scope, _Names
@@ -87,11 +87,43 @@ class CppEmitter(CStyleEmitter):
         return self.pointwise(kernel, names, vars_, ranges)
 
     def parallel_if(self, work) -> str | None:
-        """``None``: stay serial; ``""``: always parallel; ``" if(...)"``: decide at run time."""
+        """``None``: stay serial; ``""``: always parallel; else a C condition for run time."""
         work = sympy.sympify(work)
         if work.is_number:
             return "" if int(work) >= self.parallel_min_work else None
-        return f" if({self.render_index(work)} >= {self.parallel_min_work})"
+        return f"{self.render_index(work)} >= {self.parallel_min_work}"
+
+    def parallel_for(self, names: _Names, cond: str | None, loops, body: list[str]) -> list[str]:
+        """A loop nest (``loops``: ``(var, start, stop, step)``, outermost first) around
+        ``body``, collapsed into one ``omp parallel for`` when ``cond`` says so.
+
+        A run-time ``cond`` gets two nests calling one ``[=]`` lambda: a small launch
+        never enters the OpenMP runtime (an ``if()`` clause still costs a team setup).
+        """
+        it = self.index_type
+
+        def nest(inner: list[str], pragma: bool) -> list[str]:
+            out: list[str] = []
+            if pragma:
+                collapse = f" collapse({len(loops)})" if len(loops) > 1 else ""
+                out.append(f"#pragma omp parallel for{collapse} schedule(static)")
+            for depth, (v, start, stop, step) in enumerate(loops):
+                inc = f"++{v}" if step == "1" else f"{v} += {step}"
+                out.append("  " * depth + f"for ({it} {v} = {start}; {v} < {stop}; {inc}) {{")
+            out += ["  " * len(loops) + ln if ln else ln for ln in inner]
+            for depth in range(len(loops) - 1, -1, -1):
+                out.append("  " * depth + "}")
+            return out
+
+        if cond is None or cond == "" or not loops:
+            return nest(body, pragma=cond is not None and bool(loops))
+        fn = names.fresh("body")
+        params = ", ".join(f"const {it} {v}" for v, *_ in loops)
+        call = [f"{fn}({', '.join(v for v, *_ in loops)});"]
+        lines = [f"auto {fn} = [=]({params}) {{", *("  " + ln if ln else ln for ln in body), "};"]
+        _block(lines, f"if ({cond})", nest(call, pragma=True))
+        _block(lines, "else", nest(call, pragma=False))
+        return lines
 
     def pointwise(self, kernel, names, vars_, ranges) -> list[str]:
         fn = Scope(self, names, None, kernel=kernel)
@@ -109,35 +141,19 @@ class CppEmitter(CStyleEmitter):
         body = self.render_stores(kernel, kernel.stores, inner)
         simd = all(_stride(st.index, inner_var) == 1 for st in kernel.stores)
 
-        head, close = [], []
-        n_collapse = len(vars_) - 1 + (1 if blocked else 0)
-        if par is not None and n_collapse:
-            collapse = f" collapse({n_collapse})" if n_collapse > 1 else ""
-            head.append(f"#pragma omp parallel for{collapse} schedule(static){par}")
-        for v, r in zip(vars_[:-1], ranges[:-1]):
-            head.append(f"for ({it} {v.name} = 0; {v.name} < {self.render_index(r)}; ++{v.name}) {{")
-            close.append("}")
+        loops = [(v.name, "0", self.render_index(r), "1") for v, r in zip(vars_[:-1], ranges[:-1])]
         iv, ir = inner_var.name, self.render_index(inner_range)
+        inner_lines = list(outer.lines)
         if blocked:
-            head.append(f"for ({it} {iv}_blk = 0; {iv}_blk < {ir}; {iv}_blk += {block}) {{")
-            close.append("}")
-        lines = fn.lines[:] + head
-        depth = len(close)
-        pad = "  " * depth
-        lines += [pad + ln for ln in outer.lines]
-        if blocked:
-            lines.append(f"{pad}const {it} {iv}_end = fx_imin({iv}_blk + {block}, {ir});")
+            loops.append((f"{iv}_blk", "0", ir, str(block)))
+            inner_lines.append(f"const {it} {iv}_end = fx_imin({iv}_blk + {block}, {ir});")
             start, stop = f"{iv}_blk", f"{iv}_end"
         else:
             start, stop = "0", ir
         if simd:
-            lines.append(f"{pad}#pragma omp simd")
-        lines.append(f"{pad}for ({it} {iv} = {start}; {iv} < {stop}; ++{iv}) {{")
-        lines += [pad + "  " + ln for ln in body]
-        lines.append(pad + "}")
-        for i in range(depth - 1, -1, -1):
-            lines.append("  " * i + "}")
-        return lines
+            inner_lines.append("#pragma omp simd")
+        _block(inner_lines, f"for ({it} {iv} = {start}; {iv} < {stop}; ++{iv})", body)
+        return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
 
     # ------------------------------------------------------------------ load
     def load(self, source: KernelSource) -> Callable:
@@ -343,19 +359,14 @@ class _ReductionCode:
     # -- no split: one task per row (or column tile) does every pass --------------
     def whole(self, fn: Scope) -> list[str]:
         par = self.em.parallel_if(self.xnumel * self.rnumel)
-        lines: list[str] = []
         if self.column:
-            tiles = self.idx(self.tiles_expr())
-            if par is not None:
-                lines.append(f"#pragma omp parallel for schedule(static){par}")
-            _block(lines, f"for ({self.it} tile = 0; tile < {tiles}; ++tile)",
-                   self.col_task(fn, "tile", "0", self.idx(self.rnumel), partial=None))
+            body = self.col_task(fn, "tile", "0", self.idx(self.rnumel), partial=None)
+            loop = ("tile", "0", self.idx(self.tiles_expr()), "1")
         else:
-            if par is not None and self.xv:
-                lines.append(f"#pragma omp parallel for schedule(static){par}")
-            _block(lines, f"for ({self.it} xindex = 0; xindex < {self.idx(self.xnumel)}; ++xindex)",
-                   self.row_task(fn, "xindex", "0", self.idx(self.rnumel), partial=None))
-        return lines
+            body = self.row_task(fn, "xindex", "0", self.idx(self.rnumel), partial=None)
+            loop = ("xindex", "0", self.idx(self.xnumel), "1")
+            par = par if self.xv else None
+        return self.em.parallel_for(self.names, par, [loop], body)
 
     # -- split: passes over (tile, chunk) tasks with partials combined in order ----
     def split(self, fn: Scope, nchunks) -> list[str]:
@@ -369,10 +380,12 @@ class _ReductionCode:
                  f"const {it} tiles = {ntiles};"]
         for r in self.reds:
             for (t, _), p, f in zip(r.states, r.names("p"), r.names("F")):
-                lines.append(f"std::unique_ptr<{t}[]> {p}(new {t}[tiles * {nch} * {width}]);")
-                lines.append(f"std::unique_ptr<{t}[]> {f}(new {t}[{xnumel}]);")
+                lines.append(f"fx_array<{t}> {p}_mem(tiles * {nch} * {width});")
+                lines.append(f"{t}* const {p} = {p}_mem.data;")
+                lines.append(f"fx_array<{t}> {f}_mem({xnumel});")
+                lines.append(f"{t}* const {f} = {f}_mem.data;")
         par_tasks = em.parallel_if(self.xnumel * self.rnumel)
-        pragma = f"#pragma omp parallel for schedule(static){par_tasks}" if par_tasks is not None else None
+        task_loop = [("task", "0", f"tiles * {nch}", "1")]
         chunk_range = ["const int64_t chunk = task % " + nch + ";",
                        "const int64_t rstart = chunk * chunk_size;",
                        f"const int64_t rend = fx_imin(rstart + chunk_size, {rnumel});"]
@@ -383,9 +396,7 @@ class _ReductionCode:
                 task += self.col_task(fn, "tile", "rstart", "rend", partial=(p, done, nch))
             else:
                 task += self.row_task(fn, "tile", "rstart", "rend", partial=(p, done, nch))
-            if pragma:
-                lines.append(pragma)
-            _block(lines, f"for ({it} task = 0; task < tiles * {nch}; ++task)", task)
+            lines += em.parallel_for(self.names, par_tasks, task_loop, task)
             lines += self.combine(p, nch, xnumel)
             done += p
         if self.r_stores:
@@ -394,9 +405,7 @@ class _ReductionCode:
                 task += self.col_task(fn, "tile", "rstart", "rend", partial=([], done, nch))
             else:
                 task += self.row_task(fn, "tile", "rstart", "rend", partial=([], done, nch))
-            if pragma:
-                lines.append(pragma)
-            _block(lines, f"for ({it} task = 0; task < tiles * {nch}; ++task)", task)
+            lines += em.parallel_for(self.names, par_tasks, task_loop, task)
         if self.x_stores:
             row = self.scope(fn, [v.name for v in self.xv])
             for r in done:
@@ -426,12 +435,8 @@ class _ReductionCode:
             body.append(f"for ({it} c = 0; c < {nch}; ++c) {inner}")
             body += r.finish(acc)
             body += [f"{f}[xindex] = {a};" for f, a in zip(r.names("F"), acc)]
-        lines: list[str] = []
         par = em.parallel_if(self.xnumel * 8)
-        if par is not None:
-            lines.append(f"#pragma omp parallel for schedule(static){par}")
-        _block(lines, f"for ({it} xindex = 0; xindex < {xnumel}; ++xindex)", body)
-        return lines
+        return em.parallel_for(self.names, par, [("xindex", "0", xnumel, "1")], body)
 
     # -- row tiling ------------------------------------------------------------
     def row_task(self, fn: Scope, xlin: str, rs: str, re_: str, partial) -> list[str]:

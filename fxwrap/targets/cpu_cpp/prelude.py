@@ -7,13 +7,20 @@ helper gives PyTorch's eager semantics for one op of the loop IR (``fx_floordiv`
 """
 
 PRELUDE = r"""
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <type_traits>
+
+// scratch memory of a split reduction (heavy headers like <memory> cost compile time)
+template <typename T> struct fx_array {
+  T* const data;
+  explicit fx_array(int64_t n) : data(new T[n > 0 ? n : 1]) {}
+  ~fx_array() { delete[] data; }
+  fx_array(const fx_array&) = delete;
+  fx_array& operator=(const fx_array&) = delete;
+};
 
 // ---- 16-bit floating storage: loaded to float, computed in float, stored rounded ----
 typedef uint16_t fx_bf16;
@@ -144,6 +151,18 @@ template <typename T> static inline T fx_floordiv(T a, T b) {
       return (T)(a / b);
     }
   }
+}
+// bf16/fp16 floor division as eager's vectorized kernel does it: the float algorithm
+// with every intermediate rounded to the 16-bit type (RND)
+template <float (*RND)(float)> static inline float fx_floordiv16(float a, float b) {
+  if (b == 0) return RND(a / b);
+  const float m = std::fmod(a, b);           // exact, representable
+  float d = RND(RND(a - m) / b);
+  if (m != 0 && ((b < 0) != (m < 0))) d = RND(d - 1.0f);
+  if (d == 0) return std::copysign(0.0f, RND(a / b));
+  float f = std::floor(d);
+  if (RND(d - f) > 0.5f) f = RND(f + 1.0f);
+  return f;
 }
 template <typename T> static inline T fx_fmod(T a, T b) {
   if constexpr (fx_is_float<T>()) return std::fmod(a, b);
