@@ -48,6 +48,8 @@ def out_variant(op) -> OutVariant | None:
     """The out= overload of a functional op with tensor results, or None."""
     if not isinstance(op, torch._ops.OpOverload) or op in _NO_OUT or is_mutating(op):
         return None
+    if op.is_view:  # a view called as an extern keeps its aliasing; out= would copy
+        return None
     schema = op._schema
     if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
         return None

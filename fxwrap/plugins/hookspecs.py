@@ -1,9 +1,25 @@
-"""Every fxwrap hook, in one file.  A plugin implements any subset with
-``@fxwrap.hookimpl`` and is found through the entry-point group ``fxwrap``::
+"""Every fxwrap hook, in one file.
+
+A plugin is a module (or any object) that implements some of these hooks with
+``@fxwrap.hookimpl`` and is named by an entry point of group ``fxwrap``::
 
     # pyproject.toml of a plugin package
     [project.entry-points.fxwrap]
     arena = "fxwrap_arena.plugin"
+
+    # fxwrap_arena/plugin.py
+    import fxwrap
+
+    @fxwrap.hookimpl
+    def fxwrap_targets():
+        return [fxwrap.Target("arena", "cpu", CpuDevice(), fxwrap.KernelEmitter, ArenaWrapper)]
+
+The built-in targets (``cpu``, ``cuda``, ``mps``) register the same way.  No hook
+is ``firstresult``: fxwrap collects every plugin's answer and combines them by the
+rules in ``fxwrap.plugins.manager``.  An implementation may take fewer arguments
+than its spec (``def fxwrap_decompositions():``), never others; a name starting
+with ``fxwrap_`` that is not below, or a hook without ``@fxwrap.hookimpl``, is a
+load-time ``PluginError``.
 """
 from __future__ import annotations
 
@@ -15,51 +31,90 @@ hookimpl = pluggy.HookimplMarker("fxwrap")
 
 @hookspec
 def fxwrap_targets():
-    """Targets this plugin provides.
+    """The targets this plugin provides.
 
-    Called once, when the plugin manager loads plugins (the first compile).
-    Returns a list of ``fxwrap.Target``.  Not firstresult: every plugin's targets
-    are collected.  Two targets with one ``name`` from different plugins are an
-    error; several targets for one ``device_type`` are allowed, and the one with
-    the highest ``priority`` (then the alphabetically first name) is the default
-    for tensors of that device type.
+    When: once per plugin, when the plugin manager loads (the first compile, or
+    ``fxwrap targets``).
+    Arguments: none.
+    Returns: a list of ``fxwrap.Target``; each needs a ``DeviceInterface`` instance
+    of its ``device_type``, a ``KernelEmitter`` subclass and a ``WrapperCodegen``
+    subclass.  At most one target per device type per plugin; target names are
+    unique across plugins.
+    firstresult: no, every plugin's targets are registered.  Of several targets for
+    one device type the default is the highest ``Target.priority``, then the
+    alphabetically first name; any target is selectable by name.
 
     Example::
 
         @hookimpl
         def fxwrap_targets():
-            return [Target("arena", "cpu", CpuDevice(), ArenaEmitter, ArenaWrapper)]
+            # priority below the built-in cpu target (0): used only when named
+            return [Target("arena", "cpu", CpuDevice(), KernelEmitter, ArenaWrapper, priority=-10)]
     """
 
 
 @hookspec
 def fxwrap_lowerings(registry, target):
-    """Add or override lowerings for ``target`` (a ``Target``) in ``registry``.
+    """Add or override lowerings (ATen op -> loop IR) for ``target``.
 
-    Called once per target the first time it compiles.  Returns nothing; mutate
-    ``registry`` (``registry.register(aten.gelu.default, rule, target="arena")``).
+    When: when fxwrap builds the lowering table for ``target``, before the first
+    graph for it is lowered (``PluginManager.add_lowerings(registry, target)``).
+    Arguments: ``registry``, the ``fxwrap.core.lowering.LoweringRegistry`` being
+    built; ``target``, the ``Target`` it is for.
+    Returns: nothing; register into ``registry``.  A rule registered with
+    ``target=target.name`` wins over the default rule for that op, on that
+    target only.
+    firstresult: no, every plugin is called, in load order.
+
+    Example::
+
+        @hookimpl
+        def fxwrap_lowerings(registry, target):
+            if target.name == "arena":
+                registry.register(aten.gelu.default, my_gelu_rule, target="arena")
     """
 
 
 @hookspec
 def fxwrap_decompositions(target):
-    """Extra decompositions for ``target``: a dict ``{OpOverload: callable}``.
+    """Extra decompositions applied while capturing a graph for ``target``.
 
-    Called per compile.  Not firstresult: dicts from all plugins are merged in
-    plugin-load order, later ones winning.  Example::
+    When: each time dynamo hands fxwrap a graph to compile for ``target``, before
+    AOTAutograd traces it to ATen.
+    Arguments: ``target``, the ``Target`` the graph compiles for.
+    Returns: a dict ``{OpOverload: callable}`` (empty or None for none); it is
+    applied on top of fxwrap's default table.
+    firstresult: no, the dicts of all plugins are merged.  When two plugins map
+    one op differently, the plugin that registered ``target`` wins; when neither
+    did, that is a ``PluginError``.
+
+    Example::
 
         @hookimpl
         def fxwrap_decompositions(target):
-            return {aten.silu.default: my_silu} if target.name == "arena" else {}
+            if target.name != "arena":
+                return {}
+            return {aten.tanh.default: lambda x: 2 * torch.sigmoid(2 * x) - 1}
     """
 
 
 @hookspec
 def fxwrap_wrapper_passes(target):
-    """Passes over the Wrapper IR line list for ``target``.
+    """Passes over the Wrapper IR line list of every program compiled for ``target``.
 
-    Called per compile, after memory planning.  Returns a list of callables
-    ``pass(lines) -> lines``, applied in order.  Example::
+    When: once per compiled graph (inference, forward, backward), after memory
+    planning and before the lines become a GraphModule.
+    Arguments: ``target``, the ``Target`` being compiled for.
+    Returns: a list of callables ``pass(lines: list[Line]) -> list[Line]`` (empty
+    or None for none).  A pass must return a valid program: every buffer it uses
+    defined before, ``Free`` after the last use, the ``Return`` last.
+    firstresult: no, passes of all plugins run, in plugin load order, each
+    plugin's in its list's order.
+
+    Example::
+
+        def drop_comments(lines):
+            return [line for line in lines if not isinstance(line, fxwrap.lines.Comment)]
 
         @hookimpl
         def fxwrap_wrapper_passes(target):

@@ -5,16 +5,48 @@ time, and answers which target compiles what.
     >>> manager.target("cpu").name, manager.target_for_device("cuda").name
     ('cpu', 'cuda')
 
-Rule for several targets on one device type: the highest ``Target.priority`` is
-the default for tensors of that device type; on a tie, the alphabetically first
-target name.  Any target can always be picked by name.  Built-in targets have
-priority 0 and load through the same entry-point group as everyone else.
+Rules (which target is a device type's default, and which decomposition wins,
+never depend on the order in which plugins load):
+
+* **Load order.**  Installed entry points load sorted by name (then value); a list
+  given as ``PluginManager(entry_points=[...])`` loads in its own order.  Load
+  order decides only the order in which wrapper passes run, and which of two
+  lowering rules two plugins register for one op on one target wins (the later).
+* **Validation, at load.**  Every plugin is imported, checked against the hook
+  specifications and its ``fxwrap_targets()`` is called and checked.  Anything
+  wrong raises ``PluginError`` naming the plugin's entry point and the problem:
+  an import that fails; a ``fxwrap_*`` name that is not a hook (``fxwrap_target``)
+  or a hook not marked ``@fxwrap.hookimpl``; hook arguments the spec lacks; no
+  hook at all; ``hookwrapper``/``wrapper`` implementations (fxwrap hooks only
+  collect results); a hook that raises; ``fxwrap_targets()`` returning a non-list
+  or a non-``Target``; a target without a ``DeviceInterface`` instance (whose
+  ``device_type`` matches the target's), a ``KernelEmitter`` subclass or a
+  ``WrapperCodegen`` subclass; one plugin registering one device type twice; two
+  plugins registering one target name.  A manager that failed to load keeps
+  raising the same error.
+* **Several targets on one device type.**  The default for tensors of that device
+  type is the target with the highest ``Target.priority``; on a tie, the
+  alphabetically first target name.  Any target can always be picked by name
+  (``options={"target": "arena"}``).  Built-in targets have priority 0 and load
+  through the same entry-point group as everyone else.
+* **Decompositions** (``fxwrap_decompositions``) for a target are merged from every
+  plugin.  When two plugins map one op to different callables, the plugin that
+  registered the target wins; if neither did, that is a ``PluginError``.
+* **Wrapper passes** (``fxwrap_wrapper_passes``) run in load order, each plugin's
+  in the order it lists them.  **Lowerings** (``fxwrap_lowerings``) are added by
+  every plugin, in load order, into the registry they are given.
+
+Errors raised inside a hook at compile time are re-raised as ``PluginError``
+naming the plugin too.
 """
 from __future__ import annotations
 
+import contextlib
+import difflib
 import importlib.metadata
+import inspect
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import pluggy
 
@@ -22,6 +54,7 @@ from fxwrap.plugins import hookspecs
 from fxwrap.targets.base import DeviceInterface, KernelEmitter, Target, WrapperCodegen
 
 GROUP = "fxwrap"
+HOOKS = tuple(sorted(name for name in vars(hookspecs) if name.startswith("fxwrap_")))
 
 
 class PluginError(RuntimeError):
@@ -32,29 +65,57 @@ def _describe(ep) -> str:
     return f"plugin {ep.name!r} (entry point {ep.value!r} in group {GROUP!r})"
 
 
+def installed_entry_points() -> list:
+    """The installed entry points of group ``fxwrap``, sorted by name then value."""
+    return sorted(importlib.metadata.entry_points(group=GROUP), key=lambda ep: (ep.name, ep.value))
+
+
+def _hook_like_names(plugin) -> list[str]:
+    return sorted(n for n in dir(plugin) if n.startswith("fxwrap_") and inspect.isroutine(getattr(plugin, n)))
+
+
+def _did_you_mean(plugin) -> str:
+    """``; 'fxwrap_target' is not a hook: did you mean 'fxwrap_targets'?`` for each unknown name."""
+    hints = []
+    for name in (n for n in _hook_like_names(plugin) if n not in HOOKS):
+        close = difflib.get_close_matches(name, HOOKS, n=1)
+        hints.append(f"{name!r} is not a hook: " + (f"did you mean {close[0]!r}?" if close else
+                                                      f"the hooks are {list(HOOKS)}"))
+    return "".join(f"; {h}" for h in hints)
+
+
 class PluginManager:
-    """Loads plugins once and keeps the registered targets by name."""
+    """Loads plugins once and keeps the registered targets by name.
+
+    ``entry_points``: ``importlib.metadata.EntryPoint`` objects to load instead of
+    the installed ones, e.g. ``[*installed_entry_points(), EntryPoint("mine",
+    "my_pkg.plugin", group="fxwrap")]``.
+    """
 
     def __init__(self, entry_points: Iterable | None = None):
-        self._entry_points = entry_points
-        self.pm = pluggy.PluginManager("fxwrap")
+        self._entry_points = None if entry_points is None else list(entry_points)
+        self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
         self.targets: dict[str, Target] = {}
         self.owner: dict[str, str] = {}  # target name -> plugin description
+        self.plugins: list[tuple[str, str]] = []  # (plugin name, description), load order
         self._loaded = False
+        self._error: PluginError | None = None
 
     def discover(self) -> list:
-        if self._entry_points is not None:
-            return list(self._entry_points)
-        eps = importlib.metadata.entry_points(group=GROUP)
-        return sorted(eps, key=lambda ep: ep.name)
+        return installed_entry_points() if self._entry_points is None else list(self._entry_points)
 
     def load(self) -> "PluginManager":
-        if self._loaded:
-            return self
-        for ep in self.discover():
-            self._load_one(ep)
-        self._loaded = True
+        if self._error is not None:
+            raise self._error
+        if not self._loaded:
+            try:
+                for ep in self.discover():
+                    self._load_one(ep)
+            except PluginError as exc:
+                self._error = exc
+                raise
+            self._loaded = True
         return self
 
     def _load_one(self, ep) -> None:
@@ -67,35 +128,49 @@ class PluginManager:
             self.pm.register(plugin, name=ep.name)
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise PluginError(f"{who} does not match fxwrap's hook specifications: {exc}") from exc
+            raise PluginError(f"{who} does not match fxwrap's hook specifications: {exc}"
+                              f"{_did_you_mean(plugin)}") from exc
         except ValueError as exc:
             raise PluginError(f"{who} is registered twice: {exc}") from exc
-        impls = [n for n in dir(plugin) if n.startswith("fxwrap_")]
+        self._check_names(who, plugin)
+        impls = [impl for caller in self.pm.get_hookcallers(plugin) or () for impl in caller.get_hookimpls()
+                 if impl.plugin is plugin]
         if not impls:
-            raise PluginError(f"{who} implements no fxwrap_ hook; it needs at least one of "
-                              f"{sorted(n for n in dir(hookspecs) if n.startswith('fxwrap_'))}")
-        hook = getattr(plugin, "fxwrap_targets", None)
-        if hook is None:
-            return
-        try:
-            targets = hook()
-        except Exception as exc:
-            raise PluginError(f"{who}: its fxwrap_targets() raised {type(exc).__name__}: {exc}") from exc
-        if not isinstance(targets, (list, tuple)):
-            raise PluginError(f"{who}: fxwrap_targets() must return a list of fxwrap.Target, "
-                              f"got {type(targets).__name__}")
+            raise PluginError(f"{who} implements no fxwrap hook; it needs at least one of {list(HOOKS)}, "
+                              "each marked @fxwrap.hookimpl")
+        wrappers = [impl.function.__name__ for impl in impls if impl.hookwrapper or impl.wrapper]
+        if wrappers:
+            raise PluginError(f"{who}: {wrappers} are hook wrappers; fxwrap hooks only collect results, "
+                              "drop hookwrapper=/wrapper= from @fxwrap.hookimpl")
+        self.plugins.append((ep.name, who))
         seen_devices: set[str] = set()
-        for t in targets:
-            self._validate_target(who, t)
-            if t.device_type in seen_devices:
-                raise PluginError(f"{who} registers device type {t.device_type!r} twice; "
-                                  "give one plugin one target per device type")
-            seen_devices.add(t.device_type)
-            if t.name in self.targets:
-                raise PluginError(f"{who} registers target {t.name!r}, already registered by "
-                                  f"{self.owner[t.name]}; rename one of them")
-            self.targets[t.name] = t
-            self.owner[t.name] = who
+        for _, targets in self._results("fxwrap_targets", only=ep.name):
+            if not isinstance(targets, (list, tuple)):
+                raise PluginError(f"{who}: fxwrap_targets() must return a list of fxwrap.Target, "
+                                  f"got {type(targets).__name__}")
+            for t in targets:
+                self._validate_target(who, t)
+                if t.device_type in seen_devices:
+                    raise PluginError(f"{who} registers device type {t.device_type!r} twice; "
+                                      "give one plugin one target per device type")
+                seen_devices.add(t.device_type)
+                if t.name in self.targets:
+                    raise PluginError(f"{who} registers target {t.name!r}, already registered by "
+                                      f"{self.owner[t.name]}; rename one of them")
+                self.targets[t.name] = t
+                self.owner[t.name] = who
+
+    @staticmethod
+    def _check_names(who: str, plugin) -> None:
+        """Every ``fxwrap_*`` function is a known hook marked ``@fxwrap.hookimpl`` (pluggy
+        checks the marked ones; unmarked ones it would silently ignore)."""
+        for name in _hook_like_names(plugin):
+            if name not in HOOKS:
+                raise PluginError(f"{who} defines a function named like a hook"
+                                  f"{_did_you_mean(plugin)}")
+            if not hasattr(getattr(plugin, name), "fxwrap_impl"):
+                raise PluginError(f"{who} defines {name!r} without @fxwrap.hookimpl; fxwrap would "
+                                  "ignore it. Decorate it with @fxwrap.hookimpl")
 
     @staticmethod
     def _validate_target(who: str, t) -> None:
@@ -104,14 +179,32 @@ class PluginManager:
         problems = []
         if not isinstance(t.device, DeviceInterface):
             problems.append("a device interface (Target.device: a DeviceInterface instance)")
-        elif not t.device.device_type:
-            problems.append("a device type on its DeviceInterface (device_type = '...')")
+        elif t.device.device_type != t.device_type:
+            problems.append(f"a device interface for its device type (Target.device.device_type is "
+                            f"{t.device.device_type!r}, Target.device_type is {t.device_type!r})")
         if not (isinstance(t.emitter, type) and issubclass(t.emitter, KernelEmitter)):
             problems.append("a kernel emitter (Target.emitter: a KernelEmitter subclass)")
         if not (isinstance(t.wrapper, type) and issubclass(t.wrapper, WrapperCodegen)):
             problems.append("a wrapper (Target.wrapper: a WrapperCodegen subclass)")
         if problems:
             raise PluginError(f"{who}: target {t.name!r} lacks " + "; ".join(problems))
+
+    def _results(self, hook: str, only: str | None = None, **kwargs) -> list[tuple[str, object]]:
+        """``(plugin description, result)`` of each plugin's ``hook``, in load order."""
+        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
+        out = []
+        for name, who in self.plugins:
+            impl = impls.get(name)
+            if impl is None or (only is not None and name != only):
+                continue
+            try:
+                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"{who}: its {hook}() raised {type(exc).__name__}: {exc}") from exc
+            out.append((who, result))
+        return out
 
     # -- queries ------------------------------------------------------------
     def target(self, name: str) -> Target:
@@ -123,6 +216,7 @@ class PluginManager:
                            "Install the plugin that provides it (entry-point group 'fxwrap').") from None
 
     def target_for_device(self, device_type: str) -> Target:
+        """The default target for ``device_type``: highest priority, then first name."""
         self.load()
         candidates = [t for t in self.targets.values() if t.device_type == device_type]
         if not candidates:
@@ -131,19 +225,42 @@ class PluginManager:
         return min(candidates, key=lambda t: (-t.priority, t.name))
 
     def decompositions(self, target: Target) -> dict:
+        """``{op: decomposition}`` from every plugin for ``target`` (see the module rules)."""
+        self.load()
         table: dict = {}
-        for extra in reversed(self.pm.hook.fxwrap_decompositions(target=target)):
-            table.update(extra or {})
+        source: dict = {}  # op -> description of the plugin whose entry is in `table`
+        owner = self.owner.get(target.name)
+        for who, extra in self._results("fxwrap_decompositions", target=target):
+            if extra is None:
+                continue
+            if not isinstance(extra, dict) or not all(callable(fn) for fn in extra.values()):
+                raise PluginError(f"{who}: fxwrap_decompositions() must return a dict "
+                                  f"{{OpOverload: callable}}, got {extra!r:.200}")
+            for op, fn in extra.items():
+                if op in table and table[op] is not fn and owner not in (who, source[op]):
+                    raise PluginError(f"{who} and {source[op]} both decompose {op} for target "
+                                      f"{target.name!r}, differently, and neither registered that target")
+                if op not in table or source[op] != owner:
+                    table[op], source[op] = fn, who
         return table
 
-    def wrapper_passes(self, target: Target) -> list:
-        passes = []
-        for group in reversed(self.pm.hook.fxwrap_wrapper_passes(target=target)):
-            passes.extend(group or [])
+    def wrapper_passes(self, target: Target) -> list[Callable]:
+        """Every plugin's passes for ``target``, in load order."""
+        self.load()
+        passes: list[Callable] = []
+        for who, group in self._results("fxwrap_wrapper_passes", target=target):
+            if group is None:
+                continue
+            if not isinstance(group, (list, tuple)) or not all(callable(p) for p in group):
+                raise PluginError(f"{who}: fxwrap_wrapper_passes() must return a list of callables "
+                                  f"pass(lines) -> lines, got {group!r:.200}")
+            passes.extend(group)
         return passes
 
     def add_lowerings(self, registry, target: Target) -> None:
-        self.pm.hook.fxwrap_lowerings(registry=registry, target=target)
+        """Let every plugin add or override lowerings for ``target`` in ``registry``."""
+        self.load()
+        self._results("fxwrap_lowerings", registry=registry, target=target)
 
 
 _MANAGER: PluginManager | None = None
@@ -157,3 +274,21 @@ def get_plugin_manager() -> PluginManager:
         if _MANAGER is None:
             _MANAGER = PluginManager().load()
         return _MANAGER
+
+
+@contextlib.contextmanager
+def use_plugin_manager(manager: PluginManager) -> Iterator[PluginManager]:
+    """Make ``manager`` the process-wide one inside a ``with`` block (tests, embedding).
+
+        with use_plugin_manager(PluginManager([*installed_entry_points(), my_ep])):
+            torch.compile(fn, backend="fxwrap")(x)
+    """
+    global _MANAGER
+    manager.load()
+    with _LOCK:
+        previous, _MANAGER = _MANAGER, manager
+    try:
+        yield manager
+    finally:
+        with _LOCK:
+            _MANAGER = previous

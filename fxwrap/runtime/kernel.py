@@ -60,8 +60,11 @@ class Kernel:
         self.signature = tuple(signature)
         self.launch = dict(launch or {})
         self.loader = loader
-        digest = hashlib.sha256(
-            repr((name, source, target, self.signature)).encode()).hexdigest()[:16]
+        loader_name = (f"{getattr(loader, '__module__', '')}."
+                       f"{getattr(loader, '__qualname__', type(loader).__qualname__)}")
+        digest = hashlib.sha256(repr((name, source, target, self.signature,
+                                      sorted(self.launch.items(), key=repr),
+                                      loader_name)).encode()).hexdigest()[:16]
         self.key = f"{name}_{digest}"
         self._launcher: Callable = self._first_call
         _LIVE[self.key] = self
@@ -87,6 +90,13 @@ class Kernel:
     def bind(self, launcher: Callable) -> None:
         """Pre-bind the launcher (done at compile time by emitters)."""
         self._launcher = launcher
+
+    # A kernel is immutable once built: copies share it (and its bound launcher).
+    def __copy__(self) -> "Kernel":
+        return self
+
+    def __deepcopy__(self, memo) -> "Kernel":
+        return self
 
     # FX's importer asks __reduce__ for a global name; pickle uses __reduce_ex__.
     def __reduce__(self) -> str:

@@ -38,6 +38,8 @@ from fxwrap.wrapper_ir.lines import (
 )
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+aten = torch.ops.aten
+UNBACKED_SIZE_HINT = 8192  # planning estimate for a data-dependent size (as Inductor's)
 
 
 class UnsupportedNode(NotImplementedError):
@@ -52,10 +54,15 @@ class BuiltProgram:
     lines: list[Line]
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     fake_values: dict[str, Any] = field(default_factory=dict)
+    symbol_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
 
     @property
     def hints(self) -> dict[sympy.Symbol, int]:
-        return {i.symbol: i.hint for i in self.inputs if isinstance(i, SizeInput)}
+        """A value for every size symbol the lines use: the inputs' hints, and those of
+        symbols read off tensor sizes (``sym_size`` lines) or defined by ops."""
+        hints = dict(self.symbol_hints)
+        hints.update({i.symbol: i.hint for i in self.inputs if isinstance(i, SizeInput)})
+        return hints
 
 
 def buffer_from_fake(name: str, fake: torch.Tensor) -> Buffer:
@@ -78,6 +85,11 @@ class _Builder:
         self.roots: dict[str, Buffer] = {}
         self.out = BuiltProgram([], [])
         self.counter = 0
+        self.needed: set[sympy.Symbol] = set()  # size symbols the graph's values use
+        # buffers whose storage the caller or an op chose (inputs, functional results):
+        # their storage offset at run time may differ from the traced one
+        self.foreign: set[str] = set()
+        self.bound: set[sympy.Symbol] = set()  # symbols the program has a value for so far
 
     # -- naming -------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -104,15 +116,82 @@ class _Builder:
     def emit(self, line: Line) -> None:
         self.out.lines.append(line)
 
+    # -- size symbols -------------------------------------------------------
+    def storage_offset_of(self, base: Buffer) -> sympy.Symbol:
+        """A symbol holding ``base``'s storage offset, read when the program runs."""
+        sym = sympy.Symbol(f"{base.name}_offset", integer=True, nonnegative=True)
+        if sym not in self.bound:
+            self.emit(CallExtern(aten.sym_storage_offset.default, (base,), (), sym.name))
+            self.bound.add(sym)
+            self.out.symbol_hints[sym] = int(base.offset)
+        return sym
+
+    def layout_bound(self, fake: torch.Tensor) -> bool:
+        """True when every symbol in ``fake``'s size, stride and offset has a value."""
+        return _layout_symbols(fake) <= self.bound
+
+    def bind_layout(self, buf: Buffer) -> None:
+        """Read symbols the program needs but has no value for off ``buf``'s layout.
+
+        A backward graph gets its saved activations but not always the symbols their
+        sizes use; an op with a data-dependent result size (``nonzero``) defines an
+        unbacked symbol only through its result.  ``s0 = aten.sym_size.int(arg3, 0)``
+        gives the program that value.
+        """
+        reads = [(aten.sym_size.int, (buf, d), e) for d, e in enumerate(buf.size)]
+        reads += [(aten.sym_stride.int, (buf, d), e) for d, e in enumerate(buf.stride)]
+        reads.append((aten.sym_storage_offset.default, (buf,), buf.offset))
+        for op, args, expr in reads:
+            if isinstance(expr, sympy.Symbol) and expr in self.needed and expr not in self.bound:
+                self.emit(CallExtern(op, args, (), expr.name))
+                self.bound.add(expr)
+
+    def _collect_symbols(self) -> None:
+        shape_env = None
+        for node in self.gm.graph.nodes:
+            val = node.meta.get("val")
+            if node.op != "placeholder":
+                self.needed |= _value_symbols(val)
+                self.needed |= _value_symbols(list(node.args) + list(node.kwargs.values()))
+            shape_env = shape_env or _shape_env_of(val)
+        all_symbols = set(self.needed)
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                all_symbols |= _value_symbols(node.meta.get("val"))
+        for sym in sorted(all_symbols, key=lambda s: s.name):
+            hint = _symbol_hint(shape_env, sym) if shape_env is not None else None
+            # An unbacked symbol (nonzero's result size) has no value until the program
+            # runs; memory planning estimates with Inductor's fallback for it.
+            self.out.symbol_hints[sym] = hint if hint is not None else UNBACKED_SIZE_HINT
+
     # -- nodes --------------------------------------------------------------
     def run(self) -> BuiltProgram:
+        self.order = {n: i for i, n in enumerate(self.gm.graph.nodes)}
+        self._collect_symbols()
         n_inputs = 0
+        inputs_done = False
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 self.placeholder(node, n_inputs)
                 n_inputs += 1
-            elif node.op == "get_attr":
+                continue
+            if not inputs_done:
+                inputs_done = True
+                for inp in list(self.out.inputs):
+                    if isinstance(inp, Buffer):
+                        self.bind_layout(inp)
+            if node.op == "get_attr":
                 tensor = getattr(self.gm, node.target)
+                if isinstance(tensor, torch.fx.GraphModule):
+                    # The subgraph of a higher-order op (torch.cond's branches): a
+                    # constant of the program, passed to the op by name.
+                    self.out.constants[node.target] = tensor
+                    self.env[node] = node.target
+                    continue
+                if not isinstance(tensor, torch.Tensor):
+                    raise UnsupportedNode(
+                        f"node {node.name}: attribute {node.target!r} is a {type(tensor).__name__}, "
+                        f"neither a tensor nor a subgraph (target {self.target_name})")
                 buf = self.new_buffer(tensor, prefix="const")
                 self.out.constants[buf.name] = tensor
                 self.env[node] = buf
@@ -124,6 +203,7 @@ class _Builder:
             else:
                 raise UnsupportedNode(f"node {node.format_node()}: op {node.op!r} is not supported "
                                       f"on target {self.target_name}")
+        _check_symbols_defined(self.out.inputs, self.out.lines, self.target_name)
         return self.out
 
     def placeholder(self, node: torch.fx.Node, index: int) -> None:
@@ -132,17 +212,30 @@ class _Builder:
             buf = buffer_from_fake(f"arg{index}", val)
             self.out.fake_values[buf.name] = val
             self.roots[buf.name] = buf
+            self.foreign.add(buf.name)
             self.out.inputs.append(buf)
             self.env[node] = buf
         elif isinstance(val, torch.SymInt) and isinstance(to_expr(val), sympy.Symbol):
             sym = to_expr(val)
             self.out.inputs.append(SizeInput(sym, int(val.node.hint)))
             self.env[node] = sym
+            self.bound.add(sym)
+        elif isinstance(val, torch.SymInt):
+            # A size expression passed in (a backward graph's saved ``s0 // 2``): the
+            # program takes it under its own name; its uses compute it from the
+            # symbols, which the tensor inputs' sizes provide (see bind_layout).
+            expr = to_expr(val)
+            hint = val.node.hint
+            if hint is None:
+                hint = evaluate(expr, self.out.symbol_hints)
+            self.out.inputs.append(SizeInput(sympy.Symbol(f"arg{index}", integer=True), int(hint)))
+            self.env[node] = simplest(expr)
         elif isinstance(val, (int, float, bool)) or val is None:
             # A non-symbolic scalar input: keep it a program input under its own name.
             sym = sympy.Symbol(f"arg{index}", integer=True)
             self.out.inputs.append(SizeInput(sym, int(val or 0)))
             self.env[node] = sym
+            self.bound.add(sym)
         else:
             raise UnsupportedNode(f"graph input {node.name} with value {val!r} is not supported "
                                   f"on target {self.target_name}")
@@ -156,13 +249,25 @@ class _Builder:
         if isinstance(val, _SYM_TYPES) or (not isinstance(target, torch._ops.OpOverload)
                                             and isinstance(val, (int, float, bool))):
             # Size arithmetic (sym_size, operator.mul on SymInts): an expression.
-            if isinstance(val, torch.SymInt):
+            if isinstance(val, torch.SymInt) and to_expr(val).free_symbols <= self.bound:
                 self.env[node] = simplest(to_expr(val))
                 return
             if not isinstance(val, _SYM_TYPES):
                 self.env[node] = val
                 return
-        if not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            if not isinstance(target, torch._ops.OpOverload):
+                # Host scalar arithmetic that is not a size expression (a backward
+                # graph's ``1.0 / (s0 * 16 / 16)`` for a mean): the same Python call at
+                # run time, on the program's values.
+                self.emit(Comment(f"{node.name}: {getattr(target, '__name__', target)}"))
+                name = self._scalar_name(val)
+                args = self.value(node.args)
+                kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
+                self.emit(CallExtern(target, args, kwargs, name))
+                self.env[node] = self._scalar_value(name, val)
+                return
+        if not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket,
+                                   torch._ops.HigherOrderOperator)):
             raise UnsupportedNode(
                 f"node {node.name}: {target} is not an ATen op; fxwrap lowers ATen/prims graphs "
                 f"(target {self.target_name}). Register a lowering with the fxwrap_lowerings hook "
@@ -170,13 +275,10 @@ class _Builder:
         self.emit(Comment(f"{node.name}: {target}"))
         args = self.value(node.args)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
-        if extern.is_view(target) and isinstance(val, torch.Tensor):
+        if extern.is_view(target) and isinstance(val, torch.Tensor) and self._as_strided_view(args, val):
             self.view(node, args, val)
         elif extern.is_mutating(target):
-            self.emit(CallExtern(target, args, kwargs, None))
-            written = [i for i, a in enumerate(target._schema.arguments)
-                       if a.alias_info is not None and a.alias_info.is_write]
-            self.env[node] = self._argument(target, node, written[0]) if written else None
+            self.mutating(node, target, args, kwargs, val)
         else:
             self.functional(node, target, args, kwargs, val)
 
@@ -186,20 +288,107 @@ class _Builder:
             return self.value(node.args[index])
         return self.value(node.kwargs[arg.name])
 
+    def _as_strided_view(self, args, val: torch.Tensor) -> bool:
+        """Whether a view op's result is ``as_strided`` of its source's storage.
+
+        Not when the view reinterprets the dtype (``view.dtype``, ``view_as_real``):
+        ``as_strided`` keeps the base's dtype; and not when its layout uses a symbol
+        the program has no value for yet.  Those views stay calls of the op.
+        """
+        source = next((a for a in _flatten(args) if isinstance(a, Buffer)), None)
+        if source is None or self.roots[source.name].dtype != val.dtype or not self.layout_bound(val):
+            return False
+        # ``_conj`` / ``_neg_view`` set a lazy conjugate / negative bit that
+        # ``as_strided`` drops; a base carrying such a bit would give it to the view.
+        base_fake = self.out.fake_values.get(self.roots[source.name].name)
+        flagged = [t for t in (val, base_fake) if isinstance(t, torch.Tensor)]
+        return not any(t.is_conj() or t.is_neg() for t in flagged)
+
     def view(self, node: torch.fx.Node, args, val: torch.Tensor) -> None:
         source = next(a for a in _flatten(args) if isinstance(a, Buffer))
         base = self.roots[source.name]
         buf = buffer_from_fake(self.fresh(), val)
+        if base.name in self.foreign and not sympy.sympify(base.offset).free_symbols:
+            # The base's storage offset at run time is the caller's (or the op's), not
+            # necessarily the traced one (guards do not cover it; a backward graph's
+            # tangents are fresh tensors): place the view relative to the real offset.
+            offset = self.storage_offset_of(base) + (buf.offset - base.offset)
+            buf = Buffer(buf.name, buf.size, buf.stride, buf.dtype, buf.device, offset)
         self.out.fake_values[buf.name] = val
         self.roots[buf.name] = base
         self.emit(View(buf, base))
         self.env[node] = buf
 
+    def mutating(self, node, op, args, kwargs, val) -> None:
+        """An op that writes some arguments (``copy_``, ``add_``, out= calls).
+
+        Each result that aliases a written argument is that argument's buffer; a
+        result the op makes fresh (``_native_batch_norm_legit``'s output beside the
+        running stats it updates) is read from the call's result.
+        """
+        self._materialize_before_write(node)
+        schema = op._schema
+        aliased: list = []
+        for ret in schema.returns:
+            arg_index = None
+            if ret.alias_info is not None:
+                arg_index = next((i for i, a in enumerate(schema.arguments)
+                                  if a.alias_info is not None
+                                  and a.alias_info.before_set == ret.alias_info.before_set), None)
+            aliased.append(arg_index)
+        vals = list(val) if isinstance(val, (tuple, list)) else [val]
+        if all(i is not None for i in aliased) or not any(isinstance(v, torch.Tensor) for v in vals):
+            self.emit(CallExtern(op, args, kwargs, None))
+            results = [self._argument(op, node, i) if i is not None else None for i in aliased]
+        else:
+            name = self.fresh("tuple") if len(schema.returns) > 1 else None
+            if name is None:
+                buf = self.new_buffer(val)
+                self.foreign.add(buf.name)
+                self.emit(CallExtern(op, args, kwargs, buf))
+                self.bind_layout(buf)
+                results = [buf]
+            else:
+                self.emit(CallExtern(op, args, kwargs, name))
+                results = []
+                for i, (index, v) in enumerate(zip(aliased, vals)):
+                    if index is not None:
+                        results.append(self._argument(op, node, index))
+                    elif isinstance(v, torch.Tensor):
+                        buf = self.new_buffer(v)
+                        self.foreign.add(buf.name)
+                        self.emit(GetItem(buf, name, i))
+                        self.bind_layout(buf)
+                        results.append(buf)
+                    else:
+                        results.append(None if v is None else self._scalar_item(name, i, v))
+        if not schema.returns:
+            self.env[node] = None
+        elif len(schema.returns) == 1 and not isinstance(val, (tuple, list)):
+            self.env[node] = results[0]
+        else:
+            self.env[node] = tuple(results)
+
+    def _materialize_before_write(self, node: torch.fx.Node) -> None:
+        """A write is a barrier: every value made before ``node`` and used after it is
+        materialized now, so it holds what it held at its place in the program.
+
+        Here every value already is a buffer; a builder that keeps values lazy (loop
+        IR inlined into later kernels) turns them into buffers through ``value``,
+        so ``x.add_(1); return x * 2`` does not compute ``x * 2`` from the written x.
+        """
+        for earlier in node.graph.nodes:
+            if earlier is node:
+                break
+            if earlier in self.env and any(self.order[u] > self.order[node] for u in earlier.users):
+                self.value(earlier)
+
     def functional(self, node, op, args, kwargs, val) -> None:
         results = list(val) if isinstance(val, (tuple, list)) else [val]
         variant = extern.out_variant(op)
         hints = self.out.hints
-        if variant is not None and all(isinstance(r, torch.Tensor) for r in results):
+        if (variant is not None and all(isinstance(r, torch.Tensor) for r in results)
+                and all(self.layout_bound(r) for r in results)):
             bufs = [self.new_buffer(r) for r in results]
             if all(_is_dense(b, hints) for b in bufs):
                 for b in bufs:
@@ -213,7 +402,9 @@ class _Builder:
                 del self.out.fake_values[b.name]
         if isinstance(val, torch.Tensor):
             buf = self.new_buffer(val)
+            self.foreign.add(buf.name)
             self.emit(CallExtern(op, args, kwargs, buf))
+            self.bind_layout(buf)
             self.env[node] = buf
         elif isinstance(val, (tuple, list)):
             name = self.fresh("tuple")
@@ -222,7 +413,9 @@ class _Builder:
             for i, r in enumerate(val):
                 if isinstance(r, torch.Tensor):
                     buf = self.new_buffer(r)
+                    self.foreign.add(buf.name)
                     self.emit(GetItem(buf, name, i))
+                    self.bind_layout(buf)
                     items.append(buf)
                 else:
                     items.append(None if r is None else self._scalar_item(name, i, r))
@@ -230,17 +423,108 @@ class _Builder:
         else:
             name = self._scalar_name(val)
             self.emit(CallExtern(op, args, kwargs, name))
-            self.env[node] = sympy.Symbol(name, integer=True) if isinstance(val, torch.SymInt) else name
+            self.env[node] = self._scalar_value(name, val)
 
     def _scalar_name(self, val) -> str:
-        if isinstance(val, torch.SymInt) and isinstance(to_expr(val), sympy.Symbol):
+        if isinstance(val, torch.SymInt) and isinstance(to_expr(val), sympy.Symbol) \
+                and to_expr(val) not in self.bound:
             return to_expr(val).name
         return self.fresh("scalar")
+
+    def _scalar_value(self, name: str, val):
+        if isinstance(val, torch.SymInt):
+            sym = sympy.Symbol(name, integer=True)
+            if name == str(to_expr(val)):
+                sym = to_expr(val)  # the symbol itself (same assumptions), now defined
+                self.bound.add(sym)
+            return sym
+        return name
 
     def _scalar_item(self, src: str, index: int, val):
         name = self._scalar_name(val)
         self.emit(GetItem(name, src, index))
-        return sympy.Symbol(name, integer=True) if isinstance(val, torch.SymInt) else name
+        return self._scalar_value(name, val)
+
+
+def _layout_symbols(fake: torch.Tensor) -> set[sympy.Symbol]:
+    return _value_symbols(fake)
+
+
+def _value_symbols(value) -> set[sympy.Symbol]:
+    """Free size symbols of a meta value (FakeTensor, SymInt, or nested lists of them)."""
+    found: set[sympy.Symbol] = set()
+    if isinstance(value, torch.Tensor):
+        parts = (*value.shape, *value.stride(), value.storage_offset())
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            found |= _value_symbols(v)
+        return found
+    elif isinstance(value, dict):
+        return _value_symbols(list(value.values()))
+    else:
+        parts = (value,)
+    for p in parts:
+        if isinstance(p, torch.SymInt):
+            found |= to_expr(p).free_symbols
+    return found
+
+
+def _shape_env_of(value):
+    if isinstance(value, torch.Tensor):
+        mode = getattr(value, "fake_mode", None)
+        return getattr(mode, "shape_env", None)
+    if isinstance(value, torch.SymInt):
+        return value.node.shape_env
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            env = _shape_env_of(v)
+            if env is not None:
+                return env
+    return None
+
+
+def _symbol_hint(shape_env, sym: sympy.Symbol) -> int | None:
+    backed = "backed_var_to_val" if hasattr(shape_env, "backed_var_to_val") else "var_to_val"
+    for table in (backed, "unbacked_var_to_val"):
+        known = getattr(shape_env, table, None) or {}
+        if sym in known:
+            try:
+                return int(known[sym])
+            except TypeError:
+                continue
+    return None
+
+
+def _line_exprs(line: Line) -> list:
+    """The size expressions a line needs the values of (not those it defines)."""
+    if isinstance(line, Allocate):
+        b = line.buf
+        return [*b.size, *b.stride, b.offset]
+    if isinstance(line, View):
+        b = line.buf
+        return [*b.size, *b.stride, b.offset]
+    if isinstance(line, CallExtern):
+        return [v for v in _flatten((line.args, tuple(v for _, v in line.kwargs)))
+                if isinstance(v, sympy.Expr)]
+    if isinstance(line, Return):
+        return [v for v in _flatten(line.values) if isinstance(v, sympy.Expr)]
+    return []
+
+
+def _check_symbols_defined(inputs, lines: list[Line], target_name: str) -> None:
+    """Every size symbol a line uses is a program input or defined by an earlier line."""
+    defined = {i.name for i in inputs if isinstance(i, SizeInput)}
+    for line in lines:
+        for expr in _line_exprs(line):
+            missing = sorted(s.name for s in sympy.sympify(expr).free_symbols if s.name not in defined)
+            if missing:
+                raise UnsupportedNode(
+                    f"size symbol(s) {missing} used by {line!r} have no value in the program: "
+                    f"they are neither inputs nor sizes of an input tensor (target {target_name})")
+        if isinstance(line, CallExtern) and isinstance(line.out, str):
+            defined.add(line.out)
+        elif isinstance(line, GetItem) and isinstance(line.buf, str):
+            defined.add(line.buf)
 
 
 def _flatten(value):

@@ -16,19 +16,31 @@ become FX nodes (``gm.print_readable()``)::
         ...
 
 Conversion is a ``{LineType: method}`` table; a line type with no entry is an
-error.  Every buffer node carries ``meta["val"]`` (a FakeTensor), every launch's
-target is a ``fxwrap.Kernel``, and ``free`` nodes survive dead-code elimination.
+error.  Every buffer node carries ``meta["val"]`` (a FakeTensor; with symbolic
+sizes its sizes are SymInts, and each size input's placeholder holds its SymInt),
+every launch's target is a ``fxwrap.Kernel``, ``free`` nodes survive dead-code
+elimination, and a ``Comment`` lands in ``meta["comment"]`` of the node that the
+next line produces (its last node: the ``empty_strided`` of an ``Allocate``, not
+the size arithmetic before it).
+
+The GraphModule pickles as its graph (nodes, targets, ``meta["val"]`` and
+``meta["comment"]``) rather than through FX's default of re-tracing the code,
+which would run every call that does not depend on an input (``empty_strided``,
+out= calls into such buffers) at load time and bake the results in as constants.
 """
 from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
 import torch
 import torch.fx
+from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, ModularIndexing, PythonMod
 
 from fxwrap.runtime.kernel import Kernel
@@ -41,6 +53,107 @@ from fxwrap.wrapper_ir.lines import (
 
 class UnknownLine(TypeError):
     """A line type the FX converter has no rule for."""
+
+
+class FxwrapGraphModule(torch.fx.GraphModule):
+    """The GraphModule fxwrap builds: a plain GraphModule that pickles as its graph.
+
+    Copies (``copy.copy``, ``copy.deepcopy``) stay FxwrapGraphModules and keep the
+    class name and ``_fxwrap_kernels``; kernels are shared, not copied.
+    """
+
+    def __reduce__(self):
+        return (_load_graph_module, (_graph_state(self),))
+
+    def __copy__(self):
+        res = FxwrapGraphModule(self, self.graph, class_name=type(self).__name__)
+        res.meta = getattr(self, "meta", {})
+        res._fxwrap_kernels = getattr(self, "_fxwrap_kernels", ())
+        return res
+
+    def __deepcopy__(self, memo):
+        res = super().__deepcopy__(memo)
+        res.__class__.__name__ = type(self).__name__
+        res._fxwrap_kernels = getattr(self, "_fxwrap_kernels", ())
+        return res
+
+
+class SymbolicValues:
+    """SymInts for a program's size symbols, and FakeTensors whose sizes use them.
+
+    Reuses the ShapeEnv of FakeTensors that already carry the symbols (the ones the
+    builder recorded from the captured graph), so a placeholder's SymInt and the
+    sizes of every buffer agree; otherwise a fresh ShapeEnv gets one symbol per
+    size input (named after its source, ``s0``), mapped by name.
+    """
+
+    def __init__(self, fakes=()):
+        self.fake_mode: FakeTensorMode | None = None
+        self.shape_env: ShapeEnv | None = None
+        for value in fakes:
+            mode = getattr(value, "fake_mode", None)
+            if mode is not None and mode.shape_env is not None and _symbolic(value):
+                self.fake_mode, self.shape_env = mode, mode.shape_env
+                break
+        self.inherited = self.shape_env is not None
+        self.by_name: dict[str, sympy.Expr] = {}  # program symbol name -> ShapeEnv expression
+        self.hints: dict[str, int] = {}
+
+    def add_symbol(self, name: str, hint):
+        """The SymInt of size input ``name`` (its placeholder's ``meta["val"]``).
+
+        A non-integer hint (a float or bool scalar input) stays a plain value.
+        """
+        if isinstance(hint, bool) or not isinstance(hint, int):
+            return hint
+        self.hints[name] = hint
+        if self.inherited:
+            backed = getattr(self.shape_env, "backed_var_to_val", None)
+            known = {s.name: s for s in (backed if backed is not None else self.shape_env.var_to_val)}
+            if name in known:
+                self.by_name[name] = known[name]
+                return self.shape_env.create_symintnode(known[name], hint=hint)
+            return hint
+        if self.shape_env is None:
+            self.shape_env = ShapeEnv(duck_shape=False, specialize_zero_one=False)
+        sym = self.shape_env.create_symbol(
+            hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC,
+            positive=True if hint > 0 else None, do_not_specialize_zero_one=True)
+        self.by_name[name] = sym
+        if not isinstance(sym, sympy.Symbol):
+            return int(sym)
+        return self.shape_env.create_symintnode(sym, hint=hint, source=ConstantSource(name))
+
+    def value(self, expr):
+        """``expr`` (over program symbols) as an int or a SymInt; None if a symbol is unknown."""
+        expr = sympy.sympify(expr)
+        if not expr.free_symbols:
+            return int(expr)
+        if any(s.name not in self.by_name for s in expr.free_symbols):
+            return None
+        env_expr = expr.xreplace({s: self.by_name[s.name] for s in expr.free_symbols})
+        hint = int(expr.xreplace({s: sympy.Integer(self.hints[s.name]) for s in expr.free_symbols}))
+        if not env_expr.free_symbols:
+            return int(env_expr)
+        return self.shape_env.create_symintnode(env_expr, hint=hint)
+
+    def tensor(self, size, stride, offset, dtype, device):
+        """A FakeTensor of this layout, or None when a size uses an unknown symbol."""
+        values = [self.value(e) for e in (*size, *stride, offset)]
+        if any(v is None for v in values):
+            return None
+        if self.fake_mode is None:
+            self.fake_mode = FakeTensorMode(shape_env=self.shape_env)
+        n = len(size)
+        with self.fake_mode:
+            t = torch.empty_strided(values[:n], values[n:2 * n], dtype=dtype, device=device)
+            if not (isinstance(values[-1], int) and values[-1] == 0):
+                t = torch.as_strided(t, values[:n], values[n:2 * n], values[-1])
+        return t
+
+
+def _symbolic(fake) -> bool:
+    return any(isinstance(x, torch.SymInt) for x in (*fake.shape, *fake.stride(), fake.storage_offset()))
 
 
 class FxConverter:
@@ -57,8 +170,8 @@ class FxConverter:
         self.symbols: dict[str, torch.fx.Node] = {}
         self.expr_nodes: dict[sympy.Expr, torch.fx.Node] = {}
         self.kernels: list[Kernel] = []
-        self.pending_comment: str | None = None
-        self._fake_mode: FakeTensorMode | None = None
+        self.pending_comments: list[str] = []
+        self.symbolic = SymbolicValues(v for v in self.fake_values.values() if isinstance(v, torch.Tensor))
 
     handlers = {
         Allocate: "allocate", Reuse: "reuse", View: "view", DefineKernel: "define_kernel",
@@ -72,12 +185,16 @@ class FxConverter:
             node = self.graph.placeholder(inp.name)
             if isinstance(inp, SizeInput):
                 self.symbols[inp.name] = node
-                node.meta["val"] = inp.hint
+                node.meta["val"] = self.symbolic.add_symbol(inp.name, inp.hint)
             else:
                 self.nodes[inp.name] = node
                 node.meta["val"] = self.fake(inp)
         root = torch.nn.Module()
         for name, tensor in self.constants.items():
+            if isinstance(tensor, torch.nn.Module):  # a higher-order op's subgraph
+                root.add_module(name, tensor)
+                self.nodes[name] = self.graph.get_attr(name)
+                continue
             root.register_buffer(name, tensor)
             node = self.graph.get_attr(name)
             node.meta["val"] = self.fake(self._const_buffer(name, tensor))
@@ -87,10 +204,23 @@ class FxConverter:
             if method is None:
                 raise UnknownLine(f"no FX conversion for line {line!r}; known: "
                                   f"{sorted(t.__name__ for t in self.handlers)}")
+            last = self._last_node()
             getattr(self, method)(line)
-        gm = torch.fx.GraphModule(root, self.graph, class_name="FxwrapProgram")
-        gm._fxwrap_kernels = tuple(self.kernels)  # pickled before the code's import block
+            if self.pending_comments and self._last_node() is not last:
+                self._attach_comments(self._last_node())
+        if self.pending_comments and self._last_node() is not None:
+            self._attach_comments(self._last_node())  # comments after the last node-producing line
+        gm = FxwrapGraphModule(root, self.graph, class_name="FxwrapProgram")
+        gm._fxwrap_kernels = tuple(self.kernels)
         return gm
+
+    def _last_node(self) -> torch.fx.Node | None:
+        return next(iter(reversed(self.graph.nodes)), None)
+
+    def _attach_comments(self, node: torch.fx.Node) -> None:
+        texts = ([node.meta["comment"]] if "comment" in node.meta else []) + self.pending_comments
+        node.meta["comment"] = "\n".join(texts)
+        self.pending_comments = []
 
     @staticmethod
     def _const_buffer(name, tensor) -> Buffer:
@@ -99,9 +229,6 @@ class FxConverter:
 
     def add(self, target, args=(), kwargs=None, name: str | None = None, buf: Buffer | None = None):
         node = self.graph.create_node("call_function", target, tuple(args), kwargs or {}, name=name)
-        if self.pending_comment is not None:
-            node.meta["comment"] = self.pending_comment
-            self.pending_comment = None
         if buf is not None:
             node.meta["val"] = self.fake(buf)
         return node
@@ -170,14 +297,7 @@ class FxConverter:
         known = self.fake_values.get(buf.name)
         if known is not None:
             return known
-        exprs = (*buf.size, *buf.stride, buf.offset)
-        if any(sympy.sympify(x).free_symbols for x in exprs):
-            return None  # symbolic and not recorded by the builder
-        if self._fake_mode is None:
-            self._fake_mode = FakeTensorMode()
-        with self._fake_mode:
-            return torch.empty_strided([int(n) for n in buf.size], [int(s) for s in buf.stride],
-                                       dtype=buf.dtype, device=buf.device)
+        return self.symbolic.tensor(buf.size, buf.stride, buf.offset, buf.dtype, buf.device)
 
     # -- line rules ---------------------------------------------------------
     def allocate(self, line: Allocate):
@@ -188,6 +308,10 @@ class FxConverter:
 
     def reuse(self, line: Reuse):
         old, new = line.old, line.new
+        if old.dtype != new.dtype or old.device != new.device:
+            raise NotImplementedError(
+                f"{line!r}: reuse across dtypes or devices ({old.dtype} on {old.device} -> "
+                f"{new.dtype} on {new.device}) has no FX form; reuse only same-dtype storage")
         same = (old.size, old.stride, old.offset, old.dtype) == (new.size, new.stride, new.offset, new.dtype)
         if same:
             self.nodes[new.name] = self.nodes[old.name]
@@ -208,7 +332,7 @@ class FxConverter:
     def call_kernel(self, line: CallKernel):
         if line.kernel not in self.kernels:
             self.kernels.append(line.kernel)
-        self.add(line.kernel, self.arg(tuple(line.args)))
+        self.add(line.kernel, self.arg(tuple(line.args)), name=line.kernel.name)
 
     def call_extern(self, line: CallExtern):
         name = line.out.name if isinstance(line.out, Buffer) else line.out
@@ -233,7 +357,7 @@ class FxConverter:
         self.add(free, (self.nodes[line.buf.name],))
 
     def comment(self, line: Comment):
-        self.pending_comment = line.text
+        self.pending_comments.append(line.text)
 
     def ret(self, line: Return):
         self.graph.output(tuple(self.arg(v) if v is not None else None for v in line.values))
@@ -242,3 +366,155 @@ class FxConverter:
 def to_graph_module(inputs, lines, constants=None, fake_values=None) -> torch.fx.GraphModule:
     """The GraphModule for a program (see ``FxConverter``)."""
     return FxConverter(inputs, lines, constants, fake_values).convert()
+
+
+# -- pickling ------------------------------------------------------------------
+# A GraphModule pickles as a list of node records.  Targets and arguments pickle
+# as themselves except nodes (by name) and ATen overloads (by qualified name);
+# ``meta["val"]`` pickles as a layout over the graph's size-input names and is
+# rebuilt as FakeTensors (over a fresh ShapeEnv when symbolic) on load.
+
+@dataclass(frozen=True)
+class _NodeRef:
+    name: str
+
+
+@dataclass(frozen=True)
+class _OpRef:
+    namespace: str
+    op: str
+    overload: str | None  # None: the OpOverloadPacket
+
+    def resolve(self):
+        packet = getattr(getattr(torch.ops, self.namespace), self.op)
+        return packet if self.overload is None else getattr(packet, self.overload)
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    size: tuple
+    stride: tuple
+    offset: Any
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class _SymSpec:
+    expr: Any
+    hint: int
+
+
+def _encode(value, names):
+    if isinstance(value, torch.fx.Node):
+        return _NodeRef(value.name)
+    if isinstance(value, torch._ops.OpOverload):
+        return _OpRef(value.namespace, value._schema.name.split("::")[-1], value._overloadname)
+    if isinstance(value, torch._ops.OpOverloadPacket):
+        return _OpRef(value._qualified_op_name.split("::")[0], value.__name__, None)
+    if isinstance(value, torch._ops.HigherOrderOperator):  # torch.ops.higher_order.cond
+        return _OpRef("higher_order", value.name(), None)
+    if isinstance(value, tuple):
+        return tuple(_encode(v, names) for v in value)
+    if isinstance(value, list):
+        return [_encode(v, names) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v, names) for k, v in value.items()}
+    if isinstance(value, slice):
+        return slice(_encode(value.start, names), _encode(value.stop, names), _encode(value.step, names))
+    return value
+
+
+def _decode(value, nodes):
+    if isinstance(value, _NodeRef):
+        return nodes[value.name]
+    if isinstance(value, _OpRef):
+        return value.resolve()
+    if isinstance(value, tuple):
+        return tuple(_decode(v, nodes) for v in value)
+    if isinstance(value, list):
+        return [_decode(v, nodes) for v in value]
+    if isinstance(value, dict):
+        return {k: _decode(v, nodes) for k, v in value.items()}
+    if isinstance(value, slice):
+        return slice(_decode(value.start, nodes), _decode(value.stop, nodes), _decode(value.step, nodes))
+    return value
+
+
+def _sym_expr(value, names):
+    """An int / SymInt as a sympy expression over the graph's size-input names."""
+    if isinstance(value, torch.SymInt):
+        expr = sympy.sympify(value.node.expr)
+        return expr.xreplace({s: names.get(s, s) for s in expr.free_symbols})
+    return sympy.Integer(int(value))
+
+
+def _encode_val(value, names):
+    if isinstance(value, torch.Tensor):
+        return _TensorSpec(tuple(_sym_expr(n, names) for n in value.shape),
+                           tuple(_sym_expr(s, names) for s in value.stride()),
+                           _sym_expr(value.storage_offset(), names), value.dtype, value.device)
+    if isinstance(value, torch.SymInt):
+        return _SymSpec(_sym_expr(value, names), int(value.node.hint))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_encode_val(v, names) for v in value)
+    if isinstance(value, (int, float, bool, str)) or value is None:
+        return value
+    return None  # not representable without the live objects it refers to
+
+
+def _decode_val(value, symbolic: SymbolicValues):
+    if isinstance(value, _TensorSpec):
+        return symbolic.tensor(value.size, value.stride, value.offset, value.dtype, value.device)
+    if isinstance(value, _SymSpec):
+        return symbolic.value(value.expr)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_decode_val(v, symbolic) for v in value)
+    return value
+
+
+def _attr(module: torch.nn.Module, path: str):
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _graph_state(gm: torch.fx.GraphModule) -> dict:
+    names: dict[sympy.Symbol, sympy.Symbol] = {}  # ShapeEnv symbol -> size-input name
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(val, torch.SymInt) and \
+                isinstance(sympy.sympify(val.node.expr), sympy.Symbol):
+            names[sympy.sympify(val.node.expr)] = sympy.Symbol(node.name, integer=True)
+    records, attrs = [], {}
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            attrs[node.target] = _attr(gm, node.target)
+        meta = {"val": _encode_val(node.meta["val"], names)} if "val" in node.meta else {}
+        meta.update({k: v for k, v in node.meta.items()
+                     if k != "val" and isinstance(v, (str, int, float, bool))})
+        records.append((node.op, node.name, _encode(node.target, names), _encode(node.args, names),
+                        _encode(dict(node.kwargs), names), meta))
+    return {"class_name": type(gm).__name__, "records": records, "attrs": attrs,
+            "training": gm.training}
+
+
+def _load_graph_module(state: dict) -> FxwrapGraphModule:
+    graph = torch.fx.Graph()
+    nodes: dict[str, torch.fx.Node] = {}
+    symbolic = SymbolicValues()
+    for op, name, target, args, kwargs, meta in state["records"]:
+        node = graph.create_node(op, _decode(target, nodes), _decode(args, nodes),
+                                 _decode(kwargs, nodes), name=name)
+        nodes[name] = node
+        val = meta.get("val")
+        if op == "placeholder" and isinstance(val, _SymSpec) and isinstance(val.expr, sympy.Symbol):
+            node.meta["val"] = symbolic.add_symbol(name, val.hint)
+        elif "val" in meta:
+            node.meta["val"] = _decode_val(val, symbolic)
+        node.meta.update({k: v for k, v in meta.items() if k != "val"})
+    gm = FxwrapGraphModule(state["attrs"], graph, class_name=state["class_name"])
+    gm.train(state["training"])
+    gm._fxwrap_kernels = tuple(dict.fromkeys(
+        n.target for n in graph.nodes if n.op == "call_function" and isinstance(n.target, Kernel)))
+    return gm

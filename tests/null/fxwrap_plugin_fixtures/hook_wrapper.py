@@ -1,0 +1,7 @@
+"""A hookwrapper: fxwrap hooks only collect results."""
+from fxwrap import hookimpl
+
+
+@hookimpl(wrapper=True)
+def fxwrap_wrapper_passes(target):
+    return (yield)

@@ -1,0 +1,5 @@
+"""A module with no fxwrap hook at all."""
+
+
+def targets():
+    return []

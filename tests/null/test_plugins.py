@@ -1,0 +1,225 @@
+"""Plugin loading and validation (fxwrap.plugins), with plugins from tests/null/fxwrap_plugin_fixtures.
+
+Every broken plugin must fail at load time with a ``PluginError`` naming its entry
+point and what is wrong; the combining rules must not depend on load order.
+"""
+import importlib.metadata
+import inspect
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+import fxwrap
+from fxwrap.plugins import hookspecs
+from fxwrap.plugins.manager import (
+    HOOKS, PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
+)
+from fxwrap.wrapper_ir.lines import Comment
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def fixtures_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+def ep(module: str, name: str | None = None) -> importlib.metadata.EntryPoint:
+    return importlib.metadata.EntryPoint(name or module, f"fxwrap_plugin_fixtures.{module}", group="fxwrap")
+
+
+def load(*modules: str) -> PluginManager:
+    return PluginManager([ep(m) for m in modules]).load()
+
+
+def named(module: str) -> str:
+    return f"plugin {module!r} (entry point 'fxwrap_plugin_fixtures.{module}' in group 'fxwrap')"
+
+
+BROKEN = {
+    "import_fails": ["failed to import", "ModuleNotFoundError", "fxwrap_plugin_fixtures_missing_dependency"],
+    "does_not_exist": ["failed to import", "ModuleNotFoundError", "fxwrap_plugin_fixtures.does_not_exist"],
+    "misspelled": ["hook specifications", "unknown hook 'fxwrap_target'",
+                   "'fxwrap_target' is not a hook: did you mean 'fxwrap_targets'?"],
+    "wrong_argument": ["hook specifications", "fxwrap_decompositions", "device"],
+    "undecorated": ["'fxwrap_targets' without @fxwrap.hookimpl"],
+    "no_hooks": ["implements no fxwrap hook", "fxwrap_targets", "fxwrap_wrapper_passes"],
+    "hook_wrapper": ["['fxwrap_wrapper_passes'] are hook wrappers"],
+    "no_device": ["target 'no_device' lacks a device interface (Target.device: a DeviceInterface"],
+    "mismatched_device": ["target 'mismatched' lacks a device interface for its device type",
+                          "Target.device.device_type is 'testdev', Target.device_type is 'cpu'"],
+    "no_emitter": ["target 'no_emitter' lacks a kernel emitter (Target.emitter: a KernelEmitter subclass)"],
+    "no_wrapper": ["target 'no_wrapper' lacks a wrapper (Target.wrapper: a WrapperCodegen subclass)"],
+    "device_twice": ["registers device type 'testdev' twice"],
+    "raises": ["its fxwrap_targets() raised RuntimeError: no licence for the simulator"],
+    "not_a_list": ["fxwrap_targets() must return a list of fxwrap.Target, got Target"],
+    "not_a_target": ["fxwrap_targets() returned {'name': 'dict'", "not an fxwrap.Target"],
+}
+PARTS = ("a device interface", "a kernel emitter", "a wrapper")
+
+
+@pytest.mark.parametrize("module", sorted(BROKEN))
+def test_broken_plugin_fails_at_load_naming_it(module):
+    manager = PluginManager([ep("alpha"), ep(module)])
+    with pytest.raises(PluginError) as info:
+        manager.load()
+    message = str(info.value)
+    assert message.startswith(named(module)), message
+    for part in BROKEN[module]:
+        assert part in message, (part, message)
+    assert sum(part in message for part in PARTS) <= 1  # each missing piece reported on its own
+    with pytest.raises(PluginError) as again:  # a failed manager keeps failing the same way
+        manager.target("alpha")
+    assert again.value is info.value
+
+
+@pytest.mark.parametrize("order", [("alpha", "alpha_again"), ("alpha_again", "alpha")])
+def test_two_plugins_one_target_name(order):
+    with pytest.raises(PluginError) as info:
+        load(*order)
+    assert str(info.value) == (f"{named(order[1])} registers target 'alpha', already registered by "
+                               f"{named(order[0])}; rename one of them")
+
+
+def test_one_entry_point_name_twice():
+    with pytest.raises(PluginError, match=r"plugin 'alpha' \(entry point 'fxwrap_plugin_fixtures.beta'.*"
+                                          r"registered twice"):
+        PluginManager([ep("alpha"), ep("beta", name="alpha")]).load()
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(["alpha", "beta", "gamma"])))
+def test_default_target_is_highest_priority_in_any_load_order(order):
+    manager = load(*order)
+    assert manager.target_for_device("testdev").name == "gamma"  # priority 2 over 1, 1
+    for name in order:  # every target stays selectable by name
+        assert manager.target(name).name == name
+    assert [name for name, _ in manager.plugins] == list(order)
+
+
+@pytest.mark.parametrize("order", [("alpha", "beta"), ("beta", "alpha")])
+def test_priority_tie_goes_to_first_name_in_either_load_order(order):
+    manager = load(*order)
+    assert manager.target_for_device("testdev").name == "alpha"
+    assert manager.target("beta").priority == manager.target("alpha").priority == 1
+    with pytest.raises(KeyError, match="no fxwrap target for device type 'nodev'"):
+        manager.target_for_device("nodev")
+    with pytest.raises(KeyError, match=r"no fxwrap target named 'delta'; registered: \['alpha', 'beta'\]"):
+        manager.target("delta")
+
+
+@pytest.mark.parametrize("order", [("decomp_alpha", "decomp_beta"), ("decomp_beta", "decomp_alpha")])
+def test_decompositions_merge_and_the_target_owner_wins(order):
+    from fxwrap_plugin_fixtures import decomp_alpha as a, decomp_beta as b
+    manager = load(*order)
+    assert manager.decompositions(manager.target("alpha")) == {
+        aten.sin.default: a.alpha_sin, aten.cos.default: a.alpha_cos, aten.exp.default: b.beta_exp}
+    assert manager.decompositions(manager.target("beta")) == {
+        aten.sin.default: b.beta_sin, aten.cos.default: a.alpha_cos, aten.exp.default: b.beta_exp}
+
+
+@pytest.mark.parametrize("order", [("decomp_beta", "decomp_gamma"), ("decomp_gamma", "decomp_beta")])
+def test_decomposition_conflict_without_the_owner_is_an_error(order):
+    from fxwrap_plugin_fixtures import decomp_beta as b
+    manager = load("alpha", *order)
+    with pytest.raises(PluginError) as info:
+        manager.decompositions(manager.target("alpha"))
+    message = str(info.value)
+    assert named("decomp_beta") in message and named("decomp_gamma") in message
+    assert "both decompose aten.sin.default for target 'alpha'" in message
+    # beta's own target: its table wins; the identical exp entry is no conflict
+    assert manager.decompositions(manager.target("beta")) == {aten.sin.default: b.beta_sin,
+                                                              aten.exp.default: b.beta_exp}
+
+
+def test_decompositions_must_be_a_dict():
+    manager = load("alpha", "bad_decompositions")
+    with pytest.raises(PluginError, match=r"plugin 'bad_decompositions' .*must return a dict"):
+        manager.decompositions(manager.target("alpha"))
+
+
+def test_plugin_decompositions_reach_capture():
+    torch._dynamo.reset()
+    x = torch.randn(64)
+    with use_plugin_manager(PluginManager([*installed_entry_points(), ep("decomp_tanh")])):
+        program = fxwrap.lower(lambda t: torch.tanh(t) * 3, x, target="externs_cpu")
+        untouched = fxwrap.lower(lambda t: torch.tanh(t) * 3, x, target="cpu")  # decomposes for its target only
+    code = program.code()
+    assert "aten.sigmoid.out" in code and "aten.tanh" not in code, code
+    assert "sigmoid" not in untouched.code()
+    (out,) = program(x)
+    torch.testing.assert_close(out, torch.tanh(x) * 3)
+
+
+def test_wrapper_passes_are_applied_in_load_order():
+    from fxwrap_plugin_fixtures import drop_comments, tag_passes
+
+    def matmul_relu(a, b):
+        return torch.relu(a @ b) + 1
+
+    x, w = torch.randn(16, 8), torch.randn(8, 4)
+    torch._dynamo.reset()
+    plain = fxwrap.lower(matmul_relu, x, w, target="cpu")
+    assert any(isinstance(line, Comment) for line in plain.lines)  # there is something to drop
+    torch._dynamo.reset()
+    tag_passes.ran.clear()
+    manager = PluginManager([*installed_entry_points(), ep("drop_comments"), ep("tag_passes")])
+    with use_plugin_manager(manager) as active:
+        assert get_plugin_manager() is active
+        program = fxwrap.lower(matmul_relu, x, w, target="cpu")
+    assert get_plugin_manager() is not manager  # restored
+    assert drop_comments.calls[-1] == "cpu" and tag_passes.ran == ["tag.first", "tag.second"]
+    assert not any(isinstance(line, Comment) for line in program.lines)
+    assert not any("comment" in node.meta for node in program.graph_module.graph.nodes)
+    assert len(program.lines) == len(plain.lines) - sum(isinstance(line, Comment) for line in plain.lines)
+    (out,) = program(x, w)
+    torch.testing.assert_close(out, matmul_relu(x, w))
+    assert manager.wrapper_passes(manager.target("cpu")) == [
+        drop_comments.drop_comments, tag_passes.first, tag_passes.second]
+    reverse = PluginManager([ep("tag_passes"), ep("drop_comments"), ep("alpha")]).load()
+    assert reverse.wrapper_passes(reverse.target("alpha")) == [
+        tag_passes.first, tag_passes.second, drop_comments.drop_comments]
+
+
+def test_hook_raising_at_compile_time_names_the_plugin():
+    manager = load("alpha", "pass_raises")
+    with pytest.raises(PluginError, match=r"plugin 'pass_raises' .*: its fxwrap_wrapper_passes\(\) raised "
+                                          r"ValueError: passes for alpha are not ready"):
+        manager.wrapper_passes(manager.target("alpha"))
+
+
+def test_lowerings_hook_fills_the_registry_for_its_target():
+    from fxwrap.core.lowering import LoweringRegistry
+    from fxwrap_plugin_fixtures import lowerings
+    manager = load("alpha", "lowerings")
+    registry = LoweringRegistry()
+    for name in ("lowered", "alpha"):
+        manager.add_lowerings(registry, manager.target(name))
+    assert lowerings.seen[-2:] == ["lowered", "alpha"]
+    assert registry.lookup(aten.relu.default, "lowered") is lowerings.relu_rule
+    assert registry.lookup(aten.relu.default, "alpha") is registry.default.get(aten.relu.default)
+
+
+def test_builtin_targets_load_through_the_installed_entry_points():
+    installed = {e.name: e.value for e in importlib.metadata.entry_points(group="fxwrap")}
+    manager = get_plugin_manager()
+    for name, module in (("cpu", "cpu_cpp"), ("cuda", "cuda_triton"), ("mps", "mps_metal")):
+        assert installed[name] == f"fxwrap.targets.{module}.plugin"
+        target = manager.target(name)
+        assert (target.device_type, target.priority) == (name, 0)
+        assert manager.owner[name] == f"plugin {name!r} (entry point {installed[name]!r} in group 'fxwrap')"
+        assert manager.target_for_device(name) is target  # built-ins are their device's default
+    assert set(PluginManager().load().targets) == set(manager.targets) >= {"cpu", "cuda", "mps"}
+
+
+def test_every_hook_is_specified_and_documented():
+    assert HOOKS == ("fxwrap_decompositions", "fxwrap_lowerings", "fxwrap_targets", "fxwrap_wrapper_passes")
+    params = {name: list(inspect.signature(getattr(hookspecs, name)).parameters) for name in HOOKS}
+    assert params == {"fxwrap_decompositions": ["target"], "fxwrap_lowerings": ["registry", "target"],
+                      "fxwrap_targets": [], "fxwrap_wrapper_passes": ["target"]}
+    for name in HOOKS:
+        doc = getattr(hookspecs, name).__doc__
+        for heading in ("When:", "Arguments:", "Returns:", "firstresult: no", "Example::", "@hookimpl"):
+            assert heading in doc, (name, heading)
+        assert getattr(hookspecs, name).fxwrap_spec["firstresult"] is False
