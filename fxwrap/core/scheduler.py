@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import sympy
-import torch
 
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, walk, xvar
 
@@ -233,5 +232,3 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
         ranges=tuple(group.outer), reduction_ranges=tuple(group.reduced),
         reductions=tuple(group.reductions), stores=stores, origins=tuple(group.origins))
 
-
-_ = torch

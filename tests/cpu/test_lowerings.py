@@ -5,7 +5,6 @@ handful of kernels; every run draws fresh random inputs.
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -237,5 +236,3 @@ def test_kernel_sources_are_deterministic():
                         if isinstance(n.target, fxwrap.Kernel)])
     assert sources[0] and sources[0] == sources[1]
 
-
-_ = math

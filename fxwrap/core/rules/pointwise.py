@@ -73,10 +73,6 @@ def _where(ctx, cond, a, b):
                    cond, a, b, compute=compute)
 
 
-def _where_op(c, x, y):
-    return Op("where", x.dtype, (c, x, y))
-
-
 @register([aten.clamp.default, aten.clamp.Tensor])
 def _clamp(ctx, x, min=None, max=None):
     args, names = [x], []
@@ -87,14 +83,9 @@ def _clamp(ctx, x, min=None, max=None):
 
     def body(v, *bounds):
         for name, bound in zip(names, bounds):
-            v = _clamp_keep_nan(name, v, bound)
+            v = Op(name, v.dtype, (v, bound))  # maximum/minimum propagate NaN like clamp
         return v
     return ctx.map(body, *args, compute=compute_dtype(ctx.out_dtype))
-
-
-def _clamp_keep_nan(name, v, bound):
-    # clamp propagates NaN of x; a NaN bound gives NaN too, like maximum/minimum.
-    return Op(name, v.dtype, (v, bound))
 
 
 register(aten.clamp_min.default, lambda ctx, x, m: ctx.map(lambda v, b: Op("maximum", v.dtype, (v, b)), x, m))

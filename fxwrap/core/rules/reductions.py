@@ -6,7 +6,6 @@ fuses it with reductions and pointwise epilogues over the same rows.
 """
 from __future__ import annotations
 
-import sympy
 import torch
 
 from fxwrap.core.ir import Op
@@ -24,7 +23,7 @@ def _dims(x_size, dim) -> list[int]:
     return sorted({d % n if n else 0 for d in dim})
 
 
-def _reduce(ctx, x, dim, keepdim, kind, acc_dtype, finish=None, field=0, count=False):
+def _reduce(ctx, x, dim, keepdim, kind, acc_dtype, finish=None, field=0):
     loops = as_loops(x)
     dims = _dims(loops.size, dim)
     if not loops.size:
@@ -124,5 +123,3 @@ def _var_mean(ctx, x, dim=None, *, correction=None, keepdim=False):
     mean = _reduce(ctx, x, dim, keepdim, "welford", acc, field=0)
     return (var, mean)
 
-
-_ = sympy

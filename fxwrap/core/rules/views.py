@@ -11,7 +11,6 @@ import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from fxwrap.core.lowering import Loops, Unsupported, register
-from fxwrap.core.symbolic import to_expr
 
 aten = torch.ops.aten
 
@@ -103,5 +102,3 @@ def _reshape(ctx, x, *args):
         return tuple(src)
     return _remap(ctx, x, fn)
 
-
-_ = to_expr
