@@ -41,8 +41,9 @@ class Program:
     """One compiled graph (an inference, forward or backward graph).
 
     ``lines`` is the Wrapper IR, ``graph_module`` its FX form, ``code()`` the
-    printed program, ``peak_bytes`` the memory plan's peak (at the size hints),
-    and calling the Program runs what the target's wrapper made of the graph.
+    printed program, ``peak_bytes`` the memory plan's peak (at ``hints``: the
+    value of every size symbol when the graph was compiled), and calling the
+    Program runs what the target's wrapper made of the graph.
     """
 
     kind: str
@@ -53,6 +54,7 @@ class Program:
     memory: MemoryPlan
     runner: Callable = field(repr=False)
     constants: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    hints: dict = field(default_factory=dict, repr=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -89,7 +91,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target, kind: str = "in
         lines = list(wrapper_pass(lines))
     graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
     runner = target.wrapper(target).compile_graph(graph_module)
-    program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants)
+    program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants,
+                      built.hints)
     if _log_enabled("wrapper"):
         log.warning("fxwrap %s program (target %s):\n%s", kind, target.name, program.code())
     if _log_enabled("fx"):
@@ -184,6 +187,15 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
     opts = dict(options or {})
     opts["on_program"] = programs.append
     compiled = torch.compile(fn, backend=Backend(target, opts), dynamic=dynamic, fullgraph=True)
+    try:
+        return _run_lowering(compiled, example_inputs, training, programs)
+    finally:
+        # Each lower() is a fresh compile: drop dynamo's cache entry for fn so repeated
+        # lowerings never pile up against the recompile limit (nor hit an old entry).
+        torch._dynamo.eval_frame.remove_from_cache(fn)
+
+
+def _run_lowering(compiled, example_inputs, training: bool, programs: list):
     if not training:
         with torch.no_grad():
             compiled(*example_inputs)

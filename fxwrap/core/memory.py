@@ -22,11 +22,14 @@ Input (after ``wrapper_ir.build``)::
     return (buf2,)
 
 Rules: a buffer is freed right after the last line that touches it or any view of
-it; a dead buffer's storage is handed to a new allocation of the same device and
-dtype that fits in it, and only when keeping the old storage alive until then does
-not raise the peak of the frees-only plan.  Storages a functional extern reads are
-never reused (the op might return an alias of them); inputs, constants and
-anything reachable from the outputs are never freed.
+it (``View`` lines, and results of externs whose schema says they alias an input,
+such as ``split``'s pieces, are views); a dead buffer's storage is handed to a new
+allocation of the same device and dtype that fits in it, and only when keeping the
+old storage alive until then does not raise the peak of the frees-only plan.  A
+pointwise extern may write its output into an input that dies at that call (in
+place) when that input is read in the call only with the output's exact layout.
+Storages a functional extern reads are never reused (the op might return an alias
+of them); inputs, constants and anything reachable from the outputs are never freed.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import torch
 
 from fxwrap.core.symbolic import evaluate
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Free, Line, Return, Reuse, View,
+    Allocate, Buffer, CallExtern, Free, GetItem, Line, Return, Reuse, View,
     buffers_defined, buffers_in, buffers_read,
 )
 
@@ -67,148 +70,223 @@ class _Storage:
     reusable: bool
     freeable: bool = True
 
+    def end(self, n: int) -> int:
+        """Last line index the storage is live at."""
+        return self.last_use if self.freeable else n - 1
+
+
+def _aliased_argument(op, ret_index: int, args: tuple) -> Buffer | None:
+    """The argument buffer that result ``ret_index`` of ``op`` aliases, per its schema."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return None
+    returns = schema.returns
+    ret = returns[0] if len(returns) == 1 else returns[ret_index] if ret_index < len(returns) else None
+    if ret is None or ret.alias_info is None:
+        return None
+    wanted = ret.alias_info.before_set
+    for i, arg in enumerate(schema.arguments[:len(args)]):
+        info = arg.alias_info
+        # ``Tensor(a)[]`` results (split, unbind) carry their set on the elements, which
+        # the Python schema does not show; their source is the ``Tensor(a -> *)`` argument.
+        if info is not None and (info.before_set == wanted if wanted else "*" in info.after_set):
+            found = buffers_in(args[i])
+            return found[0] if found else None
+    return None
+
 
 def _storages(lines: list[Line], hints) -> tuple[dict[str, _Storage], dict[str, str]]:
     """Owned storages by root name, and every buffer name -> its root name."""
     root_of: dict[str, str] = {}
     owned: dict[str, _Storage] = {}
+    results: dict[str, CallExtern] = {}  # multi-result name -> the call making it
+
+    def root(buf: Buffer) -> str:
+        return root_of.get(buf.name, buf.name)
+
+    def use(name: str, i: int) -> None:
+        if name in owned:
+            owned[name].last_use = max(owned[name].last_use, i)
+
     for i, line in enumerate(lines):
+        base = None
         if isinstance(line, View):
-            root_of[line.buf.name] = root_of.get(line.base.name, line.base.name)
-            continue
-        for buf in buffers_defined(line):
-            root_of[buf.name] = buf.name
-            reusable = isinstance(line, (Allocate, Reuse))
-            owned[buf.name] = _Storage(buf, i, i, evaluate(buf.storage_bytes, hints), reusable)
+            base = line.base
+        elif isinstance(line, CallExtern) and isinstance(line.out, Buffer):
+            base = _aliased_argument(line.op, 0, line.args)
+        elif isinstance(line, GetItem) and isinstance(line.buf, Buffer) and line.src in results:
+            call = results[line.src]
+            base = _aliased_argument(call.op, line.index, call.args)
+        if isinstance(line, CallExtern) and isinstance(line.out, str):
+            results[line.out] = line
         for buf in buffers_read(line):
-            root = root_of.get(buf.name, buf.name)
-            if root in owned:
-                owned[root].last_use = i
+            use(root(buf), i)
+            if root(buf) in owned:
                 if isinstance(line, CallExtern) and line.out is not None:
-                    owned[root].reusable = False
+                    owned[root(buf)].reusable = False
                 if isinstance(line, Return):
-                    owned[root].freeable = False
-        for buf in buffers_defined(line):  # a view defined here keeps its root alive
-            root = root_of.get(buf.name, buf.name)
-            if root in owned:
-                owned[root].last_use = max(owned[root].last_use, i)
+                    owned[root(buf)].freeable = False
+        for buf in buffers_defined(line):
+            if base is not None:  # a view: no storage of its own, keeps its base alive
+                root_of[buf.name] = root(base)
+                use(root(base), i)
+            else:
+                root_of[buf.name] = buf.name
+                reusable = isinstance(line, (Allocate, Reuse))
+                owned[buf.name] = _Storage(buf, i, i, evaluate(buf.storage_bytes, hints), reusable)
     return owned, root_of
 
 
 def _live_profile(n: int, storages: list[_Storage], keep_all: bool) -> list[int]:
     live = [0] * n
     for s in storages:
-        end = n - 1 if (keep_all or not s.freeable) else s.last_use
-        for i in range(s.defined_at, end + 1):
+        for i in range(s.defined_at, (n - 1 if keep_all else s.end(n)) + 1):
             live[i] += s.nbytes
     return live
+
+
+class _Planner:
+    """Greedy reuse in program order over the frees-only live profile.
+
+    ``live[i]`` is the bytes live at line ``i`` under the decisions so far; a decision
+    is taken only when every line it touches stays at or under ``peak``, the peak of
+    the frees-only plan, so reuse never raises the peak.
+    """
+
+    def __init__(self, lines: list[Line], owned: dict[str, _Storage], root_of: dict[str, str]):
+        self.lines, self.owned, self.root_of = lines, owned, root_of
+        self.n = len(lines)
+        self.storages = sorted(owned.values(), key=lambda s: s.defined_at)
+        self.live = _live_profile(self.n, self.storages, keep_all=False)
+        self.peak = max(self.live, default=0)
+        self.replaced: dict[int, Line] = {}
+        self.absorbed: set[str] = set()  # roots whose storage moved on: no Free of their own
+
+    def fits_under_peak(self, span: range, extra: int) -> bool:
+        return all(self.live[i] + extra <= self.peak for i in span)
+
+    def hand_over(self, j: int, old: _Storage, new: _Storage, kept: range, grown: range) -> None:
+        """``new`` (allocated at line ``j``) takes ``old``'s storage.
+
+        ``old`` stays alive over ``kept`` (lines where it used to be dead), and the
+        storage is ``old``'s size instead of ``new``'s over ``grown``.
+        """
+        for i in kept:
+            self.live[i] += old.nbytes
+        for i in grown:
+            self.live[i] += old.nbytes - new.nbytes
+        self.replaced[j] = Reuse(old.root, new.root)
+        self.absorbed.add(old.root.name)
+        new.nbytes = old.nbytes
+
+    def run(self) -> None:
+        by_def = {s.defined_at: s for s in self.storages
+                  if s.reusable and isinstance(self.lines[s.defined_at], Allocate)}
+        dead: list[_Storage] = []
+        for j in range(self.n):
+            new = by_def.get(j)
+            if new is not None and not self.in_place(j, new):
+                self.reuse_dead(j, new, dead)
+            for s in self.storages:  # storages whose last use is line j die after it
+                if s.last_use == j and s.freeable and s.reusable and s.root.name not in self.absorbed:
+                    dead.append(s)
+
+    def in_place(self, j: int, new: _Storage) -> bool:
+        donor = _in_place_donor(self.lines, j, new, self.owned, self.root_of, self.absorbed)
+        if donor is None:
+            return False
+        writer = donor.last_use
+        # the donor's storage lives on until new's end instead of new's own storage
+        if not self.fits_under_peak(range(writer + 1, new.end(self.n) + 1), donor.nbytes - new.nbytes):
+            return False
+        for i in range(j, writer + 1):  # until the call, the donor's storage is counted already
+            self.live[i] -= new.nbytes
+        self.hand_over(j, donor, new, range(0), range(writer + 1, new.end(self.n) + 1))
+        return True
+
+    def reuse_dead(self, j: int, new: _Storage, dead: list[_Storage]) -> None:
+        best = None
+        for old in dead:
+            if old.root.device != new.root.device or old.root.dtype != new.root.dtype:
+                continue
+            if not _fits(old.root, new.root, old.nbytes, new.nbytes):
+                continue
+            if not (self.fits_under_peak(range(old.last_use + 1, j), old.nbytes)
+                    and self.fits_under_peak(range(j, new.end(self.n) + 1), old.nbytes - new.nbytes)):
+                continue
+            key = (old.nbytes != new.nbytes, old.nbytes, -old.last_use)
+            if best is None or key < best[0]:
+                best = (key, old)
+        if best is not None:
+            dead.remove(best[1])
+            old = best[1]
+            self.hand_over(j, old, new, range(old.last_use + 1, j), range(j, new.end(self.n) + 1))
+
+    def lines_with_frees(self) -> list[Line]:
+        frees_after: dict[int, list[Buffer]] = {}
+        for s in self.storages:
+            if s.freeable and s.root.name not in self.absorbed:
+                frees_after.setdefault(s.last_use, []).append(s.root)
+        out: list[Line] = []
+        for i, line in enumerate(self.lines):
+            out.append(self.replaced.get(i, line))
+            out.extend(Free(buf) for buf in frees_after.get(i, ()))
+        return out
 
 
 def plan_memory(lines: list[Line], hints: Mapping[sympy.Symbol, int] | None = None,
                 reuse: bool = True) -> MemoryPlan:
     """Add ``Free`` lines and, where it never raises the peak, ``Reuse`` lines."""
-    hints = dict(hints or {})
-    owned, _ = _storages(lines, hints)
-    storages = sorted(owned.values(), key=lambda s: s.defined_at)
-    n = len(lines)
-    unplanned = max(_live_profile(n, storages, keep_all=True), default=0)
-    live = _live_profile(n, storages, keep_all=False)
-    peak = max(live, default=0)
-
-    # Greedy reuse in program order: storage `old` (dead) is handed to `new`.
-    replaced: dict[int, Line] = {}
-    absorbed: set[str] = set()  # roots whose storage moved on: no Free of their own
-    chain: dict[str, _Storage] = {}  # storage (by its first root) -> current holder
-    dead: list[_Storage] = []
-    by_def = {s.defined_at: s for s in storages if s.reusable and isinstance(lines[s.defined_at], Allocate)}
-    for s in storages:
-        chain[s.root.name] = s
-    for j in range(n):
-        new = by_def.get(j)
-        if reuse and new is not None:
-            donor = _in_place_donor(lines, j, new, owned, absorbed)
-            if donor is not None:
-                writer = donor.last_use
-                for i in range(j, writer + 1):
-                    live[i] -= new.nbytes
-                # from here on the storage is the donor's (maybe larger, reused) one
-                for i in range(writer + 1, (new.last_use if new.freeable else n - 1) + 1):
-                    live[i] += donor.nbytes - new.nbytes
-                new.nbytes = donor.nbytes
-                replaced[j] = Reuse(donor.root, new.root)
-                absorbed.add(donor.root.name)
-                new = None
-        if reuse and new is not None:
-            best = None
-            for old in dead:
-                if old.last_use >= j or old.root.device != new.root.device or old.root.dtype != new.root.dtype:
-                    continue
-                if not _fits(old.root, new.root, old.nbytes, new.nbytes):
-                    continue
-                extra = old.nbytes - new.nbytes
-                window = range(old.last_use + 1, j)
-                lifetime = range(j, (new.last_use if new.freeable else n - 1) + 1)
-                if any(live[i] + old.nbytes > peak for i in window):
-                    continue
-                if any(live[i] + extra > peak for i in lifetime):
-                    continue
-                key = (old.nbytes != new.nbytes, old.nbytes, -old.last_use)
-                if best is None or key < best[0]:
-                    best = (key, old)
-            if best is not None:
-                old = best[1]
-                for i in range(old.last_use + 1, j):
-                    live[i] += old.nbytes
-                for i in range(j, (new.last_use if new.freeable else n - 1) + 1):
-                    live[i] += old.nbytes - new.nbytes
-                replaced[j] = Reuse(old.root, new.root)
-                absorbed.add(old.root.name)
-                dead.remove(old)
-                new.nbytes = old.nbytes
-        # storages whose last use is line j die after it
-        for s in storages:
-            if s.last_use == j and s.freeable and s.reusable and s.root.name not in absorbed:
-                dead.append(s)
-
-    out: list[Line] = []
-    frees_after: dict[int, list[Buffer]] = {}
-    for s in storages:
-        if s.freeable and s.root.name not in absorbed:
-            frees_after.setdefault(s.last_use, []).append(s.root)
-    for i, line in enumerate(lines):
-        out.append(replaced.get(i, line))
-        for buf in frees_after.get(i, ()):
-            out.append(Free(buf))
-    return MemoryPlan(out, max(live, default=0), peak, unplanned, len(replaced))
+    owned, root_of = _storages(lines, dict(hints or {}))
+    planner = _Planner(lines, owned, root_of)
+    frees_only = planner.peak
+    unplanned = max(_live_profile(len(lines), planner.storages, keep_all=True), default=0)
+    if reuse:
+        planner.run()
+    return MemoryPlan(planner.lines_with_frees(), max(planner.live, default=0), frees_only, unplanned,
+                      len(planner.replaced))
 
 
-def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], absorbed: set[str]):
+def _is_pointwise(op) -> bool:
+    """Pointwise per the op's tags, or its functional overload's (``relu.out`` has none)."""
+    if torch.Tag.pointwise in getattr(op, "tags", ()):
+        return True
+    packet = getattr(op, "overloadpacket", None)
+    if packet is None or op._schema.overload_name not in ("out",):
+        return False
+    functional = getattr(packet, "default", None)
+    return functional is not None and torch.Tag.pointwise in functional.tags
+
+
+def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], root_of: dict[str, str],
+                    absorbed: set[str]):
     """An input of the pointwise extern writing ``new`` that dies at that very call.
 
     Elementwise ops read each element before writing the same element, so when an
-    input has exactly the output's layout and this is its last use, the output may
-    take its storage (in place), saving one buffer at the call.
+    input has exactly the output's layout, is read in the call through no other
+    layout (no view of it with other strides or offset), and this is its last use,
+    the output may take its storage (in place), saving one buffer at the call.
     """
     writer = next((i for i in range(j + 1, len(lines))
                    if new.root in buffers_read(lines[i])), None)
     if writer is None:
         return None
     line = lines[writer]
-    if not (isinstance(line, CallExtern) and line.out is None
-            and torch.Tag.pointwise in getattr(line.op, "tags", ())):
+    if not (isinstance(line, CallExtern) and line.out is None and _is_pointwise(line.op)):
         return None
     outs = {b.name for b in buffers_in([v for _, v in line.kwargs])}
     if new.root.name not in outs:
         return None
-    inputs = buffers_in(line.args) + [b for k, v in line.kwargs for b in buffers_in([v])
-                                      if b.name not in outs]
+    inputs = [b for b in buffers_read(line) if b.name not in outs]
+    b = new.root
+    layout = (b.size, b.stride, b.offset, b.dtype, b.device)
     for buf in inputs:
         donor = owned.get(buf.name)
         if (donor is None or donor.root.name in absorbed or not donor.reusable
                 or not donor.freeable or donor.last_use != writer):
             continue
-        a, b = donor.root, new.root
-        if (a.size, a.stride, a.offset, a.dtype, a.device) == (b.size, b.stride, b.offset, b.dtype, b.device):
+        reads = [r for r in inputs if root_of.get(r.name, r.name) == donor.root.name]
+        if all((r.size, r.stride, r.offset, r.dtype, r.device) == layout for r in reads):
             return donor
     return None
 

@@ -1,0 +1,1 @@
+"""fxwrap-arena: an out-of-tree fxwrap target, ``options={"target": "arena"}``."""

@@ -1,0 +1,527 @@
+"""Differential sweep of PyTorch's OpInfo database through fxwrap.
+
+For every OpInfo in ``op_db`` that supports float32 on the CPU and whose results are
+well defined (see ``excluded_reason``), the first ``samples_per_op`` samples of
+``op.sample_inputs("cpu", torch.float32)`` are run three ways:
+
+* eager (the reference),
+* ``torch.compile(fn, backend="fxwrap")``,
+* ``torch.compile(fn, backend="aot_eager")`` (how far PyTorch's own stack gets),
+
+where ``fn(*tensors)`` calls ``op.op`` with the sample's input, args and kwargs: every
+tensor leaf of those becomes a compiled-function input, everything else is closed
+over.  fxwrap's outputs, and the state of every tensor input after the call (ops may
+mutate them), are compared with eager's.
+
+Filter, decided per op before any compile:
+
+* ``float32`` not in ``op.supported_dtypes("cpu")``: not an op on this dtype;
+* ``op.has_nondeterministic_output``: OpInfo's own flag for ops whose results are
+  not defined by their inputs (``empty``, ``empty_like``, ``new_empty``, ...
+  return uninitialised memory);
+* random ops: while eager runs each sample, a dispatch mode records every ATen op;
+  any op tagged ``torch.Tag.nondeterministic_seeded`` (``rand*``, ``normal``,
+  ``bernoulli``, ``uniform_``, ``multinomial``, ``native_dropout``, ``rrelu`` in
+  training, ``fractional_max_pool``'s samples, ...) excludes the whole OpInfo.  The
+  tag is PyTorch's own marking of "result depends on the RNG state", so nothing is
+  filtered by name.
+
+Samples whose eager reference raises are not samples of the op (OpInfo keeps a few
+that only some backends accept) and are dropped, as are samples with sparse tensor
+inputs (fxwrap compiles strided tensors); an op left with no sample is listed as
+excluded with the reason.
+
+Outputs are compared with ``torch.testing.assert_close(..., equal_nan=True)`` at its
+float32 defaults (rtol 1.3e-6, atol 1e-5), the tolerances OpInfo tests use; integer
+and bool results, and non-tensor results (Python scalars, sizes), must be equal.
+
+Run it from the command line::
+
+    python tests/models/opinfo_sweep.py                  # every op, in this process
+    python tests/models/opinfo_sweep.py --jobs 2         # every op, 2 worker processes
+    python tests/models/opinfo_sweep.py --extern mm sort # options={"kernels": False}
+    python tests/models/opinfo_sweep.py --grad softmax   # compare input gradients too
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch._dynamo
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SAMPLES_PER_OP = 2
+DTYPE = torch.float32
+DEVICE = "cpu"
+
+
+def _op_db():
+    from torch.testing._internal.common_methods_invocations import op_db
+    return op_db
+
+
+def op_id(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def all_ops():
+    return list(_op_db())
+
+
+def excluded_reason(op) -> str | None:
+    """Why an OpInfo is not swept (None: it is), before looking at its samples."""
+    if DTYPE not in op.supported_dtypes(DEVICE):
+        return "float32 not supported on cpu"
+    if op.has_nondeterministic_output:
+        return "nondeterministic/uninitialised output (OpInfo flag)"
+    return None
+
+
+class _RecordOps(TorchDispatchMode):
+    """Collects the ATen overloads that run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func)
+        return func(*args, **(kwargs or {}))
+
+
+def is_random(ops) -> bool:
+    return any(torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()) for op in ops)
+
+
+# -- samples as compiled functions ---------------------------------------------------
+
+def _copy_layout(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``'s whole storage, viewed with ``t``'s size, stride and offset."""
+    t = t.detach()
+    n = t.untyped_storage().nbytes() // t.element_size()
+    storage = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (n,), (1,))
+    return storage.clone().as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+@dataclass
+class Case:
+    """One sample as ``fn(*tensors)``: tensor leaves are inputs, the rest is closed over."""
+
+    op: object
+    tensors: list[torch.Tensor]
+    spec: object
+    leaves: list
+    tensor_slots: list[int]
+    grad: bool = False  # inputs keep the sample's requires_grad; gradients are compared too
+    weights: list | None = None  # upstream gradients, one per differentiable output
+
+    @classmethod
+    def from_sample(cls, op, sample, grad: bool = False) -> "Case":
+        leaves, spec = pytree.tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
+        slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        tensors = [leaves[i] for i in slots]
+        return cls(op, tensors, spec, leaves, slots, grad)
+
+    def fresh_inputs(self) -> list[torch.Tensor]:
+        """Independent copies of the inputs: same values, sizes, strides and storage
+        offset (expanded and offset views stay what the sample made)."""
+        return [_copy_layout(t).requires_grad_(self.grad and t.requires_grad) for t in self.tensors]
+
+    def run(self, fn, inputs):
+        """``fn(*inputs)`` and, in grad mode, the input gradients of
+        ``sum((out * weight).sum())`` over the differentiable outputs (None where an
+        input gets no gradient).  The first run draws the random weights."""
+        out = fn(*inputs)
+        if not self.grad:
+            return out, None
+        floats = [o for o in _leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if self.weights is None:
+            self.weights = [torch.randn_like(o) for o in floats]
+        wrt = [t for t in inputs if t.requires_grad]
+        if not floats or not wrt:
+            return out, None
+        if len(floats) != len(self.weights):
+            raise AssertionError(f"{len(floats)} differentiable outputs, eager has {len(self.weights)}")
+        loss = sum(torch.real(o * w).sum() for o, w in zip(floats, self.weights))
+        return out, list(torch.autograd.grad(loss, wrt, allow_unused=True))
+
+    def function(self):
+        op, spec, slots, template = self.op, self.spec, self.slots_tuple, tuple(self.leaves)
+
+        def fn(*tensors):
+            leaves = list(template)
+            for slot, t in zip(slots, tensors):
+                leaves[slot] = t
+            inp, args, kwargs = pytree.tree_unflatten(leaves, spec)
+            return op.op(inp, *args, **kwargs)
+
+        return fn
+
+    @property
+    def slots_tuple(self) -> tuple[int, ...]:
+        return tuple(self.tensor_slots)
+
+
+# -- comparison ----------------------------------------------------------------------
+
+def _leaves(value) -> list:
+    if isinstance(value, tuple) and type(value) is not tuple:  # structseq / namedtuple
+        value = tuple(value)
+    return pytree.tree_leaves(value)
+
+
+def compare(actual, expected, what: str = "output") -> None:
+    """assert_close over every leaf; raises AssertionError naming the leaf."""
+    got, want = _leaves(actual), _leaves(expected)
+    if len(got) != len(want):
+        raise AssertionError(f"{what}: {len(got)} leaves, eager has {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want)):
+        if isinstance(w, torch.Tensor) or isinstance(g, torch.Tensor):
+            if not (isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor)):
+                raise AssertionError(f"{what}[{i}]: {type(g).__name__} vs eager {type(w).__name__}")
+            torch.testing.assert_close(g.detach(), w.detach(), equal_nan=True,
+                                       msg=lambda m, i=i: f"{what}[{i}]: {m}")
+        elif isinstance(w, float) and isinstance(g, (int, float)):
+            torch.testing.assert_close(float(g), w, equal_nan=True)
+        elif g != w:
+            raise AssertionError(f"{what}[{i}]: {g!r} vs eager {w!r}")
+
+
+# -- one sample ----------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    status: str  # "ok", "mismatch", "error"
+    detail: str = ""
+    programs: int = 0
+
+
+def _short_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+
+
+def run_backend(case: Case, backend, expected, expected_inputs, options=None) -> Outcome:
+    torch._dynamo.reset()
+    programs = []
+    if backend == "fxwrap":
+        compiled = torch.compile(case.function(), backend="fxwrap",
+                                 options=dict(options or {}, on_program=programs.append))
+    else:
+        compiled = torch.compile(case.function(), backend=backend)
+    inputs = case.fresh_inputs()
+    expected_out, expected_grads = expected
+    try:
+        out, grads = case.run(compiled, inputs)
+    except AssertionError as exc:
+        return Outcome("mismatch", str(exc)[:2000], len(programs))
+    except Exception as exc:  # noqa: BLE001 - an error is a counted outcome
+        return Outcome("error", _short_error(exc))
+    finally:
+        torch._dynamo.reset()
+    try:
+        compare(out, expected_out, "output")
+        if not case.grad:
+            compare(inputs, expected_inputs, "input after call")
+        if expected_grads is not None or grads is not None:
+            compare(grads, expected_grads, "input grads")
+    except AssertionError as exc:
+        return Outcome("mismatch", str(exc)[:2000], len(programs))
+    return Outcome("ok", "", len(programs))
+
+
+# -- the sweep -----------------------------------------------------------------------
+
+@dataclass
+class SweepResult:
+    ops: int = 0  # OpInfos with at least one compared sample
+    samples: int = 0
+    mismatches: list[tuple[str, int, str]] = field(default_factory=list)
+    fxwrap_errors: list[tuple[str, int, str]] = field(default_factory=list)
+    aot_errors: list[tuple[str, int, str]] = field(default_factory=list)
+    excluded: dict[str, str] = field(default_factory=dict)
+    through_fxwrap: int = 0  # samples where at least one fxwrap program ran
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (f"opinfo sweep: {self.ops} ops, {self.samples} samples, "
+                f"{len(self.mismatches)} mismatches, {len(self.fxwrap_errors)} fxwrap errors, "
+                f"{len(self.aot_errors)} aot_eager errors "
+                f"({self.through_fxwrap} samples ran fxwrap programs, {len(self.excluded)} ops "
+                f"excluded, {self.seconds:.0f}s)")
+
+    def report(self, excluded: bool = False) -> str:
+        lines = [self.summary()]
+        if excluded:
+            lines += [f"  EXCLUDED {name}: {why}" for name, why in sorted(self.excluded.items())]
+        for title, rows in (("MISMATCH", self.mismatches), ("FXWRAP ERROR", self.fxwrap_errors),
+                            ("AOT_EAGER ERROR", self.aot_errors)):
+            for name, index, detail in rows:
+                lines.append(f"  {title} {name} sample {index}: {detail.splitlines()[0] if detail else ''}")
+        return "\n".join(lines)
+
+    def merge(self, other: "SweepResult") -> None:
+        self.ops += other.ops
+        self.samples += other.samples
+        self.mismatches += other.mismatches
+        self.fxwrap_errors += other.fxwrap_errors
+        self.aot_errors += other.aot_errors
+        self.excluded.update(other.excluded)
+        self.through_fxwrap += other.through_fxwrap
+        self.seconds += other.seconds
+
+
+def dynamo_settings():
+    """One compile per sample, never throttled into a silent eager fallback, and
+    errors raised rather than suppressed (a context manager)."""
+    return torch._dynamo.config.patch(cache_size_limit=1 << 16, accumulated_cache_size_limit=1 << 16,
+                                      suppress_errors=False)
+
+
+def _samples(op, count: int, grad: bool = False):
+    """The first ``count`` samples (marked for grad where OpInfo differentiates them),
+    or the reason they cannot be made."""
+    try:
+        return list(itertools.islice(op.sample_inputs(DEVICE, DTYPE, requires_grad=grad), count)), None
+    except Exception as exc:  # noqa: BLE001 - OpInfo's sample generator failed
+        return [], f"sample_inputs failed: {_short_error(exc)}"
+
+
+def sweep_op(op, samples_per_op: int = SAMPLES_PER_OP, options=None, grad: bool = False) -> SweepResult:
+    """Sweep one OpInfo (see module docstring)."""
+    result = SweepResult()
+    start = time.perf_counter()
+    name = op_id(op)
+    reason = excluded_reason(op)
+    samples, why = _samples(op, samples_per_op, grad) if reason is None else ([], None)
+    reason = reason or why
+    if reason is None and grad and not op.supports_autograd:
+        reason = "grad sweep: no autograd support"
+    if reason is not None:
+        result.excluded[name] = reason
+        return result
+    cases: list[tuple[int, Case, object, list]] = []
+    seen = set()
+    dropped: list[str] = []
+    for index, sample in enumerate(samples):
+        case = Case.from_sample(op, sample, grad)
+        if any(t.layout != torch.strided for t in case.tensors):
+            dropped.append("sparse input")  # fxwrap compiles strided tensors only
+            continue
+        recorder = _RecordOps()
+        inputs = case.fresh_inputs()
+        try:
+            with recorder, torch.no_grad():
+                case.function()(*case.fresh_inputs())
+            expected = case.run(case.function(), inputs)
+        except Exception as exc:  # noqa: BLE001 - not a valid sample for eager on the CPU
+            dropped.append(f"eager raised {_short_error(exc)}")
+            continue
+        seen |= recorder.ops
+        cases.append((index, case, expected, inputs))
+    if is_random(seen):
+        result.excluded[name] = "random (an ATen op tagged nondeterministic_seeded ran)"
+        return result
+    for index, case, expected, expected_inputs in cases:
+        result.samples += 1
+        fx = run_backend(case, "fxwrap", expected, expected_inputs, options)
+        aot = run_backend(case, "aot_eager", expected, expected_inputs)
+        if fx.status == "mismatch":
+            result.mismatches.append((name, index, fx.detail))
+        elif fx.status == "error":
+            result.fxwrap_errors.append((name, index, fx.detail))
+        if fx.programs:
+            result.through_fxwrap += 1
+        if aot.status == "error":
+            result.aot_errors.append((name, index, aot.detail))
+    if cases:
+        result.ops = 1
+    else:
+        result.excluded[name] = "no usable sample: " + "; ".join(dropped)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def select_ops(names=()) -> list:
+    """OpInfos by name or ``name.variant`` (all of them when ``names`` is empty)."""
+    wanted = set(names)
+    ops = [op for op in all_ops() if not wanted or op.name in wanted or op_id(op) in wanted]
+    unknown = wanted - {op.name for op in ops} - {op_id(op) for op in ops}
+    if unknown:
+        raise KeyError(f"no OpInfo named {sorted(unknown)}")
+    return ops
+
+
+def sweep(ops, samples_per_op: int = SAMPLES_PER_OP, progress=None, options=None,
+          grad: bool = False) -> SweepResult:
+    """Sweep ``ops`` in this process; ``progress(line)`` hears each op as it starts.
+
+    ``options`` go to the fxwrap backend (``{"kernels": False}``: every op an extern);
+    ``grad=True`` also compares input gradients (forward and backward programs).
+    """
+    total = SweepResult()
+    start = time.perf_counter()
+    for op in ops:
+        if progress is not None:
+            progress(f"# {op_id(op)}")
+        with dynamo_settings():
+            r = sweep_op(op, samples_per_op, options, grad)
+        if progress is not None and (r.mismatches or r.fxwrap_errors):
+            progress(r.report())
+        total.merge(r)
+    total.seconds = time.perf_counter() - start
+    return total
+
+
+# -- in parallel, one process per shard ----------------------------------------------
+# Each shard runs ``python opinfo_sweep.py --worker --json OUT NAME...``.  A shard that
+# dies (a segfault in some op) is reported as a crash of the op it was running, and
+# the rest of its ops run in a fresh process.
+
+def _to_json(result: SweepResult, done: list[str]) -> dict:
+    return {"ops": result.ops, "samples": result.samples, "mismatches": result.mismatches,
+            "fxwrap_errors": result.fxwrap_errors, "aot_errors": result.aot_errors,
+            "excluded": result.excluded, "through_fxwrap": result.through_fxwrap,
+            "seconds": result.seconds, "done": done}
+
+
+def _from_json(data: dict) -> tuple[SweepResult, list[str]]:
+    r = SweepResult(data["ops"], data["samples"], [tuple(x) for x in data["mismatches"]],
+                    [tuple(x) for x in data["fxwrap_errors"]], [tuple(x) for x in data["aot_errors"]],
+                    dict(data["excluded"]), data["through_fxwrap"], data["seconds"])
+    return r, list(data["done"])
+
+
+OP_TIMEOUT_S = 300.0  # an op whose samples take longer than this hangs (a kernel that never returns)
+
+
+def _run_shard(names: list[str], op_timeout: float = OP_TIMEOUT_S,
+               flags: tuple[str, ...] = ()) -> tuple[SweepResult, list[tuple[str, str]]]:
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    total, crashes = SweepResult(), []
+    remaining = list(names)
+    while remaining:
+        with tempfile.TemporaryDirectory() as tmp:
+            out, log, err_path = (os.path.join(tmp, n) for n in ("result.json", "progress.txt", "stderr.txt"))
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--json", out, "--log", log,
+                   *flags, *remaining]
+            with open(err_path, "w") as err_file:
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file)
+                last_count, last_change, code = -1, time.monotonic(), None
+                while code is None:
+                    try:
+                        code = proc.wait(timeout=2.0)
+                    except subprocess.TimeoutExpired:
+                        count = os.path.getsize(log) if os.path.exists(log) else 0
+                        if count != last_count:
+                            last_count, last_change = count, time.monotonic()
+                        elif time.monotonic() - last_change > op_timeout:
+                            proc.kill()
+                            proc.wait()
+                            code = f"killed after {op_timeout:.0f}s without progress"
+            done: list[str] = []
+            if os.path.exists(out):
+                with open(out) as f:
+                    result, done = _from_json(json.load(f))
+                total.merge(result)
+            if code == 0:
+                return total, crashes
+            started = []
+            if os.path.exists(log):
+                with open(log) as f:
+                    started = [line[2:].strip() for line in f if line.startswith("# ")]
+            with open(err_path) as f:
+                tail = " | ".join(f.read().strip().splitlines()[-4:])[:600]
+            culprit = next((n for n in started if n not in done), None)
+            crashes.append((culprit or "(after its last op)", f"worker exited with {code}: {tail}"))
+            finished = set(done) | ({culprit} if culprit else set(started))
+            remaining = [n for n in remaining if n not in finished]
+    return total, crashes
+
+
+def sweep_parallel(names: list[str] | None = None, jobs: int | None = None,
+                   op_timeout: float = OP_TIMEOUT_S, extern: bool = False, grad: bool = False,
+                   ) -> tuple[SweepResult, list[tuple[str, str]]]:
+    """The sweep over ``names`` (default: every OpInfo) in ``jobs`` worker processes.
+
+    Returns the merged result and the ops whose worker crashed or timed out.
+    ``extern=True`` compiles with ``options={"kernels": False}`` (every op an extern);
+    ``grad=True`` compares input gradients too.
+    """
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = names if names is not None else [op_id(op) for op in all_ops()]
+    jobs = jobs or int(os.environ.get("FXWRAP_SWEEP_JOBS", 0)) or os.cpu_count() or 1
+    shards = [names[i::jobs] for i in range(jobs) if names[i::jobs]]
+    flags = tuple(f for f, on in (("--extern", extern), ("--grad", grad)) if on)
+    start = time.perf_counter()
+    total, crashes = SweepResult(), []
+    with ThreadPoolExecutor(len(shards)) as pool:
+        for result, crashed in pool.map(lambda shard: _run_shard(shard, op_timeout, flags), shards):
+            total.merge(result)
+            crashes += crashed
+    total.seconds = time.perf_counter() - start
+    return total, crashes
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    import faulthandler
+    import json
+    import os
+
+    faulthandler.enable()
+    parser = argparse.ArgumentParser(description="Sweep OpInfo samples through fxwrap vs eager.")
+    parser.add_argument("names", nargs="*", help="OpInfo names or name.variant (default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1: in this process)")
+    parser.add_argument("--extern", action="store_true",
+                        help='compile with options={"kernels": False}: every op an extern call')
+    parser.add_argument("--grad", action="store_true", help="compare input gradients too")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="write the result as JSON here")
+    parser.add_argument("--log", help="append progress lines here")
+    args = parser.parse_args(argv)
+
+    if args.jobs > 1:
+        names = [op_id(op) for op in select_ops(args.names)]
+        result, crashes = sweep_parallel(names, args.jobs, extern=args.extern, grad=args.grad)
+        print(result.report(excluded=True))
+        for name, why in crashes:
+            print(f"  CRASH {name}: {why}")
+        return 0 if not (result.mismatches or crashes) else 1
+
+    log = open(args.log, "a") if args.log else None
+    options = {"kernels": False} if args.extern else None
+
+    def progress(line: str) -> None:
+        for stream in ((log,) if log else ()) + (() if args.worker else (sys.stdout,)):
+            stream.write(line + "\n")
+            stream.flush()
+
+    ops = [op for op in all_ops() if op_id(op) in set(args.names)] if args.worker else select_ops(args.names)
+    result, done = SweepResult(), []
+    start = time.perf_counter()
+    for op in ops:  # one op at a time, the result so far on disk after each
+        result.merge(sweep(ops=[op], progress=progress, options=options, grad=args.grad))
+        result.seconds = time.perf_counter() - start
+        done.append(op_id(op))
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(_to_json(result, done), f)
+            os.replace(args.json + ".tmp", args.json)
+    if not args.worker:
+        print(result.report(excluded=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

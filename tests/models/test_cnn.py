@@ -1,0 +1,53 @@
+"""A small CNN (conv2d, batchnorm2d, relu, max-pool, avg-pool, linear), forward and
+backward, in train mode (batch statistics, running-stat updates) and eval mode."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models_helpers import DYNAMIC, assert_same_training_step, compile_fxwrap, twin, zero_grads
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.avg_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        x = F.adaptive_avg_pool2d(x, 1).flatten(1)  # any spatial size -> 16 features
+        return self.fc(x)
+
+
+def _perturb_batchnorm(model: nn.Module) -> None:
+    """Non-trivial affine parameters and running statistics (not 1/0 defaults)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.copy_(torch.rand_like(m.weight) + 0.5)
+                m.bias.copy_(torch.randn_like(m.bias))
+                m.running_mean.copy_(torch.randn_like(m.running_mean))
+                m.running_var.copy_(torch.rand_like(m.running_var) + 0.5)
+
+
+@pytest.mark.parametrize("dynamic", DYNAMIC)
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_cnn_forward_backward(mode, dynamic):
+    model = SmallCNN()
+    _perturb_batchnorm(model)
+    model.train(mode == "train")
+    ref = twin(model)
+    entry = "fxwrap.compile" if mode == "eval" else "torch.compile"
+    compiled = compile_fxwrap(model, entry, dynamic)
+    stats_before = model.bn2.running_var.clone()
+    for shape in ((4, 3, 16, 16), (3, 3, 12, 20)):
+        zero_grads(model, ref)
+        assert_same_training_step(model, ref, compiled, torch.randn(shape))  # buffers too
+    assert "backward" in compiled.kinds()
+    # train mode updates the running statistics (like eager, checked above); eval does not
+    assert torch.equal(model.bn2.running_var, stats_before) == (mode == "eval")

@@ -1,0 +1,120 @@
+"""Symbolic sizes: size inputs, arithmetic nodes, one GraphModule for many sizes."""
+from __future__ import annotations
+
+import operator
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from fxwrap.wrapper_ir.fx import to_graph_module
+from fxwrap.wrapper_ir.lines import (
+    Allocate, Buffer, CallExtern, DefineSymbol, Return, SizeInput, View,
+)
+from fxwrap.wrapper_ir.printer import program_source
+
+import null_helpers as H
+
+aten = torch.ops.aten
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_dynamic_program_has_size_inputs_and_runs_at_two_sizes():
+    program = H.lower(H.mlp, *H.mlp_inputs(_gen(1)), dynamic=True)
+    sizes = [i for i in program.inputs if isinstance(i, SizeInput)]
+    assert [s.hint for s in sizes] == [8, 16, 32, 4]
+    assert len({s.symbol for s in sizes}) == 4
+    gm = program.graph_module
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert [n.name for n in placeholders] == [i.name for i in program.inputs]
+    for n, inp in zip(placeholders, program.inputs):
+        if isinstance(inp, SizeInput):
+            assert isinstance(n.meta["val"], torch.SymInt)
+            assert n.meta["val"].node.expr == inp.symbol and n.meta["val"].node.hint == inp.hint
+        else:
+            assert isinstance(n.meta["val"], FakeTensor)
+    # allocations are sized by the symbols, never by the hints
+    allocs = [n for n in gm.graph.nodes if n.target is torch.empty_strided]
+    assert allocs
+    for n in allocs:
+        assert any(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in n.args[0])
+    assert "empty_strided((s" in program.code()
+    for shape in ((5, 12, 20, 3), (9, 7, 11, 6), (8, 16, 32, 4)):
+        tensors = H.mlp_inputs(_gen(sum(shape)), *shape)
+        args = H.graph_args(program.inputs, tensors)
+        out = gm(*args)
+        assert out[0].shape == (shape[0], shape[3])
+        H.assert_close_all(out, (H.mlp(*tensors),))
+
+
+def test_dynamic_views_program_at_two_sizes():
+    program = H.lower(H.views, torch.randn(6, 8, generator=_gen(2)), dynamic=True)
+    assert any(isinstance(i, SizeInput) for i in program.inputs)
+    for shape in ((7, 9), (10, 12)):
+        x = torch.randn(*shape, generator=_gen(shape[0]))
+        H.assert_close_all(program.graph_module(*H.graph_args(program.inputs, [x])), H.views(x))
+
+
+def _symbolic_lines():
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    n = SizeInput(s0, 3)
+    x = Buffer("arg1", (s0,), (1,), H.F32, H.CPU)
+    buf0 = Buffer("buf0", (2 * s0,), (1,), H.F32, H.CPU)
+    odd = Buffer("buf1", (s0,), (2,), H.F32, H.CPU, offset=sympy.Integer(1))
+    tail = Buffer("buf2", (s0 - 1,), (1,), H.F32, H.CPU, offset=s0 + 1)
+    u0 = sympy.Symbol("u0", integer=True)
+    lines = [
+        Allocate(buf0),
+        CallExtern(aten.cat.out, ([x, x],), (("out", buf0),)),
+        View(odd, buf0),
+        View(tail, buf0),
+        DefineSymbol(u0, 3 * s0 + 1),
+        Return((odd, tail, u0, s0 * 2 - 1)),
+    ]
+    return [n, x], lines
+
+
+def test_symbolic_allocate_renders_arithmetic_nodes():
+    inputs, lines = _symbolic_lines()
+    gm = to_graph_module(inputs, lines)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    s0 = nodes["s0"]
+    size_arg = nodes["buf0"].args[0][0]
+    assert size_arg.op == "call_function" and size_arg.target is operator.mul
+    assert sorted(map(str, size_arg.args)) == ["2", "s0"]
+    tail = nodes["buf2"]
+    assert tail.target is torch.as_strided
+    size, offset = tail.args[1][0], tail.args[3]
+    assert size.target is operator.add and offset.target is operator.add
+    assert s0 in size.args and -1 in size.args and s0 in offset.args and 1 in offset.args
+    arith = [n for n in gm.graph.nodes if n.target in (operator.add, operator.mul)]
+    assert len(arith) == len({(n.target, n.args) for n in arith})  # each expression computed once
+    sym = s0.meta["val"]
+    assert isinstance(sym, torch.SymInt)
+    e = sym.node.expr
+    assert nodes["buf0"].meta["val"].shape[0].node.expr == 2 * e
+    assert [d.node.expr for d in tail.meta["val"].shape] == [e - 1]
+    assert tail.meta["val"].storage_offset().node.expr == e + 1
+    assert nodes["buf1"].meta["val"].stride() == (2,)
+    text = program_source(inputs, lines)
+    assert "buf0 = empty_strided((2*s0,), (1,), dtype=torch.float32, device='cpu')" in text
+    assert "buf2 = as_strided(buf0, (s0 - 1,), (1,), s0 + 1)  # view" in text
+    assert "u0 = 3*s0 + 1" in text
+    for n in (3, 7):
+        x = torch.randn(n, generator=_gen(n))
+        odd, tail_out, u0, last = gm(n, x)
+        torch.testing.assert_close(odd, torch.cat([x, x])[1::2])
+        torch.testing.assert_close(tail_out, torch.cat([x, x])[n + 1:])
+        assert (u0, last) == (3 * n + 1, 2 * n - 1)
+
+
+def test_shared_symbols_across_buffers_without_builder_fakes():
+    """Hand-made symbolic lines still give every buffer node a FakeTensor."""
+    inputs, lines = _symbolic_lines()
+    gm = to_graph_module(inputs, lines)
+    for node in gm.graph.nodes:
+        if node.target in (torch.empty_strided, torch.as_strided) or node.op == "placeholder" and node.name == "arg1":
+            assert isinstance(node.meta.get("val"), FakeTensor), node.name
