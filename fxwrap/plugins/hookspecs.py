@@ -12,7 +12,7 @@ A plugin is a module (or any object) that implements some of these hooks with
 
     @fxwrap.hookimpl
     def fxwrap_targets():
-        return [fxwrap.Target("arena", "cpu", CpuDevice(), fxwrap.KernelEmitter, ArenaWrapper)]
+        return [fxwrap.Target("arena", "cpu", fxwrap.CpuDevice(), ArenaEmitter, ArenaWrapper)]
 
 The built-in targets (``cpu``, ``cuda``, ``mps``) register the same way.  No hook
 is ``firstresult``: fxwrap collects every plugin's answer and combines them by the

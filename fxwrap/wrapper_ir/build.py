@@ -32,7 +32,7 @@ import torch
 import torch.fx
 
 from fxwrap.core import extern
-from fxwrap.core.symbolic import evaluate, simplest, to_expr, to_exprs
+from fxwrap.core.symbolic import evaluate, simplest, to_expr
 from fxwrap.wrapper_ir.lines import (
     Allocate, Buffer, CallExtern, Comment, GetItem, Line, Return, SizeInput, View,
 )
@@ -65,11 +65,6 @@ class BuiltProgram:
         return hints
 
 
-def buffer_from_fake(name: str, fake: torch.Tensor) -> Buffer:
-    return Buffer(name, to_exprs(fake.shape), to_exprs(fake.stride()), fake.dtype,
-                  fake.device, to_expr(fake.storage_offset()))
-
-
 def _is_dense(buf: Buffer, hints) -> bool:
     size = [evaluate(n, hints) for n in buf.size]
     stride = [evaluate(s, hints) for s in buf.stride]
@@ -98,7 +93,7 @@ class _Builder:
         return name
 
     def new_buffer(self, fake: torch.Tensor, prefix: str = "buf") -> Buffer:
-        buf = buffer_from_fake(self.fresh(prefix), fake)
+        buf = Buffer.from_fake(self.fresh(prefix), fake)
         self.out.fake_values[buf.name] = fake
         self.roots[buf.name] = buf
         return buf
@@ -209,7 +204,7 @@ class _Builder:
     def placeholder(self, node: torch.fx.Node, index: int) -> None:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            buf = buffer_from_fake(f"arg{index}", val)
+            buf = Buffer.from_fake(f"arg{index}", val)
             self.out.fake_values[buf.name] = val
             self.roots[buf.name] = buf
             self.foreign.add(buf.name)
@@ -307,7 +302,7 @@ class _Builder:
     def view(self, node: torch.fx.Node, args, val: torch.Tensor) -> None:
         source = next(a for a in _flatten(args) if isinstance(a, Buffer))
         base = self.roots[source.name]
-        buf = buffer_from_fake(self.fresh(), val)
+        buf = Buffer.from_fake(self.fresh(), val)
         if base.name in self.foreign and not sympy.sympify(base.offset).free_symbols:
             # The base's storage offset at run time is the caller's (or the op's), not
             # necessarily the traced one (guards do not cover it; a backward graph's

@@ -224,8 +224,7 @@ class FxConverter:
 
     @staticmethod
     def _const_buffer(name, tensor) -> Buffer:
-        from fxwrap.wrapper_ir.build import buffer_from_fake
-        return buffer_from_fake(name, tensor)
+        return Buffer.from_fake(name, tensor)
 
     def add(self, target, args=(), kwargs=None, name: str | None = None, buf: Buffer | None = None):
         node = self.graph.create_node("call_function", target, tuple(args), kwargs or {}, name=name)

@@ -23,7 +23,7 @@ from typing import Any
 import sympy
 import torch
 
-from fxwrap.core.symbolic import storage_elements
+from fxwrap.core.symbolic import storage_elements, to_expr, to_exprs
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ class Buffer:
     dtype: torch.dtype
     device: torch.device
     offset: sympy.Expr = sympy.Integer(0)
+
+    @classmethod
+    def from_fake(cls, name: str, fake: torch.Tensor) -> "Buffer":
+        """The Buffer of a (fake) tensor: ``Buffer.from_fake("buf0", node.meta["val"])``."""
+        return cls(name, to_exprs(fake.shape), to_exprs(fake.stride()), fake.dtype,
+                   fake.device, to_expr(fake.storage_offset()))
 
     @property
     def storage_bytes(self) -> sympy.Expr:

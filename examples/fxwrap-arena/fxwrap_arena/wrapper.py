@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
-from fxwrap import WrapperCodegen, free
-from fxwrap.core.symbolic import storage_elements
-from fxwrap.wrapper_ir.build import buffer_from_fake
+from fxwrap import WrapperCodegen, free, lines
 
 _ARITH = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
           operator.mod, operator.pow, operator.neg, torch.sym_max, torch.sym_min}
@@ -51,6 +49,11 @@ def first_fit(blocks, align: int):
         placed.append((off, size, first, last))
         offsets[key] = off
     return offsets, max((o + sz for o, sz, _, _ in placed), default=0)
+
+
+def span(size, stride) -> int:
+    """Elements of storage a strided layout spans."""
+    return 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
 
 
 def _reader(a, slot):
@@ -135,9 +138,9 @@ class ArenaProgram:
         sizes = {name: sympy.Integer(env[i]) for name, i in self.sizes.items()}
         nbytes = {}  # storage bytes the way fxwrap.core.memory counts them, at this call's sizes
         for n in self.life:
-            e = buffer_from_fake(n.name, n.meta["val"]).storage_bytes
+            e = lines.Buffer.from_fake(n.name, n.meta["val"]).storage_bytes
             nbytes[n] = int(e.xreplace({s: sizes[s.name] for s in e.free_symbols}))
-        nbytes.update((n, int(storage_elements(*self.read[n](env))) * n.kwargs["dtype"].itemsize)
+        nbytes.update((n, span(*self.read[n](env)) * n.kwargs["dtype"].itemsize)
                       for n in self.arena_nodes if n in self.life)
         offsets, total = first_fit([(n, nbytes[n], *self.life[n]) for n in self.arena_nodes if n in self.life],
                                    self.align)
