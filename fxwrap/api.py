@@ -23,8 +23,8 @@ import torch
 from fxwrap.core.capture import capture_backend, default_decompositions, kernel_decompositions
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.plugins.manager import get_plugin_manager
-from fxwrap.targets.base import Target
-from fxwrap.targets.base import KernelEmitter
+from fxwrap.runtime.cudagraphs import CudaGraphRunner, graph_safety
+from fxwrap.targets.base import KernelEmitter, Target
 from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
 from fxwrap.wrapper_ir.fx import to_graph_module
@@ -33,7 +33,8 @@ from fxwrap.wrapper_ir.printer import program_source
 
 log = logging.getLogger("fxwrap")
 
-OPTION_NAMES = {"target", "reuse", "decompositions", "on_program", "kernels"}
+OPTION_NAMES = {"target", "reuse", "decompositions", "on_program", "kernels", "execute", "mode"}
+MODES = ("default", "cudagraphs")
 
 
 @dataclass
@@ -93,6 +94,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target, kind: str = "in
     runner = target.wrapper(target).compile_graph(graph_module)
     program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants,
                       built.hints)
+    if options.get("mode", "default") == "cudagraphs":
+        program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program")
     if _log_enabled("wrapper"):
         log.warning("fxwrap %s program (target %s):\n%s", kind, target.name, program.code())
     if _log_enabled("fx"):
@@ -125,7 +128,12 @@ class Backend:
     (storage reuse in the memory plan, default True), ``decompositions``
     (``"core"`` (default) or ``"none"``), ``kernels`` (generate kernels where the
     target can, default True; False: every op an extern), ``on_program`` (a callable receiving every
-    compiled ``Program``).
+    compiled ``Program``), ``execute`` (run the target's kernels another way: the target
+    named ``f"{target}_{execute}"``, e.g. ``{"target": "mps", "execute": "shim"}`` runs the
+    Metal kernels on CPU tensors through the C++ shim), ``mode`` (``"default"``, or
+    ``"cudagraphs"``: CUDA targets record each program into a CUDA graph and replay
+    it, see ``fxwrap.runtime.cudagraphs``; ``torch.compile(mode="reduce-overhead")``
+    means the same).
     """
 
     def __init__(self, target: str | Target | None = None, options: dict | None = None):
@@ -133,11 +141,18 @@ class Backend:
         unknown = set(options) - OPTION_NAMES
         if unknown:
             raise TypeError(f"unknown fxwrap option(s) {sorted(unknown)}; known: {sorted(OPTION_NAMES)}")
+        if options.get("mode", "default") not in MODES:
+            raise ValueError(f"fxwrap has no mode {options['mode']!r}; modes: {list(MODES)}")
         self.target = options.pop("target", target)
         self.options = options
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         target = resolve_target(self.target, example_inputs)
+        if self.options.get("execute"):
+            target = resolve_target(f"{target.name}_{self.options['execute']}")
+        if self.options.get("mode") == "cudagraphs" and target.device_type != "cuda":
+            raise ValueError(f"fxwrap mode 'cudagraphs' needs a CUDA target, not target {target.name!r} "
+                             f"(device type {target.device_type!r}); drop the mode or compile for cuda")
         on_program = self.options.get("on_program")
         mode = self.options.get("decompositions", "core")
         decomps = default_decompositions() if mode == "core" else {}
@@ -157,8 +172,12 @@ class Backend:
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
                    mode: str | None = None):
     """``torch.compile(model, backend="fxwrap", options={...})`` lands here."""
-    if mode not in (None, "default"):
-        raise ValueError(f"fxwrap has no mode {mode!r}; pass options={{...}} instead")
+    options = dict(options or {})
+    if mode in ("reduce-overhead", "cudagraphs"):
+        options.setdefault("mode", "cudagraphs")
+    elif mode not in (None, "default"):
+        raise ValueError(f"fxwrap has no mode {mode!r}; modes: 'default', 'reduce-overhead' "
+                         "(CUDA graphs), or options={'mode': 'cudagraphs'}")
     return Backend(options=options)(gm, example_inputs)
 
 

@@ -1,0 +1,167 @@
+"""``options={"mode": "cudagraphs"}``: record a program once into a CUDA graph, then replay it.
+
+A program whose every input is a CUDA tensor of fixed layout, and which neither
+reads a value back to the CPU nor writes into its inputs, runs as::
+
+    first call       run the GraphModule normally (warm-up: kernels load, caches fill)
+    second call      copy the inputs into static inputs, capture one run into a graph
+    later calls      copy the inputs into the static inputs, replay the graph
+
+The outputs of a replay live in the graph's own memory and the next replay writes
+them again.  So a graph is replayed only when no output of its previous replay is
+still referenced (by the caller or by autograd, which saves forward outputs for the
+backward); otherwise the runner replays another recording of the same program, and
+records a new one if every recording is busy (at most ``max_graphs``; past that it
+runs the GraphModule, which allocates fresh outputs).
+
+Everything else runs the GraphModule as it is, with the reason logged once:
+dynamic sizes (size symbols are program inputs), inputs that are not CUDA tensors,
+programs that write into their inputs, and programs whose capture fails (a CPU
+synchronization inside, for instance).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+
+from fxwrap.core.symbolic import is_non_overlapping_and_dense
+from fxwrap.wrapper_ir.lines import Buffer, CallExtern, CallKernel, DefineSymbol, SizeInput, buffers_in
+
+log = logging.getLogger("fxwrap")
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """References to ``t``'s storage (tensors and views holding it)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class _Recording:
+    """One captured replay: static inputs, the graph, static outputs."""
+
+    def __init__(self, run: Callable, example: Sequence[torch.Tensor], pool):
+        self.inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                       for t in example]
+        for static, t in zip(self.inputs, example):
+            static.copy_(t)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            outputs = run(*self.inputs)
+        self.tuple_output = isinstance(outputs, (tuple, list))
+        self.outputs = list(outputs) if self.tuple_output else [outputs]
+        self.tensor_outputs = [o for o in self.outputs if isinstance(o, torch.Tensor)]
+        # our own tensors' references to each output storage (outputs may share one)
+        self.own_refs = [sum(o.untyped_storage()._cdata == p.untyped_storage()._cdata
+                             for p in self.tensor_outputs) + self._input_refs(o)
+                         for o in self.tensor_outputs]
+
+    def _input_refs(self, out: torch.Tensor) -> int:
+        return sum(out.untyped_storage()._cdata == t.untyped_storage()._cdata for t in self.inputs)
+
+    def busy(self) -> bool:
+        """True while an output of the last replay is referenced outside this recording."""
+        return any(_use_count(o) > n for o, n in zip(self.tensor_outputs, self.own_refs))
+
+    def replay(self, args: Sequence[torch.Tensor]):
+        for static, t in zip(self.inputs, args):
+            if static.data_ptr() != t.data_ptr():
+                static.copy_(t)
+        self.graph.replay()
+        return tuple(self.outputs) if self.tuple_output else self.outputs[0]
+
+
+class CudaGraphRunner:
+    """Runs ``run`` (a compiled program) through CUDA graphs where that is safe."""
+
+    max_graphs = 4
+
+    def __init__(self, run: Callable, unsafe_reason: str | None, name: str = "program"):
+        self.run, self.name = run, name
+        self.fallback_reason = unsafe_reason
+        self.calls = 0
+        self.recordings: list[_Recording] = []
+        self.layout = None
+        if unsafe_reason:
+            log.info("fxwrap cudagraphs: %s runs without CUDA graphs: %s", name, unsafe_reason)
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_reason = reason
+        log.warning("fxwrap cudagraphs: %s runs without CUDA graphs from now on: %s", self.name, reason)
+
+    def __call__(self, *args):
+        if self.fallback_reason is not None:
+            return self.run(*args)
+        if not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            self._fall_back("an input is not a CUDA tensor")
+            return self.run(*args)
+        layout = tuple((a.shape, a.stride(), a.dtype, a.device) for a in args)
+        if self.layout is None:
+            if not all(is_non_overlapping_and_dense(a.shape, a.stride()) for a in args):
+                self._fall_back("an input overlaps itself or has gaps (expanded, strided)")
+                return self.run(*args)
+            self.layout = layout
+        elif layout != self.layout:
+            self._fall_back("input layouts changed between calls")
+            return self.run(*args)
+        self.calls += 1
+        if self.calls == 1:  # warm-up outside capture
+            return self.run(*args)
+        for recording in self.recordings:
+            if not recording.busy():
+                return recording.replay(args)
+        if len(self.recordings) >= self.max_graphs:
+            return self.run(*args)
+        return self._record(args)
+
+    def _record(self, args):
+        torch.cuda.synchronize()
+        try:
+            # a fresh pool per recording: recordings never share output memory
+            recording = _Recording(self.run, args, torch.cuda.graph_pool_handle())
+        except RuntimeError as exc:
+            torch.cuda.synchronize()
+            self._fall_back(f"capture failed ({str(exc).splitlines()[0]})")
+            return self.run(*args)
+        self.recordings.append(recording)
+        return recording.replay(args)
+
+
+_METADATA_READS = ("sym_size", "sym_stride", "sym_storage_offset", "sym_numel")
+
+
+def _written_buffers(line) -> set[str]:
+    """Names of the buffers an extern call writes (schema arguments marked ``(a!)``)."""
+    kwargs = dict(line.kwargs)
+    names: set[str] = set()
+    for i, arg in enumerate(line.op._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = line.args[i] if i < len(line.args) else kwargs.get(arg.name)
+            names |= {b.name for b in buffers_in([value])}
+    return names
+
+
+def graph_safety(program) -> str | None:
+    """Why ``program`` must not be captured into a CUDA graph, or None when it may be."""
+    if any(isinstance(i, SizeInput) for i in program.inputs):
+        return "dynamic sizes (size symbols are program inputs)"
+    inputs = [i for i in program.inputs if isinstance(i, Buffer)]
+    if any(i.device.type != "cuda" for i in inputs):
+        return "an input is not on a CUDA device"
+    input_names = {i.name for i in inputs}
+    for line in program.lines:
+        if isinstance(line, DefineSymbol):
+            return "a size depends on data (read back to the CPU)"
+        if isinstance(line, CallExtern):
+            returns = [str(r.type) for r in line.op._schema.returns]
+            if returns and "Tensor" not in "".join(returns) and \
+                    not line.op._schema.name.split("::")[-1].startswith(_METADATA_READS):
+                return f"{line.op} reads a value back to the CPU"
+            if _written_buffers(line) & input_names:
+                return f"{line.op} writes into a program input"
+        if isinstance(line, CallKernel):
+            for arg, value in zip(line.kernel.signature, line.args):
+                if getattr(arg, "role", "input") in ("output", "inout") and \
+                        isinstance(value, Buffer) and value.name in input_names:
+                    return f"kernel {line.kernel.name} writes into a program input"
+    return None
