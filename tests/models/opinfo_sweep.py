@@ -198,6 +198,18 @@ class Outcome:
     status: str  # "ok", "mismatch", "error"
     detail: str = ""
     programs: int = 0
+    kernels: int = 0  # kernel launches in the programs
+    externs: int = 0  # ATen calls doing compute (not size/offset reads) in the programs
+
+
+def _launches(programs) -> tuple[int, int]:
+    """(kernel launches, compute extern calls) of the programs' Wrapper IR."""
+    from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
+    lines = [line for p in programs for line in p.lines]
+    kernels = sum(isinstance(line, CallKernel) for line in lines)
+    externs = sum(isinstance(line, CallExtern) and not line.op._schema.name.startswith("aten::sym_")
+                  for line in lines)
+    return kernels, externs
 
 
 def _short_error(exc: BaseException) -> str:
@@ -231,7 +243,7 @@ def run_backend(case: Case, backend, expected, expected_inputs, options=None) ->
             compare(grads, expected_grads, "input grads")
     except AssertionError as exc:
         return Outcome("mismatch", str(exc)[:2000], len(programs))
-    return Outcome("ok", "", len(programs))
+    return Outcome("ok", "", len(programs), *_launches(programs))
 
 
 # -- the sweep -----------------------------------------------------------------------
@@ -246,13 +258,19 @@ class SweepResult:
     excluded: dict[str, str] = field(default_factory=dict)
     through_fxwrap: int = 0  # samples where at least one fxwrap program ran
     seconds: float = 0.0
+    # OpInfo name -> "kernels" (every passing sample ran in generated kernels only),
+    # "externs" (ATen calls only), "mixed"
+    execution: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
+        kinds = list(self.execution.values())
         return (f"opinfo sweep: {self.ops} ops, {self.samples} samples, "
                 f"{len(self.mismatches)} mismatches, {len(self.fxwrap_errors)} fxwrap errors, "
                 f"{len(self.aot_errors)} aot_eager errors "
                 f"({self.through_fxwrap} samples ran fxwrap programs, {len(self.excluded)} ops "
-                f"excluded, {self.seconds:.0f}s)")
+                f"excluded, {self.seconds:.0f}s); ops by execution: {kinds.count('kernels')} "
+                f"generated kernels only, {kinds.count('mixed')} kernels and ATen externs, "
+                f"{kinds.count('externs')} ATen externs only")
 
     def report(self, excluded: bool = False) -> str:
         lines = [self.summary()]
@@ -273,6 +291,7 @@ class SweepResult:
         self.excluded.update(other.excluded)
         self.through_fxwrap += other.through_fxwrap
         self.seconds += other.seconds
+        self.execution.update(other.execution)
 
 
 def dynamo_settings():
@@ -326,9 +345,11 @@ def sweep_op(op, samples_per_op: int = SAMPLES_PER_OP, options=None, grad: bool 
     if is_random(seen):
         result.excluded[name] = "random (an ATen op tagged nondeterministic_seeded ran)"
         return result
+    kernels = externs = 0
     for index, case, expected, expected_inputs in cases:
         result.samples += 1
         fx = run_backend(case, "fxwrap", expected, expected_inputs, options)
+        kernels, externs = kernels + fx.kernels, externs + fx.externs
         aot = run_backend(case, "aot_eager", expected, expected_inputs)
         if fx.status == "mismatch":
             result.mismatches.append((name, index, fx.detail))
@@ -340,6 +361,8 @@ def sweep_op(op, samples_per_op: int = SAMPLES_PER_OP, options=None, grad: bool 
             result.aot_errors.append((name, index, aot.detail))
     if cases:
         result.ops = 1
+        if kernels or externs:
+            result.execution[name] = "mixed" if kernels and externs else "kernels" if kernels else "externs"
     else:
         result.excluded[name] = "no usable sample: " + "; ".join(dropped)
     result.seconds = time.perf_counter() - start
@@ -386,13 +409,14 @@ def _to_json(result: SweepResult, done: list[str]) -> dict:
     return {"ops": result.ops, "samples": result.samples, "mismatches": result.mismatches,
             "fxwrap_errors": result.fxwrap_errors, "aot_errors": result.aot_errors,
             "excluded": result.excluded, "through_fxwrap": result.through_fxwrap,
-            "seconds": result.seconds, "done": done}
+            "seconds": result.seconds, "execution": result.execution, "done": done}
 
 
 def _from_json(data: dict) -> tuple[SweepResult, list[str]]:
     r = SweepResult(data["ops"], data["samples"], [tuple(x) for x in data["mismatches"]],
                     [tuple(x) for x in data["fxwrap_errors"]], [tuple(x) for x in data["aot_errors"]],
-                    dict(data["excluded"]), data["through_fxwrap"], data["seconds"])
+                    dict(data["excluded"]), data["through_fxwrap"], data["seconds"],
+                    dict(data.get("execution", {})))
     return r, list(data["done"])
 
 
