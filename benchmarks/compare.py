@@ -595,12 +595,13 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
-def format_workload(res: dict, shapes: str) -> str:
+def format_workload(res: dict, shapes: str, copy_gbs: float | None = None) -> str:
     rows = res["rows"]
     eager = _row(rows, "eager")
     has_bw = any("bytes" in r for r in rows)
     head = f"{'variant':<26}{'median':>12}{'p25-p75':>10}{'vs eager':>10}"
     head += f"{'GB/s':>8}" if has_bw else ""
+    head += f"{'%copy':>7}" if has_bw and copy_gbs else ""
     head += f"{'compile s':>11}{'kernels':>9}{'externs':>9}  check"
     out = [f"== {res['workload']}: {res['description']}", f"   inputs: {shapes}"]
     bytes_ = next((r["bytes"] for r in rows if "bytes" in r), None)
@@ -616,6 +617,9 @@ def format_workload(res: dict, shapes: str) -> str:
         line += f"{r['median_s'] / eager['median_s']:>9.2f}x" if eager else f"{'-':>10}"
         if has_bw:
             line += f"{r['bytes'] / r['median_s'] / 1e9:>8.1f}" if "bytes" in r else f"{'-':>8}"
+            if copy_gbs:
+                line += (f"{r['bytes'] / r['median_s'] / 1e9 / copy_gbs * 100:>6.0f}%" if "bytes" in r
+                         else f"{'-':>7}")
         line += f"{r['compile_s']:>11.2f}" if "compile_s" in r else f"{'-':>11}"
         counts = r.get("counts")
         line += f"{counts['kernels']:>9}{counts['externs']:>9}" if counts else f"{'-':>9}{'-':>9}"
@@ -631,7 +635,7 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def format_summary(results: list[dict]) -> str:
+def format_summary(results: list[dict], copy_gbs: float | None = None) -> str:
     out = ["== summary (median time per call; ratios <1: fxwrap faster)",
            f"{'workload':<24}{'eager':>12}{'inductor':>12}{'fxwrap':>12}{'fx/eager':>10}{'fx/ind':>9}"
            f"{'ind k+e':>9}{'fx k+e':>9}  {'ind':<9}{'fxwrap':<9}"]
@@ -658,6 +662,19 @@ def format_summary(results: list[dict]) -> str:
     ge, gi = geomean(fe_all), geomean(fi_all)
     out.append(f"geomean over the {len(fe_all)} workloads whose checks are OK: "
                f"fxwrap/eager = {ge:.2f}x   fxwrap/Inductor = {gi:.2f}x" if ge else "geomean: n/a")
+    compile_s = {name: sum(r["compile_s"] for res in results for r in res["rows"]
+                           if r["variant"] == name and "compile_s" in r) for name in ("inductor", "fxwrap")}
+    if compile_s["inductor"]:
+        out.append(f"cold compile summed over the workloads: Inductor {compile_s['inductor']:.1f} s, "
+                   f"fxwrap {compile_s['fxwrap']:.1f} s (fxwrap/Inductor = "
+                   f"{compile_s['fxwrap'] / compile_s['inductor']:.2f}x)")
+    if copy_gbs:
+        out.append(f"memory-bound workloads as % of the {copy_gbs:.0f} GB/s device copy (Inductor, fxwrap):")
+        for res in results:
+            cells = [_row(res["rows"], n) for n in ("inductor", "fxwrap")]
+            if all(c and "bytes" in c for c in cells):
+                pct = [c["bytes"] / c["median_s"] / 1e9 / copy_gbs * 100 for c in cells]
+                out.append(f"   {res['workload']:<24}{pct[0]:>6.0f}%{pct[1]:>6.0f}%")
     out.append("(k+e = kernel launches + extern calls per compiled program set, forward+backward for training)")
     return "\n".join(out)
 
@@ -689,6 +706,26 @@ def environment(device: str) -> dict:
 
 
 # --------------------------------------------------------------------------- main
+
+
+def copy_bandwidth(device: str) -> float | None:
+    """Device-to-device copy of a 1 GiB float32 tensor: (bytes read + written) / median time."""
+    if device != "cuda":
+        return None
+    src = torch.randn(1 << 28, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(13):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        if i >= 3:  # warm-up copies first
+            times.append(begin.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / statistics.median(times) / 1e9
 
 
 def warm_up_process(device: str, cache_root: str) -> None:
@@ -749,6 +786,9 @@ def main(argv=None) -> int:
         print(f"# skipped (cuda only): {', '.join(skipped)}")
     print(flush=True)
 
+    copy_gbs = copy_bandwidth(args.device)
+    if copy_gbs:
+        print(f"# device-to-device copy of a 1 GiB tensor (bytes read + written): {copy_gbs:.0f} GB/s", flush=True)
     cache_root = tempfile.mkdtemp(prefix="fxwrap_bench_")
     results = []
     failed = False
@@ -763,7 +803,7 @@ def main(argv=None) -> int:
                        "rows": [{"variant": "eager", "check": "ERROR", "error": f"{type(err).__name__}: {err}"}]}
                 traceback.print_exc()
             results.append(res)
-            print(format_workload(res, res["shapes"]))
+            print(format_workload(res, res["shapes"], copy_gbs))
             for r in res["rows"]:
                 if r["check"] in ("MISMATCH", "ERROR"):
                     failed = True
@@ -774,7 +814,7 @@ def main(argv=None) -> int:
             print(flush=True)
     finally:
         shutil.rmtree(cache_root, ignore_errors=True)
-    print(format_summary(results))
+    print(format_summary(results, copy_gbs))
     elapsed = time.perf_counter() - started
     print(f"# load average at end (1, 5, 15 min): {_loadavg()}")
     verdict = "FAILED: a variant mismatched eager or errored" if failed else "all checks OK"
@@ -783,7 +823,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"command": cmd, "date": datetime.date.today().isoformat(), "device": args.device,
                        "quick": args.quick, "environment": env, "bytes_formula": BYTES_FORMULA,
-                       "wall_s": elapsed, "failed": failed,
+                       "wall_s": elapsed, "failed": failed, "copy_gbs": copy_gbs,
                        "results": [{k: v for k, v in res.items()} for res in results]}, f, indent=2,
                       default=str)
     return 1 if failed else 0

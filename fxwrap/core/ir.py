@@ -18,7 +18,8 @@ sub-expressions are equal objects: CSE and cache keys come for free.
 
 Ops (``Op.op``) and their ``args``:
 
-* ``load``: ``(buffer_name, index)``; ``const``: ``(python_value,)``;
+* ``load``: ``(buffer_name, index)`` or ``(buffer_name, index, mask)``, see *Loads*
+  below; ``const``: ``(python_value,)``;
   ``index``: ``(int_expr,)`` the value of an index expression (iota/arange);
   ``acc``: ``(reduction_name, field)``, the result of a reduction of this kernel
   (field 0 except for ``welford``: 0 mean, 1 m2, 2 count; and ``argmax``/``argmin``:
@@ -26,6 +27,28 @@ Ops (``Op.op``) and their ``args``:
 * unary (``args=(x,)``): see ``UNARY``; ``cast`` converts ``x`` to ``dtype``.
 * binary (``args=(a, b)``): see ``BINARY``; comparisons give ``torch.bool``.
 * ``where``: ``(cond, a, b)``.
+
+Loads.  ``index`` is the element offset from the buffer's data pointer:
+
+* *direct*: a sympy expression over the iteration variables and size symbols,
+  ``Op("load", f32, ("arg0", 64*x0 + x1))``;
+* *indirect*: an integer ``Op`` computed in the kernel, for offsets that depend on
+  loaded data (gather, embedding, ``x[idx]``).  ``F.embedding(idx, w)`` with ``w`` of
+  size ``(V, 64)`` reads, at output index ``(x0, x1)``::
+
+      Op("load", f32, ("arg1", Op("add", i64, (
+          Op("index", i64, (x1,)),
+          Op("mul", i64, (Op("load", i64, ("arg0", x0)), Op("index", i64, (64,))))))))
+
+  The index values are checked on the host before the kernel runs (a
+  ``check_index_bounds`` extern, ``fxwrap.runtime.checks``), so an indirect load
+  never reads outside its buffer;
+* *masked*: a third argument, a ``torch.bool`` ``Op``: where it is false nothing is
+  read and the load's value is 0 (``cat``, ``constant_pad_nd``: a value defined
+  piecewise over the output index is a ``where`` over masked loads).
+
+``load_index(op)`` / ``load_mask(op)`` read those fields; ``index_symbols(index)``
+gives the symbols an index (direct or indirect) uses.
 
 Reductions (``Reduction.kind``): ``sum prod max min any all argmax argmin welford``.
 bf16/fp16 values are loaded and stored in their type and computed in float32 (the
@@ -145,3 +168,34 @@ def walk(root: Op):
             if child not in seen:
                 stack.append((child, False))
     return order
+
+
+def load_index(load: Op):
+    """A ``load``'s index: a sympy expression (direct) or an integer ``Op`` (indirect)."""
+    return load.args[1]
+
+
+def load_mask(load: Op) -> Op | None:
+    """A ``load``'s mask (a bool ``Op``), or None when it reads unconditionally."""
+    return load.args[2] if len(load.args) > 2 else None
+
+
+def is_indirect(index) -> bool:
+    """True for an index computed in the kernel (an ``Op``) rather than a sympy expression."""
+    return isinstance(index, Op)
+
+
+def index_symbols(index) -> set[sympy.Symbol]:
+    """Every sympy symbol (loop variables, size symbols) an index uses.
+
+    For an indirect index: those of the ``index`` and ``load`` nodes it is made of.
+    """
+    if not is_indirect(index):
+        return set(sympy.sympify(index).free_symbols)
+    out: set[sympy.Symbol] = set()
+    for node in walk(index):
+        if node.op == "index":
+            out |= sympy.sympify(node.args[0]).free_symbols
+        elif node.op == "load" and not is_indirect(node.args[1]):
+            out |= sympy.sympify(node.args[1]).free_symbols
+    return out

@@ -25,7 +25,7 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from fxwrap.core.ir import Op
+from fxwrap.core.ir import Op, walk
 from fxwrap.core.symbolic import to_expr
 from fxwrap.wrapper_ir.lines import Buffer
 
@@ -201,6 +201,41 @@ class LoweringContext:
             return cast(Op(name, result_dtype, tuple(o(index) for o in ops)), out)
         return Loops(size, out, self.device, fn)
 
+    # -- rules that need more than a lazy value (indexing, input mutation) ------
+    # They talk to the program builder (``self.builder``, set by the kernel builder);
+    # without one they raise Unsupported and the node stays an extern.
+    def _builder(self):
+        builder = getattr(self, "builder", None)
+        if builder is None:
+            raise Unsupported(f"{self.node.target}: needs the kernel builder")
+        return builder
+
+    def stored(self, value) -> Stored:
+        """``value`` (an argument of this node) in memory: a lazy value is realized,
+        by a kernel of its own, so an indirect load can address it."""
+        if isinstance(value, Stored):
+            return value
+        builder = self._builder()
+        for arg in self.node.all_input_nodes:
+            if builder.env.get(arg) is value:
+                return Stored(builder.value(arg))
+        raise Unsupported(f"{self.node.target}: operand is not a node of the graph")
+
+    def emit(self, line) -> None:
+        """Put a Wrapper IR line in the program before this node's kernel work.
+
+        A line also ends the fusion group being built (``scheduler.fuse``)."""
+        self._builder().emit(line)
+
+    def write_barrier(self) -> None:
+        """This node writes an existing buffer: realize every earlier value that is
+        used after it, so those values hold what they held before the write."""
+        self._builder()._materialize_before_write(self.node)
+
+    def store_into(self, buffer: Buffer, loops: Loops) -> None:
+        """A pointwise kernel job writing ``loops`` into ``buffer`` through its strides."""
+        self._builder().pointwise_job(buffer, loops, [self.node.name])
+
     def map(self, fn: Callable[..., Op], *args, compute: torch.dtype | None = None) -> Loops:
         """Elementwise custom body: ``fn(*ops) -> Op`` over operands cast to ``compute``."""
         out = self.out_dtype
@@ -223,3 +258,28 @@ _BOOL_RESULT = frozenset("lt le gt ge eq ne isnan isinf signbit logical_not logi
 
 def const(value, dtype) -> Op:
     return cast(Op("const", _py_dtype(value), (value,)), dtype)
+
+
+def index_value(expr) -> Op:
+    """An index expression as an int64 value: ``Op("index", i64, (expr,))``."""
+    return Op("index", torch.int64, (sympy.sympify(expr),))
+
+
+def masked(op: Op, mask: Op) -> Op:
+    """``op`` with every load under it reading only where ``mask`` holds.
+
+    ``masked(x[i] + 1, i < 5)`` is ``load(x, i, i < 5) + 1``: nothing is read where the
+    mask is false (a load already masked gets ``old_mask & mask``), so a value that
+    is only meaningful on part of the iteration space (one input of a ``cat``) can
+    be computed everywhere and picked with a ``where``.
+    """
+    memo: dict[Op, Op] = {}
+    for node in walk(op):
+        args = tuple(memo.get(a, a) if isinstance(a, Op) else a for a in node.args)
+        if node.op == "load":
+            index = args[1]
+            m = mask if len(args) < 3 else Op("logical_and", torch.bool, (args[2], mask))
+            memo[node] = Op("load", node.dtype, (args[0], index, m))
+        else:
+            memo[node] = Op(node.op, node.dtype, args) if args != node.args else node
+    return memo[op]

@@ -11,6 +11,14 @@ consecutive jobs into kernels:
 * pointwise jobs over those rows (``(outer..., reduced...)`` or ``(outer...)``)
   join as the final pass: the epilogue (softmax's ``exp(x - max) / sum``).
 
+* a reduction over the iteration space of a pointwise group (the same sizes, up
+  to an order of the dims) takes that group in as its prologue: the pointwise
+  stores become the final pass over ``r``, and the reduction reads their values
+  instead of the buffers (a bias gradient ``g.sum(0)`` next to the ``g`` it sums);
+* a job may join the group before it across lines that neither touch what it
+  writes nor define or mutate what it reads (views, size reads, an extern call on
+  other buffers): the job moves up to the group's place.
+
 Inside a group a load of a buffer the group itself stores at the same index is
 replaced by the stored value (``acc`` for reductions), and a buffer nobody
 outside its group reads is never stored or allocated.  ``[job(max), job(sum),
@@ -19,9 +27,11 @@ one store.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import sympy
+import torch
 
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, walk, xvar
 
@@ -57,6 +67,11 @@ def substitute(op: Op, table: dict) -> Op:
     return memo[op]
 
 
+def _expand(index):
+    """A load index in canonical form (an indirect index, an ``Op``, as it is)."""
+    return index if isinstance(index, Op) else sympy.expand(index)
+
+
 def loads_of(op: Op) -> list[tuple[str, sympy.Expr]]:
     return [(n.args[0], n.args[1]) for n in walk(op) if n.op == "load"]
 
@@ -73,6 +88,10 @@ class Group:
     row_stores: set = field(default_factory=set)  # buffers stored once per row
 
     def accepts(self, job: Job) -> bool:
+        if self.writes_what_it_reads(job):
+            return False
+        if job.reductions and not self.reductions and self.stores:
+            return self.prologue_mapping(job) is not None
         if job.reductions:
             if self.reductions or not self.stores:
                 same = (job.outer, job.reduced, job.dims_key) == (self.outer, self.reduced, self.dims_key)
@@ -103,8 +122,65 @@ class Group:
         rank, dims = self.dims_key if self.dims_key else (0, ())
         return tuple(dims) == tuple(range(rank - len(dims), rank))
 
+    def writes_what_it_reads(self, job: Job) -> bool:
+        """Whether ``job`` stores into a buffer this group reads (``copy_`` into a graph
+        input): in one kernel other iterations could read the value already written."""
+        ops = [r.value for r in self.reductions] + [s.value for s in self.stores]
+        read = {b for op in ops for b, _ in loads_of(op)}
+        return any(s.buffer in read for s in job.stores)
+
+    def prologue_mapping(self, job: Job) -> dict | None:
+        """How this pointwise group's vars map onto reduction ``job``'s ``(x..., r...)``.
+
+        Only bijections between equal sizes are candidates; the reduction must read
+        every buffer of the group exactly where a remapped store writes it (the
+        stores run in the final pass, after the reductions).  Among the candidates
+        the one sharing the most loads with the reduction wins (the first, in
+        ``itertools.permutations`` order, on a tie); none shared: no fusion.
+        """
+        if self.reductions or not self.stores or not job.reduced:
+            return None
+        targets = [(xvar(i), sympy.sympify(n)) for i, n in enumerate(job.outer)]
+        targets += [(rvar(i), sympy.sympify(n)) for i, n in enumerate(job.reduced)]
+        sizes = [sympy.sympify(n) for n in self.outer]
+        if len(sizes) != len(targets) or len(sizes) > 6:
+            return None
+        if any(n == 1 for _, n in targets):
+            return None
+        rvars = {rvar(i) for i in range(len(job.reduced))}
+        stored = {st.buffer for st in self.stores}
+        red_loads = [key for r in job.reductions for key in loads_of(r.value)]
+        best, best_score = None, 0
+        for perm in itertools.permutations(range(len(targets))):
+            if any(sizes[i] != targets[j][1] for i, j in enumerate(perm)):
+                continue
+            mapping = {xvar(i): targets[j][0] for i, j in enumerate(perm)}
+            stores = [Store(st.buffer, sympy.expand(sympy.sympify(st.index).xreplace(mapping)),
+                            subs_index(st.value, mapping)) for st in self.stores]
+            if any(not (sympy.sympify(st.index).free_symbols & rvars) for st in stores):
+                continue
+            keys = {(st.buffer, st.index) for st in stores}
+            if any(k[0] in stored and (k[0], _expand(k[1])) not in keys for k in red_loads):
+                continue
+            mine = keys | {(b, _expand(i)) for st in stores for b, i in loads_of(st.value)}
+            score = sum((b, _expand(i)) in mine for b, i in red_loads)
+            if score > best_score:
+                best, best_score = mapping, score
+        return best
+
+    def take_as_prologue(self, job: Job) -> None:
+        """Turn this pointwise group into a reduction group over ``job``'s ranges."""
+        mapping = self.prologue_mapping(job)
+        stores = [Store(st.buffer, sympy.expand(sympy.sympify(st.index).xreplace(mapping)),
+                        subs_index(st.value, mapping)) for st in self.stores]
+        self.outer, self.reduced, self.dims_key = tuple(job.outer), tuple(job.reduced), job.dims_key
+        self.stores = stores
+        self.values = {(st.buffer, st.index): st.value for st in stores}
+
     def add(self, job: Job) -> None:
         self.origins.extend(o for o in job.origins if o not in self.origins)
+        if job.reductions and not self.reductions and self.stores:
+            self.take_as_prologue(job)
         if self.reductions and not job.reductions and len(job.outer) > len(self.outer):
             job = _as_epilogue(job, len(self.outer))
         renames: dict[str, str] = {}
@@ -128,8 +204,10 @@ def subs_index(op: Op, mapping: dict) -> Op:
     """``op`` with ``mapping`` (symbol -> expr) applied to every index expression."""
     memo: dict[Op, Op] = {}
     for node in walk(op):
-        if node.op == "load":
-            memo[node] = Op("load", node.dtype, (node.args[0], sympy.sympify(node.args[1]).xreplace(mapping)))
+        if node.op == "load":  # indirect index / mask: Op children, already remapped
+            index = node.args[1]
+            index = memo[index] if isinstance(index, Op) else sympy.sympify(index).xreplace(mapping)
+            memo[node] = Op("load", node.dtype, (node.args[0], index) + tuple(memo[a] for a in node.args[2:]))
         elif node.op == "index":
             memo[node] = Op("index", node.dtype, (sympy.sympify(node.args[0]).xreplace(mapping),))
         elif node.children():
@@ -162,21 +240,98 @@ def _rename_acc(op: Op, old: str, new: str) -> Op:
 
 
 def fuse(items: list) -> list:
-    """Program items (lines and Jobs, in order) -> lines and Groups, in order."""
+    """Program items (lines and Jobs, in order) -> lines and Groups, in order.
+
+    A job joins the last group when the group accepts it and the job can move up
+    over the lines emitted since the group (``_can_hoist``); otherwise it starts a
+    new group where it stands.
+    """
+    from fxwrap.wrapper_ir.lines import View
+
+    roots: dict[str, str] = {}
+    for item in items:
+        if isinstance(item, View):
+            roots[item.buf.name] = roots.get(item.base.name, item.base.name)
     out: list = []
     current: Group | None = None
+    since: list = []  # lines after the current group
     for item in items:
         if isinstance(item, Job):
-            if current is not None and current.accepts(item):
+            if current is not None and current.accepts(item) and _can_hoist(item, since, roots):
                 current.add(item)
                 continue
             current = Group(item.outer, item.reduced, item.dims_key)
             current.add(item)
             out.append(current)
+            since = []
         else:
             out.append(item)
-            current = None
+            if current is not None:
+                if _is_barrier(item):
+                    current, since = None, []
+                else:
+                    since.append(item)
     return out
+
+
+def _is_barrier(line) -> bool:
+    from fxwrap.wrapper_ir.lines import (Allocate, CallExtern, Comment, DefineSymbol, GetItem,
+                                         View)
+    return not isinstance(line, (Allocate, CallExtern, Comment, DefineSymbol, GetItem, View))
+
+
+def _written_by(line) -> list | None:
+    """Buffers an extern line writes (its result and mutated or ``out=`` arguments);
+    ``None`` when that cannot be told (not an ATen overload with a schema)."""
+    from fxwrap.wrapper_ir.lines import Buffer, buffers_in
+    written = [line.out] if isinstance(line.out, Buffer) else []
+    op = line.op
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    schema = op._schema
+    kwargs = dict(line.kwargs)
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = line.args[i] if i < len(line.args) and not arg.kwarg_only else kwargs.get(arg.name)
+        written += buffers_in(value)
+    return written
+
+
+def _can_hoist(job: Job, lines: list, roots: dict) -> bool:
+    """May ``job`` run before ``lines`` (that is, at the place of the group before them)?"""
+    from fxwrap.wrapper_ir.lines import CallExtern, DefineSymbol, GetItem, buffers_defined, buffers_read
+    if not lines:
+        return True
+    ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
+    reads = {b for op in ops for b, _ in loads_of(op)}
+    writes = {s.buffer for s in job.stores}
+    root = lambda n: roots.get(n, n)  # noqa: E731
+    read_roots = {root(b) for b in reads}
+    write_roots = {root(b) for b in writes}
+    exprs = [*job.outer, *job.reduced, *(s.index for s in job.stores)]
+    exprs += [i for op in ops for _, i in loads_of(op) if not isinstance(i, Op)]  # direct loads
+    exprs += [n.args[0] for op in ops for n in walk(op) if n.op == "index"]
+    syms = {s.name for e in exprs for s in sympy.sympify(e).free_symbols}
+    for line in lines:
+        defined = {b.name for b in buffers_defined(line)}
+        if defined & (reads | writes):
+            return False
+        if {root(b.name) for b in buffers_read(line)} & write_roots:
+            return False
+        if isinstance(line, CallExtern):
+            written = _written_by(line)
+            if written is None:
+                written = buffers_read(line)
+            if {root(b.name) for b in written} & (read_roots | write_roots):
+                return False
+            if isinstance(line.out, str) and line.out in syms:
+                return False
+        if isinstance(line, DefineSymbol) and line.symbol.name in syms:
+            return False
+        if isinstance(line, GetItem) and isinstance(line.buf, str) and line.buf in syms:
+            return False
+    return True
 
 
 def referenced_outside(groups_and_lines: list, buffers_in_lines) -> dict[int, set[str]]:
@@ -218,8 +373,10 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
         symbols |= sympy.sympify(e).free_symbols
     for op in ops:
         for node in walk(op):
-            if node.op in ("load", "index"):
-                symbols |= sympy.sympify(node.args[-1] if node.op == "load" else node.args[0]).free_symbols
+            if node.op in ("load", "index"):  # an indirect index's own nodes are walked too
+                index = node.args[1] if node.op == "load" else node.args[0]
+                if not isinstance(index, Op):
+                    symbols |= sympy.sympify(index).free_symbols
     for b in input_names + output_names:
         for e in (*buffers[b].size, *buffers[b].stride):
             symbols |= sympy.sympify(e).free_symbols

@@ -65,9 +65,26 @@ def _describe(ep) -> str:
     return f"plugin {ep.name!r} (entry point {ep.value!r} in group {GROUP!r})"
 
 
+# fxwrap's own targets, as pyproject.toml declares them (tests/null/test_plugins.py checks
+# the two agree): used when fxwrap runs from a source tree that pip has not installed
+# (``PYTHONPATH=.``), where no distribution metadata declares them.
+BUILTIN_ENTRY_POINTS = (
+    ("cpu", "fxwrap.targets.cpu_cpp.plugin"),
+    ("cuda", "fxwrap.targets.cuda_triton.plugin"),
+    ("mps", "fxwrap.targets.mps_metal.plugin"),
+    ("reference", "fxwrap.targets.reference.plugin"),
+)
+
+
 def installed_entry_points() -> list:
-    """The installed entry points of group ``fxwrap``, sorted by name then value."""
-    return sorted(importlib.metadata.entry_points(group=GROUP), key=lambda ep: (ep.name, ep.value))
+    """The installed entry points of group ``fxwrap``, sorted by name then value.
+
+    fxwrap's built-in targets are among them even when fxwrap itself is not installed.
+    """
+    found = list(importlib.metadata.entry_points(group=GROUP))
+    if not any(ep.value.startswith("fxwrap.targets.") for ep in found):
+        found += [importlib.metadata.EntryPoint(name, value, GROUP) for name, value in BUILTIN_ENTRY_POINTS]
+    return sorted(found, key=lambda ep: (ep.name, ep.value))
 
 
 def _hook_like_names(plugin) -> list[str]:

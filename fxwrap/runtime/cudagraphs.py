@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxwrap.core.symbolic import is_non_overlapping_and_dense
 from fxwrap.wrapper_ir.lines import Buffer, CallExtern, CallKernel, DefineSymbol, SizeInput, buffers_in
@@ -32,13 +33,14 @@ from fxwrap.wrapper_ir.lines import Buffer, CallExtern, CallKernel, DefineSymbol
 log = logging.getLogger("fxwrap")
 
 
-def _use_count(t: torch.Tensor) -> int:
-    """References to ``t``'s storage (tensors and views holding it)."""
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
 class _Recording:
-    """One captured replay: static inputs, the graph, static outputs."""
+    """One captured replay: static inputs, the graph, static outputs.
+
+    A replay hands out fresh tensors over the static outputs' memory, on storages of
+    their own that do not own it (so autograd, views and the caller keep those
+    storages alive, never the graph's memory).  Weak references to them say whether
+    anything still holds an output of the last replay.
+    """
 
     def __init__(self, run: Callable, example: Sequence[torch.Tensor], pool):
         self.inputs = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
@@ -50,25 +52,31 @@ class _Recording:
             outputs = run(*self.inputs)
         self.tuple_output = isinstance(outputs, (tuple, list))
         self.outputs = list(outputs) if self.tuple_output else [outputs]
-        self.tensor_outputs = [o for o in self.outputs if isinstance(o, torch.Tensor)]
-        # our own tensors' references to each output storage (outputs may share one)
-        self.own_refs = [sum(o.untyped_storage()._cdata == p.untyped_storage()._cdata
-                             for p in self.tensor_outputs) + self._input_refs(o)
-                         for o in self.tensor_outputs]
-
-    def _input_refs(self, out: torch.Tensor) -> int:
-        return sum(out.untyped_storage()._cdata == t.untyped_storage()._cdata for t in self.inputs)
+        self.handed_out: list[StorageWeakRef] = []
 
     def busy(self) -> bool:
-        """True while an output of the last replay is referenced outside this recording."""
-        return any(_use_count(o) > n for o, n in zip(self.tensor_outputs, self.own_refs))
+        """True while an output of the last replay is referenced (by anyone)."""
+        return any(not ref.expired() for ref in self.handed_out)
 
     def replay(self, args: Sequence[torch.Tensor]):
         for static, t in zip(self.inputs, args):
             if static.data_ptr() != t.data_ptr():
                 static.copy_(t)
         self.graph.replay()
-        return tuple(self.outputs) if self.tuple_output else self.outputs[0]
+        storages: dict[int, torch.UntypedStorage] = {}  # one per static storage
+        outs = []
+        for o in self.outputs:
+            if not isinstance(o, torch.Tensor):
+                outs.append(o)
+                continue
+            base = o.untyped_storage()
+            if base.data_ptr() not in storages:
+                storages[base.data_ptr()] = torch._C._construct_storage_from_data_pointer(
+                    base.data_ptr(), o.device, base.nbytes())
+            fresh = torch.empty(0, dtype=o.dtype, device=o.device)
+            outs.append(fresh.set_(storages[base.data_ptr()], o.storage_offset(), o.size(), o.stride()))
+        self.handed_out = [StorageWeakRef(st) for st in storages.values()]
+        return tuple(outs) if self.tuple_output else outs[0]
 
 
 class CudaGraphRunner:

@@ -330,6 +330,7 @@ class CStyleEmitter(KernelEmitter):
         lines.append(f"{it} {rest} = {linear};")
         for i in range(len(vars_) - 1, 0, -1):
             size = self.render_index(ranges[i])
+            size = size if _IDENT.match(size) or size.isdigit() else f"({size})"  # an operand of % and /
             lines.append(f"const {it} {vars_[i].name} = {rest} % {size};")
             lines.append(f"{rest} = {rest} / {size};")
         lines.append(f"const {it} {vars_[0].name} = {rest};")
@@ -379,7 +380,9 @@ class CStyleEmitter(KernelEmitter):
             raise EmitError(f"load of {name!r}: not an input or output of kernel "
                             f"{scope.kernel_name} (target {self.target_name})")
         ptr, dtype = loads[name]
-        expr = self.from_storage(f"{ptr}[{self.render_index(index)}]", dtype)
+        # an indirect index is an integer local of the kernel (declared before the load)
+        offset = scope.value(index) if isinstance(index, Op) else self.render_index(index)
+        expr = self.from_storage(f"{ptr}[{offset}]", dtype)
         expr = self.render_cast(expr, dtype, op.dtype)
         if len(op.args) > 2:  # masked load: (name, index, mask) reads nothing where mask is false
             mask = scope.value(op.args[2])
@@ -693,7 +696,10 @@ class Scope:
             return hit
         if op.op in ("load", "index"):
             expr = op.args[1] if op.op == "load" else op.args[0]
-            d = frozenset(s.name for s in sympy.sympify(expr).free_symbols if _is_loop_var(s))
+            if isinstance(expr, Op):  # indirect load: the index is a value of the kernel
+                d = self.deps(expr)
+            else:
+                d = frozenset(s.name for s in sympy.sympify(expr).free_symbols if _is_loop_var(s))
             if op.op == "load" and len(op.args) > 2:
                 d |= self.deps(op.args[2])
         elif op.op == "acc":

@@ -118,7 +118,7 @@ class _Builder:
         if sym not in self.bound:
             self.emit(CallExtern(aten.sym_storage_offset.default, (base,), (), sym.name))
             self.bound.add(sym)
-            self.out.symbol_hints[sym] = int(base.offset)
+            self.out.symbol_hints[sym] = evaluate(base.offset, self.out.hints)
         return sym
 
     def layout_bound(self, fake: torch.Tensor) -> bool:
@@ -303,10 +303,12 @@ class _Builder:
         source = next(a for a in _flatten(args) if isinstance(a, Buffer))
         base = self.roots[source.name]
         buf = Buffer.from_fake(self.fresh(), val)
-        if base.name in self.foreign and not sympy.sympify(base.offset).free_symbols:
+        if base.name in self.foreign:
             # The base's storage offset at run time is the caller's (or the op's), not
-            # necessarily the traced one (guards do not cover it; a backward graph's
-            # tangents are fresh tensors): place the view relative to the real offset.
+            # necessarily the traced one, symbolic or not (guards do not cover it; a
+            # backward graph's tangents are fresh tensors, and its saved activations are
+            # what the forward program made, maybe a buffer of their own where the traced
+            # forward had a view): place the view relative to the real offset.
             offset = self.storage_offset_of(base) + (buf.offset - base.offset)
             buf = Buffer(buf.name, buf.size, buf.stride, buf.dtype, buf.device, offset)
         self.out.fake_values[buf.name] = val

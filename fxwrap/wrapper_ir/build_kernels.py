@@ -12,6 +12,8 @@ target's emitter renders and loads; the rest stay ``CallExtern``.  For
 """
 from __future__ import annotations
 
+import logging
+
 import sympy
 import torch
 
@@ -21,8 +23,11 @@ from fxwrap.core.lowering import REGISTRY, LoweringContext, Loops, Stored, Unsup
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
+from fxwrap.targets.cstyle import EmitError
 from fxwrap.wrapper_ir import build
-from fxwrap.wrapper_ir.lines import Allocate, Buffer, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
+from fxwrap.wrapper_ir.lines import Allocate, Buffer, View, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
+
+log = logging.getLogger("fxwrap")
 
 
 class _Ctx(LoweringContext):
@@ -38,10 +43,12 @@ class _Ctx(LoweringContext):
 class KernelBuilder(build._Builder):
     """The extern builder plus lowering rules, jobs and fusion."""
 
-    def __init__(self, gm, target, registry=None):
+    def __init__(self, gm, target, registry=None, extern_nodes=frozenset()):
         super().__init__(gm, target.name)
         self.target = target
         self.registry = registry or REGISTRY
+        # nodes kept as extern calls because the target's emitter rejected their kernel
+        self.extern_nodes = frozenset(extern_nodes)
         self.items: list = []  # lines and Jobs in program order
         self.buffers: dict[str, Buffer] = {}
         self.acc_counter = 0
@@ -86,14 +93,48 @@ class KernelBuilder(build._Builder):
         size = [evaluate(n, hints) for n in to_exprs(fake.shape)]
         stride = [evaluate(s, hints) for s in to_exprs(fake.stride())]
         buf = self.new_buffer(fake)
-        if not is_non_overlapping_and_dense(size, stride) or fake.storage_offset() != 0:
-            buf = Buffer(buf.name, buf.size, contiguous_strides(buf.size), buf.dtype, buf.device)
+        if fake.storage_offset() == 0 and not is_non_overlapping_and_dense(size, stride):
+            view = self._realize_expanded(node, loops, buf, size, stride)
+            if view is not None:
+                return view
+        if not _non_overlapping(size, stride) or fake.storage_offset() != 0:
+            # Keep the traced strides whenever they are a layout of its own (a permuted or
+            # gapped view of a larger tensor): a later program (the backward, reading a
+            # saved activation) views the buffer through exactly those strides.
+            strides = buf.stride if _non_overlapping(size, stride) else contiguous_strides(buf.size)
+            buf = Buffer(buf.name, buf.size, strides, buf.dtype, buf.device)
             self.buffers[buf.name] = buf
             self.roots[buf.name] = buf
             self.out.fake_values.pop(buf.name, None)
         self.pointwise_job(buf, loops, [node.name])
         self.env[node] = buf
         return buf
+
+    def _realize_expanded(self, node, loops: Loops, buf: Buffer, size, stride) -> Buffer | None:
+        """An expanded layout (stride 0 over dims of size > 1, the rest dense): a kernel
+        stores the compact tensor and a ``View`` gives it the traced layout, the one
+        its readers expect (a backward program reading a saved ``expand``)."""
+        bcast = [i for i, (n, st) in enumerate(zip(size, stride)) if st == 0 and n != 1]
+        compact = [1 if i in bcast else n for i, n in enumerate(size)]
+        if not bcast or not is_non_overlapping_and_dense(compact, stride):
+            return None
+        base = Buffer(buf.name, tuple(sympy.Integer(1) if i in bcast else n for i, n in enumerate(buf.size)),
+                      buf.stride, buf.dtype, buf.device)
+        self.buffers[base.name] = base
+        self.roots[base.name] = base
+        fake = self.out.fake_values.pop(base.name)
+        xs = tuple(sympy.Integer(0) if i in bcast else xvar(i) for i in range(len(size)))
+        index = sympy.expand(sum((x * st for x, st, n in zip(xs, base.stride, base.size) if n != 1),
+                                 sympy.Integer(0)))
+        self.items.append(Job(tuple(base.size), stores=[Store(base.name, index, cast(loops(xs), base.dtype))],
+                              origins=[node.name]))
+        view = Buffer(self.fresh(), buf.size, buf.stride, buf.dtype, buf.device)
+        self.buffers[view.name] = view
+        self.roots[view.name] = base
+        self.out.fake_values[view.name] = fake
+        self.emit(View(view, base))
+        self.env[node] = view
+        return view
 
     def pointwise_job(self, buf: Buffer, loops: Loops, origins) -> None:
         xs = tuple(xvar(i) for i in range(len(buf.size)))
@@ -145,7 +186,7 @@ class KernelBuilder(build._Builder):
     def call_function(self, node):
         rule = self.registry.lookup(node.target, self.target.name) if isinstance(
             node.target, torch._ops.OpOverload) else None
-        if rule is not None and self._all_on_device(node):
+        if rule is not None and node.name not in self.extern_nodes and self._all_on_device(node):
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
             kwargs = {k: self.rule_value(v) for k, v in node.kwargs.items()}
@@ -177,15 +218,44 @@ class KernelBuilder(build._Builder):
             v = a.meta.get("val")
             if isinstance(v, torch.Tensor) and (v.device != device or v.dtype not in _DTYPES):
                 return False
-        return device.type == self.target.device_type
+        if device.type != self.target.device_type:
+            return False
+        supported = getattr(self.target.emitter, "supported_dtypes", None)  # None: every dtype
+        if supported is not None:
+            dtypes = [v.dtype for v in vals] + [a.meta["val"].dtype for a in node.all_input_nodes
+                                                 if isinstance(a.meta.get("val"), torch.Tensor)]
+            bad = sorted({str(d) for d in dtypes if d not in supported})
+            if bad:
+                log.info("fxwrap: %s (%s) stays an ATen extern call on target %s: its emitter has no "
+                         "type for %s", node.name, node.target, self.target.name, ", ".join(bad))
+                return False
+        return True
 
     # -- kernels --------------------------------------------------------------
     def run(self):
+        """Build the lines; a kernel the emitter cannot render (``EmitError``) is rebuilt
+        with its source nodes as ATen extern calls (logged), until every kernel renders."""
+        extern = set(self.extern_nodes)
+        builder = self
+        while True:
+            try:
+                return builder._run_once()
+            except _RenderFailed as failed:
+                new = set(failed.nodes) - extern
+                if not new:
+                    raise failed.error
+                log.info("fxwrap: target %s cannot render the kernel of %s (%s); they run as ATen "
+                         "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
+                extern |= new
+                builder = KernelBuilder(self.gm, self.target, self.registry, extern_nodes=extern)
+
+    def _run_once(self):
         built = super().run()
         items = fuse(self.items)
         needed = referenced_outside(items, buffers_read)
         inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
         emitter = self.target.emitter(self.target)
+        emitter.size_hints = dict(self.out.hints)  # example sizes (autotuning of symbolic kernels)
         lines: list[Line] = []
         count = 0
         for item in items:
@@ -201,7 +271,10 @@ class KernelBuilder(build._Builder):
             for out in sk.outputs:
                 if out.name not in inputs:
                     lines.append(Allocate(out))
-            source = emitter.render(sk)
+            try:
+                source = emitter.render(sk)
+            except EmitError as exc:
+                raise _RenderFailed(item.origins, exc) from exc
             signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
                               + [KernelArg(b.name, "output") for b in sk.outputs]
                               + [KernelArg(s.name, "size") for s in sk.size_symbols])
@@ -212,6 +285,14 @@ class KernelBuilder(build._Builder):
             lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols)))
         built.lines = lines
         return built
+
+
+class _RenderFailed(Exception):
+    """The emitter rejected the kernel fused from ``nodes`` (ATen node names)."""
+
+    def __init__(self, nodes, error):
+        super().__init__(str(error))
+        self.nodes, self.error = tuple(nodes), error
 
 
 _DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
@@ -239,3 +320,16 @@ def load_kernel(kernel: Kernel):
 
 def build_lines_with_kernels(gm, target):
     return KernelBuilder(gm, target).run()
+
+
+def _non_overlapping(size, stride) -> bool:
+    """No two in-bounds indices share an element (gaps allowed): concrete sizes."""
+    dims = sorted((abs(st), n) for n, st in zip(size, stride) if n != 1)
+    if any(n == 0 for n in size):
+        return True
+    reach = 1
+    for st, n in dims:
+        if st < reach:
+            return False
+        reach = st * n
+    return True

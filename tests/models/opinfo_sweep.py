@@ -207,8 +207,9 @@ def _launches(programs) -> tuple[int, int]:
     from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
     lines = [line for p in programs for line in p.lines]
     kernels = sum(isinstance(line, CallKernel) for line in lines)
-    externs = sum(isinstance(line, CallExtern) and not line.op._schema.name.startswith("aten::sym_")
-                  for line in lines)
+    # ATen ops only: not size/offset reads, not fxwrap's run-time checks (Python functions)
+    externs = sum(isinstance(line, CallExtern) and isinstance(line.op, torch._ops.OpOverload)
+                  and not line.op._schema.name.startswith("aten::sym_") for line in lines)
     return kernels, externs
 
 

@@ -62,3 +62,34 @@ def test_explicit_attention_matches_sdpa_eager():
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 6, 32)
     torch.testing.assert_close(a(x), b(x), rtol=1e-4, atol=1e-5)
+
+
+class MHAModel(nn.Module):
+    """nn.MultiheadAttention returning its output and its head-averaged weights."""
+
+    def __init__(self, dim: int = 32, heads: int = 4):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+    def forward(self, x):
+        out, weights = self.mha(x, x, x, need_weights=True)
+        return out + weights.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dynamic", DYNAMIC)
+def test_multihead_attention_saved_views(dynamic):
+    """MultiheadAttention's forward saves q, k, v as views (with offsets) of one buffer;
+    fxwrap's fused kernels write them as buffers of their own, which must keep the traced
+    strides: the backward program reads them through exactly those strides."""
+    model = MHAModel()
+    ref = twin(model)
+    compiled = compile_fxwrap(model, "torch.compile", dynamic)
+    for shape in ((2, 5, 32), (3, 7, 32)):
+        zero_grads(model, ref)
+        assert_same_training_step(model, ref, compiled, torch.randn(shape))
+    forward = next(p for p in compiled.programs if p.kind == "forward")
+    for node in forward.graph_module.graph.nodes:  # every buffer has the traced layout
+        if node.op == "output":
+            for out in node.args[0]:
+                if isinstance(out, torch.fx.Node) and isinstance(out.meta.get("val"), torch.Tensor):
+                    assert out.meta["val"].stride() is not None

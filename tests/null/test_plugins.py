@@ -223,3 +223,24 @@ def test_every_hook_is_specified_and_documented():
         for heading in ("When:", "Arguments:", "Returns:", "firstresult: no", "Example::", "@hookimpl"):
             assert heading in doc, (name, heading)
         assert getattr(hookspecs, name).fxwrap_spec["firstresult"] is False
+
+
+def test_builtin_entry_points_match_pyproject():
+    """Running from a source tree (no installed metadata) registers the same built-in targets."""
+    import pathlib
+    import tomllib
+
+    from fxwrap.plugins.manager import BUILTIN_ENTRY_POINTS
+    pyproject = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert dict(BUILTIN_ENTRY_POINTS) == pyproject["project"]["entry-points"]["fxwrap"]
+
+
+def test_builtin_targets_load_without_installed_metadata(monkeypatch):
+    import importlib.metadata
+
+    from fxwrap.plugins.manager import BUILTIN_ENTRY_POINTS, PluginManager, installed_entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    eps = installed_entry_points()
+    assert [(ep.name, ep.value) for ep in eps] == sorted(BUILTIN_ENTRY_POINTS)
+    manager = PluginManager(eps).load()
+    assert {"cpu", "cuda", "mps", "reference"} <= set(manager.targets)

@@ -25,18 +25,27 @@ count or timing); per-chunk partial states are combined in chunk order, so resul
 are bitwise reproducible.  Reductions run as passes in order (a reduction reading
 another's ``acc`` starts a new pass); stores indexed by ``r`` vars run in a final
 pass over ``r`` (the epilogue); stores indexed by ``x`` vars only, once per row.
+When an epilogue store contains the (transcendental) value the last pass reduces,
+that pass stores it and the epilogue reads it back: softmax computes one ``exp``
+per element, ``out = exp(x - max)`` in the sum pass, ``out = out / sum`` after.
+
+Inner loops vectorize: ``exp`` and ``erf`` of float32 go through the prelude's
+branch-free ``fx_expf`` / ``fx_erff`` (libm calls do not vectorize without
+``-ffast-math``, which fxwrap never uses), and sizes inside ``/``, ``%`` and ``*``
+are parenthesised (``rbase % (s0 - 1)``).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import sympy
 import torch
 
-from fxwrap.core.ir import Reduction, ScheduledKernel, Store, walk
+from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
-from fxwrap.targets.cstyle import CStyleEmitter, EmitError, Scope, _Names
+from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, _Names
 
 
 class CppEmitter(CStyleEmitter):
@@ -49,6 +58,10 @@ class CppEmitter(CStyleEmitter):
     language = "c++"
     kernel_qualifier = 'extern "C"'
     prelude = PRELUDE
+    # float exp and erf through the prelude's inline fx_expf / fx_erff (they vectorize;
+    # std::exp and std::erf are libm calls that gcc vectorizes only under -ffast-math)
+    code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
+                   "erf": lambda x, dtype: f"fx_erf({x})"}
     # tuning (all decisions depend on sizes only: results never depend on thread count)
     parallel_min_work = 32768   # elements of work below which a kernel stays on one thread
     pointwise_block = 1024      # innermost tile of a collapsed pointwise nest
@@ -76,6 +89,15 @@ class CppEmitter(CStyleEmitter):
 
     def launch_metadata(self, kernel: ScheduledKernel) -> dict:
         return {"parallel": "openmp"}
+
+    def render_const(self, value, dtype: torch.dtype) -> str:
+        if isinstance(value, str) or (isinstance(value, sympy.Basic) and value.free_symbols):
+            # a run-time scalar (an ``.item()`` result, named by the wrapper builder) is
+            # no kernel argument: the builder rebuilds its nodes as ATen extern calls
+            raise EmitError(f"run-time scalar {value!r} used as a {dtype} constant has no "
+                            f"kernel argument on target {self.target_name}; the op runs as an "
+                            "ATen extern call")
+        return super().render_const(value, dtype)
 
     # ------------------------------------------------------------------ body
     def render_body(self, kernel: ScheduledKernel, names: _Names) -> list[str]:
@@ -171,6 +193,12 @@ def _stride(index, var) -> int | None:
         return 0
     d = sympy.diff(index, var)
     return int(d) if d.is_Integer else None
+
+
+def _operand(text: str) -> str:
+    """C expression ``text`` safe as an operand of ``*``, ``/``, ``%`` or ``-``."""
+    t = text.strip()
+    return t if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+(LL|ULL)?", t) else f"({t})"
 
 
 def _block(lines: list[str], head: str, body: list[str]) -> None:
@@ -283,6 +311,45 @@ class _ReductionCode:
         self.rnumel = sympy.Mul(*self.rr)
         self.column = self._is_column()
         self.need_ridx = any(r.kind in ("argmax", "argmin") for r in self.reds)
+        self.stash = self._stash()
+
+    _HEAVY = frozenset("exp exp2 expm1 log log2 log10 log1p erf erfc tanh sigmoid pow sin cos "
+                       "tan sinh cosh atan asin acos".split())
+
+    def _stash(self) -> list[tuple[Store, Op]]:
+        """Epilogue stores that contain the value a reduction of the last pass reduces
+        (softmax: ``exp(x - max)`` in ``exp(x - max) / sum``), when that value is costly
+        (a transcendental) and has the stored buffer's own dtype (float32/64, so that it
+        reads back bit for bit): the last pass stores it, the epilogue loads it back
+        instead of computing it again.  Row tiling only."""
+        if self.column or not self.r_stores or not self.passes:
+            return []
+        stash: list[tuple[Store, Op]] = []
+        _, pointers = self.em.buffer_pointers(self.k)
+        # a buffer the kernel also reads (a ``copy_`` into an input) must not change early
+        read = {n.args[0] for op in [r.red.value for r in self.reds] + [st.value for st in self.k.stores]
+                for n in walk(op) if n.op == "load"}
+        taken: set[str] = set(read)
+        for r in self.passes[-1]:
+            v = r.red.value
+            if v.op in ("load", "const", "cast") or v.dtype not in (torch.float32, torch.float64):
+                continue
+            if not any(n.op in self._HEAVY for n in walk(v)):
+                continue
+            for st in self.r_stores:
+                if st.buffer in taken or pointers.get(st.buffer, (None, None))[1] != v.dtype:
+                    continue
+                if any(n == v for n in walk(st.value)) and st.value != v:
+                    stash.append((st, v))
+                    taken.add(st.buffer)
+                    break
+        return stash
+
+    def stash_stores(self, scope: Scope) -> list[str]:
+        """The last pass's stores of the stashed values (locals already in ``scope``)."""
+        _, pointers = scope.pointers()
+        return [f"{pointers[st.buffer][0]}[{self.idx(st.index)}] = {scope.value(v)};"
+                for st, v in self.stash]
 
     # -- analysis --------------------------------------------------------------
     def _passes(self, by_name) -> list[list[_Red]]:
@@ -306,8 +373,8 @@ class _ReductionCode:
         xl, rl = self.xv[-1], self.rv[-1]
         loads = [n for r in self.reds for n in walk(r.red.value) if n.op == "load"]
         rnames = {v.name for v in self.rv}
-        loads = [n for n in loads if any(s.name in rnames for s in
-                                         sympy.sympify(n.args[1]).free_symbols)]
+        loads = [n for n in loads if not isinstance(n.args[1], Op) and any(  # direct loads only
+            s.name in rnames for s in sympy.sympify(n.args[1]).free_symbols)]
         if not loads:
             return False
         x_contig = any(_stride(n.args[1], xl) == 1 for n in loads)
@@ -317,6 +384,11 @@ class _ReductionCode:
     # -- helpers ---------------------------------------------------------------
     def idx(self, e) -> str:
         return self.em.render_index(e)
+
+    def pidx(self, e) -> str:
+        """``idx(e)`` as one operand: parenthesised unless a name or a literal, so that
+        ``/``, ``%`` and ``*`` around it bind to the whole size (``(s0 + 1) / 2``)."""
+        return _operand(self.em.render_index(e))
 
     def scope(self, parent, declares=()) -> Scope:
         return Scope(self.em, self.names, parent, declares=declares, kernel=self.k)
@@ -335,7 +407,7 @@ class _ReductionCode:
             return sympy.Integer(1)
         rn = self.idx(self.rnumel)
         return (f"({self.idx(few)} < {lim} && {rn} >= {2 * chunk}) ? "
-                f"fx_imin({em.max_chunks}, {rn} / {chunk}) : 1")
+                f"fx_imin({em.max_chunks}, {_operand(rn)} / {chunk}) : 1")
 
     def tiles_expr(self) -> sympy.Expr:
         xo = sympy.Mul(*self.xr[:-1]) if len(self.xr) > 1 else sympy.Integer(1)
@@ -420,7 +492,7 @@ class _ReductionCode:
         it, em = self.it, self.em
         body: list[str] = []
         if self.column:
-            xl = self.idx(self.xr[-1])
+            xl = self.pidx(self.xr[-1])
             cb = em.col_block
             body += [f"const {it} xo = xindex / {xl};", f"const {it} xl = xindex % {xl};",
                      f"const {it} ptile = xo * (({xl} + {cb - 1}) / {cb}) + xl / {cb};",
@@ -451,7 +523,8 @@ class _ReductionCode:
             for r in bound:
                 r.bind(row, [f"{f}[{xlin}]" for f in r.names("F")])
         for p in passes:
-            code, finals = self.row_pass(row, p, rs, re_)
+            code, finals = self.row_pass(row, p, rs, re_,
+                                         stash=partial is None and p is self.passes[-1])
             row.flush_into(out)
             out += code
             if partial is None:
@@ -464,7 +537,7 @@ class _ReductionCode:
                     out += [f"{q}[task] = {s};" for q, s in zip(r.names("p"), finals[r.k])]
         if partial is None or (partial is not None and not partial[0]):
             if self.r_stores:
-                code = self.row_epilogue(row, rs, re_)
+                code = self.row_epilogue(row, rs, re_, stash=partial is None)
                 row.flush_into(out)
                 out += code
         if partial is None and self.x_stores:
@@ -482,14 +555,14 @@ class _ReductionCode:
             count = f"{re_} - {rbase}"
         else:
             q = self.names.fresh("q")
-            rlast = self.idx(self.rr[-1])
+            rlast = self.pidx(self.rr[-1])
             lines = [f"const {it} {q} = {rbase} / {rlast};",
                      f"const {it} {last}_start = {rbase} % {rlast};"]
             lines += self.em.decompose(q, self.rv[:-1], self.rr[:-1], self.names)
-            count = f"fx_imin({rlast} - {last}_start, {re_} - {rbase})"
+            count = f"fx_imin({rlast} - {last}_start, {_operand(re_)} - {rbase})"
         return lines, f"{last}_start", count
 
-    def row_pass(self, row: Scope, p: list[_Red], rs: str, re_: str):
+    def row_pass(self, row: Scope, p: list[_Red], rs: str, re_: str, stash: bool = False):
         it, L = self.it, self.em.reduction_lanes
         last = self.rv[-1].name
         flush = [r for r in p if r.flushable]
@@ -522,6 +595,8 @@ class _ReductionCode:
             upd_l.append(r.upd([f"{s}[lane]" for s in r.names("l")], v, ridx_l))
         lane_scope.flush_into(lane_body)
         lane_body += upd_l
+        if stash:
+            lane_body += self.stash_stores(lane_scope)
         # tail
         tail_scope = self.scope(seg, [last])
         tail_body = [f"const {it} {last} = {start} + rj;"]
@@ -531,6 +606,8 @@ class _ReductionCode:
             upd_t.append(r.upd(r.names("t"), v, "rbase + rj"))
         tail_scope.flush_into(tail_body)
         tail_body += upd_t
+        if stash:
+            tail_body += self.stash_stores(tail_scope)
 
         seg_body = seg_lines + [f"const {it} rcount = {count};"]
         seg.flush_into(seg_body)
@@ -562,13 +639,20 @@ class _ReductionCode:
             code.append(r.cmb(r.names("f"), r.names("t")))
         return code, finals
 
-    def row_epilogue(self, row: Scope, rs: str, re_: str) -> list[str]:
+    def row_epilogue(self, row: Scope, rs: str, re_: str, stash: bool = False) -> list[str]:
         it = self.it
         last = self.rv[-1]
         seg_lines, start, count = self.r_segment("rbase", re_)
         seg = self.scope(row, [v.name for v in self.rv[:-1]])
         inner = self.scope(seg, [last.name])
         body = [f"const {it} {last.name} = {start} + rj;"]
+        if stash:
+            loads, _ = inner.pointers()
+            for st, v in self.stash:  # stored by the last pass: read back, do not recompute
+                name = self.names.fresh("tmp")
+                body.append(f"const {self.em.ctype(v.dtype)} {name} = "
+                            f"{loads[st.buffer][0]}[{self.idx(st.index)}];")
+                inner.env[v] = (name, v.dtype)
         body += self.em.render_stores(self.k, self.r_stores, inner)
         seg_body = seg_lines + [f"const {it} rcount = {count};"]
         seg.flush_into(seg_body)
@@ -583,7 +667,7 @@ class _ReductionCode:
     # -- column tiling ------------------------------------------------------------
     def col_task(self, fn: Scope, tile: str, rs: str, re_: str, partial) -> list[str]:
         it, cb = self.it, self.em.col_block
-        xl_range = self.idx(self.xr[-1])
+        xl_range = self.pidx(self.xr[-1])
         out = [f"const {it} nxb = ({xl_range} + {cb - 1}) / {cb};",
                f"const {it} xo = {tile} / nxb;",
                f"const {it} xbase = ({tile} % nxb) * {cb};",

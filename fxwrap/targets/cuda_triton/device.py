@@ -7,7 +7,12 @@ from fxwrap.targets.base import DeviceInterface
 
 
 class CudaDevice(DeviceInterface):
-    """``CudaDevice().capabilities() -> {"name": "NVIDIA H200", "warp_size": 32, ...}``."""
+    """``CudaDevice().capabilities() -> {"name": "NVIDIA H200", "warp_size": 32, ...}``.
+
+    Every method is safe to call without a GPU: ``is_available()`` is False,
+    ``device_count()`` 0, ``capabilities()`` ``{}``, ``current_stream()`` None and
+    ``synchronize()`` a no-op.
+    """
 
     device_type = "cuda"
 
@@ -15,19 +20,32 @@ class CudaDevice(DeviceInterface):
         return torch.cuda.is_available()
 
     def synchronize(self, device=None) -> None:
-        torch.cuda.synchronize(device)
+        if self.is_available():
+            torch.cuda.synchronize(device)
 
     def current_stream(self, device=None):
+        if not self.is_available():
+            return None
         return torch.cuda.current_stream(device)
 
     def device_count(self) -> int:
-        return torch.cuda.device_count()
+        return torch.cuda.device_count() if self.is_available() else 0
 
-    def capabilities(self) -> dict:
+    def capabilities(self, device=None) -> dict:
         if not self.is_available():
             return {}
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return {"name": props.name, "capability": (props.major, props.minor),
+        index = torch.cuda.current_device() if device is None else torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        major, minor = props.major, props.minor
+        dtypes = ["float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"]
+        if major >= 8:
+            dtypes.insert(2, "bfloat16")
+        return {"name": props.name, "capability": (major, minor),
                 "multiprocessors": props.multi_processor_count,
                 "warp_size": getattr(props, "warp_size", 32),
-                "memory_bytes": props.total_memory}
+                "memory_bytes": props.total_memory,
+                "max_threads_per_block": getattr(props, "max_threads_per_block", 1024),
+                "shared_memory_per_block": getattr(props, "shared_memory_per_block_optin",
+                                                   getattr(props, "shared_memory_per_block", None)),
+                "l2_cache_bytes": getattr(props, "L2_cache_size", None),
+                "dtypes": dtypes, "kernel_language": "triton"}

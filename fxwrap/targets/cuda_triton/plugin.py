@@ -1,9 +1,22 @@
-"""Registers the built-in ``cuda`` target through the ``fxwrap`` entry point."""
+"""Registers the built-in Triton targets through the ``fxwrap`` entry point.
+
+* ``cuda``: CUDA tensors, Triton kernels compiled ahead and launched through bound
+  launchers (the default target for CUDA tensors);
+* ``triton-interpret``: CPU tensors, the same Triton kernels run by Triton's CPU
+  interpreter (``TRITON_INTERPRET=1``).  Chosen by name only (priority below ``cpu``
+  and ``reference``): it is how CI without a GPU runs the Triton emitter::
+
+      torch.compile(fn, backend="fxwrap", options={"target": "triton-interpret"})
+"""
 from fxwrap.plugins.hookspecs import hookimpl
-from fxwrap.targets.base import KernelEmitter, Target, WrapperCodegen
+from fxwrap.targets.base import Target, WrapperCodegen
+from fxwrap.targets.cpu_cpp.device import CpuDevice
 from fxwrap.targets.cuda_triton.device import CudaDevice
+from fxwrap.targets.cuda_triton.emitter import TritonEmitter
 
 
 @hookimpl
 def fxwrap_targets():
-    return [Target("cuda", "cuda", CudaDevice(), KernelEmitter, WrapperCodegen)]
+    return [Target("cuda", "cuda", CudaDevice(), TritonEmitter, WrapperCodegen),
+            Target("triton-interpret", "cpu", CpuDevice(), TritonEmitter, WrapperCodegen,
+                   options={"interpret": True}, priority=-2)]

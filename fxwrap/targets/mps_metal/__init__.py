@@ -1,1 +1,7 @@
-"""The MPS target: Metal kernels (extern calls until the Metal emitter lands)."""
+"""The MPS target: Metal kernels.
+
+``emitter.MetalEmitter`` renders a ``ScheduledKernel`` to Metal source (``prelude``
+holds the helpers, ``reduction`` the threadgroup-per-row reductions); ``launcher``
+runs it through ``torch.mps.compile_shader``; ``shim_runner`` compiles the same
+source as C++ against ``shim/fxwrap_metal_shim.h`` and runs it on CPU tensors.
+"""

@@ -137,14 +137,32 @@ class ReferenceLauncher:
         raise NotImplementedError(f"reference target: reduction {kind}")
         _ = dims
 
+    @staticmethod
+    def load(node: Op, args, tensors, env):
+        """A direct, indirect (``args[1]`` already a tensor of offsets) or masked load.
+
+        A masked load reads only where its mask holds (elsewhere it is 0), like the
+        C emitter's ``mask ? ptr[i] : 0``: offsets under a false mask are never used.
+        """
+        flat = _flat(tensors[node.args[0]])
+        index = args[1] if isinstance(node.args[1], Op) else eval_index(node.args[1], env)
+        index = torch.as_tensor(index).long()
+        if len(node.args) < 3:
+            return flat[index]
+        mask = torch.as_tensor(args[2]).bool()
+        index, mask = torch.broadcast_tensors(index, mask)
+        if flat.numel() == 0:
+            return torch.zeros(index.shape, dtype=flat.dtype)
+        got = flat[torch.where(mask, index, torch.zeros_like(index))]
+        return torch.where(mask, got, torch.zeros((), dtype=got.dtype))
+
     def value(self, root: Op, tensors, env, accs, shape):
         vals: dict[Op, object] = {}
         nr = len(self.k.reduction_ranges)
         for node in walk(root):
             a = [vals[c] if isinstance(c, Op) else c for c in node.args]
             if node.op == "load":
-                index = torch.as_tensor(eval_index(node.args[1], env))
-                vals[node] = _flat(tensors[node.args[0]])[index]
+                vals[node] = self.load(node, a, tensors, env)
             elif node.op == "const":
                 vals[node] = torch.tensor(node.args[0], dtype=node.dtype)
             elif node.op == "index":

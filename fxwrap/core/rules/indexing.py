@@ -1,0 +1,253 @@
+"""Indexing rules: cat, constant_pad_nd, gather, embedding, index, index_select, copy_.
+
+Values defined piecewise over the output index are a ``where`` over *masked*
+loads (nothing is read outside a piece).  ``torch.cat([a, b])`` with ``a`` of
+size ``(3, 6)`` and ``b`` of size ``(s0, 6)``, both contiguous, is at ``(x0, x1)``::
+
+    where(x0 < 3,
+          load(a, 6*x0 + x1, x0 < 3),
+          load(b, 6*x0 + x1 - 18, x0 >= 3))
+
+Data-dependent reads are *indirect* loads (the offset is a value of the kernel,
+see ``fxwrap.core.ir``).  ``torch.gather(x, 1, idx)`` with ``x`` of stride
+``(6, 1)`` and ``idx`` of stride ``(3, 1)`` reads, at ``(x0, x1)``::
+
+    load(x, index(6*x0) + cast<i64>(load(idx, 3*x0 + x1)))
+
+and puts ``check_index_bounds(idx, 6, 1, False)`` (``fxwrap.runtime.checks``) on
+the host before the kernel: an index out of range raises ``IndexError`` instead of
+reading outside ``x``.  ``x[idx]`` (negative indices allowed) wraps them in the
+kernel: ``where(v < 0, v + n, v)``.
+
+``x.copy_(y)`` on a graph input (what functionalization leaves for input
+mutation) is a kernel storing ``y`` into ``x``'s own buffer; every earlier value
+that is read later is realized first, and the write starts a kernel of its own.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from fxwrap.core.ir import Op
+from fxwrap.core.lowering import (
+    Loops, Stored, Unsupported, as_loops, broadcast, cast, const, index_value, masked, register,
+)
+from fxwrap.runtime.checks import check_index_bounds
+from fxwrap.wrapper_ir.lines import CallExtern, Comment
+
+aten = torch.ops.aten
+I64 = torch.int64
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def _and(a: Op | None, b: Op) -> Op:
+    return b if a is None else Op("logical_and", torch.bool, (a, b))
+
+
+def _cmp(name: str, a, b) -> Op:
+    """``a <name> b`` of two index expressions, as a bool value."""
+    return Op(name, torch.bool, (index_value(a), index_value(b)))
+
+
+# -- piecewise: cat, constant_pad_nd -------------------------------------------------
+
+@register(aten.cat.default)
+def _cat(ctx, tensors, dim=0):
+    rank = len(ctx.out_size)
+    if rank == 0:
+        raise Unsupported("cat of 0-d tensors")
+    dim %= rank
+    out = ctx.out_dtype
+    pieces, start = [], sympy.Integer(0)  # (first index along dim, length, values)
+    for t in tensors:
+        loops = as_loops(t)
+        if len(loops.size) != rank:
+            if len(loops.size) == 1 and loops.size[0] == 0:
+                continue  # cat skips legacy empty 1-d tensors
+            raise Unsupported("cat of tensors of different ranks")
+        n = loops.size[dim]
+        if n == 0:
+            continue
+        pieces.append((start, n, loops))
+        start = start + n
+    if not pieces:
+        raise Unsupported("cat of empty tensors")
+
+    def fn(i):
+        d = i[dim]
+        value = None
+        for k in reversed(range(len(pieces))):
+            lo, n, loops = pieces[k]
+            piece = cast(loops(tuple(v - lo if j == dim else v for j, v in enumerate(i))), out)
+            mask = _cmp("ge", d, lo) if k > 0 else None
+            if value is None:  # the last piece: everything from its start on
+                value = masked(piece, mask) if mask is not None else piece
+                continue
+            below = _cmp("lt", d, lo + n)
+            value = Op("where", out, (below, masked(piece, _and(mask, below)), value))
+        return value
+    return Loops(ctx.out_size, out, ctx.device, fn)
+
+
+@register(aten.constant_pad_nd.default)
+def _constant_pad_nd(ctx, x, pad, value=0):
+    loops = as_loops(x)
+    rank = len(loops.size)
+    if len(pad) % 2 or len(pad) // 2 > rank or not all(isinstance(p, int) for p in pad):
+        raise Unsupported("constant_pad_nd: symbolic or malformed pad")
+    left, right = [0] * rank, [0] * rank
+    for k in range(len(pad) // 2):  # pad lists (left, right) pairs from the last dim back
+        left[rank - 1 - k], right[rank - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    out = ctx.out_dtype
+    fill = const(value, out)
+
+    def fn(i):
+        src = tuple(v - lo for v, lo in zip(i, left))
+        mask = None  # inside x along every padded dim (a negative pad only crops)
+        for d in range(rank):
+            if left[d] > 0:
+                mask = _and(mask, _cmp("ge", i[d], left[d]))
+            if right[d] > 0:
+                mask = _and(mask, _cmp("lt", src[d], loops.size[d]))
+        v = cast(loops(src), out)
+        return v if mask is None else Op("where", out, (mask, masked(v, mask), fill))
+    return Loops(ctx.out_size, out, ctx.device, fn)
+
+
+# -- indirect: gather, embedding, index, index_select --------------------------------
+
+def read(buf, index) -> Op:
+    """A load of ``buf`` at ``index``: per dim a sympy expression or an int64 ``Op``.
+
+    Sympy parts stay one index expression; ``Op`` parts make the load indirect::
+
+        read(w, (Op(v), x1))  ->  load(w, index(x1) + v * index(64))   # w: (V, 64)
+    """
+    direct = sympy.Integer(0)
+    terms = []
+    for e, s, n in zip(index, buf.stride, buf.size):
+        if n == 1:
+            continue  # index 0 (a checked indirect index is 0 there too)
+        if isinstance(e, Op):
+            terms.append(e if s == 1 else Op("mul", I64, (e, index_value(s))))
+        else:
+            direct = direct + e * s
+    direct = sympy.expand(direct)
+    if not terms:
+        return Op("load", buf.dtype, (buf.name, direct))
+    offset = terms[0] if direct == 0 else Op("add", I64, (index_value(direct), terms[0]))
+    for t in terms[1:]:
+        offset = Op("add", I64, (offset, t))
+    return Op("load", buf.dtype, (buf.name, offset))
+
+
+def _index_tensor(value) -> Loops:
+    loops = as_loops(value)
+    if loops.dtype not in _INDEX_DTYPES:
+        raise Unsupported(f"index of dtype {loops.dtype}")
+    return loops
+
+
+def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
+    """The index tensor in memory, with a host-side bounds check before its use."""
+    buf = ctx.stored(index).buffer
+    ctx.emit(Comment(f"{ctx.node.name}: every index of {buf.name} in range for dim {dim}"))
+    ctx.emit(CallExtern(check_index_bounds, (buf, size, dim, negative_ok), (), None))
+    return as_loops(Stored(buf))
+
+
+def _wrap(v: Op, n) -> Op:
+    """A possibly negative index ``v`` into ``[0, n)``: ``where(v < 0, v + n, v)``."""
+    neg = Op("lt", torch.bool, (v, Op("const", I64, (0,))))
+    return Op("where", I64, (neg, Op("add", I64, (v, index_value(n))), v))
+
+
+def _rank(x) -> int:
+    rank = len(as_loops(x).size)
+    if rank == 0:
+        raise Unsupported("indexing a 0-d tensor")
+    return rank
+
+
+@register(aten.gather.default)
+def _gather(ctx, x, dim, index, *, sparse_grad=False):
+    rank = _rank(x)
+    _index_tensor(index)
+    if len(as_loops(index).size) != rank:
+        raise Unsupported("gather with an index of another rank")
+    dim %= rank
+    src = ctx.stored(x).buffer
+    idx = _checked(ctx, index, src.size[dim], dim, negative_ok=False)
+    out = ctx.out_dtype
+
+    def fn(i):
+        at = tuple(cast(idx(i), I64) if k == dim else v for k, v in enumerate(i))
+        return cast(read(src, at), out)
+    return Loops(ctx.out_size, out, ctx.device, fn)
+
+
+@register(aten.embedding.default)
+def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if len(as_loops(weight).size) != 2:
+        raise Unsupported("embedding weight of rank != 2")
+    _index_tensor(indices)
+    w = ctx.stored(weight).buffer
+    idx = _checked(ctx, indices, w.size[0], 0, negative_ok=False)
+    nidx, out = len(idx.size), ctx.out_dtype
+    return Loops(ctx.out_size, out, ctx.device,
+                 lambda i: cast(read(w, (cast(idx(i[:nidx]), I64), i[nidx])), out))
+
+
+@register(aten.index_select.default)
+def _index_select(ctx, x, dim, index):
+    rank = _rank(x)
+    if len(_index_tensor(index).size) > 1:
+        raise Unsupported("index_select with a multi-dimensional index")
+    dim %= rank
+    src = ctx.stored(x).buffer
+    idx = _checked(ctx, index, src.size[dim], dim, negative_ok=False)
+    out = ctx.out_dtype
+
+    def fn(i):
+        v = cast(idx((i[dim],) if idx.size else ()), I64)
+        return cast(read(src, tuple(v if k == dim else e for k, e in enumerate(i))), out)
+    return Loops(ctx.out_size, out, ctx.device, fn)
+
+
+@register(aten.index.Tensor)
+def _index(ctx, x, indices):
+    """``x[idx]``, ``x[:, idx]``: one integer index tensor, after ``None``s only."""
+    rank = _rank(x)
+    given = [k for k, t in enumerate(indices) if t is not None]
+    if len(given) != 1 or given[0] != len(indices) - 1 or len(indices) > rank:
+        raise Unsupported("index with other than one trailing index tensor")
+    dim = given[0]
+    _index_tensor(indices[dim])
+    src = ctx.stored(x).buffer
+    idx = _checked(ctx, indices[dim], src.size[dim], dim, negative_ok=True)
+    nidx, out = len(idx.size), ctx.out_dtype
+
+    def fn(i):
+        v = _wrap(cast(idx(tuple(i[dim:dim + nidx])), I64), src.size[dim])
+        at = tuple(i[:dim]) + (v,) + tuple(i[dim + nidx:])
+        return cast(read(src, at), out)
+    return Loops(ctx.out_size, out, ctx.device, fn)
+
+
+# -- input mutation -----------------------------------------------------------------
+
+@register(aten.copy_.default)
+def _copy_(ctx, dst, src, non_blocking=False):
+    """``copy_(arg0, y)``: a kernel storing ``y`` (cast, broadcast) into ``arg0``."""
+    if not isinstance(dst, Stored):
+        raise Unsupported("copy_ into a value that is not in memory")
+    buf = dst.buffer
+    if any(s == 0 and n != 1 for n, s in zip(buf.size, buf.stride)):
+        raise Unsupported("copy_ into an expanded (overlapping) tensor")
+    loops = broadcast(as_loops(src), buf.size)
+    ctx.write_barrier()
+    # the line ends the fusion group: no kernel that reads buf's old values stores into it
+    ctx.emit(Comment(f"{ctx.node.name}: {ctx.node.target} writes {buf.name} in place"))
+    out = buf.dtype
+    ctx.store_into(buf, Loops(buf.size, out, ctx.device, lambda i: cast(loops(i), out)))
+    return dst

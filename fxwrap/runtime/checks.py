@@ -1,0 +1,36 @@
+"""Run-time checks the Wrapper IR calls before a kernel that trusts its inputs.
+
+A kernel with an *indirect* load (gather, embedding, ``x[idx]``, ``index_select``)
+reads at offsets computed from an index tensor.  Eager PyTorch raises on an index
+out of range; a generated kernel would read outside its buffer.  The lowering
+therefore puts a check on the host before the kernel::
+
+    # gather: aten.gather.default
+    check_index_bounds(arg1, 6, 1, False)
+    fxwrap_pointwise_0(arg0, arg1, buf0)
+
+which raises ``IndexError`` (the kernel never runs) when a value of ``arg1`` is not
+in ``[0, 6)`` (``[-6, 6)`` when negative indices wrap, as in ``x[idx]``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+
+@torch.fx.node.has_side_effect
+def check_index_bounds(index, size, dim: int, negative_ok: bool) -> None:
+    """Raise ``IndexError`` unless every value of ``index`` indexes a dim of ``size``."""
+    if isinstance(index, torch.fx.Proxy):  # FX re-tracing on unpickle
+        return index.tracer.create_proxy("call_function", check_index_bounds,
+                                         (index, size, dim, negative_ok), {})
+    if index.numel() == 0:
+        return None
+    size = int(size)
+    lo, hi = torch.aminmax(index)
+    lo, hi = int(lo), int(hi)
+    low = -size if negative_ok else 0
+    for v in (lo, hi):
+        if not low <= v < size:
+            raise IndexError(f"index {v} is out of bounds for dimension {dim} with size {size}")
+    return None

@@ -1,0 +1,375 @@
+"""The Triton kernel emitter: ``ScheduledKernel`` -> Triton module -> bound launcher.
+
+``torch.softmax(x, -1)`` over a contiguous ``(64, 128)`` float tensor is one kernel
+with two reductions and a store indexed by ``r`` (the epilogue); it renders as a
+*persistent* reduction (the row lives in registers)::
+
+    # fxwrap kernel fxwrap_reduction_0 (triton)
+    # from: _softmax
+    # plan: persistent reduction (inner), indices tl.int32
+    import triton
+    import triton.language as tl
+
+    from fxwrap.targets.cuda_triton.libm import fx_round_bf16, libdevice
+
+    @triton.jit
+    def _fx_max(a, b): ...
+
+    @triton.jit
+    def fxwrap_reduction_0(in_ptr0, out_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+        xnumel = 64
+        rnumel = 128
+        xoffset = tl.program_id(0) * XBLOCK
+        xindex = xoffset + tl.arange(0, XBLOCK)[:, None]
+        xmask = xindex < xnumel
+        rbase = tl.arange(0, RBLOCK)[None, :]
+        x0 = xindex
+        rindex = rbase
+        rmask = rindex < rnumel
+        xrmask = xmask & rmask
+        r0 = rindex
+        tmp0 = tl.load(in_ptr0 + (128*x0 + r0), xmask & rmask, other=0)
+        _acc0_v = tl.where(xrmask, tmp0, tl.full([], float("-inf"), tl.float32))
+        _acc0 = tl.reduce(_acc0_v, 1, _fx_max)[:, None]
+        ...
+        tl.store(out_ptr0 + (128*x0 + r0), tmp5, xmask & rmask)
+
+The source depends on the kernel only (block sizes are ``tl.constexpr`` parameters),
+so the same program gives byte-identical sources.  ``KernelSource.launch`` records the
+plan, the host grid expressions and the chosen ``config`` (block sizes, ``num_warps``;
+autotuned on the GPU at render time, the planner's single config under the
+interpreter), and ``configs``, the candidates.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+
+import sympy
+import torch
+
+from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
+from fxwrap.runtime.kernel import KernelArg
+from fxwrap.targets.base import KernelEmitter, KernelSource
+from fxwrap.targets.cuda_triton import ops as O
+from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
+from fxwrap.targets.cuda_triton.printer import IndexPrinter
+from fxwrap.targets.cuda_triton.tiling import Planner
+
+
+log = logging.getLogger("fxwrap")
+
+# In-process caches shared by every emitter: kernels whose bodies are equal up to the
+# function names (the repeated blocks of a model) compile and autotune once.
+_LAUNCHERS: dict[tuple, object] = {}
+_TUNED: dict[tuple, tuple] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def body_digest(text: str, launch: dict) -> str:
+    """Digest of a kernel module without its header comments and with its function
+    names replaced: equal for kernels that differ only in name and provenance."""
+    lines = text.split("\n")
+    start = 0
+    while start < len(lines) and lines[start].startswith("#"):
+        start += 1
+    body = "\n".join(lines[start:])
+    if launch.get("partial_symbol"):
+        body = body.replace(f"def {launch['partial_symbol']}(", "def _FX_PARTIAL_(")
+    body = body.replace(f"def {launch['symbol']}(", "def _FX_KERNEL_(")
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _launch_key(text: str, launch: dict, device) -> tuple:
+    index = None
+    if device is not None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    return (body_digest(text, launch), tuple(launch["config"]), launch.get("combine_config"),
+            tuple(launch["pointer_dtypes"]), tuple(launch.get("workspace_dtypes", ())), tuple(launch["numels"]),
+            tuple(launch["size_symbols"]), launch["pointers"], bool(launch.get("interpret", False)), index)
+
+
+def clear_caches() -> None:
+    """Forget the in-process launcher and autotuning caches (tests, benchmarks)."""
+    with _CACHE_LOCK:
+        _LAUNCHERS.clear()
+        _TUNED.clear()
+
+
+class TritonEmitError(CodegenError):
+    """A kernel the Triton emitter cannot render (names the op, the target and a way out)."""
+
+
+def _describe(buf) -> str:
+    size = tuple(getattr(buf, "size", ()))
+    stride = tuple(getattr(buf, "stride", ()))
+    return f"{buf.name} {str(buf.dtype).replace('torch.', '')} size={size} stride={stride}"
+
+
+class TritonEmitter(KernelEmitter):
+    """``TritonEmitter(target).render(kernel) -> KernelSource``; ``.load(source) -> launcher``.
+
+    The launcher is called like every fxwrap kernel: ``launcher(in0, ..., out0, ...,
+    s0, ...)``.  A target whose ``device_type`` is ``cpu`` (``triton-interpret``) or
+    whose options say ``{"interpret": True}`` runs kernels under Triton's CPU
+    interpreter.  ``size_hints`` (``{symbol: int}``, set by the kernel builder) are the
+    example sizes autotuning times symbolic kernels at; ``autotune=False`` in the
+    target options (or ``FXWRAP_TRITON_AUTOTUNE=0``) keeps the planner's first config.
+    """
+
+    language = "triton"
+    supported_dtypes = frozenset(O.TL_TYPES)  # other dtypes stay ATen extern calls
+
+    def __init__(self, target=None):
+        super().__init__(target)
+        self.size_hints: dict = {}
+
+    # ------------------------------------------------------------------ options
+    @property
+    def target_name(self) -> str:
+        return getattr(self.target, "name", None) or "triton"
+
+    @property
+    def interpret(self) -> bool:
+        opts = getattr(self.target, "options", None) or {}
+        if "interpret" in opts:
+            return bool(opts["interpret"])
+        if getattr(self.target, "device_type", "cuda") != "cuda":
+            return True
+        from fxwrap.targets.cuda_triton.libm import interpreting
+        return interpreting()
+
+    @property
+    def autotune(self) -> bool:
+        import os
+        opts = getattr(self.target, "options", None) or {}
+        if os.environ.get("FXWRAP_TRITON_AUTOTUNE", "1") == "0":
+            return False
+        return bool(opts.get("autotune", True)) and not self.interpret
+
+    # ------------------------------------------------------------------ render
+    def render(self, kernel: ScheduledKernel) -> KernelSource:
+        for red in kernel.reductions:
+            if red.kind not in REDUCTIONS:
+                raise TritonEmitError(f"reduction kind {red.kind!r} of kernel {kernel.name} is not one "
+                                      f"of {sorted(REDUCTIONS)} (target {self.target_name})")
+        for buf in (*kernel.inputs, *kernel.outputs):
+            O.tl_type(buf.dtype, self.target_name)
+        plan = Planner(self.interpret, self.size_hints).plan(kernel)
+        writer = KernelWriter(kernel, plan, self.target_name)
+        fname = self.function_name(kernel)
+        ptrs = [f"in_ptr{i}" for i in range(len(kernel.inputs))]
+        ptrs += [f"out_ptr{i}" for i in range(len(kernel.outputs))]
+        sizes = [s.name for s in kernel.size_symbols]
+        deco = "@triton.jit"
+        if sizes:
+            deco = f"@triton.jit(do_not_specialize={sizes!r})"
+        if plan.kind == "split-outer":
+            body_a, body_b = writer.write_split()
+            ws = [f"ws_ptr{i}" for i in range(len(kernel.reductions))]
+            functions = [(f"{fname}_partial", ptrs + ws + sizes + [f"{b}: tl.constexpr" for b in plan.block_names],
+                          body_a),
+                         (fname, ptrs + ws + sizes + ["XBLOCK: tl.constexpr", "NSPLIT: tl.constexpr"], body_b)]
+        else:
+            functions = [(fname, ptrs + sizes + [f"{b}: tl.constexpr" for b in plan.block_names],
+                          writer.write())]
+        helpers = writer.helpers | writer.printer.helpers | writer.ops.helpers
+        lines = self.header(kernel, plan)
+        lines += ["import triton", "import triton.language as tl", "",
+                  "from fxwrap.targets.cuda_triton.libm import fx_round_bf16, libdevice", "", ""]
+        if helpers:
+            lines += O.helper_source(helpers)
+            lines.append("")
+        for i, (name, params, body) in enumerate(functions):
+            if i:
+                lines += ["", ""]
+            lines += [deco, f"def {name}({', '.join(params)}):"]
+            lines += ["    " + ln for ln in body]
+        text = "\n".join(lines) + "\n"
+
+        host = IndexPrinter(self.target_name)
+        numels = tuple((axis, host.render(sympy.Mul(*[sympy.sympify(r) for r in plan.ranges[axis]]))
+                        if plan.ranges[axis] else "1") for axis in plan.axes)
+        configs = [self._config_tuple(plan, c) for c in plan.configs]
+        launch = {"symbol": fname, "language": self.language, "plan": plan.kind,
+                  "reduction_shape": plan.reduction_shape, "index_dtype": plan.index_dtype,
+                  "pointers": len(kernel.inputs) + len(kernel.outputs),
+                  "size_symbols": tuple(sizes), "numels": numels,
+                  "configs": tuple(configs), "config": configs[0],
+                  "interpret": self.interpret, "autotuned": False,
+                  "pointer_dtypes": tuple(str(b.dtype) for b in (*kernel.inputs, *kernel.outputs))}
+        if plan.kind == "split-outer":
+            cc = plan.combine_config
+            launch["partial_symbol"] = f"{fname}_partial"
+            launch["combine_config"] = (("XBLOCK", int(cc["XBLOCK"])), ("num_warps", int(cc["num_warps"])))
+            launch["workspace_dtypes"] = tuple(str(d) for d in writer.workspace_dtypes())
+            launch["nsplit"] = dict(configs[0])["NSPLIT"]
+        source = KernelSource(kernel.name, text, self.language, self.signature(kernel), launch)
+        if self.autotune and len(configs) > 1:
+            self._tune(source, kernel, configs)
+        return source
+
+    @staticmethod
+    def _config_tuple(plan, cfg: dict) -> tuple:
+        out = [(b, int(cfg[b])) for b in plan.block_names if b in cfg]
+        if plan.rblock is not None:
+            out = [(b, v) for b, v in out if b != "RBLOCK"] + [("RBLOCK", plan.rblock)]
+            out.sort(key=lambda kv: plan.block_names.index(kv[0]))
+        out += [(k, int(v)) for k, v in sorted(cfg.items()) if not k.isupper()]
+        return tuple(out)
+
+    def header(self, kernel: ScheduledKernel, plan) -> list[str]:
+        lines = [f"# fxwrap kernel {kernel.name} (triton)",
+                 f"# from: {', '.join(kernel.origins) if kernel.origins else '(no ATen origin recorded)'}"]
+        for i, buf in enumerate(kernel.inputs):
+            lines.append(f"# in_ptr{i}: {_describe(buf)}")
+        for i, buf in enumerate(kernel.outputs):
+            lines.append(f"# out_ptr{i}: {_describe(buf)}")
+        if kernel.ranges:
+            lines.append(f"# ranges: {tuple(kernel.ranges)}")
+        if kernel.reduction_ranges:
+            lines.append(f"# reduction_ranges: {tuple(kernel.reduction_ranges)}")
+        for red in kernel.reductions:
+            lines.append(f"# reduction {red.name}: {red.kind} ({red.dtype})")
+        what = {"pointwise1d": "pointwise, 1-D", "pointwise2d": "pointwise, 2-D tiles",
+                "persistent": f"persistent reduction ({plan.reduction_shape})",
+                "looped": f"looped reduction ({plan.reduction_shape})",
+                "split-outer": "split reduction (outer): partials per r chunk, then an ordered combine"}[plan.kind]
+        lines.append(f"# plan: {what}, indices {plan.index_dtype}")
+        return lines
+
+    def function_name(self, kernel: ScheduledKernel) -> str:
+        name = re.sub(r"[^A-Za-z0-9_]", "_", kernel.name)
+        return name if name and not name[0].isdigit() else f"k_{name}"
+
+    def signature(self, kernel: ScheduledKernel) -> tuple[KernelArg, ...]:
+        in_names = {b.name for b in kernel.inputs}
+        args = [KernelArg(b.name, "input") for b in kernel.inputs]
+        args += [KernelArg(b.name, "inout" if b.name in in_names else "output") for b in kernel.outputs]
+        args += [KernelArg(s.name, "size") for s in kernel.size_symbols]
+        return tuple(args)
+
+    # ------------------------------------------------------------------ autotune
+    def _device(self, kernel: ScheduledKernel):
+        for buf in (*kernel.inputs, *kernel.outputs):
+            dev = getattr(buf, "device", None)
+            if dev is not None and torch.device(dev).type == "cuda":
+                return torch.device(dev)
+        return None
+
+    def _tune(self, source: KernelSource, kernel: ScheduledKernel, configs) -> None:
+        from fxwrap.targets.cuda_triton import autotune
+
+        device = self._device(kernel)
+        if device is None or not torch.cuda.is_available():
+            return
+        hints = dict(self.size_hints or {})
+
+        def make(cfg):
+            launch = dict(source.launch)
+            launch["config"] = cfg
+            return self._bind(source.text, launch, device)
+
+        key = (_launch_key(source.text, dict(source.launch, config=()), device), tuple(configs),
+               tuple(int(hints[sym]) if sym in hints else None for sym in kernel.size_symbols))
+        with _CACHE_LOCK:
+            hit = _TUNED.get(key)
+        if hit is not None:
+            best, timings = hit
+            source.launch["autotune_reused"] = True
+        else:
+            with torch.cuda.device(device):
+                self._precompile(source.text, source.launch, configs, device)
+                best, timings = autotune.choose(make, kernel, hints, configs, device)
+            with _CACHE_LOCK:
+                _TUNED[key] = (best, timings)
+        source.launch["config"] = best
+        if "nsplit" in source.launch:
+            source.launch["nsplit"] = dict(best)["NSPLIT"]
+        source.launch["autotuned"] = bool(timings)
+        source.launch["timings_ms"] = tuple(sorted(timings.items()))
+
+    def _precompile(self, text: str, launch: dict, configs, device) -> None:
+        """Compile the candidate configs concurrently (triton's ``AsyncCompileMode``:
+        compiles run on a thread pool; ptxas is a subprocess).  Best effort: anything
+        that fails here is compiled, or reported, again by the sequential path.
+        ``FXWRAP_TRITON_COMPILE_THREADS=1`` turns it off."""
+        workers = int(os.environ.get("FXWRAP_TRITON_COMPILE_THREADS", "8") or 1)
+        if workers < 2 or len(configs) < 2:
+            return
+        try:
+            from triton.runtime._async_compile import AsyncCompileMode
+        except ImportError:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        from fxwrap.targets.cuda_triton.launcher import load_module, split_launches, submit_compile
+
+        jobs = []
+        for cfg in configs:
+            one = dict(launch, config=cfg)
+            with _CACHE_LOCK:
+                if _launch_key(text, one, device) in _LAUNCHERS:
+                    continue
+            for sub in (split_launches(one) if one.get("plan") == "split-outer" else [one]):
+                fn = getattr(load_module(text, sub["symbol"], False), sub["symbol"])
+                dtypes = [getattr(torch, d.replace("torch.", "")) for d in sub["pointer_dtypes"]]
+                jobs.append((fn, sub, dtypes))
+        if len(jobs) < 2:
+            return
+        with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="fxwrap-compile") as pool:
+            try:
+                mode = AsyncCompileMode(pool, ignore_errors=True)
+            except TypeError:
+                mode = AsyncCompileMode(pool)
+            try:
+                with mode:
+                    for fn, sub, dtypes in jobs:
+                        submit_compile(fn, sub, dtypes, len(sub["size_symbols"]))
+            except Exception as e:  # a config that does not compile: the sequential path reports it
+                log.debug("fxwrap: concurrent compile of %s: %s", launch["symbol"], e)
+
+    # ------------------------------------------------------------------ load
+    def load(self, source: KernelSource):
+        """Import the module and bind a launcher for ``source.launch["config"]``."""
+        launch = source.launch
+        device = None
+        if not launch.get("interpret", False):
+            device = torch.device("cuda", torch.cuda.current_device())
+        return self._bind(source.text, launch, device)
+
+    def _bind(self, text: str, launch: dict, device):
+        """A launcher for ``launch["config"]``, shared by every kernel with the same body."""
+        from fxwrap.targets.cuda_triton.launcher import SplitLauncher, split_launches
+
+        if device is None and not launch.get("interpret", False):
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = _launch_key(text, launch, device)
+        with _CACHE_LOCK:
+            hit = _LAUNCHERS.get(key)
+        if hit is not None:
+            return hit
+        if launch.get("plan") == "split-outer":
+            partial, combine = split_launches(launch)
+            launcher = SplitLauncher(self._bind_one(text, partial, device), self._bind_one(text, combine, device),
+                                     launch)
+        else:
+            launcher = self._bind_one(text, launch, device)
+        with _CACHE_LOCK:
+            return _LAUNCHERS.setdefault(key, launcher)
+
+    def _bind_one(self, text: str, launch: dict, device):
+        from fxwrap.targets.cuda_triton.launcher import CompiledLauncher, InterpretedLauncher, load_module
+
+        interpret = bool(launch.get("interpret", False))
+        mod = load_module(text, launch["symbol"], interpret)
+        fn = getattr(mod, launch["symbol"])
+        if interpret:
+            return InterpretedLauncher(fn, launch)
+        dtypes = [getattr(torch, d.replace("torch.", "")) for d in launch["pointer_dtypes"]]
+        index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+        with torch.cuda.device(index):
+            return CompiledLauncher(fn, launch, dtypes, index)

@@ -1,0 +1,265 @@
+"""Kernel modules and launchers bound at compile time.
+
+A rendered kernel is a Python module (``KernelSource.text``).  ``load_module`` writes
+it once under ``FXWRAP_CACHE_DIR/triton`` (atomically) and imports it; the
+``@triton.jit`` function it defines is then bound to a launcher:
+
+* ``CompiledLauncher`` (GPU): the kernel is compiled ahead for the concrete
+  signature and config (``JITFunction.warmup`` with dtypes only: pointers assumed
+  16-byte aligned, sizes ``int32``); a call computes the grid from the size
+  arguments and calls ``CompiledKernel.run`` directly -- no ``kernel[grid](...)``
+  specialization/dispatch per call.  ``run``'s signature is the same in triton 3.6
+  and 3.9: ``(gx, gy, gz, stream, function, packed_metadata, launch_metadata,
+  enter_hook, exit_hook, *args)`` where ``args`` are every kernel parameter,
+  constexprs included.  A call whose pointers are not 16-byte aligned, or whose
+  sizes exceed int32, takes the generic ``kernel[grid](...)`` path (correct, slower).
+* ``InterpretedLauncher`` (``TRITON_INTERPRET=1``): ``kernel[grid](...)``; the
+  interpreter has no compiled kernel to bind, and its cost is the interpretation.
+
+``launcher(*tensors, *sizes)`` takes the kernel's arguments in signature order.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import secrets
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+_MODULES: dict[tuple[str, bool], object] = {}
+_LOCK = threading.Lock()
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FXWRAP_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "fxwrap"
+    return base / "triton"
+
+
+@contextmanager
+def _interpret_env(interpret: bool):
+    """Make ``@triton.jit`` build interpreted functions while a module is executed."""
+    old = os.environ.get("TRITON_INTERPRET")
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if interpret:
+            if old is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = old
+
+
+def load_module(text: str, symbol: str, interpret: bool):
+    """Import the kernel module of ``text`` (cached per process and on disk)."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    key = (digest, interpret)
+    with _LOCK:
+        mod = _MODULES.get(key)
+        if mod is not None:
+            return mod
+        directory = cache_dir() / digest[:2]
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{symbol}_{digest}.py"
+        if not path.exists() or path.read_text() != text:
+            tmp = directory / f".{path.name}.{secrets.token_hex(6)}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        name = f"fxwrap_triton_{symbol}_{digest}{'_interp' if interpret else ''}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        with _interpret_env(interpret):
+            spec.loader.exec_module(mod)
+        _MODULES[key] = mod
+        return mod
+
+
+# ---------------------------------------------------------------------------- grids
+_HOST = {"_fx_ifloordiv": lambda a, b: a // b, "_fx_imod": lambda a, b: a % b,
+         "tl": SimpleNamespace(maximum=max, minimum=min, where=lambda c, a, b: a if c else b)}
+
+
+def grid_function(launch: dict):
+    """``grid(*sizes) -> number of programs`` from the launch metadata of a kernel."""
+    params = ", ".join(launch["size_symbols"])
+    numels = launch["numels"]          # axis -> host expression over the size symbols
+    blocks = dict(launch["config"])
+    terms = []
+    for axis, expr in numels:
+        block = blocks.get(f"{axis.upper()}BLOCK", 1) if axis != "r" else None
+        if block is None:
+            continue
+        terms.append(f"((({expr}) + {block - 1}) // {block})")
+    factor = launch.get("grid_factor")   # split-outer partials: x tiles * NSPLIT
+    if factor:
+        terms.append(str(int(blocks[factor])))
+    body = " * ".join(terms) if terms else "1"
+    return eval(f"lambda {params}: {body}", dict(_HOST))  # noqa: S307 - our own expression
+
+
+def _constexprs(launch: dict) -> dict:
+    return {k: v for k, v in launch["config"] if k.isupper()}
+
+
+def _options(launch: dict) -> dict:
+    return {k: v for k, v in launch["config"] if not k.isupper()}
+
+
+class InterpretedLauncher:
+    """``kernel[grid](*args, XBLOCK=...)`` under Triton's CPU interpreter."""
+
+    kind = "interpreter"
+
+    def __init__(self, fn, launch: dict):
+        self.fn = fn
+        self.npointers = launch["pointers"]
+        self.grid = grid_function(launch)
+        self.constexprs = _constexprs(launch)
+
+    def __call__(self, *args):
+        n = self.grid(*args[self.npointers:])
+        if n <= 0:
+            return
+        self.fn[(n,)](*args, **self.constexprs)
+
+
+def _hooks():
+    try:
+        from triton import knobs
+        return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    except Exception:  # pragma: no cover - older triton
+        from triton.compiler.compiler import CompiledKernel
+        return getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None)
+
+
+def _raw_stream_getter():
+    import torch
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+def submit_compile(fn, launch: dict, pointer_dtypes, nsizes: int):
+    """``fn.warmup`` for the launch's config: the compiled kernel, or (inside triton's
+    ``AsyncCompileMode``) a future of it."""
+    warm = list(pointer_dtypes) + [2] * nsizes
+    return fn.warmup(*warm, grid=(1,), **_constexprs(launch), **_options(launch))
+
+
+def compile_kernel(fn, launch: dict, pointer_dtypes, nsizes: int):
+    """Ahead-of-time compile ``fn`` for the launch's config (pointers aligned, int32 sizes)."""
+    kernel = submit_compile(fn, launch, pointer_dtypes, nsizes)
+    if hasattr(kernel, "result"):
+        kernel = kernel.result()
+    return kernel
+
+
+class CompiledLauncher:
+    """A launcher that calls the compiled kernel's ``run`` directly (see module doc)."""
+
+    kind = "compiled"
+
+    def __init__(self, fn, launch: dict, pointer_dtypes, device_index: int):
+        self.fn = fn
+        self.npointers = launch["pointers"]
+        self.grid = grid_function(launch)
+        self.constexprs = _constexprs(launch)
+        self.options = _options(launch)
+        nsizes = len(launch["size_symbols"])
+        self.compiled = compile_kernel(fn, launch, pointer_dtypes, nsizes)
+        init = getattr(self.compiled, "_init_handles", None)
+        if init is not None:
+            init()
+        self.run = self.compiled.run
+        self.function = self.compiled.function
+        self.packed = self.compiled.packed_metadata
+        self.trailing = tuple(self.constexprs.values())
+        self.device = device_index
+        self.stream = _raw_stream_getter()
+        # launch hooks (profilers) get triton's launch metadata.  triton 3.6+ keeps them in
+        # ``HookChain``s that are empty unless a profiler is active: checked per call
+        self.enter, self.leave = _hooks()
+        self.chains = tuple(h for h in (self.enter, self.leave) if hasattr(h, "calls"))
+        self.plain_hooks = any(h is not None and not hasattr(h, "calls") for h in (self.enter, self.leave))
+
+    def __call__(self, *args):
+        np_ = self.npointers
+        sizes = args[np_:]
+        n = self.grid(*sizes)
+        if n <= 0:
+            return
+        for t in args[:np_]:
+            if t.data_ptr() & 15:
+                return self.generic(n, args)
+        for s in sizes:
+            if not -2147483648 <= s <= 2147483647:
+                return self.generic(n, args)
+        if self.plain_hooks or (self.chains and any(c.calls for c in self.chains)):
+            stream = self.stream(self.device)
+            meta = self.compiled.launch_metadata((n, 1, 1), stream, *args, *self.trailing)
+            self.run(n, 1, 1, stream, self.function, self.packed, meta, self.enter, self.leave,
+                     *args, *self.trailing)
+            return
+        self.run(n, 1, 1, self.stream(self.device), self.function, self.packed, None, None, None,
+                 *args, *self.trailing)
+
+    def generic(self, n, args):
+        self.fn[(n,)](*args, **self.constexprs, **self.options)
+
+
+
+# ---------------------------------------------------------------------------- split-outer
+def host_function(expr: str, size_symbols):
+    """``f(*sizes) -> int`` for a host expression over the size symbols."""
+    return eval(f"lambda {', '.join(size_symbols)}: int({expr})", dict(_HOST))  # noqa: S307
+
+
+def split_launches(launch: dict) -> tuple[dict, dict]:
+    """The launch metadata of the two kernels of a split-outer reduction."""
+    nws = len(launch["workspace_dtypes"])
+    config = tuple(launch["config"])
+    nsplit = dict(config)["NSPLIT"]
+    common = {"pointers": launch["pointers"] + nws,
+              "pointer_dtypes": tuple(launch["pointer_dtypes"]) + tuple(launch["workspace_dtypes"])}
+    partial = dict(launch, symbol=launch["partial_symbol"], grid_factor="NSPLIT", **common)
+    cc = dict(launch["combine_config"])
+    combine = dict(launch, symbol=launch["symbol"], numels=tuple(kv for kv in launch["numels"] if kv[0] == "x"),
+                   config=(("XBLOCK", cc["XBLOCK"]), ("NSPLIT", nsplit), ("num_warps", cc["num_warps"])),
+                   **common)
+    return partial, combine
+
+
+class SplitLauncher:
+    """Runs a split-outer reduction: partials into fresh workspaces ``[NSPLIT, xnumel]``
+    (one per reduction, ``torch.empty`` on the arguments' device per call, so it is safe
+    under CUDA graph capture), then the ordered combine that writes the outputs."""
+
+    def __init__(self, partial, combine, launch: dict):
+        import torch
+
+        self.partial, self.combine = partial, combine
+        self.kind = getattr(partial, "kind", "")
+        self.npointers = launch["pointers"]
+        xexpr = dict(launch["numels"]).get("x", "1")
+        self.xnumel = host_function(xexpr, launch["size_symbols"])
+        self.nsplit = int(dict(launch["config"])["NSPLIT"])
+        self.dtypes = tuple(getattr(torch, d.replace("torch.", "")) for d in launch["workspace_dtypes"])
+        self.empty = torch.empty
+
+    def __call__(self, *args):
+        np_ = self.npointers
+        sizes = args[np_:]
+        n = self.xnumel(*sizes)
+        if n <= 0:
+            return
+        device = args[0].device
+        ws = [self.empty(self.nsplit * n, dtype=d, device=device) for d in self.dtypes]
+        tensors = args[:np_]
+        self.partial(*tensors, *ws, *sizes)
+        self.combine(*tensors, *ws, *sizes)

@@ -1,0 +1,388 @@
+"""Loop-IR ops, casts and constants as Triton expressions, and the helper functions
+a kernel module defines (only those a kernel uses, in a fixed order).
+
+Value conventions (as in ``targets/cstyle.py``): a local holds the *compute* type of
+its dtype, bf16/fp16 live in float32 and every 16-bit op result is rounded to its
+own precision once; float64 math goes through libdevice::
+
+    >>> r = OpRenderer(); r.op("exp", torch.float32, ["tmp0"], [torch.float32])
+    'tl.exp(tmp0)'
+    >>> r.op("tanh", torch.bfloat16, ["tmp0"], [torch.bfloat16])
+    'fx_round_bf16(libdevice.tanh(tmp0))'
+"""
+from __future__ import annotations
+
+from fxwrap.targets.cstyle import EmitError  # the builder keeps such kernels as ATen externs
+
+import math
+
+import torch
+
+from fxwrap.core.ir import BINARY, COMPARISONS, UNARY
+
+
+class OpError(EmitError):
+    """An op the Triton emitter cannot render; names the op, the target and a way out."""
+
+
+TL_TYPES = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
+    torch.float16: "tl.float16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+HALF = (torch.bfloat16, torch.float16)
+_BITS = {torch.int64: 64, torch.int32: 32, torch.int16: 16, torch.int8: 8, torch.uint8: 8}
+
+# Helper functions (Triton source).  Keyed by name; ``requires`` lists helpers they call.
+HELPERS: dict[str, str] = {
+    "_fx_ifloordiv": """
+@triton.jit
+def _fx_ifloordiv(a, b):
+    q = a // b
+    return q - ((a % b != 0) & ((a < 0) != (b < 0))).to(q.dtype)
+""",
+    "_fx_imod": """
+@triton.jit
+def _fx_imod(a, b):
+    m = a % b
+    return tl.where((m != 0) & ((m < 0) != (b < 0)), m + b, m)
+""",
+    "_fx_max": """
+@triton.jit
+def _fx_max(a, b):
+    return tl.where(a != a, a, tl.where(b != b, b, tl.where(a < b, b, a)))
+""",
+    "_fx_min": """
+@triton.jit
+def _fx_min(a, b):
+    return tl.where(a != a, a, tl.where(b != b, b, tl.where(b < a, b, a)))
+""",
+    "_fx_add": """
+@triton.jit
+def _fx_add(a, b):
+    return a + b
+""",
+    "_fx_mul": """
+@triton.jit
+def _fx_mul(a, b):
+    return a * b
+""",
+    "_fx_argmax": """
+@triton.jit
+def _fx_argmax(v1, i1, v2, i2):
+    better = (v1 > v2) | ((v1 != v1) & (v2 == v2))
+    tie = (v1 == v2) | ((v1 != v1) & (v2 != v2))
+    pick = better | (tie & (i1 < i2))
+    return tl.where(pick, v1, v2), tl.where(pick, i1, i2)
+""",
+    "_fx_argmin": """
+@triton.jit
+def _fx_argmin(v1, i1, v2, i2):
+    better = (v1 < v2) | ((v1 != v1) & (v2 == v2))
+    tie = (v1 == v2) | ((v1 != v1) & (v2 != v2))
+    pick = better | (tie & (i1 < i2))
+    return tl.where(pick, v1, v2), tl.where(pick, i1, i2)
+""",
+    "_fx_welford": """
+@triton.jit
+def _fx_welford(mean1, m2_1, n1, mean2, m2_2, n2):
+    n = n1 + n2
+    delta = mean2 - mean1
+    frac = tl.where(n == 0, 0.0, n2 / tl.where(n == 0, 1.0, n))
+    return mean1 + delta * frac, m2_1 + m2_2 + delta * delta * n1 * frac, n
+""",
+    "_fx_floordiv_f": """
+@triton.jit
+def _fx_floordiv_f(a, b):
+    m = libdevice.fmod(a, b)
+    d = (a - m) / b
+    d = tl.where((m != 0) & ((b < 0) != (m < 0)), d - 1, d)
+    f = libdevice.floor(d)
+    f = tl.where(d - f > 0.5, f + 1, f)
+    f = tl.where(d == 0, libdevice.copysign(d * 0, a / b), f)
+    return tl.where(b == 0, a / b, f)
+""",
+    "_fx_floordiv_i": """
+@triton.jit
+def _fx_floordiv_i(a, b):
+    bb = tl.where(b == 0, 1, b)
+    q = a // bb
+    q = q - ((a % bb != 0) & ((a < 0) != (bb < 0))).to(q.dtype)
+    return tl.where(b == 0, 0, q)
+""",
+    "_fx_truncdiv_i": """
+@triton.jit
+def _fx_truncdiv_i(a, b):
+    bb = tl.where(b == 0, 1, b)
+    return tl.where(b == 0, 0, a // bb)
+""",
+    "_fx_mod_f": """
+@triton.jit
+def _fx_mod_f(a, b):
+    m = libdevice.fmod(a, b)
+    return tl.where((m != 0) & ((b < 0) != (m < 0)), m + b, m)
+""",
+    "_fx_mod_i": """
+@triton.jit
+def _fx_mod_i(a, b):
+    bb = tl.where(b == 0, 1, b)
+    m = a % bb
+    m = tl.where((m != 0) & ((m < 0) != (bb < 0)), m + bb, m)
+    return tl.where(b == 0, 0, m)
+""",
+    "_fx_fmod_i": """
+@triton.jit
+def _fx_fmod_i(a, b):
+    bb = tl.where(b == 0, 1, b)
+    return tl.where(b == 0, 0, a % bb)
+""",
+    "_fx_pow_i": """
+@triton.jit
+def _fx_pow_i(base, e):
+    result = tl.zeros_like(base) + 1
+    b = base
+    k = e
+    for _ in tl.static_range(64):
+        result = tl.where((k & 1) != 0, result * b, result)
+        b = b * b
+        k = tl.where(k > 0, k >> 1, 0)
+    neg = tl.where(base == 1, 1, tl.where(base == -1, tl.where((e & 1) != 0, -1, 1), 0))
+    return tl.where(e < 0, neg.to(result.dtype), result)
+""",
+}
+
+# float ops: (float32 rendering, float64 rendering); "{0}" "{1}" are the operands
+_FLOAT_UNARY = {
+    "exp": ("tl.exp({0})", "libdevice.exp({0})"),
+    "exp2": ("tl.exp2({0})", "libdevice.exp2({0})"),
+    "log": ("tl.log({0})", "libdevice.log({0})"),
+    "log2": ("tl.log2({0})", "libdevice.log2({0})"),
+    "sqrt": ("tl.sqrt_rn({0})", "libdevice.sqrt({0})"),
+    "rsqrt": ("libdevice.rsqrt({0})", "libdevice.rsqrt({0})"),
+    "sin": ("tl.sin({0})", "libdevice.sin({0})"),
+    "cos": ("tl.cos({0})", "libdevice.cos({0})"),
+    "erf": ("tl.erf({0})", "libdevice.erf({0})"),
+    "floor": ("tl.floor({0})", "libdevice.floor({0})"),
+    "ceil": ("tl.ceil({0})", "libdevice.ceil({0})"),
+    "sigmoid": ("1.0 / (1.0 + tl.exp(-{0}))", "1.0 / (1.0 + libdevice.exp(-{0}))"),
+}
+for _name in ("expm1 log10 log1p tan asin acos atan sinh cosh tanh asinh acosh atanh erfc erfinv "
+              "trunc").split():
+    _FLOAT_UNARY[_name] = (f"libdevice.{_name}({{0}})",) * 2
+_FLOAT_UNARY["round"] = ("libdevice.nearbyint({0})",) * 2
+
+# ops whose 16-bit results are exact (no re-rounding)
+_EXACT = frozenset("neg abs where maximum minimum copysign sign floor ceil round trunc".split())
+
+
+def const_literal(value, dtype: torch.dtype) -> str:
+    """A scalar constant of ``dtype``'s compute type: ``tl.full([], 2.0, tl.float32)``."""
+    if dtype == torch.bool:
+        return f"tl.full([], {1 if value else 0}, tl.int1)"
+    if dtype.is_floating_point:
+        v = float(value)
+        if dtype in HALF:
+            v = torch.tensor(v, dtype=dtype).item()
+        elif dtype == torch.float32:
+            v = torch.tensor(v, dtype=torch.float32).item()
+        if math.isnan(v):
+            text = 'float("nan")'
+        elif math.isinf(v):
+            text = 'float("inf")' if v > 0 else 'float("-inf")'
+        else:
+            text = repr(v)
+        return f"tl.full([], {text}, {TL_TYPES[compute_dtype(dtype)]})"
+    if dtype.is_complex or dtype not in TL_TYPES:
+        raise OpError(f"constant {value!r} of dtype {dtype} has no Triton type")
+    return f"tl.full([], {int(value)}, {TL_TYPES[dtype]})"
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in HALF else dtype
+
+
+def tl_type(dtype: torch.dtype, target: str = "triton") -> str:
+    try:
+        return TL_TYPES[dtype]
+    except KeyError:
+        raise OpError(f"dtype {dtype} has no Triton type on target {target}; let the lowering "
+                      "fall back to ATen (it keeps such ops as extern calls)") from None
+
+
+def round16(x: str, dtype: torch.dtype) -> str:
+    """Round a float32 value to bf16/fp16 precision (nearest-even, as torch).
+
+    bf16 goes through ``fx_round_bf16`` (``libm``): a plain cast on the GPU, torch's
+    rounding under the interpreter, whose own float32->bf16 cast truncates."""
+    if dtype == torch.bfloat16:
+        return f"fx_round_bf16({x})"
+    return f"{x}.to({TL_TYPES[dtype]}).to(tl.float32)"
+
+
+def cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    """``x`` (of ``src``'s compute type) as ``dst``'s compute type, PyTorch style."""
+    if src == dst:
+        return x
+    csrc, cdst = compute_dtype(src), compute_dtype(dst)
+    if dst == torch.bool:
+        return f"({x} != 0)"
+    if dst in HALF:
+        inner = x if csrc == torch.float32 else f"{x}.to(tl.float32)"
+        return round16(inner, dst)
+    if csrc.is_floating_point and not cdst.is_floating_point:
+        if cdst == torch.int64:
+            return f"{x}.to(tl.int64)"
+        return f"{x}.to(tl.int64).to({TL_TYPES[cdst]})"
+    if csrc == cdst:
+        return x
+    return f"{x}.to({TL_TYPES[cdst]})"
+
+
+class OpRenderer:
+    """Renders one op over already-rendered operands; records the helpers it needs."""
+
+    def __init__(self, target_name: str = "triton"):
+        self.target_name = target_name
+        self.helpers: set[str] = set()
+        self.uses_libdevice = False
+
+    def _need(self, name: str) -> str:
+        self.helpers.add(name)
+        return name
+
+    def op(self, name: str, dtype: torch.dtype, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        if name == "cast":
+            return cast(args[0], arg_dtypes[0], dtype)
+        if name in COMPARISONS and len(args) == 2:
+            a_dt, b_dt = arg_dtypes
+            common = torch.promote_types(a_dt, b_dt)
+            args = [cast(a, d, common) for a, d in zip(args, arg_dtypes)]
+            cdt = compute_dtype(common)
+        elif name in COMPARISONS:
+            cdt = compute_dtype(arg_dtypes[0])
+        elif name == "where":
+            args = [cast(args[0], arg_dtypes[0], torch.bool)] + [
+                cast(a, d, dtype) for a, d in zip(args[1:], arg_dtypes[1:])]
+            cdt = compute_dtype(dtype)
+        else:
+            args = [cast(a, d, dtype) for a, d in zip(args, arg_dtypes)]
+            cdt = compute_dtype(dtype)
+        expr = self._render(name, cdt, args)
+        if "libdevice." in expr:
+            self.uses_libdevice = True
+        if dtype in HALF and name not in _EXACT and name not in COMPARISONS:
+            expr = round16(expr, dtype)
+        return expr
+
+    def _render(self, name: str, t: torch.dtype, a: list[str]) -> str:
+        is_f = t.is_floating_point
+        is_b = t == torch.bool
+        f64 = t == torch.float64
+        if name in _FLOAT_UNARY and is_f:
+            return _FLOAT_UNARY[name][1 if f64 else 0].format(*a)
+        x = a[0]
+        if name in ("floor", "ceil", "round", "trunc"):
+            return x  # integers
+        if name == "neg":
+            return f"({x} == 0)" if is_b else f"-{x}"
+        if name == "abs":
+            return x if is_b or t == torch.uint8 else f"tl.abs({x})"
+        if name == "sign":
+            if is_b:
+                return x
+            z = "0.0" if is_f else "0"
+            return f"((({z} < {x}).to({TL_TYPES[t]})) - (({x} < {z}).to({TL_TYPES[t]})))"
+        if name == "reciprocal":
+            if t == torch.float32:
+                return f"tl.math.div_rn(tl.full([], 1.0, tl.float32), {x})"
+            return f"1.0 / {x}"
+        if name == "logical_not":
+            return f"({x} == 0)"
+        if name == "bitwise_not":
+            return f"({x} == 0)" if is_b else f"~{x}"
+        if name == "isnan":
+            return f"({x} != {x})"
+        if name == "isinf":
+            return f"(tl.abs({x}) == float(\"inf\"))" if is_f else f"({x} != {x})"
+        if name == "signbit":
+            return f"(libdevice.signbit({x}) != 0)" if is_f else f"({x} < 0)"
+        if name in UNARY:
+            raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}; "
+                          "add it to fxwrap.targets.cuda_triton.ops or let the lowering fall back")
+        if name == "where":
+            return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+        if name not in BINARY or len(a) != 2:
+            raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}; it is "
+                          "not a loop-IR op (see fxwrap.core.ir), so the lowering should emit an "
+                          "extern call instead")
+        b = a[1]
+        infix = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+        if name in infix:
+            return f"({x} {infix[name]} {b})"
+        if name == "add":
+            return f"({x} | {b})" if is_b else f"({x} + {b})"
+        if name == "sub":
+            return f"({x} != {b})" if is_b else f"({x} - {b})"
+        if name == "mul":
+            return f"({x} & {b})" if is_b else f"({x} * {b})"
+        if name == "truediv":  # IEEE division (Triton's float32 ``/`` is the approximate one)
+            return f"tl.math.div_rn({x}, {b})" if t == torch.float32 else f"({x} / {b})"
+        if name == "floordiv":
+            return f"{self._need('_fx_floordiv_f' if is_f else '_fx_floordiv_i')}({x}, {b})"
+        if name == "truncdiv":
+            if is_f:
+                div = f"tl.math.div_rn({x}, {b})" if t == torch.float32 else f"({x} / {b})"
+                return f"libdevice.trunc({div})"
+            return f"{self._need('_fx_truncdiv_i')}({x}, {b})"
+        if name == "mod":
+            return f"{self._need('_fx_mod_f' if is_f else '_fx_mod_i')}({x}, {b})"
+        if name == "fmod":
+            return f"libdevice.fmod({x}, {b})" if is_f else f"{self._need('_fx_fmod_i')}({x}, {b})"
+        if name == "pow":
+            if is_f:
+                return f"libdevice.pow({x}, {b})"
+            if is_b:
+                return f"({x} | ({b} == 0))"
+            return f"{self._need('_fx_pow_i')}({x}, {b})"
+        if name == "maximum":
+            return f"({x} | {b})" if is_b else f"{self._need('_fx_max')}({x}, {b})"
+        if name == "minimum":
+            return f"({x} & {b})" if is_b else f"{self._need('_fx_min')}({x}, {b})"
+        if name in ("atan2", "copysign"):
+            return f"libdevice.{name}({x}, {b})"
+        if name == "logical_and":
+            return f"(({x} != 0) & ({b} != 0))"
+        if name == "logical_or":
+            return f"(({x} != 0) | ({b} != 0))"
+        if name == "logical_xor":
+            return f"(({x} != 0) != ({b} != 0))"
+        if name == "bitwise_and":
+            return f"({x} & {b})"
+        if name == "bitwise_or":
+            return f"({x} | {b})"
+        if name == "bitwise_xor":
+            return f"({x} ^ {b})" if not is_b else f"({x} != {b})"
+        if name in ("lshift", "rshift"):
+            bits = _BITS.get(t)
+            if bits is None:
+                raise OpError(f"op {name!r} on {t} (target {self.target_name})")
+            out_of_range = f"(({b} < 0) | ({b} >= {bits}))"
+            safe = f"tl.where({out_of_range}, 0, {b})"
+            if name == "lshift":
+                return f"tl.where({out_of_range}, 0, {x} << {safe})"
+            fill = f"tl.where({x} < 0, -1, 0)" if t != torch.uint8 else "0"
+            return f"tl.where({out_of_range}, {fill}, {x} >> {safe})"
+        known = name in BINARY
+        raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}"
+                      + ("; add it to fxwrap.targets.cuda_triton.ops" if known else
+                         "; it is not a loop-IR op (see fxwrap.core.ir), so the lowering should emit "
+                         "an extern call instead"))
+
+
+def helper_source(names) -> list[str]:
+    """The helper definitions for ``names``, in a fixed (sorted) order."""
+    out: list[str] = []
+    for name in sorted(names):
+        out.extend(HELPERS[name].strip("\n").splitlines())
+        out.append("")
+    return out

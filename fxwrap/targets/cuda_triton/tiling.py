@@ -1,0 +1,310 @@
+"""How a ``ScheduledKernel`` maps onto Triton blocks: the kernel's *plan*.
+
+* pointwise, 1-D: one axis ``x`` over the flattened ranges (``XBLOCK``);
+* pointwise, 2-D: axes ``y`` (the outer vars, ``YBLOCK``) and ``x`` (the inner vars,
+  ``XBLOCK``) when some load or store is contiguous in a var other than the last
+  (a transpose): the split is the one that coalesces the most bytes;
+* reduction, persistent: axes ``x`` (rows) and ``r`` with the whole reduction in
+  registers (``RBLOCK = next_pow2(rnumel)``), when ``rnumel`` is static and small;
+* reduction, looped: the same axes, ``r`` walked in ``RBLOCK`` steps;
+* reduction, split-outer: a column reduction (``x.sum(0)``) with a long ``r`` and few
+  ``x`` tiles.  Two kernels: the first gives each (x tile, r chunk) pair a program
+  (``NSPLIT`` chunks) and stores its partial accumulators to a workspace
+  ``[NSPLIT, xnumel]``; the second combines the ``NSPLIT`` partials of each ``x`` in a
+  fixed order (bitwise reproducible, no atomics) and runs the x-indexed stores.
+
+``Plan("pointwise1d", axes=("x",), groups={"x": [x0, x1]}, index_dtype="tl.int32",
+configs=[{"XBLOCK": 1024, "num_warps": 4}, ...])``.  Block sizes are ``tl.constexpr``
+parameters, so one source serves every config; the plan only fixes the structure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from fxwrap.core.ir import Op, ScheduledKernel, rvar, walk, xvar
+
+INT32_LIMIT = 2 ** 31 - 2 ** 24  # margin for block overshoot past the last element
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclass
+class Plan:
+    """Structure of one kernel; see the module docstring."""
+
+    kind: str                       # pointwise1d | pointwise2d | persistent | looped | split-outer
+    axes: tuple[str, ...]           # block axes, in tensor-dimension order
+    groups: dict                    # axis -> loop vars (outermost first)
+    ranges: dict                    # axis -> their ranges
+    index_dtype: str                # "tl.int32" | "tl.int64"
+    reduction_shape: str = ""       # "inner" | "outer" (reductions only)
+    rblock: int | None = None       # persistent reductions: the fixed RBLOCK
+    configs: list = field(default_factory=list)
+    extra_constexprs: tuple = ()    # split-outer: ("NSPLIT",)
+    combine_config: dict | None = None  # split-outer: the combine kernel's XBLOCK, num_warps
+
+    @property
+    def block_names(self) -> tuple[str, ...]:
+        return tuple(f"{a.upper()}BLOCK" for a in self.axes) + tuple(self.extra_constexprs)
+
+
+def _coeff(index, var):
+    index = sympy.sympify(index)
+    if var not in index.free_symbols:
+        return 0
+    d = sympy.diff(index, var)
+    return int(d) if d.is_Integer else None
+
+
+def accesses(kernel: ScheduledKernel, buffers: dict):
+    """Every (index, itemsize) a kernel loads or stores (loads deduplicated)."""
+    out, seen = [], set()
+    roots = [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
+    for root in roots:
+        for node in walk(root):
+            if node.op == "load" and not isinstance(node.args[1], Op) \
+                    and (node.args[0], node.args[1]) not in seen:
+                seen.add((node.args[0], node.args[1]))
+                buf = buffers.get(node.args[0])
+                out.append((node.args[1], buf.dtype.itemsize if buf is not None else 4))
+    for st in kernel.stores:
+        buf = buffers.get(st.buffer)
+        out.append((st.index, buf.dtype.itemsize if buf is not None else 4))
+    return out
+
+
+def index_dtype(kernel: ScheduledKernel) -> str:
+    """int32 when every size is static and every buffer's extent fits, else int64."""
+    exprs = list(kernel.ranges) + list(kernel.reduction_ranges)
+    bufs = list(kernel.inputs) + list(kernel.outputs)
+    for b in bufs:
+        exprs += list(b.size) + list(b.stride)  # indices are relative to the data pointer
+    if kernel.size_symbols or any(sympy.sympify(e).free_symbols for e in exprs):
+        return "tl.int64"
+    numel = 1
+    for n in list(kernel.ranges) + list(kernel.reduction_ranges):
+        numel *= int(n)
+    if numel >= INT32_LIMIT:
+        return "tl.int64"
+    for b in bufs:
+        extent = sum((int(n) - 1) * abs(int(s))
+                                                    for n, s in zip(b.size, b.stride) if int(n) > 0)
+        if extent + 1 >= INT32_LIMIT:
+            return "tl.int64"
+    return "tl.int32"
+
+
+def _static(e) -> int | None:
+    e = sympy.sympify(e)
+    return int(e) if e.is_Integer else None
+
+
+class Planner:
+    """Chooses the plan of a kernel; ``interpret`` selects small fixed configs."""
+
+    persistent_max = 4096          # largest RBLOCK kept in registers (GPU)
+    persistent_max_interpret = 64  # interpreter: small, so the looped path is exercised too
+    # split-outer: chosen when rnumel >= split_min_rnumel and the x tiles alone give fewer
+    # than split_max_programs programs; the split aims at split_target_programs programs
+    split_min_rnumel = 4096
+    split_max_programs = 264       # two waves of an H200's 132 SMs
+    split_target_programs = 528    # at least four per SM
+    split_min_chunk = 512          # fewest r elements per program
+    split_max = 64                 # most partials per x (the combine kernel unrolls them)
+    split_min_rnumel_interpret = 128
+    split_kinds = frozenset("sum prod max min any all".split())
+
+    def __init__(self, interpret: bool, hints: dict | None = None):
+        self.interpret = interpret
+        self.hints = dict(hints or {})
+
+    def plan(self, kernel: ScheduledKernel) -> Plan:
+        buffers = {b.name: b for b in (*kernel.inputs, *kernel.outputs)}
+        idt = index_dtype(kernel)
+        xv = [xvar(i) for i in range(len(kernel.ranges))]
+        rv = [rvar(i) for i in range(len(kernel.reduction_ranges))]
+        if kernel.reductions:
+            return self._reduction(kernel, buffers, idt, xv, rv)
+        # a pointwise kernel with reduction_ranges (no reductions) iterates them as x vars
+        ranges = list(kernel.ranges) + list(kernel.reduction_ranges)
+        vars_ = xv + rv
+        split = self._split(kernel, buffers, vars_, ranges)
+        if split is None:
+            configs = self._pointwise1d_configs(ranges)
+            return Plan("pointwise1d", ("x",), {"x": vars_}, {"x": ranges}, idt, configs=configs)
+        configs = self._pointwise2d_configs(ranges[:split], ranges[split:])
+        return Plan("pointwise2d", ("y", "x"), {"y": vars_[:split], "x": vars_[split:]},
+                    {"y": ranges[:split], "x": ranges[split:]}, idt, configs=configs)
+
+    # -- pointwise -------------------------------------------------------------
+    def _split(self, kernel, buffers, vars_, ranges):
+        """Index where the y group ends, or None for 1-D (the most coalesced bytes wins)."""
+        if len(vars_) < 2:
+            return None
+        acc = accesses(kernel, buffers)
+
+        def coalesced(fast_vars) -> int:
+            total = 0
+            for index, size in acc:
+                if any(_coeff(index, v) == 1 for v in fast_vars):
+                    total += size
+            return total
+
+        best, best_bytes = None, coalesced([vars_[-1]])
+        for i in range(len(vars_) - 1):
+            if _static(ranges[i]) == 1:
+                continue
+            got = coalesced([vars_[i], vars_[-1]])
+            if got > best_bytes:
+                best, best_bytes = i + 1, got
+        return best
+
+    # Pointwise kernels are memory-bound: one config from a heuristic, not autotuned
+    # (cold compile time); reductions keep at most ``max_configs`` candidates.
+    max_configs = 3
+    small_reduction = 1 << 18      # elements read: at most this, one config
+
+    def _pointwise1d_configs(self, ranges):
+        numel = _static(sympy.Mul(*[sympy.sympify(r) for r in ranges])) if ranges else 1
+        if numel is None:
+            numel = self._hint(ranges)
+        if self.interpret:
+            return [{"XBLOCK": 1024 if numel is None else min(1024, next_pow2(numel)), "num_warps": 4}]
+        xb = 1024 if numel is None else max(16, min(1024, next_pow2(numel)))
+        return [{"XBLOCK": xb, "num_warps": 4 if xb >= 512 else 2 if xb >= 128 else 1}]
+
+    def _pointwise2d_configs(self, yranges, xranges):
+        if self.interpret:
+            return [{"YBLOCK": 16, "XBLOCK": 16, "num_warps": 4}]
+        yn = _static(sympy.Mul(*[sympy.sympify(r) for r in yranges])) if yranges else 1
+        xn = _static(sympy.Mul(*[sympy.sympify(r) for r in xranges])) if xranges else 1
+        ycap = next_pow2(yn) if yn is not None else 1 << 20
+        xcap = next_pow2(xn) if xn is not None else 1 << 20
+        yb, xb = min(64, ycap), min(64, xcap)
+        while yb * xb < 4096 and (yb < min(ycap, 1024) or xb < min(xcap, 1024)):  # a small dim: widen the other
+            if xb < min(xcap, 1024):
+                xb *= 2
+            else:
+                yb *= 2
+        return [{"YBLOCK": yb, "XBLOCK": xb, "num_warps": 4 if yb * xb >= 1024 else 2}]
+
+    # -- reductions ------------------------------------------------------------
+    def _reduction(self, kernel, buffers, idt, xv, rv):
+        groups = {"x": xv, "r": rv}
+        ranges = {"x": list(kernel.ranges), "r": list(kernel.reduction_ranges)}
+        shape = self._shape(kernel, buffers, xv, rv)
+        rnumel = _static(sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges]))
+        xnumel = _static(sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges])) if kernel.ranges else 1
+        limit = self.persistent_max_interpret if self.interpret else self.persistent_max
+        if shape == "outer" and self._splittable(kernel):
+            split = self._split_outer(kernel, groups, ranges, idt)
+            if split is not None:
+                return split
+        # a small reduction (by its sizes or their hints) is launch-bound: no autotuning
+        total = self._hint(list(kernel.ranges) + list(kernel.reduction_ranges))
+        keep = 1 if total is not None and total <= self.small_reduction else self.max_configs
+        if rnumel is not None and next_pow2(rnumel) <= limit:
+            rb = next_pow2(rnumel)
+            configs = self._persistent_configs(rb, xnumel, shape)[:keep]
+            return Plan("persistent", ("x", "r"), groups, ranges, idt, shape, rb, configs)
+        configs = self._looped_configs(xnumel, rnumel, shape)[:keep]
+        return Plan("looped", ("x", "r"), groups, ranges, idt, shape, None, configs)
+
+    # -- split-outer -----------------------------------------------------------
+    def _hint(self, ranges) -> int | None:
+        from fxwrap.core.symbolic import evaluate
+        expr = sympy.Mul(*[sympy.sympify(r) for r in ranges]) if ranges else sympy.Integer(1)
+        try:
+            return int(evaluate(expr, self.hints))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def _splittable(self, kernel) -> bool:
+        """Only reductions the combine kernel can finish: plain kinds, one pass (no
+        reduction reads another's result) and no store indexed by an ``r`` var."""
+        if not kernel.reduction_ranges or any(r.kind not in self.split_kinds for r in kernel.reductions):
+            return False
+        for red in kernel.reductions:
+            if any(n.op == "acc" for n in walk(red.value)):
+                return False
+        rnames = {rvar(i).name for i in range(len(kernel.reduction_ranges))}
+        for st in kernel.stores:
+            if any(s.name in rnames for s in sympy.sympify(st.index).free_symbols):
+                return False
+        return True
+
+    def _split_outer(self, kernel, groups, ranges, idt):
+        xn, rn = self._hint(kernel.ranges), self._hint(kernel.reduction_ranges)
+        if xn is None or rn is None or xn < 1:
+            return None
+        if self.interpret:
+            if rn < self.split_min_rnumel_interpret:
+                return None
+            xb = max(1, min(8, next_pow2(xn)))
+            configs = [{"XBLOCK": xb, "RBLOCK": 32, "NSPLIT": max(2, min(4, -(-rn // 32))), "num_warps": 4}]
+            combine = {"XBLOCK": max(1, min(16, next_pow2(xn))), "num_warps": 4}
+        else:
+            if rn < self.split_min_rnumel or -(-xn // 64) >= self.split_max_programs:
+                return None
+            configs = []
+            for xb, rb, nw in ((64, 32, 4), (128, 16, 4), (32, 64, 4)):
+                xb = max(1, min(xb, next_pow2(xn)))
+                tiles = -(-xn // xb)
+                nsplit = next_pow2(-(-self.split_target_programs // tiles))
+                nsplit = max(2, min(nsplit, self.split_max, max(1, rn // self.split_min_chunk)))
+                cfg = {"XBLOCK": xb, "RBLOCK": rb, "NSPLIT": nsplit, "num_warps": nw}
+                if nsplit >= 2 and cfg not in configs:
+                    configs.append(cfg)
+            if not configs:
+                return None
+            cb = max(32, min(1024, next_pow2(-(-xn // 256))))
+            combine = {"XBLOCK": cb, "num_warps": 1 if cb <= 64 else 2 if cb <= 128 else 4}
+        return Plan("split-outer", ("x", "r"), groups, ranges, idt, "outer", None, configs,
+                    extra_constexprs=("NSPLIT",), combine_config=combine)
+
+    def _shape(self, kernel, buffers, xv, rv) -> str:
+        """``outer`` when most bytes read are contiguous along an x var (``x.sum(0)``)."""
+        inner = outer = 0
+        for index, size in accesses(kernel, buffers):
+            if rv and _coeff(index, rv[-1]) == 1:
+                inner += size
+            elif xv and _coeff(index, xv[-1]) == 1 and any(_coeff(index, r) not in (0,) for r in rv):
+                outer += size
+        return "outer" if outer > inner else "inner"
+
+    def _persistent_configs(self, rb, xnumel, shape):
+        cap = next_pow2(xnumel) if xnumel is not None else 1 << 20
+        if self.interpret:
+            return [{"XBLOCK": max(1, min(8, cap)), "num_warps": 4}]
+        out = []
+        if shape == "outer":
+            cands = [(max(1, min(64, 4096 // rb)), 4), (max(1, min(32, 2048 // rb)), 4), (max(1, min(128, 8192 // rb)), 8)]
+        else:
+            warps = 4 if rb <= 1024 else 8
+            cands = [(1, warps), (max(1, min(8, 2048 // rb)), 4), (max(1, min(32, 4096 // rb)), 8)]
+            if rb <= 256:  # short rows: several rows per program, never one
+                cands = cands[1:] + [(max(1, 4096 // rb // 2), 4)]
+        for xb, nw in cands:
+            cfg = {"XBLOCK": max(1, min(xb, cap)), "num_warps": nw}
+            if cfg not in out:
+                out.append(cfg)
+        return out[:self.max_configs]
+
+    def _looped_configs(self, xnumel, rnumel, shape):
+        cap = next_pow2(xnumel) if xnumel is not None else 1 << 20
+        if self.interpret:
+            return [{"XBLOCK": max(1, min(4, cap)), "RBLOCK": 32, "num_warps": 4}]
+        if shape == "outer":
+            cands = [(64, 32, 4), (128, 16, 4), (32, 64, 4), (64, 64, 8)]
+        else:
+            cands = [(1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4)]
+        out = []
+        for xb, rb, nw in cands:
+            cfg = {"XBLOCK": max(1, min(xb, cap)), "RBLOCK": rb, "num_warps": nw}
+            if cfg not in out:
+                out.append(cfg)
+        return out[:self.max_configs]

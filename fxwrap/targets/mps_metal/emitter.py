@@ -1,0 +1,201 @@
+"""The Metal Shading Language emitter: ``ScheduledKernel`` -> ``kernel void`` -> launcher.
+
+A pointwise kernel runs one thread per element; ``relu(x) * 2`` over a contiguous
+``(s0, 64)`` float tensor renders as::
+
+    kernel void fxwrap_pointwise_0(device const float* in_ptr0 [[buffer(0)]],
+        device float* out_ptr0 [[buffer(1)]], constant long& s0 [[buffer(2)]],
+        uint fx_gid [[thread_position_in_grid]])
+    {
+      const float tmp1 = 0.0f;
+      const float tmp3 = 2.0f;
+      const long xindex = fx_gid;
+      if (xindex >= 64*s0) return;
+      ...
+      out_ptr0[64*x0 + x1] = tmp4;
+    }
+
+Reductions run one threadgroup per output row (see ``reduction.MetalReduction``).
+Where the kernel runs is the target's option ``execute``: ``"mps"`` (default,
+``torch.mps.compile_shader``) or ``"shim"`` (the same source compiled as C++ against
+``shim/fxwrap_metal_shim.h`` and executed on the CPU; the ``mps_shim`` target).
+
+Metal has no double: float64 buffers are not renderable (the kernel builder keeps
+such ops as ATen extern calls, see ``supported_dtypes``); float64 *scalars* inside a
+float kernel (Python constants) are computed in float, as Metal can only do.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+from torch.utils._sympy import functions as symfn
+
+from fxwrap.core.ir import ScheduledKernel
+from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, _Names
+from fxwrap.targets.mps_metal.prelude import PRELUDE
+
+
+def _metal_ops() -> dict:
+    ops = dict(CSTYLE_OPS)
+    for name in ("exp", "exp2", "log", "log2", "log10", "sqrt", "sin", "cos", "tan", "asin",
+                 "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "atan2",
+                 "copysign"):
+        ops[name] = (lambda fn: lambda *args, dtype: f"{fn}({', '.join(args)})")(f"metal::{name}")
+    for name in ("expm1", "log1p", "erf", "erfc"):
+        ops[name] = (lambda fn: lambda *args, dtype: f"{fn}({', '.join(args)})")(f"fx_{name}")
+    return ops
+
+
+METAL_OPS = _metal_ops()
+
+# Metal position attributes the shim's driver and Metal itself supply, by name.
+POINTWISE_THREAD_ARGS = (("fx_gid", "thread_position_in_grid"),)
+REDUCTION_THREAD_ARGS = (("fx_group", "threadgroup_position_in_grid"),
+                         ("fx_tid", "thread_position_in_threadgroup"),
+                         ("fx_tgsize", "threads_per_threadgroup"))
+
+
+class MetalEmitter(CStyleEmitter):
+    """``MetalEmitter(target).render(kernel) -> KernelSource`` (Metal source text);
+    ``.load(source) -> launcher(in0, ..., out0, ..., s0, ...)``.
+
+    The launcher runs through ``torch.mps.compile_shader`` or, when the target's
+    ``options["execute"] == "shim"``, through the C++ shim on CPU tensors.
+    """
+
+    language = "metal"
+    kernel_qualifier = "kernel"
+    buffer_qualifier = "device "
+    restrict_qualifier = ""
+    size_param_type = "constant long&"
+    index_type = "long"
+    thread_index = "fx_gid"
+    barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    simd_width = 32
+    prelude = PRELUDE
+    code_for_op = METAL_OPS
+    type_names = {
+        torch.float32: "float", torch.bfloat16: "bfloat", torch.float16: "half",
+        torch.int64: "long", torch.int32: "int", torch.int16: "short", torch.int8: "char",
+        torch.uint8: "uchar", torch.bool: "bool", torch.uint16: "ushort",
+        torch.uint32: "uint", torch.uint64: "ulong",
+    }
+    half_types = {
+        torch.bfloat16: ("float", "bfloat", "fx_bf16_round"),
+        torch.float16: ("float", "half", "fx_half_round"),
+    }
+    # what a buffer may hold; anything else stays an ATen extern (no double on Metal)
+    supported_dtypes = frozenset(type_names)
+    reserved_names = frozenset({"xindex", "rindex"})
+    default_threadgroup_size = {"mps": 256, "shim": 32}  # shim: OS threads per team
+
+    # ------------------------------------------------------------------ types
+    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        if dtype == torch.float64:  # a Python float scalar: Metal computes it in float
+            return torch.float32
+        return super().compute_dtype(dtype)
+
+    def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+        csrc, cdst = self.compute_dtype(src), self.compute_dtype(dst)
+        if src != dst and csrc.is_floating_point and not cdst.is_floating_point and dst != torch.bool:
+            inner = f"static_cast<long>({x})"  # float -> integer truncates through int64, like c10
+            return inner if cdst == torch.int64 else f"static_cast<{self.ctype(cdst)}>({inner})"
+        return super().render_cast(x, src, dst)
+
+    def floordiv16(self, a: str, b: str, rnd: str) -> str:
+        return f"fx_floordiv16({a}, {b}, {1 if rnd == 'fx_bf16_round' else 0})"
+
+    def symbol_name(self, sym: sympy.Symbol) -> str:
+        if sym.name in self.reserved_names:
+            raise EmitError(f"size symbol {sym.name!r} clashes with a local of the Metal emitter "
+                            f"(target {self.target_name})")
+        return super().symbol_name(sym)
+
+    # ------------------------------------------------------------------ signature
+    def thread_args(self, kernel: ScheduledKernel) -> tuple[tuple[str, str], ...]:
+        return REDUCTION_THREAD_ARGS if kernel.reductions else POINTWISE_THREAD_ARGS
+
+    def params(self, kernel: ScheduledKernel) -> list[str]:
+        params = super().params(kernel)
+        params += [f"uint {name} [[{attr}]]" for name, attr in self.thread_args(kernel)]
+        return params
+
+    def pointer_param(self, name, dtype, const, restrict, index) -> str:
+        return f"{super().pointer_param(name, dtype, const, restrict, index)} [[buffer({index})]]"
+
+    def size_param(self, name: str, index: int) -> str:
+        return f"{super().size_param(name, index)} [[buffer({index})]]"
+
+    # ------------------------------------------------------------------ body
+    def render_body(self, kernel: ScheduledKernel, names: _Names) -> list[str]:
+        if kernel.reductions:
+            from fxwrap.targets.mps_metal.reduction import MetalReduction
+            return MetalReduction(self, kernel, names).render()
+        # one thread per element; without reductions the r vars are more pointwise dims
+        vars_ = self.xvars(kernel) + self.rvars(kernel)
+        ranges = self.grid_ranges(kernel)
+        fn = Scope(self, names, None, kernel=kernel)
+        out = [f"const {self.index_type} xindex = {self.thread_index};",
+               f"if (xindex >= {self.numel(ranges)}) return;"]
+        out += self.decompose("xindex", vars_, ranges, names)
+        stores = self.render_stores(kernel, kernel.stores,
+                                    Scope(self, names, fn, declares=[v.name for v in vars_]))
+        return fn.lines + out + stores
+
+    def grid_ranges(self, kernel: ScheduledKernel) -> tuple:
+        return tuple(kernel.ranges) if kernel.reductions else tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
+
+    def launch_metadata(self, kernel: ScheduledKernel) -> dict:
+        execute = self.execute
+        grid = kernel.ranges if kernel.reductions else self.grid_ranges(kernel)
+        numel = sympy.Mul(*[sympy.sympify(r) for r in grid]) if grid else sympy.Integer(1)
+        tg = int((getattr(self.target, "options", None) or {}).get(
+            "threadgroup_size", self.default_threadgroup_size[execute]))
+        if kernel.reductions and (tg < self.simd_width or tg % self.simd_width):
+            raise EmitError(f"threadgroup_size {tg} of target {self.target_name} must be a multiple "
+                            f"of the SIMD width {self.simd_width}")
+        return {"kind": "reduction" if kernel.reductions else "pointwise",
+                "grid": python_expr(numel), "threadgroup_size": tg,
+                "thread_args": tuple(attr for _, attr in self.thread_args(kernel)),
+                "sync": bool(kernel.reductions), "execute": execute}
+
+    @property
+    def execute(self) -> str:
+        execute = (getattr(self.target, "options", None) or {}).get("execute", "mps")
+        if execute not in ("mps", "shim"):
+            raise EmitError(f"target {self.target_name}: execute={execute!r} is not 'mps' or 'shim'")
+        return execute
+
+    # ------------------------------------------------------------------ load
+    def load(self, source):
+        """A launcher taking the signature's tensors and sizes, bound once."""
+        if source.launch.get("execute", self.execute) == "shim":
+            from fxwrap.targets.mps_metal.shim_runner import shim_launcher
+            return shim_launcher(source.text, source.launch)
+        from fxwrap.targets.mps_metal.launcher import mps_launcher
+        return mps_launcher(source.text, source.launch)
+
+
+def python_expr(expr) -> str:
+    """A sympy size expression as Python source over the size symbols' names."""
+    e = sympy.sympify(expr)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(python_expr(a) for a in e.as_ordered_terms()) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(python_expr(a) for a in e.as_ordered_factors()) + ")"
+    if isinstance(e, sympy.Pow) and e.args[1].is_Integer and int(e.args[1]) >= 0:
+        return f"({python_expr(e.args[0])} ** {int(e.args[1])})"
+    if isinstance(e, symfn.FloorDiv):
+        return f"({python_expr(e.args[0])} // {python_expr(e.args[1])})"
+    if isinstance(e, symfn.CeilDiv):
+        return f"(-((-{python_expr(e.args[0])}) // {python_expr(e.args[1])}))"
+    if isinstance(e, (sympy.Max, symfn.Max)):
+        return "max(" + ", ".join(python_expr(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
+    if isinstance(e, (sympy.Min, symfn.Min)):
+        return "min(" + ", ".join(python_expr(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
+    raise EmitError(f"grid size {e} ({type(e).__name__}) cannot be computed by the Metal launcher; "
+                    "precompute it on the host (a DefineSymbol line)")

@@ -1,0 +1,172 @@
+"""Metal reductions: one threadgroup per output row.
+
+``x.sum(1)`` over a ``(s0, 67)`` float tensor renders (abridged) as::
+
+    threadgroup float rd0_shm0[32];
+    const uint fx_lane = fx_tid % 32;          // lane in the SIMD group
+    const uint fx_simd = fx_tid / 32;          // SIMD group in the threadgroup
+    const uint fx_nsimd = (fx_tgsize + 31) / 32;
+    const long xindex = fx_group;              // the output row
+    const long x0 = xindex;
+    float rd0_a0 = 0;
+    for (long rindex = fx_tid; rindex < 67; rindex += fx_tgsize) {   // a strided slice
+      const long r0 = rindex;
+      const float tmp0 = in_ptr0[67*x0 + r0];
+      fx_sum_upd<float>(rd0_a0, tmp0);
+    }
+    rd0_a0 = simd_sum(rd0_a0);                 // SIMD-group reduction (32 lanes)
+    if (fx_lane == 0) { rd0_shm0[fx_simd] = rd0_a0; }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float rd0_f0 = 0;                          // every thread folds the SIMD partials
+    for (uint fx_j = 0; fx_j < fx_nsimd; ++fx_j) { fx_sum_upd<float>(rd0_f0, rd0_shm0[fx_j]); }
+    if (fx_tid == 0) { out_ptr0[x0] = rd0_f0; }
+
+Reductions that read an earlier one's result (softmax: max, then the sum of
+``exp(x - max)``) run as passes, one barrier each; stores indexed by ``r`` vars run
+as a last strided pass (the epilogue), stores indexed by ``x`` only once per row by
+thread 0.  Partial states combine with the kind's combine function (the parallel
+Welford formula for ``welford``; NaN and first-index rules for argmax/argmin), in a
+fixed order.  Every thread executes every SIMD-group call (no early return), which
+the shim relies on and Metal requires for defined results.
+"""
+from __future__ import annotations
+
+import sympy
+
+from fxwrap.core.ir import REDUCTIONS, Reduction, ScheduledKernel, Store, walk
+from fxwrap.targets.cpu_cpp.emitter import _Red
+from fxwrap.targets.cstyle import EmitError, Scope, _Names
+
+
+def _block(lines: list[str], head: str, body: list[str]) -> None:
+    lines.append(head + " {")
+    lines.extend("  " + ln if ln else ln for ln in body)
+    lines.append("}")
+
+
+class MetalRed(_Red):
+    """One reduction's per-thread state: the C++ target's update / combine statements
+    (``fx_*_upd`` / ``fx_*_cmb`` exist in both preludes), Metal types, SIMD statements."""
+
+    def __init__(self, em, k: int, red: Reduction):
+        if red.kind not in REDUCTIONS:
+            raise EmitError(f"reduction kind {red.kind!r} has no Metal rendering (target {em.target_name})")
+        super().__init__(em, k, red)
+
+    def types(self) -> list[str]:
+        return ["long" if t == "int64_t" else t for t, _ in self.states]
+
+    def decls(self, tag: str) -> list[str]:
+        return [f"{t} {n} = {init};" for t, (_, init), n in zip(self.types(), self.states, self.names(tag))]
+
+    def simd(self, width: int) -> list[str]:
+        """Combine the state across the lanes of each SIMD group (lane 0 ends with it)."""
+        a = self.names("a")
+        if self.kind == "sum" and self.T in ("float", "int"):
+            return [f"{a[0]} = simd_sum({a[0]});"]
+        if self.kind in ("max", "min") and self.T != "bool":
+            # simd_max/simd_min leave NaN unspecified; torch propagates it
+            m = f"{self.base}_m"
+            lines = [f"const {self.T} {m} = simd_{self.kind}({a[0]});"]
+            if self.T == "float":
+                lines.append(f"{a[0]} = simd_any(fx_isnan({a[0]})) ? NAN : {m};")
+            else:
+                lines.append(f"{a[0]} = {m};")
+            return lines
+        if self.kind == "any":
+            return [f"{a[0]} = simd_any({a[0]});"]
+        if self.kind == "all":
+            return [f"{a[0]} = simd_all({a[0]});"]
+        o = self.names("o")
+        body = [f"const {t} {x} = simd_shuffle_down({y}, fx_off);"
+                for t, x, y in zip(self.types(), o, a)]
+        body.append(self.cmb(a, o))
+        lines: list[str] = []
+        _block(lines, f"for (ushort fx_off = {width // 2}; fx_off > 0; fx_off >>= 1)", body)
+        return lines
+
+
+class MetalReduction:
+    """Renders the body of one reduction kernel (threadgroup per row)."""
+
+    def __init__(self, em, kernel: ScheduledKernel, names: _Names):
+        self.em, self.k, self.names = em, kernel, names
+        self.xv, self.rv = em.xvars(kernel), em.rvars(kernel)
+        self.xr = [sympy.sympify(r) for r in kernel.ranges]
+        self.rr = [sympy.sympify(r) for r in kernel.reduction_ranges]
+        if not self.rv:
+            raise EmitError(f"kernel {kernel.name} has reductions but no reduction_ranges")
+        self.reds = [MetalRed(em, i, r) for i, r in enumerate(kernel.reductions)]
+        self.passes = self._passes()
+        rnames = {v.name for v in self.rv}
+        self.r_stores: list[Store] = []
+        self.x_stores: list[Store] = []
+        for st in kernel.stores:
+            uses_r = any(s.name in rnames for s in sympy.sympify(st.index).free_symbols)
+            (self.r_stores if uses_r else self.x_stores).append(st)
+
+    def _passes(self) -> list[list[MetalRed]]:
+        by_name = {r.red.name: r for r in self.reds}
+        if len(by_name) != len(self.reds):
+            raise EmitError(f"kernel {self.k.name}: two reductions share a name")
+        passes: list[list[MetalRed]] = []
+        for r in self.reds:
+            reads = {n.args[0] for n in walk(r.red.value) if n.op == "acc"}
+            if any(name not in by_name or by_name[name].k >= r.k for name in sorted(reads)):
+                raise EmitError(f"kernel {self.k.name}: reduction {r.red.name} reads an acc that is "
+                                "not an earlier reduction of the kernel")
+            if passes and not reads & {p.red.name for p in passes[-1]}:
+                passes[-1].append(r)
+            else:
+                passes.append([r])
+        return passes
+
+    def strided_loop(self, row: Scope) -> tuple[Scope, list[str], str]:
+        """A scope declaring the r vars, the lines decomposing ``rindex``, the loop head."""
+        rscope = Scope(self.em, self.names, row, declares=[v.name for v in self.rv])
+        body = self.em.decompose("rindex", self.rv, self.rr, self.names)
+        rnumel = self.em.numel(self.rr)
+        head = f"for (long rindex = fx_tid; rindex < {rnumel}; rindex += fx_tgsize)"
+        return rscope, body, head
+
+    def render(self) -> list[str]:
+        em, width = self.em, self.em.simd_width
+        fn = Scope(em, self.names, None, kernel=self.k)
+        out = [f"threadgroup {t} {n}[{width}];"
+               for r in self.reds for t, n in zip(r.types(), r.names("shm"))]
+        out += [f"const uint fx_lane = fx_tid % {width};",
+                f"const uint fx_simd = fx_tid / {width};",
+                f"const uint fx_nsimd = (fx_tgsize + {width - 1}) / {width};",
+                "const long xindex = fx_group;"]
+        out += em.decompose("xindex", self.xv, self.xr, self.names)
+        row = Scope(em, self.names, fn, declares=[v.name for v in self.xv])
+        for p in self.passes:
+            rscope, body, head = self.strided_loop(row)
+            values = [r.value(rscope) for r in p]
+            rscope.flush_into(body)
+            body += [r.upd(r.names("a"), v, "rindex") for r, v in zip(p, values)]
+            row.flush_into(out)
+            for r in p:
+                out += r.decls("a")
+            _block(out, head, body)
+            for r in p:
+                out += r.simd(width)
+                shm, acc = r.names("shm"), r.names("a")
+                _block(out, "if (fx_lane == 0)", [f"{s}[fx_simd] = {a};" for s, a in zip(shm, acc)])
+            out.append(em.barrier)
+            for r in p:
+                out += r.decls("f")
+                fold = r.cmb(r.names("f"), [f"{s}[fx_j]" for s in r.names("shm")])
+                out.append(f"for (uint fx_j = 0; fx_j < fx_nsimd; ++fx_j) {{ {fold} }}")
+                out += r.finish(r.names("f"))
+                r.bind(row, r.names("f"))
+        if self.r_stores:
+            rscope, body, head = self.strided_loop(row)
+            body += em.render_stores(self.k, self.r_stores, rscope)
+            row.flush_into(out)
+            _block(out, head, body)
+        if self.x_stores:
+            stores = em.render_stores(self.k, self.x_stores, Scope(em, self.names, row))
+            row.flush_into(out)
+            _block(out, "if (fx_tid == 0)", stores)
+        return fn.lines + out

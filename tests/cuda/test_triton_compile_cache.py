@@ -1,0 +1,78 @@
+"""Cold-compile savings of the Triton target: kernels whose bodies differ only in their
+names and provenance share one compiled launcher (and one autotuning result); pointwise
+kernels get one heuristic config; reductions autotune over at most three."""
+from __future__ import annotations
+
+import torch
+
+from triton_helpers import (DEVICE, GPU, TARGET, Reduction, Store, acc, buf, build, check, const, kernel, kernels,
+                            ld, op, r0, x0)
+from fxwrap.targets.cuda_triton.emitter import body_digest
+from fxwrap.targets.cuda_triton.tiling import Planner
+
+F32 = torch.float32
+
+
+def _relu_kernel(name, a, o, n=500):
+    v = op("maximum", F32, op("mul", F32, ld(a, x0), const(3.0)), const(0.0))
+    return kernel(name, [buf(a, (n,))], [buf(o, (n,))], [Store(o, x0, v)], ranges=(n,))
+
+
+def test_identical_kernels_share_one_launcher():
+    la, sa = build(_relu_kernel("fxwrap_pointwise_3", "buf1", "buf2"))
+    lb, sb = build(_relu_kernel("fxwrap_pointwise_9", "buf7", "buf8"))
+    assert sa.text != sb.text  # names and provenance differ ...
+    assert body_digest(sa.text, sa.launch) == body_digest(sb.text, sb.launch)
+    assert la is lb            # ... the compiled launcher is one
+    a, o = torch.randn(500, device=DEVICE), torch.empty(500, device=DEVICE)
+    lb(a, o)
+    torch.testing.assert_close(o, torch.relu(a * 3))
+    lc, sc = build(_relu_kernel("fxwrap_pointwise_4", "buf1", "buf2", n=501))  # another size: another kernel
+    assert lc is not la
+
+
+def test_repeated_blocks_compile_once():
+    w = torch.randn(16, 16, device=DEVICE) * 0.1
+
+    def f(x, w):
+        for _ in range(4):
+            x = torch.relu(x @ w) + x.mean()
+        return x
+
+    ks = check(f, (torch.randn(16, 16, device=DEVICE), w), tol=dict(rtol=1e-4, atol=1e-4))
+    launchers = {id(k._launcher) for k in ks}
+    assert len(ks) >= 4 and len(launchers) < len(ks), (len(ks), len(launchers))
+
+
+def test_pointwise_has_one_config_and_reductions_at_most_three():
+    p = Planner(interpret=False)
+    pw = p.plan(_relu_kernel("k", "a", "o", n=1 << 20))
+    assert pw.kind == "pointwise1d" and pw.configs == [{"XBLOCK": 1024, "num_warps": 4}]
+    small = p.plan(_relu_kernel("k", "a", "o", n=100))
+    assert len(small.configs) == 1 and small.configs[0]["XBLOCK"] == 128
+    for rows, cols in ((4096, 3000), (64, 100000), (100000, 64), (20000, 20)):
+        k = kernel("red", [buf("a", (rows, cols))], [buf("o", (rows,))], [Store("o", x0, acc("acc0", F32))],
+                   ranges=(rows,), reduction_ranges=(cols,),
+                   reductions=[Reduction("acc0", "sum", ld("a", cols * x0 + r0), F32)])
+        assert 1 <= len(p.plan(k).configs) <= 3
+    tiny = kernel("red", [buf("a", (64, 64))], [buf("o", (64,))], [Store("o", x0, acc("acc0", F32))],
+                  ranges=(64,), reduction_ranges=(64,),
+                  reductions=[Reduction("acc0", "sum", ld("a", 64 * x0 + r0), F32)])
+    assert len(p.plan(tiny).configs) == 1
+
+
+def test_split_plan_on_the_gpu_sizes():
+    """The GPU planner splits the benchmark's column sum (float32[32768, 4096])."""
+    rows, cols = 32768, 4096
+    k = kernel("colsum", [buf("a", (rows, cols))], [buf("o", (cols,))], [Store("o", x0, acc("acc0", F32))],
+               ranges=(cols,), reduction_ranges=(rows,),
+               reductions=[Reduction("acc0", "sum", ld("a", cols * r0 + x0), F32)])
+    plan = Planner(interpret=False).plan(k)
+    assert plan.kind == "split-outer" and 1 <= len(plan.configs) <= 3
+    for cfg in plan.configs:
+        programs = -(-cols // cfg["XBLOCK"]) * cfg["NSPLIT"]
+        assert programs >= 4 * 132 and 2 <= cfg["NSPLIT"] <= 64
+    wide = kernel("colsum", [buf("a", (8192, 1 << 20))], [buf("o", (1 << 20,))], [Store("o", x0, acc("acc0", F32))],
+                  ranges=(1 << 20,), reduction_ranges=(8192,),
+                  reductions=[Reduction("acc0", "sum", ld("a", (1 << 20) * r0 + x0), F32)])
+    assert Planner(interpret=False).plan(wide).kind != "split-outer"  # enough x tiles already
