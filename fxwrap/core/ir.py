@@ -199,3 +199,52 @@ def index_symbols(index) -> set[sympy.Symbol]:
         elif node.op == "load" and not is_indirect(node.args[1]):
             out |= sympy.sympify(node.args[1]).free_symbols
     return out
+
+
+def is_loop_var(s: sympy.Symbol) -> bool:
+    """True for a loop variable (``x0``, ``r1``); false for a size symbol (``s0``)."""
+    return s.name[:1] in ("x", "r") and s.name[1:].isdigit()
+
+
+def loop_var_names(expr) -> frozenset[str]:
+    """The names of the loop variables a sympy index expression uses."""
+    return frozenset(s.name for s in sympy.sympify(expr).free_symbols if is_loop_var(s))
+
+
+def value_deps(op: Op, cache: dict) -> frozenset:
+    """What ``op`` needs to be computed inside a kernel: the names of the loop variables
+    its indices (and masks) use, and ``("acc", name)`` for each reduction result it
+    reads.  Emitters declare a value in the outermost scope that provides all of it.
+    Memoised in ``cache`` (an ``{Op: frozenset}`` shared by one kernel's scopes)."""
+    hit = cache.get(op)
+    if hit is not None:
+        return hit
+    if op.op in ("load", "index"):
+        expr = op.args[1] if op.op == "load" else op.args[0]
+        if isinstance(expr, Op):  # indirect load: the index is a value of the kernel
+            d = value_deps(expr, cache)
+        else:
+            d = loop_var_names(expr)
+        if op.op == "load" and len(op.args) > 2 and isinstance(op.args[2], Op):
+            d |= value_deps(op.args[2], cache)
+    elif op.op == "acc":
+        d = frozenset([("acc", op.args[0])])
+    else:
+        d = frozenset()
+        for child in op.children():
+            d |= value_deps(child, cache)
+    cache[op] = d
+    return d
+
+
+def split_stores(stores, rvars) -> tuple[list[Store], list[Store]]:
+    """A reduction kernel's stores as ``(r_stores, x_stores)``: those whose index uses one
+    of the r vars ``rvars`` (they run in a final pass over the reduction range), and
+    those that run once per output row; each in kernel order."""
+    rnames = {v.name for v in rvars}
+    r_stores: list[Store] = []
+    x_stores: list[Store] = []
+    for st in stores:
+        uses_r = any(s.name in rnames for s in sympy.sympify(st.index).free_symbols)
+        (r_stores if uses_r else x_stores).append(st)
+    return r_stores, x_stores

@@ -12,11 +12,14 @@ name ``target="arena"``) with these pieces.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from fxwrap.runtime.kernel import KernelArg
 
 
 class DeviceInterface:
@@ -49,6 +52,51 @@ class KernelSource:
     language: str
     signature: tuple = ()
     launch: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+def kernel_function_name(kernel) -> str:
+    """The kernel's name as an identifier: ``fxwrap.add-0`` -> ``fxwrap_add_0``, a leading
+    digit prefixed with ``k_``."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", kernel.name)
+    return name if name and not name[0].isdigit() else f"k_{name}"
+
+
+def kernel_signature(kernel) -> tuple[KernelArg, ...]:
+    """A kernel's arguments (``KernelArg``) in call order: inputs, outputs (``inout`` if also an
+    input), size symbols."""
+    in_names = {b.name for b in kernel.inputs}
+    args = [KernelArg(b.name, "input") for b in kernel.inputs]
+    args += [KernelArg(b.name, "inout" if b.name in in_names else "output")
+             for b in kernel.outputs]
+    args += [KernelArg(s.name, "size") for s in kernel.size_symbols]
+    return tuple(args)
+
+
+def kernel_header(kernel, comment: str, title_suffix: str = "") -> list[str]:
+    """The comment lines that open a rendered kernel (name, ATen origins, buffers,
+    ranges, reductions), each starting with ``comment`` (``//``, ``#``)."""
+    c = comment
+    lines = [f"{c} fxwrap kernel {kernel.name}{title_suffix}"]
+    origins = ", ".join(kernel.origins) if kernel.origins else "(no ATen origin recorded)"
+    lines.append(f"{c} from: {origins}")
+    for i, buf in enumerate(kernel.inputs):
+        lines.append(f"{c} in_ptr{i}: {describe_buffer(buf)}")
+    for i, buf in enumerate(kernel.outputs):
+        lines.append(f"{c} out_ptr{i}: {describe_buffer(buf)}")
+    if kernel.ranges:
+        lines.append(f"{c} ranges: {tuple(kernel.ranges)}")
+    if kernel.reduction_ranges:
+        lines.append(f"{c} reduction_ranges: {tuple(kernel.reduction_ranges)}")
+    for red in kernel.reductions:
+        lines.append(f"{c} reduction {red.name}: {red.kind} ({red.dtype})")
+    return lines
+
+
+def describe_buffer(buf) -> str:
+    """``buf0 float32 size=(4, 8) stride=(8, 1)``: a kernel argument buffer, for headers."""
+    size = tuple(getattr(buf, "size", ()))
+    stride = tuple(getattr(buf, "stride", ()))
+    return f"{buf.name} {str(buf.dtype).replace('torch.', '')} size={size} stride={stride}"
 
 
 class KernelEmitter:

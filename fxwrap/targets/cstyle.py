@@ -44,11 +44,13 @@ from collections.abc import Callable
 
 import sympy
 import torch
-from torch.utils._sympy import functions as symfn
 
-from fxwrap.core.ir import BINARY, COMPARISONS, REDUCTIONS, UNARY, Op, ScheduledKernel, walk
+from fxwrap.core.ir import (BINARY, COMPARISONS, REDUCTIONS, UNARY, Op, ScheduledKernel, is_loop_var,
+                            value_deps, walk)
 from fxwrap.runtime.kernel import KernelArg
-from fxwrap.targets.base import KernelEmitter, KernelSource
+from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
+                                  kernel_signature)
+from fxwrap.targets.index_printer import SympyIndexPrinter
 
 
 class EmitError(NotImplementedError):
@@ -234,40 +236,14 @@ class CStyleEmitter(KernelEmitter):
                 raise EmitError(f"kernel {kernel.name}: buffer name {name!r} is not a string")
 
     def function_name(self, kernel: ScheduledKernel) -> str:
-        name = re.sub(r"[^A-Za-z0-9_]", "_", kernel.name)
-        return name if name and not name[0].isdigit() else f"k_{name}"
+        return kernel_function_name(kernel)
 
     def header_comment(self, kernel: ScheduledKernel) -> list[str]:
-        c = self.comment
-        lines = [f"{c} fxwrap kernel {kernel.name}"]
-        origins = ", ".join(kernel.origins) if kernel.origins else "(no ATen origin recorded)"
-        lines.append(f"{c} from: {origins}")
-        for i, buf in enumerate(kernel.inputs):
-            lines.append(f"{c} in_ptr{i}: {self._describe(buf)}")
-        for i, buf in enumerate(kernel.outputs):
-            lines.append(f"{c} out_ptr{i}: {self._describe(buf)}")
-        if kernel.ranges:
-            lines.append(f"{c} ranges: {tuple(kernel.ranges)}")
-        if kernel.reduction_ranges:
-            lines.append(f"{c} reduction_ranges: {tuple(kernel.reduction_ranges)}")
-        for red in kernel.reductions:
-            lines.append(f"{c} reduction {red.name}: {red.kind} ({red.dtype})")
-        return lines
-
-    @staticmethod
-    def _describe(buf) -> str:
-        size = tuple(getattr(buf, "size", ()))
-        stride = tuple(getattr(buf, "stride", ()))
-        return f"{buf.name} {str(buf.dtype).replace('torch.', '')} size={size} stride={stride}"
+        return kernel_header(kernel, self.comment)
 
     def signature(self, kernel: ScheduledKernel) -> tuple[KernelArg, ...]:
         """Arguments in call order: inputs, outputs (``inout`` if also an input), sizes."""
-        in_names = {b.name for b in kernel.inputs}
-        args = [KernelArg(b.name, "input") for b in kernel.inputs]
-        args += [KernelArg(b.name, "inout" if b.name in in_names else "output")
-                 for b in kernel.outputs]
-        args += [KernelArg(s.name, "size") for s in kernel.size_symbols]
-        return tuple(args)
+        return kernel_signature(kernel)
 
     def function_head(self, kernel: ScheduledKernel, cname: str) -> str:
         params = self.params(kernel)
@@ -493,126 +469,91 @@ class CStyleEmitter(KernelEmitter):
     # ------------------------------------------------------------------ index printer
     def render_index(self, expr) -> str:
         """A sympy integer expression as ``index_type`` C arithmetic."""
-        text = self._idx(sympy.sympify(expr))
+        text = _CIndexPrinter(self).expr(sympy.sympify(expr))
         return text[1:-1] if _outer_parens(text) else text
 
-    def _arg(self, e) -> str:
-        text = self._idx(e)
+
+class _CIndexPrinter(SympyIndexPrinter):
+    """C spellings of the shared index walk: every compound is parenthesised (the
+    outermost pair is dropped where the text is a whole argument); literals and size
+    symbols come from the emitter (``int_literal``, ``symbol_name``)."""
+
+    error = EmitError
+    max_fn, min_fn = "fx_imax", "fx_imin"
+    and_op, or_op = "&&", "||"
+    pow_error = "a non-natural power"
+
+    def __init__(self, emitter: CStyleEmitter):
+        self.em = emitter
+
+    @property
+    def target_name(self) -> str:
+        return self.em.target_name
+
+    def int_literal(self, v: int) -> str:
+        return self.em.int_literal(v)
+
+    def symbol(self, e: sympy.Symbol) -> str:
+        return e.name if is_loop_var(e) else self.em.symbol_name(e)
+
+    def arg(self, e) -> str:
+        text = self.expr(e)
         return text[1:-1] if _outer_parens(text) else text
 
-    def _idx(self, e) -> str:
-        if isinstance(e, (bool, sympy.logic.boolalg.BooleanTrue, sympy.logic.boolalg.BooleanFalse)):
-            return "true" if bool(e) else "false"
-        if isinstance(e, int):
-            return self.int_literal(e)
-        if e.is_Integer:
-            return self.int_literal(int(e))
-        if e.is_Symbol:
-            if e.name.startswith(("x", "r")) and e.name[1:].isdigit():
-                return e.name
-            return self.symbol_name(e)
-        if isinstance(e, sympy.Add):
-            def term(t) -> str:  # products bind tighter than +/-: no parentheses needed
-                text = self._idx(t)
-                return text[1:-1] if isinstance(t, sympy.Mul) and _outer_parens(text) else text
+    def operand(self, e) -> str:
+        return self.expr(e)
 
-            terms = e.as_ordered_terms()
-            out = term(terms[0])
-            for t in terms[1:]:
-                coeff, _ = t.as_coeff_Mul()
-                if coeff.is_negative:
-                    out += f" - {term(-t)}"
-                else:
-                    out += f" + {term(t)}"
-            return f"({out})"
-        if isinstance(e, sympy.Mul):
-            coeff, rest = e.as_coeff_Mul()
-            if coeff.is_Rational and not coeff.is_Integer:
-                # p/q * rest: the lowering promises the division is exact
-                num = self._idx(sympy.Integer(coeff.p) * rest)
-                return f"({num} / {self.int_literal(int(coeff.q))})"
-            factors = [self._idx(f) for f in e.as_ordered_factors()]
-            if factors[0] == "-1":
-                return f"(-{'*'.join(factors[1:])})"
-            return f"({'*'.join(factors)})"
-        if isinstance(e, sympy.Pow):
-            base, exp = e.args
-            if exp.is_Integer and int(exp) >= 0:
-                if int(exp) == 0:
-                    return "1"
-                b = self._idx(base)
-                return f"({'*'.join([b] * int(exp))})"
-            raise EmitError(f"index expression {e} (a non-natural power) cannot be rendered on "
-                            f"target {self.target_name}; precompute it on the host (DefineSymbol)")
-        if isinstance(e, symfn.PowByNatural):
-            base, exp = e.args
-            if exp.is_Integer:
-                return self._idx(sympy.Pow(base, exp, evaluate=False))
-            return f"fx_ipow_index({self._arg(base)}, {self._arg(exp)})"
-        if isinstance(e, symfn.FloorDiv):
-            a, b = e.args
-            if _nonneg(a) and _positive(b):
-                return f"({self._idx(a)} / {self._idx(b)})"
-            return f"fx_ifloordiv({self._arg(a)}, {self._arg(b)})"
-        if isinstance(e, symfn.CleanDiv):
-            a, b = e.args
-            return f"({self._idx(a)} / {self._idx(b)})"
-        if isinstance(e, symfn.CeilDiv):
-            a, b = e.args
-            if _nonneg(a) and _positive(b):
-                return f"(({self._idx(a)} + {self._idx(b)} - 1) / {self._idx(b)})"
-            return f"(-fx_ifloordiv({self._arg(-a)}, {self._arg(b)}))"
-        if isinstance(e, symfn.ModularIndexing):
-            base, div, mod = e.args
-            if _nonneg(base) and _positive(div) and _positive(mod):
-                q = self._idx(base) if div == 1 else f"({self._idx(base)} / {self._idx(div)})"
-                return f"({q} % {self._idx(mod)})"
-            return f"fx_imod(fx_ifloordiv({self._arg(base)}, {self._arg(div)}), {self._arg(mod)})"
-        if isinstance(e, (symfn.Mod, symfn.PythonMod, sympy.Mod)):
-            a, b = e.args
-            if _nonneg(a) and _positive(b):
-                return f"({self._idx(a)} % {self._idx(b)})"
-            return f"fx_imod({self._arg(a)}, {self._arg(b)})"
-        if isinstance(e, (symfn.Max, sympy.Max, symfn.Min, sympy.Min)):
-            fn = "fx_imax" if isinstance(e, (symfn.Max, sympy.Max)) else "fx_imin"
-            args = sorted(e.args, key=sympy.default_sort_key)
-            out = self._arg(args[-1])
-            for a in reversed(args[:-1]):
-                out = f"{fn}({self._arg(a)}, {out})"
-            return out
-        if isinstance(e, symfn.Identity):
-            return self._idx(e.args[0])
-        if isinstance(e, symfn.Where):
-            c, a, b = e.args
-            return f"({self._idx(c)} ? {self._idx(a)} : {self._idx(b)})"
-        if isinstance(e, (symfn.LShift, symfn.RShift)):
-            op = "<<" if isinstance(e, symfn.LShift) else ">>"
-            return f"({self._idx(e.args[0])} {op} {self._idx(e.args[1])})"
-        bitwise = {"BitwiseFn_bitwise_and": "&", "BitwiseFn_bitwise_or": "|",
-                   "BitwiseFn_bitwise_xor": "^"}
-        if type(e).__name__ in bitwise:
-            return "(" + f" {bitwise[type(e).__name__]} ".join(self._idx(a) for a in e.args) + ")"
-        rel = {sympy.StrictLessThan: "<", sympy.LessThan: "<=", sympy.StrictGreaterThan: ">",
-               sympy.GreaterThan: ">=", sympy.Equality: "==", sympy.Unequality: "!="}
-        if type(e) in rel:
-            return f"({self._idx(e.lhs)} {rel[type(e)]} {self._idx(e.rhs)})"
-        if isinstance(e, sympy.And):
-            return "(" + " && ".join(self._idx(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-        if isinstance(e, sympy.Or):
-            return "(" + " || ".join(self._idx(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-        if isinstance(e, sympy.Not):
-            return f"(!{self._idx(e.args[0])})"
-        raise EmitError(f"index expression {e} ({type(e).__name__}) cannot be rendered on target "
-                        f"{self.target_name}; precompute it on the host (a DefineSymbol line) and "
-                        "pass it in as a size symbol")
+    def group(self, text: str) -> str:
+        return f"({text})"
 
+    def add_term(self, t, first: bool) -> str:
+        text = self.expr(t)  # products bind tighter than +/-: no parentheses needed
+        return text[1:-1] if isinstance(t, sympy.Mul) and _outer_parens(text) else text
 
-def _nonneg(e) -> bool:
-    return bool(sympy.sympify(e).is_nonnegative)
+    def exact_div(self, num, q: int) -> str:
+        return f"({self.expr(num)} / {self.em.int_literal(q)})"
 
+    def product(self, e, coeff, rest) -> str:
+        factors = [self.expr(f) for f in e.as_ordered_factors()]
+        if factors[0] == "-1":
+            return f"(-{'*'.join(factors[1:])})"
+        return f"({'*'.join(factors)})"
 
-def _positive(e) -> bool:
-    return bool(sympy.sympify(e).is_positive)
+    def power(self, base, n: int) -> str:
+        if n == 0:
+            return "1"
+        b = self.expr(base)
+        return f"({'*'.join([b] * n)})"
+
+    def symbolic_power(self, e, base, exp) -> str:
+        return f"fx_ipow_index({self.arg(base)}, {self.arg(exp)})"
+
+    def div(self, a, b) -> str:
+        return f"({self.expr(a)} / {self.expr(b)})"
+
+    def quotient(self, a, b) -> str:
+        return self.div(a, b)
+
+    def mod(self, a_text: str, b) -> str:
+        return f"({a_text} % {self.expr(b)})"
+
+    def ceildiv(self, a, b) -> str:
+        return f"(({self.expr(a)} + {self.expr(b)} - 1) / {self.expr(b)})"
+
+    def negate(self, text: str) -> str:
+        return f"(-{text})"
+
+    def floordiv_call(self, a_text: str, b_text: str) -> str:
+        return f"fx_ifloordiv({a_text}, {b_text})"
+
+    def mod_call(self, a_text: str, b_text: str) -> str:
+        return f"fx_imod({a_text}, {b_text})"
+
+    def where(self, c, a, b) -> str:
+        return f"({self.expr(c)} ? {self.expr(a)} : {self.expr(b)})"
+
+    def logical_not(self, a) -> str:
+        return f"(!{self.expr(a)})"
 
 
 def _outer_parens(text: str) -> bool:
@@ -691,25 +632,7 @@ class Scope:
         return scopes[::-1]  # outermost first
 
     def deps(self, op: Op) -> frozenset:
-        hit = self._deps_cache.get(op)
-        if hit is not None:
-            return hit
-        if op.op in ("load", "index"):
-            expr = op.args[1] if op.op == "load" else op.args[0]
-            if isinstance(expr, Op):  # indirect load: the index is a value of the kernel
-                d = self.deps(expr)
-            else:
-                d = frozenset(s.name for s in sympy.sympify(expr).free_symbols if _is_loop_var(s))
-            if op.op == "load" and len(op.args) > 2:
-                d |= self.deps(op.args[2])
-        elif op.op == "acc":
-            d = frozenset([("acc", op.args[0])])
-        else:
-            d = frozenset()
-            for child in op.children():
-                d |= self.deps(child)
-        self._deps_cache[op] = d
-        return d
+        return value_deps(op, self._deps_cache)
 
     def lookup(self, op: Op):
         s = self
@@ -774,6 +697,3 @@ class Scope:
         raise EmitError(f"kernel {home.kernel_name}: acc {key} is read before reduction "
                         f"{key[0]!r} has a result (or the field does not exist)")
 
-
-def _is_loop_var(s: sympy.Symbol) -> bool:
-    return s.name[:1] in ("x", "r") and s.name[1:].isdigit()

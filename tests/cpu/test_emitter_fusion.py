@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
+from fxwrap.wrapper_ir.lines import CallKernel
 
 
 def compiled(fn, dynamic):
@@ -241,3 +242,14 @@ def test_softmax_in_place_into_input():
     c(x1)
     fn(x2)
     torch.testing.assert_close(x1, x2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_square_is_a_multiply_and_matches_eager_bitwise(dtype):
+    """``x.pow(2)`` (RMSNorm's mean of squares) renders as ``x * x``, bit-exact like eager."""
+    x = torch.randn(257, 33, dtype=dtype) * 3
+    program = fxwrap.lower(lambda t: t.pow(2) + 1, x)
+    (kernel,) = [line.kernel for line in program.lines if isinstance(line, CallKernel)]
+    assert "pow" not in kernel.source.split("extern \"C\"")[1]
+    y = torch.randn(257, 33, dtype=dtype) * 3
+    torch.testing.assert_close(program.graph_module(y)[0], y.pow(2) + 1, rtol=0, atol=0)

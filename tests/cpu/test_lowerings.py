@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fxwrap
+import shared_helpers
 
 import os
 TARGET = os.environ.get("FXWRAP_TEST_TARGET", "cpu")
@@ -20,16 +21,7 @@ TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-9,
 
 def make(layout: str, dtype=torch.float32, scale=1.0, shape=(37, 65)):
     """A fresh random input of ``shape`` laid out as asked."""
-    n, m = shape
-    if layout == "contiguous":
-        t = torch.randn(n, m)
-    elif layout == "transposed":
-        t = torch.randn(m, n).t()
-    elif layout == "sliced":
-        t = torch.randn(n + 3, 2 * m)[2:n + 2, ::2]
-    else:  # broadcast: stride 0 along dim 0
-        t = torch.randn(1, m).expand(n, m)
-    return (t * scale).to(dtype) if dtype != torch.float32 else t * scale
+    return shared_helpers.random_input(layout, dtype, shape, scale)
 
 
 def compiled(fn, dynamic):
@@ -40,7 +32,7 @@ def compiled(fn, dynamic):
 
 
 def kernel_count(programs):
-    return sum(isinstance(n.target, fxwrap.Kernel) for p in programs for n in p.graph_module.graph.nodes)
+    return len(shared_helpers.kernels(programs))
 
 
 def check(fn, args, dynamic, tol, min_kernels=1):

@@ -8,7 +8,6 @@ they compile for ``cuda`` on CUDA tensors.  Without triton the folder is skipped
 from __future__ import annotations
 
 import os
-import random
 import sys
 
 import pytest
@@ -26,15 +25,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     collect_ignore_glob = ["test_*.py"]
 
+import shared_helpers  # noqa: E402  (after TRITON_INTERPRET is set: it imports fxwrap)
 
-@pytest.fixture(autouse=True)
-def fresh_state(request):
-    """A fresh dynamo cache and a fresh random seed per test (shown on failure)."""
-    import torch._dynamo
-    torch._dynamo.reset()
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    random.seed(seed)
-    print(f"seed {seed} for {request.node.nodeid}")
-    yield
-    torch._dynamo.reset()
+
+fresh_state = pytest.fixture(autouse=True)(shared_helpers.fresh_state)

@@ -116,3 +116,33 @@ def test_handmade_split_kernel_runs_both_launches():
     a, o = torch.randn(rows, cols, device=DEVICE), torch.full((cols,), 7.0, device=DEVICE)
     launch(a, o)
     torch.testing.assert_close(o, a.sum(0), rtol=1e-4, atol=1e-3)
+
+
+# rows long enough that a row reduction splits (GPU: >= 65536 elements; interpreter: >= 128)
+LONG = 1 << 17 if GPU else 1003
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_whole_tensor_and_few_long_rows_are_split(dynamic):
+    """``x.sum()`` (a loss) and a few long rows: the rows are cut into chunks reduced by
+    programs of their own, then combined in order (bitwise reproducible)."""
+    x = torch.randn(3, LONG, device=DEVICE)
+    for fn in (lambda x: x.sum(), lambda x: (x * x).mean(), lambda x: x.amax(1), lambda x: x.sum(1) * 2):
+        ks = check(fn, (x,), dynamic=dynamic)
+        sk = split_kernels(ks)
+        assert sk and sk[0].launch["reduction_shape"] == "inner", plans(ks)
+    f = compiled(lambda x: x.sum())[0]
+    assert torch.equal(f(x), f(x))
+
+
+def test_split_column_reduction_also_makes_its_row_indexed_stores():
+    """A bias gradient fused with the gradient it sums: the partials kernel writes every
+    element of ``g * sigmoid(h)`` once (the chunk holding it) and sums its columns."""
+    g, h = (torch.randn(ROWS, 70, device=DEVICE) for _ in range(2))
+
+    def bias_grad(g, h):
+        d = g * torch.sigmoid(h)
+        return d * 3, d.sum(0)
+
+    ks = check(bias_grad, (g, h))
+    assert split_kernels(ks), plans(ks)

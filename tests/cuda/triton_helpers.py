@@ -6,13 +6,22 @@ checks against eager, and hand-built ``ScheduledKernel``s run through the emitte
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import sympy
 import torch
 
 import fxwrap
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar
+from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
 from fxwrap.targets.cuda_triton import plugin as triton_plugin
 from fxwrap.wrapper_ir.lines import Buffer
+
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _TESTS not in sys.path:  # also when imported from a subprocess that only added this folder
+    sys.path.append(_TESTS)
+import shared_helpers
+from shared_helpers import acc, const, contiguous, kernel, kernels, ld, op, random_input  # noqa: F401
 
 GPU = torch.cuda.is_available()
 TARGET_NAME = "cuda" if GPU else "triton-interpret"
@@ -29,27 +38,13 @@ s0 = sympy.Symbol("s0", integer=True, positive=True)
 
 def make(layout: str, dtype=torch.float32, shape=(37, 65), scale=1.0):
     """A fresh random input of ``shape`` on DEVICE, laid out as asked."""
-    n, m = shape
-    if layout == "contiguous":
-        t = torch.randn(n, m)
-    elif layout == "transposed":
-        t = torch.randn(m, n).t()
-    elif layout == "sliced":
-        t = torch.randn(n + 3, 2 * m)[2:n + 2, ::2]
-    else:  # broadcast: stride 0 along dim 0
-        t = torch.randn(1, m).expand(n, m)
-    return (t * scale).to(device=DEVICE, dtype=dtype)
+    return random_input(layout, dtype, shape, scale, DEVICE)
 
 
 def compiled(fn, dynamic=False, target=TARGET):
     programs = []
     f = torch.compile(fn, backend=fxwrap.Backend(target, {"on_program": programs.append}), dynamic=dynamic)
     return f, programs
-
-
-def kernels(programs):
-    return [n.target for p in programs for n in p.graph_module.graph.nodes
-            if isinstance(n.target, fxwrap.Kernel)]
 
 
 def check(fn, args, dynamic=False, tol=None, min_kernels=1):
@@ -71,42 +66,8 @@ def check(fn, args, dynamic=False, tol=None, min_kernels=1):
 
 # -- hand-built kernels ---------------------------------------------------------------
 
-def contiguous(size):
-    strides, run = [], sympy.Integer(1)
-    for n in reversed(size):
-        strides.append(run)
-        run = run * sympy.sympify(n)
-    return tuple(reversed(strides))
-
-
 def buf(name, size, dtype=torch.float32, stride=None) -> Buffer:
-    size = tuple(sympy.sympify(n) for n in size)
-    stride = tuple(sympy.sympify(s) for s in stride) if stride is not None else contiguous(size)
-    return Buffer(name, size, stride, dtype, DEVICE)
-
-
-def ld(name, index, dtype=torch.float32, mask=None) -> Op:
-    args = (name, index if isinstance(index, Op) else sympy.sympify(index))
-    return Op("load", dtype, args + ((mask,) if mask is not None else ()))
-
-
-def const(value, dtype=torch.float32) -> Op:
-    return Op("const", dtype, (value,))
-
-
-def op(name, dtype, *args) -> Op:
-    return Op(name, dtype, tuple(args))
-
-
-def acc(name, dtype, field=0) -> Op:
-    return Op("acc", dtype, (name, field))
-
-
-def kernel(name, inputs, outputs, stores, ranges=(), reduction_ranges=(), reductions=(), sizes=()):
-    return ScheduledKernel(name, tuple(inputs), tuple(outputs), tuple(sizes),
-                           tuple(sympy.sympify(r) for r in ranges),
-                           tuple(sympy.sympify(r) for r in reduction_ranges),
-                           tuple(reductions), tuple(stores), ("test: handmade",))
+    return shared_helpers.buf(name, size, dtype, stride, DEVICE)
 
 
 def emitter():

@@ -7,25 +7,15 @@ The full OpInfo sweep (``@pytest.mark.slow``) is deselected unless asked for:
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
-import torch
-import torch._dynamo
+
+import shared_helpers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(autouse=True)
-def fresh_state(request):
-    """A fresh dynamo cache and a fresh random seed per test (shown on failure)."""
-    torch._dynamo.reset()
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    random.seed(seed)
-    print(f"seed {seed} for {request.node.nodeid}")
-    yield
-    torch._dynamo.reset()
+fresh_state = pytest.fixture(autouse=True)(shared_helpers.fresh_state)
 
 
 def pytest_collection_modifyitems(config, items):

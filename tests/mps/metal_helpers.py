@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-import fxwrap
+from shared_helpers import kernels  # noqa: F401
 
 TARGET = "mps_shim"
 OPTIONS = {"target": "mps", "execute": "shim"}
@@ -24,8 +24,3 @@ def lowering_tests_module():
     spec.loader.exec_module(module)
     module.TARGET = TARGET
     return module
-
-
-def kernels(programs) -> list:
-    return [n.target for p in programs for n in p.graph_module.graph.nodes
-            if isinstance(n.target, fxwrap.Kernel)]

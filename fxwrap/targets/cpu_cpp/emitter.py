@@ -42,7 +42,7 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, walk
+from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, _Names
@@ -301,12 +301,7 @@ class _ReductionCode:
         if len(by_name) != len(self.reds):
             raise EmitError(f"kernel {kernel.name}: two reductions share a name")
         self.passes = self._passes(by_name)
-        rnames = {v.name for v in self.rv}
-        self.r_stores: list[Store] = []
-        self.x_stores: list[Store] = []
-        for st in kernel.stores:
-            uses_r = any(s.name in rnames for s in sympy.sympify(st.index).free_symbols)
-            (self.r_stores if uses_r else self.x_stores).append(st)
+        self.r_stores, self.x_stores = split_stores(kernel.stores, self.rv)
         self.xnumel = sympy.Mul(*self.xr) if self.xr else sympy.Integer(1)
         self.rnumel = sympy.Mul(*self.rr)
         self.column = self._is_column()

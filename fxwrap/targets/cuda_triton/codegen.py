@@ -32,7 +32,8 @@ import re
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, walk
+from fxwrap.core.ir import (Op, Reduction, ScheduledKernel, is_loop_var, loop_var_names, split_stores,
+                            value_deps, walk)
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.printer import IndexPrinter
 from fxwrap.targets.cuda_triton.tiling import Plan
@@ -44,10 +45,6 @@ BIG_INDEX = 2 ** 62
 
 class CodegenError(EmitError):
     """A kernel the Triton emitter cannot write; names the kernel, the target and a way out."""
-
-
-def _is_loop_var(s) -> bool:
-    return s.name[:1] in ("x", "r") and s.name[1:].isdigit()
 
 
 class _Scope:
@@ -67,21 +64,22 @@ class _Scope:
             s = s.parent
         return out[::-1]
 
-    def lookup(self, op):
+    def _nearest(self, table: str, key):
+        """``key``'s entry in the ``table`` dict (``env``, ``accs``) of this scope or of
+        its nearest enclosing scope that has one; None where none has."""
         s = self
         while s is not None:
-            if op in s.env:
-                return s.env[op]
+            entries = getattr(s, table)
+            if key in entries:
+                return entries[key]
             s = s.parent
         return None
 
+    def lookup(self, op):
+        return self._nearest("env", op)
+
     def acc(self, key):
-        s = self
-        while s is not None:
-            if key in s.accs:
-                return s.accs[key]
-            s = s.parent
-        return None
+        return self._nearest("accs", key)
 
 
 class KernelWriter:
@@ -109,7 +107,7 @@ class KernelWriter:
         self.used_vars = self._used_vars()
         for s in kernel.size_symbols:
             if s.name in RESERVED or s.name.startswith(("tmp", "in_ptr", "out_ptr", "_")) \
-                    or not s.name.isidentifier() or _is_loop_var(s):
+                    or not s.name.isidentifier() or is_loop_var(s):
                 raise CodegenError(f"size symbol {s.name!r} of kernel {kernel.name} clashes with a "
                                    f"name of the Triton emitter (target {target_name})")
 
@@ -120,7 +118,7 @@ class KernelWriter:
         def add(expr):
             if isinstance(expr, Op):
                 return
-            names.update(s.name for s in sympy.sympify(expr).free_symbols if _is_loop_var(s))
+            names.update(loop_var_names(expr))
 
         roots = [r.value for r in self.k.reductions] + [s.value for s in self.k.stores]
         for st in self.k.stores:
@@ -134,25 +132,7 @@ class KernelWriter:
         return names
 
     def deps(self, op: Op) -> frozenset:
-        hit = self.deps_cache.get(op)
-        if hit is not None:
-            return hit
-        if op.op in ("load", "index"):
-            expr = op.args[1] if op.op == "load" else op.args[0]
-            if isinstance(expr, Op):
-                d = self.deps(expr)
-            else:
-                d = frozenset(s.name for s in sympy.sympify(expr).free_symbols if _is_loop_var(s))
-            if op.op == "load" and len(op.args) > 2 and isinstance(op.args[2], Op):
-                d |= self.deps(op.args[2])
-        elif op.op == "acc":
-            d = frozenset([("acc", op.args[0])])
-        else:
-            d = frozenset()
-            for c in op.children():
-                d |= self.deps(c)
-        self.deps_cache[op] = d
-        return d
+        return value_deps(op, self.deps_cache)
 
     def axes(self, deps) -> frozenset:
         out = set()
@@ -166,7 +146,7 @@ class KernelWriter:
     def expr_axes(self, expr) -> frozenset:
         if isinstance(expr, Op):
             return self.axes(self.deps(expr))
-        return self.axes(s.name for s in sympy.sympify(expr).free_symbols if _is_loop_var(s))
+        return self.axes(loop_var_names(expr))
 
     # ------------------------------------------------------------------ naming
     def fresh(self, prefix="tmp") -> str:
@@ -382,6 +362,9 @@ class KernelWriter:
             init += i
             update += u
             finish.append(f)
+        r_stores, x_stores = split_stores(self.k.stores, p.groups["r"])
+        for st in r_stores:  # no reduction result in them (see Planner._splittable)
+            self.store(loop, st, ("x", "r"))
         a += top.lines
         top.lines.clear()
         a += init
@@ -420,7 +403,6 @@ class KernelWriter:
                   "for _sp in tl.static_range(NSPLIT):",
                   f"    {base} = {new}"]
             self._bind(top, red, [base], b)
-        x_stores = list(self.k.stores)
         for st in x_stores:
             self.store(top, st, ("x",))
         b += top.lines
@@ -474,10 +456,7 @@ class KernelWriter:
                f"rbase = {rbase}",
                *self.decompose("xindex", p.groups["x"], p.ranges["x"])]
         rnames = {v.name for v in p.groups["r"]}
-        r_stores, x_stores = [], []
-        for st in self.k.stores:
-            uses_r = any(s.name in rnames for s in sympy.sympify(st.index).free_symbols)
-            (r_stores if uses_r else x_stores).append(st)
+        r_stores, x_stores = split_stores(self.k.stores, p.groups["r"])
         reds = list(self.k.reductions)
         names = [r.name for r in reds]
         if len(set(names)) != len(names):

@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import threading
 
 import sympy
@@ -53,7 +52,8 @@ import torch
 
 from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
 from fxwrap.runtime.kernel import KernelArg
-from fxwrap.targets.base import KernelEmitter, KernelSource
+from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
+                                  kernel_signature)
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
 from fxwrap.targets.cuda_triton.printer import IndexPrinter
@@ -101,12 +101,6 @@ def clear_caches() -> None:
 
 class TritonEmitError(CodegenError):
     """A kernel the Triton emitter cannot render (names the op, the target and a way out)."""
-
-
-def _describe(buf) -> str:
-    size = tuple(getattr(buf, "size", ()))
-    stride = tuple(getattr(buf, "stride", ()))
-    return f"{buf.name} {str(buf.dtype).replace('torch.', '')} size={size} stride={stride}"
 
 
 class TritonEmitter(KernelEmitter):
@@ -222,18 +216,7 @@ class TritonEmitter(KernelEmitter):
         return tuple(out)
 
     def header(self, kernel: ScheduledKernel, plan) -> list[str]:
-        lines = [f"# fxwrap kernel {kernel.name} (triton)",
-                 f"# from: {', '.join(kernel.origins) if kernel.origins else '(no ATen origin recorded)'}"]
-        for i, buf in enumerate(kernel.inputs):
-            lines.append(f"# in_ptr{i}: {_describe(buf)}")
-        for i, buf in enumerate(kernel.outputs):
-            lines.append(f"# out_ptr{i}: {_describe(buf)}")
-        if kernel.ranges:
-            lines.append(f"# ranges: {tuple(kernel.ranges)}")
-        if kernel.reduction_ranges:
-            lines.append(f"# reduction_ranges: {tuple(kernel.reduction_ranges)}")
-        for red in kernel.reductions:
-            lines.append(f"# reduction {red.name}: {red.kind} ({red.dtype})")
+        lines = kernel_header(kernel, "#", " (triton)")
         what = {"pointwise1d": "pointwise, 1-D", "pointwise2d": "pointwise, 2-D tiles",
                 "persistent": f"persistent reduction ({plan.reduction_shape})",
                 "looped": f"looped reduction ({plan.reduction_shape})",
@@ -242,15 +225,10 @@ class TritonEmitter(KernelEmitter):
         return lines
 
     def function_name(self, kernel: ScheduledKernel) -> str:
-        name = re.sub(r"[^A-Za-z0-9_]", "_", kernel.name)
-        return name if name and not name[0].isdigit() else f"k_{name}"
+        return kernel_function_name(kernel)
 
     def signature(self, kernel: ScheduledKernel) -> tuple[KernelArg, ...]:
-        in_names = {b.name for b in kernel.inputs}
-        args = [KernelArg(b.name, "input") for b in kernel.inputs]
-        args += [KernelArg(b.name, "inout" if b.name in in_names else "output") for b in kernel.outputs]
-        args += [KernelArg(s.name, "size") for s in kernel.size_symbols]
-        return tuple(args)
+        return kernel_signature(kernel)
 
     # ------------------------------------------------------------------ autotune
     def _device(self, kernel: ScheduledKernel):

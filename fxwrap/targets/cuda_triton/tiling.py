@@ -116,6 +116,7 @@ class Planner:
     split_min_chunk = 512          # fewest r elements per program
     split_max = 64                 # most partials per x (the combine kernel unrolls them)
     split_min_rnumel_interpret = 128
+    split_min_rows_rnumel = 1 << 16  # a row split pays for its second launch from here on
     split_kinds = frozenset("sum prod max min any all".split())
 
     def __init__(self, interpret: bool, hints: dict | None = None):
@@ -204,6 +205,10 @@ class Planner:
             split = self._split_outer(kernel, groups, ranges, idt)
             if split is not None:
                 return split
+        if shape == "inner" and self._splittable(kernel):
+            split = self._split_rows(kernel, groups, ranges, idt)
+            if split is not None:
+                return split
         # a small reduction (by its sizes or their hints) is launch-bound: no autotuning
         total = self._hint(list(kernel.ranges) + list(kernel.reduction_ranges))
         keep = 1 if total is not None and total <= self.small_reduction else self.max_configs
@@ -225,7 +230,10 @@ class Planner:
 
     def _splittable(self, kernel) -> bool:
         """Only reductions the combine kernel can finish: plain kinds, one pass (no
-        reduction reads another's result) and no store indexed by an ``r`` var."""
+        reduction reads another's result), and stores indexed by an ``r`` var only where
+        they do not read a reduction's result (the partials kernel makes them, each
+        element once, in the chunk that holds it: a bias gradient fused with the
+        gradient it sums)."""
         if not kernel.reduction_ranges or any(r.kind not in self.split_kinds for r in kernel.reductions):
             return False
         for red in kernel.reductions:
@@ -233,7 +241,8 @@ class Planner:
                 return False
         rnames = {rvar(i).name for i in range(len(kernel.reduction_ranges))}
         for st in kernel.stores:
-            if any(s.name in rnames for s in sympy.sympify(st.index).free_symbols):
+            if any(s.name in rnames for s in sympy.sympify(st.index).free_symbols) and \
+                    any(n.op == "acc" for n in walk(st.value)):
                 return False
         return True
 
@@ -264,6 +273,33 @@ class Planner:
             cb = max(32, min(1024, next_pow2(-(-xn // 256))))
             combine = {"XBLOCK": cb, "num_warps": 1 if cb <= 64 else 2 if cb <= 128 else 4}
         return Plan("split-outer", ("x", "r"), groups, ranges, idt, "outer", None, configs,
+                    extra_constexprs=("NSPLIT",), combine_config=combine)
+
+    def _split_rows(self, kernel, groups, ranges, idt):
+        """A few long rows (``x.sum()``, a loss): one program per row leaves the GPU idle,
+        so each row is cut into NSPLIT chunks reduced by programs of their own (``[1,
+        RBLOCK]`` tiles, contiguous along the row) and combined in order."""
+        xn, rn = self._hint(kernel.ranges), self._hint(kernel.reduction_ranges)
+        if xn is None or rn is None or xn < 1:
+            return None
+        if self.interpret:
+            if xn > 4 or rn < self.split_min_rnumel_interpret:
+                return None
+            configs = [{"XBLOCK": 1, "RBLOCK": 32, "NSPLIT": max(2, min(4, -(-rn // 32))), "num_warps": 4}]
+        else:
+            if xn >= self.split_max_programs // 2 or rn < self.split_min_rows_rnumel:
+                return None
+            configs = []
+            for rb, nw in ((1024, 4), (2048, 8)):
+                nsplit = next_pow2(-(-self.split_target_programs // xn))
+                nsplit = max(2, min(nsplit, self.split_max, max(1, rn // max(rb, self.split_min_chunk))))
+                cfg = {"XBLOCK": 1, "RBLOCK": rb, "NSPLIT": nsplit, "num_warps": nw}
+                if nsplit >= 2 and cfg not in configs:
+                    configs.append(cfg)
+            if not configs:
+                return None
+        combine = {"XBLOCK": max(1, min(16, next_pow2(xn))), "num_warps": 1}
+        return Plan("split-outer", ("x", "r"), groups, ranges, idt, "inner", None, configs,
                     extra_constexprs=("NSPLIT",), combine_config=combine)
 
     def _shape(self, kernel, buffers, xv, rv) -> str:

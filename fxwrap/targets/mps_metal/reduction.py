@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sympy
 
-from fxwrap.core.ir import REDUCTIONS, Reduction, ScheduledKernel, Store, walk
+from fxwrap.core.ir import REDUCTIONS, Reduction, ScheduledKernel, split_stores, walk
 from fxwrap.targets.cpu_cpp.emitter import _Red
 from fxwrap.targets.cstyle import EmitError, Scope, _Names
 
@@ -98,12 +98,7 @@ class MetalReduction:
             raise EmitError(f"kernel {kernel.name} has reductions but no reduction_ranges")
         self.reds = [MetalRed(em, i, r) for i, r in enumerate(kernel.reductions)]
         self.passes = self._passes()
-        rnames = {v.name for v in self.rv}
-        self.r_stores: list[Store] = []
-        self.x_stores: list[Store] = []
-        for st in kernel.stores:
-            uses_r = any(s.name in rnames for s in sympy.sympify(st.index).free_symbols)
-            (self.r_stores if uses_r else self.x_stores).append(st)
+        self.r_stores, self.x_stores = split_stores(kernel.stores, self.rv)
 
     def _passes(self) -> list[list[MetalRed]]:
         by_name = {r.red.name: r for r in self.reds}

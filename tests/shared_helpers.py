@@ -1,0 +1,99 @@
+"""Helpers shared by several test folders: a per-test fresh state, random inputs in the four layouts of the
+differential tests, the kernels of compiled programs, and builders of hand-made ``ScheduledKernel`` objects.
+
+Importable by name (``import shared_helpers``) from any test: ``tests/`` is on
+``sys.path`` through ``tests/conftest.py``.  The folders' own helper modules
+(``emitter_helpers``, ``triton_helpers``) re-export these with their device.
+"""
+from __future__ import annotations
+
+import os
+import random
+
+import sympy
+import torch
+import torch._dynamo
+
+import fxwrap
+from fxwrap.core.ir import Op, ScheduledKernel
+from fxwrap.wrapper_ir.lines import Buffer
+
+CPU = torch.device("cpu")
+
+
+def fresh_state(request):
+    """A fresh dynamo cache and a fresh random seed per test (shown on failure).
+
+    A generator for a folder's ``conftest.py`` to register:
+    ``fresh_state = pytest.fixture(autouse=True)(shared_helpers.fresh_state)``.
+    """
+    torch._dynamo.reset()
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    random.seed(seed)
+    print(f"seed {seed} for {request.node.nodeid}")
+    yield
+    torch._dynamo.reset()
+
+
+def random_input(layout: str, dtype=torch.float32, shape=(37, 65), scale=1.0, device=None):
+    """A fresh random 2-D input of ``shape``, laid out as asked (``contiguous``,
+    ``transposed``, ``sliced``, or ``broadcast``: stride 0 along dim 0), in ``dtype`` on
+    ``device`` (None: CPU, and no copy for float32)."""
+    n, m = shape
+    if layout == "contiguous":
+        t = torch.randn(n, m)
+    elif layout == "transposed":
+        t = torch.randn(m, n).t()
+    elif layout == "sliced":
+        t = torch.randn(n + 3, 2 * m)[2:n + 2, ::2]
+    else:  # broadcast: stride 0 along dim 0
+        t = torch.randn(1, m).expand(n, m)
+    return (t * scale).to(device=device, dtype=dtype)
+
+
+def kernels(programs) -> list:
+    """Every ``fxwrap.Kernel`` that the compiled ``programs`` launch, in order."""
+    return [n.target for p in programs for n in p.graph_module.graph.nodes
+            if isinstance(n.target, fxwrap.Kernel)]
+
+
+def contiguous(size):
+    """Row-major strides of ``size`` (sympy)."""
+    strides, run = [], sympy.Integer(1)
+    for n in reversed(size):
+        strides.append(run)
+        run = run * sympy.sympify(n)
+    return tuple(reversed(strides))
+
+
+def buf(name, size, dtype=torch.float32, stride=None, device=CPU) -> Buffer:
+    size = tuple(sympy.sympify(n) for n in size)
+    stride = tuple(sympy.sympify(s) for s in stride) if stride is not None else contiguous(size)
+    return Buffer(name, size, stride, dtype, device)
+
+
+def ld(name, index, dtype=torch.float32, mask=None) -> Op:
+    """``Op("load")`` of ``name`` at ``index`` (a sympy expression, or an Op: indirect)."""
+    args = (name, index if isinstance(index, Op) else sympy.sympify(index))
+    return Op("load", dtype, args + ((mask,) if mask is not None else ()))
+
+
+def const(value, dtype=torch.float32) -> Op:
+    return Op("const", dtype, (value,))
+
+
+def op(name, dtype, *args) -> Op:
+    return Op(name, dtype, tuple(args))
+
+
+def acc(name, dtype, field=0) -> Op:
+    return Op("acc", dtype, (name, field))
+
+
+def kernel(name, inputs, outputs, stores, ranges=(), reduction_ranges=(), reductions=(),
+           sizes=(), origins=("test: handmade",)) -> ScheduledKernel:
+    return ScheduledKernel(name, tuple(inputs), tuple(outputs), tuple(sizes),
+                           tuple(sympy.sympify(r) for r in ranges),
+                           tuple(sympy.sympify(r) for r in reduction_ranges),
+                           tuple(reductions), tuple(stores), tuple(origins))
