@@ -100,9 +100,14 @@ def describe_buffer(buf) -> str:
 
 
 class KernelEmitter:
-    """Turns one scheduled kernel into source text, and source into a launcher."""
+    """Turns one scheduled kernel into source text, and source into a launcher.
+
+    ``load_threads``: how many ``load`` calls of one program fxwrap may run at once
+    (loading usually waits on a compiler subprocess); 1 loads them one after another.
+    """
 
     language: str = ""
+    load_threads: int = 1
 
     def __init__(self, target: "Target"):
         self.target = target

@@ -257,6 +257,7 @@ class KernelBuilder(build._Builder):
         emitter = self.target.emitter(self.target)
         emitter.size_hints = dict(self.out.hints)  # example sizes (autotuning of symbolic kernels)
         lines: list[Line] = []
+        loads: list = []  # (Kernel, KernelSource), bound together at the end
         count = 0
         for item in items:
             if not isinstance(item, Group):
@@ -280,11 +281,26 @@ class KernelBuilder(build._Builder):
                               + [KernelArg(s.name, "size") for s in sk.size_symbols])
             kernel = Kernel(sk.name, source.text, self.target.name, signature, source.launch,
                             loader=load_kernel)
-            kernel.bind(emitter.load(source))
+            loads.append((kernel, source))
             lines.append(DefineKernel(kernel))
             lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols)))
+        _load_all(emitter, loads)
         built.lines = lines
         return built
+
+
+def _load_all(emitter, loads: list) -> None:
+    """Bind every kernel's launcher; ``emitter.load_threads`` of them at once (loading
+    waits on compiler subprocesses: Triton's ptxas and launcher stubs, g++)."""
+    threads = min(int(getattr(emitter, "load_threads", 1) or 1), len(loads))
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-load") as pool:
+            launchers = list(pool.map(lambda ks: emitter.load(ks[1]), loads))
+    else:
+        launchers = [emitter.load(source) for _, source in loads]
+    for (kernel, _), launcher in zip(loads, launchers):
+        kernel.bind(launcher)
 
 
 class _RenderFailed(Exception):

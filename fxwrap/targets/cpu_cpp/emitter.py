@@ -36,6 +36,7 @@ are parenthesised (``rbase % (s0 - 1)``).
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
@@ -56,6 +57,7 @@ class CppEmitter(CStyleEmitter):
     """
 
     language = "c++"
+    load_threads = min(8, os.cpu_count() or 1)  # g++ runs as a subprocess: compile in parallel
     kernel_qualifier = 'extern "C"'
     prelude = PRELUDE
     # float exp and erf through the prelude's inline fx_expf / fx_erff (they vectorize;

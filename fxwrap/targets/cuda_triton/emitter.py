@@ -116,6 +116,7 @@ class TritonEmitter(KernelEmitter):
 
     language = "triton"
     supported_dtypes = frozenset(O.TL_TYPES)  # other dtypes stay ATen extern calls
+    load_threads = 8  # ptxas and Triton's launcher stubs (gcc) are subprocesses: build in parallel
 
     def __init__(self, target=None):
         super().__init__(target)
@@ -260,7 +261,7 @@ class TritonEmitter(KernelEmitter):
             source.launch["autotune_reused"] = True
         else:
             with torch.cuda.device(device):
-                self._precompile(source.text, source.launch, configs, device)
+                self._bind_concurrently(make, configs, device)
                 best, timings = autotune.choose(make, kernel, hints, configs, device)
             with _CACHE_LOCK:
                 _TUNED[key] = (best, timings)
@@ -270,45 +271,27 @@ class TritonEmitter(KernelEmitter):
         source.launch["autotuned"] = bool(timings)
         source.launch["timings_ms"] = tuple(sorted(timings.items()))
 
-    def _precompile(self, text: str, launch: dict, configs, device) -> None:
-        """Compile the candidate configs concurrently (triton's ``AsyncCompileMode``:
-        compiles run on a thread pool; ptxas is a subprocess).  Best effort: anything
-        that fails here is compiled, or reported, again by the sequential path.
-        ``FXWRAP_TRITON_COMPILE_THREADS=1`` turns it off."""
-        workers = int(os.environ.get("FXWRAP_TRITON_COMPILE_THREADS", "8") or 1)
-        if workers < 2 or len(configs) < 2:
-            return
-        try:
-            from triton.runtime._async_compile import AsyncCompileMode
-        except ImportError:
+    def _bind_concurrently(self, make, configs, device) -> None:
+        """Build every candidate config's launcher at once (Triton's compile waits on
+        ptxas, its launcher stub on gcc: both subprocesses), so that timing them finds
+        them ready.  Best effort: a config that fails here fails again, and is skipped
+        with its reason logged, when ``autotune.choose`` builds it.
+        ``FXWRAP_TRITON_COMPILE_THREADS=1`` builds them one after another instead."""
+        threads = min(int(os.environ.get("FXWRAP_TRITON_COMPILE_THREADS", self.load_threads) or 1),
+                      len(configs))
+        if threads < 2:
             return
         from concurrent.futures import ThreadPoolExecutor
 
-        from fxwrap.targets.cuda_triton.launcher import load_module, split_launches, submit_compile
+        def build(cfg):
+            try:
+                with torch.cuda.device(device):
+                    make(cfg)
+            except Exception as e:  # noqa: BLE001 - reported by the sequential path
+                log.debug("fxwrap: concurrent build of config %s: %s", cfg, e)
 
-        jobs = []
-        for cfg in configs:
-            one = dict(launch, config=cfg)
-            with _CACHE_LOCK:
-                if _launch_key(text, one, device) in _LAUNCHERS:
-                    continue
-            for sub in (split_launches(one) if one.get("plan") == "split-outer" else [one]):
-                fn = getattr(load_module(text, sub["symbol"], False), sub["symbol"])
-                dtypes = [getattr(torch, d.replace("torch.", "")) for d in sub["pointer_dtypes"]]
-                jobs.append((fn, sub, dtypes))
-        if len(jobs) < 2:
-            return
-        with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="fxwrap-compile") as pool:
-            try:
-                mode = AsyncCompileMode(pool, ignore_errors=True)
-            except TypeError:
-                mode = AsyncCompileMode(pool)
-            try:
-                with mode:
-                    for fn, sub, dtypes in jobs:
-                        submit_compile(fn, sub, dtypes, len(sub["size_symbols"]))
-            except Exception as e:  # a config that does not compile: the sequential path reports it
-                log.debug("fxwrap: concurrent compile of %s: %s", launch["symbol"], e)
+        with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-compile") as pool:
+            list(pool.map(build, configs))
 
     # ------------------------------------------------------------------ load
     def load(self, source: KernelSource):

@@ -145,19 +145,10 @@ def _raw_stream_getter():
     return lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
-def submit_compile(fn, launch: dict, pointer_dtypes, nsizes: int):
-    """``fn.warmup`` for the launch's config: the compiled kernel, or (inside triton's
-    ``AsyncCompileMode``) a future of it."""
-    warm = list(pointer_dtypes) + [2] * nsizes
-    return fn.warmup(*warm, grid=(1,), **_constexprs(launch), **_options(launch))
-
-
 def compile_kernel(fn, launch: dict, pointer_dtypes, nsizes: int):
     """Ahead-of-time compile ``fn`` for the launch's config (pointers aligned, int32 sizes)."""
-    kernel = submit_compile(fn, launch, pointer_dtypes, nsizes)
-    if hasattr(kernel, "result"):
-        kernel = kernel.result()
-    return kernel
+    warm = list(pointer_dtypes) + [2] * nsizes
+    return fn.warmup(*warm, grid=(1,), **_constexprs(launch), **_options(launch))
 
 
 class CompiledLauncher:
