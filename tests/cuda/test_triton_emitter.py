@@ -231,12 +231,8 @@ def test_targets_are_registered_with_the_triton_emitter():
     for t in targets.values():
         assert t.emitter is TritonEmitter and generates_kernels(t)
     assert targets["triton-interpret"].priority < 0  # never the default for CPU tensors
-    try:
-        from fxwrap.plugins.manager import get_plugin_manager
-        registered = get_plugin_manager().target("triton-interpret")
-    except KeyError:
-        pytest.skip("fxwrap's entry points are not installed in this environment")
-    assert registered.emitter is TritonEmitter
+    from fxwrap.plugins.manager import get_plugin_manager  # built-ins load even from a source tree
+    assert get_plugin_manager().target("triton-interpret").emitter is TritonEmitter
 
 
 def test_compile_api_generates_triton_kernels():
