@@ -53,8 +53,9 @@ def show(args) -> int:
     import fxwrap
 
     manager = fxwrap.get_plugin_manager()
+    width = max((len(name) for name in manager.targets), default=0) + 1
     for name, target in sorted(manager.targets.items()):
-        print(f"{name:10} device={target.device_type:8} emitter={target.emitter.__name__:20} "
+        print(f"{name:{width}} device={target.device_type:8} emitter={target.emitter.__name__:20} "
               f"wrapper={target.wrapper.__name__:20} from {manager.owner[name]}")
     return 0
 
