@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fxwrap.arguments import ArgumentMap
 from fxwrap.core.capture import capture_backend, default_decompositions, kernel_decompositions
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.plugins.manager import get_plugin_manager
@@ -56,6 +57,7 @@ class Program:
     runner: Callable = field(repr=False)
     constants: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     hints: dict = field(default_factory=dict, repr=False)
+    arguments: ArgumentMap | None = field(default=None, repr=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -64,8 +66,19 @@ class Program:
     def code(self) -> str:
         return program_source(self.inputs, self.lines)
 
-    def __call__(self, *args):
-        return self.runner(*args)
+    def __call__(self, *graph_inputs):
+        """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's)."""
+        return self.runner(*graph_inputs)
+
+    def run(self, *args):
+        """Run with the lowered function's own positional arguments (``lower`` programs):
+        ``fxwrap.lower(f, x, w).run(x2, w2)``; parameters and sizes are filled in."""
+        if self.arguments is None:
+            raise TypeError(f"this {self.kind} program has no argument map (only inference and forward "
+                            "programs made by fxwrap.lower have one); call it with its graph inputs, "
+                            "in program.inputs order")
+        with torch.no_grad():  # a compiled graph: autograd is AOTAutograd's business, not the caller's
+            return self.runner(*self.arguments(args))
 
 
 def generates_kernels(target: Target) -> bool:
@@ -145,8 +158,12 @@ class Backend:
             raise ValueError(f"fxwrap has no mode {options['mode']!r}; modes: {list(MODES)}")
         self.target = options.pop("target", target)
         self.options = options
+        self.example_inputs: list | None = None  # kept only when lower() asks (see lower)
+        self.keep_example_inputs = False
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        if self.keep_example_inputs:
+            self.example_inputs = list(example_inputs)
         target = resolve_target(self.target, example_inputs)
         if self.options.get("execute"):
             target = resolve_target(f"{target.name}_{self.options['execute']}")
@@ -205,9 +222,14 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
     programs: list[Program] = []
     opts = dict(options or {})
     opts["on_program"] = programs.append
-    compiled = torch.compile(fn, backend=Backend(target, opts), dynamic=dynamic, fullgraph=True)
+    backend = Backend(target, opts)
+    backend.keep_example_inputs = True
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
     try:
-        return _run_lowering(compiled, example_inputs, training, programs)
+        lowered = _run_lowering(compiled, example_inputs, training, programs)
+        first = lowered.forward if training else lowered
+        first.arguments = ArgumentMap.build(first.inputs, backend.example_inputs or [], example_inputs)
+        return lowered
     finally:
         # Each lower() is a fresh compile: drop dynamo's cache entry for fn so repeated
         # lowerings never pile up against the recompile limit (nor hit an old entry).
