@@ -158,11 +158,10 @@ class Backend:
             raise ValueError(f"fxwrap has no mode {options['mode']!r}; modes: {list(MODES)}")
         self.target = options.pop("target", target)
         self.options = options
-        self.example_inputs: list | None = None  # kept only when lower() asks (see lower)
-        self.keep_example_inputs = False
+        self.example_inputs: list | None = None  # lower() sets [] to keep dynamo's example inputs
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
-        if self.keep_example_inputs:
+        if self.example_inputs is not None:
             self.example_inputs = list(example_inputs)
         target = resolve_target(self.target, example_inputs)
         if self.options.get("execute"):
@@ -223,12 +222,12 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
     opts = dict(options or {})
     opts["on_program"] = programs.append
     backend = Backend(target, opts)
-    backend.keep_example_inputs = True
+    backend.example_inputs = []
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
     try:
         lowered = _run_lowering(compiled, example_inputs, training, programs)
         first = lowered.forward if training else lowered
-        first.arguments = ArgumentMap.build(first.inputs, backend.example_inputs or [], example_inputs)
+        first.arguments = ArgumentMap.build(first.inputs, backend.example_inputs, example_inputs)
         return lowered
     finally:
         # Each lower() is a fresh compile: drop dynamo's cache entry for fn so repeated

@@ -97,3 +97,19 @@ def kernel(name, inputs, outputs, stores, ranges=(), reduction_ranges=(), reduct
                            tuple(sympy.sympify(r) for r in ranges),
                            tuple(sympy.sympify(r) for r in reduction_ranges),
                            tuple(reductions), tuple(stores), tuple(origins))
+
+
+def unary_float(x):
+    """Every elementwise unary op of issue 3 on ``x`` (domains kept valid), one output each."""
+    pos = x.abs() + 0.5
+    unit = torch.tanh(x) * 0.9
+    return (x.abs(), -x, x.exp(), torch.exp2(x), x.expm1(), pos.log(), pos.log2(), pos.log10(),
+            x.abs().log1p(), pos.sqrt(), pos.rsqrt(), x.sin(), x.cos(), unit.tan(), unit.asin(),
+            unit.acos(), x.atan(), x.sinh(), x.cosh(), x.tanh(), x.asinh(), (pos + 1).acosh(),
+            unit.atanh(), x.erf(), x.erfc(), unit.erfinv(), (x * 3).floor(), (x * 3).ceil(),
+            (x * 3).round(), (x * 3).trunc(), x.sigmoid(), x.sign(), pos.reciprocal(),
+            torch.relu(x), torch.nn.functional.gelu(x), torch.nn.functional.gelu(x, approximate="tanh"),
+            torch.nn.functional.silu(x), torch.nn.functional.softplus(x), x.clamp(-0.5, 0.5),
+            x.clamp_min(0.1), x.clamp_max(0.2), torch.isnan(x / x), torch.isinf(1 / (x * 0)),
+            torch.signbit(x), torch.logical_not(x > 0), torch.nn.functional.hardtanh(x),
+            torch.nn.functional.leaky_relu(x), torch.nn.functional.elu(x))

@@ -45,19 +45,8 @@ def check(fn, args, dynamic, tol, min_kernels=1):
     return programs
 
 
-def unary_float(x):
-    pos = x.abs() + 0.5
-    unit = torch.tanh(x) * 0.9
-    return (x.abs(), -x, x.exp(), torch.exp2(x), x.expm1(), pos.log(), pos.log2(), pos.log10(),
-            x.abs().log1p(), pos.sqrt(), pos.rsqrt(), x.sin(), x.cos(), unit.tan(), unit.asin(),
-            unit.acos(), x.atan(), x.sinh(), x.cosh(), x.tanh(), x.asinh(), (pos + 1).acosh(),
-            unit.atanh(), x.erf(), x.erfc(), unit.erfinv(), (x * 3).floor(), (x * 3).ceil(),
-            (x * 3).round(), (x * 3).trunc(), x.sigmoid(), x.sign(), pos.reciprocal(),
-            torch.relu(x), torch.nn.functional.gelu(x), torch.nn.functional.gelu(x, approximate="tanh"),
-            torch.nn.functional.silu(x), torch.nn.functional.softplus(x), x.clamp(-0.5, 0.5),
-            x.clamp_min(0.1), x.clamp_max(0.2), torch.isnan(x / x), torch.isinf(1 / (x * 0)),
-            torch.signbit(x), torch.logical_not(x > 0), torch.nn.functional.hardtanh(x),
-            torch.nn.functional.leaky_relu(x), torch.nn.functional.elu(x))
+unary_float = shared_helpers.unary_float
+
 
 
 # every dtype x layout x static/dynamic, except the dynamic sliced/broadcast layouts of

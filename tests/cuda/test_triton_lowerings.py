@@ -9,22 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import shared_helpers
 from triton_helpers import DEVICE, TOL, check, compiled, kernels, make
 
 LAYOUTS = ["contiguous", "transposed", "sliced", "broadcast"]
 
 
-def unary_float(x):
-    pos = x.abs() + 0.5
-    unit = torch.tanh(x) * 0.9
-    return (x.abs(), -x, x.exp(), torch.exp2(x), x.expm1(), pos.log(), pos.log2(), pos.log10(),
-            x.abs().log1p(), pos.sqrt(), pos.rsqrt(), x.sin(), x.cos(), unit.tan(), unit.asin(),
-            unit.acos(), x.atan(), x.sinh(), x.cosh(), x.tanh(), x.asinh(), (pos + 1).acosh(),
-            unit.atanh(), x.erf(), x.erfc(), unit.erfinv(), (x * 3).floor(), (x * 3).ceil(),
-            (x * 3).round(), (x * 3).trunc(), x.sigmoid(), x.sign(), pos.reciprocal(),
-            torch.relu(x), F.gelu(x), F.gelu(x, approximate="tanh"), F.silu(x), F.softplus(x),
-            x.clamp(-0.5, 0.5), torch.isnan(x / x), torch.isinf(1 / (x * 0)), torch.signbit(x),
-            torch.logical_not(x > 0), F.leaky_relu(x), F.elu(x))
+unary_float = shared_helpers.unary_float
 
 
 @pytest.mark.parametrize("dtype,layout,dynamic", [

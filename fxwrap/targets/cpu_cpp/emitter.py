@@ -612,13 +612,7 @@ class _ReductionCode:
         blk: list[str] = []
         blk.append("#pragma omp simd")
         _block(blk, f"for ({it} lane = 0; lane < {L}; ++lane)", lane_body)
-        if flush:
-            fl = " ".join(f"{r.base}_o[lane] += {r.names('l')[0]}[lane]; {r.names('l')[0]}[lane] = 0;"
-                          for r in flush)
-            blk.append(f"if (++{p[0].base}_flush == {self.em.sum_flush}) {{")
-            blk.append(f"  {p[0].base}_flush = 0;")
-            blk.append(f"  for (int lane = 0; lane < {L}; ++lane) {{ {fl} }}")
-            blk.append("}")
+        blk += self.flush_partials(flush, p[0].base, "l", "int lane", L)
         _block(seg_body, f"for (; rj + {L} <= rcount; rj += {L})", blk)
         _block(seg_body, "for (; rj < rcount; ++rj)", tail_body)
         seg_body.append("rbase += rcount;")
@@ -710,6 +704,17 @@ class _ReductionCode:
             _block(out, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
         return out
 
+    def flush_partials(self, flush, counter: str, tag: str, decl: str, bound) -> list[str]:
+        """Every ``sum_flush`` blocks, move the float sums' running partials (fields ``tag``,
+        indexed by the loop var of ``decl``) into their outer sums (two-level sum)."""
+        if not flush:
+            return []
+        var = decl.split()[-1]
+        moves = " ".join(f"{r.base}_o[{var}] += {r.names(tag)[0]}[{var}]; {r.names(tag)[0]}[{var}] = 0;"
+                         for r in flush)
+        return [f"if (++{counter}_flush == {self.em.sum_flush}) {{", f"  {counter}_flush = 0;",
+                f"  for ({decl} = 0; {var} < {bound}; ++{var}) {{ {moves} }}", "}"]
+
     def r_all(self, rindex: str) -> list[str]:
         return self.em.decompose(rindex, self.rv, self.rr, self.names)
 
@@ -742,13 +747,7 @@ class _ReductionCode:
         rscope.flush_into(rbody)
         rbody.append("#pragma omp simd")
         _block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
-        if flush:
-            fl = " ".join(f"{r.base}_o[xj] += {r.names('c')[0]}[xj]; {r.names('c')[0]}[xj] = 0;"
-                          for r in flush)
-            rbody.append(f"if (++{p[0].base}_flush == {self.em.sum_flush}) {{")
-            rbody.append(f"  {p[0].base}_flush = 0;")
-            rbody.append(f"  for ({it} xj = 0; xj < xcount; ++xj) {{ {fl} }}")
-            rbody.append("}")
+        rbody += self.flush_partials(flush, p[0].base, "c", f"{it} xj", "xcount")
         _block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
         fold: list[str] = []
         for r in p:
