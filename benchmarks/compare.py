@@ -19,7 +19,7 @@ one table per workload and a summary with geometric means:
   what the implementation really moved.
 * cold compile: wall time of the first call (dynamo trace + AOTAutograd + backend
   compile + one execution; for the training step also the backward compile), after
-  ``torch._dynamo.reset()``, Inductor's in-memory caches cleared, fresh temporary
+  ``torch._dynamo.reset()``, Inductor's and fxwrap's in-memory caches cleared, fresh temporary
   TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR / FXWRAP_CACHE_DIR, and Inductor's FX graph
   cache, AOTAutograd cache and autotune caches turned off.  One-off process costs
   (imports, Inductor's compile-worker pool) are paid by an unmeasured warm-up compile
@@ -296,12 +296,18 @@ def use_cache_dir(d: str) -> None:
 
 
 def fresh_caches(root: str) -> str:
-    """New empty on-disk cache dirs, dynamo reset, Inductor's in-memory caches cleared."""
+    """New empty on-disk cache dirs, dynamo reset, Inductor's and fxwrap's in-memory caches cleared."""
     d = tempfile.mkdtemp(dir=root)
     use_cache_dir(d)
     torch._dynamo.reset()
     clear = getattr(torch._inductor.utils, "clear_caches", None) or torch._inductor.utils.clear_inductor_caches
     clear()
+    try:  # fxwrap's in-process Triton caches (modules, launchers, autotune results)
+        from fxwrap.targets.cuda_triton.emitter import clear_caches as clear_fxwrap_triton
+    except ImportError:  # pragma: no cover - triton not installed
+        pass
+    else:
+        clear_fxwrap_triton()
     return d
 
 

@@ -11,14 +11,17 @@ from fxwrap.plugins.manager import (
     PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
 )
 from fxwrap.runtime import Kernel, KernelArg, free
-from fxwrap.targets.base import DeviceInterface, KernelEmitter, KernelSource, Target, WrapperCodegen
+from fxwrap.targets.base import (
+    DeviceInterface, DirectCallWrapper, KernelEmitter, KernelSource, Target, WrapperCodegen,
+)
 from fxwrap.targets.cpu_cpp.device import CpuDevice
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 from fxwrap.targets.cstyle import CStyleEmitter, EmitError
 from fxwrap.wrapper_ir import lines
 
 __all__ = [
-    "Backend", "CStyleEmitter", "CppEmitter", "CpuDevice", "DeviceInterface", "EmitError", "Kernel",
+    "Backend", "CStyleEmitter", "CppEmitter", "CpuDevice", "DeviceInterface", "DirectCallWrapper", "EmitError",
+    "Kernel",
     "KernelArg", "KernelEmitter", "KernelSource", "MemoryPlan", "PluginError", "PluginManager",
     "Program", "Target", "TrainingPrograms", "WrapperCodegen", "compile", "free",
     "get_plugin_manager", "hookimpl", "hookspec", "installed_entry_points", "lines", "lower",

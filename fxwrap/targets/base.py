@@ -132,6 +132,23 @@ class WrapperCodegen:
         return gm
 
 
+class DirectCallWrapper(WrapperCodegen):
+    """Runs a copy of the GraphModule whose matrix-product externs call torch's Python
+    bindings instead of ATen ``OpOverload``s -- the same ops, cheaper calls
+    (``fxwrap.runtime.direct``)::
+
+        program.graph_module:  torch.ops.aten.mm.out(arg0, arg1, out = buf0)
+        compile_graph(gm):     torch.mm(arg0, arg1, out = buf0)
+
+    The CPU and CUDA targets use it; ``program.graph_module`` keeps the ATen form.
+    """
+
+    def compile_graph(self, gm: torch.fx.GraphModule) -> Callable:
+        from fxwrap.runtime.direct import direct_graph_module
+
+        return direct_graph_module(gm)
+
+
 @dataclass(frozen=True)
 class Target:
     """``Target("cpu", "cpu", CpuDevice(), CppEmitter, WrapperCodegen)``."""

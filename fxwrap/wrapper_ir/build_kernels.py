@@ -291,7 +291,7 @@ class KernelBuilder(build._Builder):
 
 def _load_all(emitter, loads: list) -> None:
     """Bind every kernel's launcher; ``emitter.load_threads`` of them at once (loading
-    waits on compiler subprocesses: Triton's ptxas and launcher stubs, g++)."""
+    waits on compiler subprocesses: Triton's ptxas, g++)."""
     threads = min(int(getattr(emitter, "load_threads", 1) or 1), len(loads))
     if threads > 1:
         from concurrent.futures import ThreadPoolExecutor

@@ -25,15 +25,12 @@ pointer spans.
 """
 from __future__ import annotations
 
-from fxwrap.targets.cstyle import EmitError  # the builder keeps such kernels as ATen externs
-
-import re
-
 import sympy
 import torch
 
 from fxwrap.core.ir import (Op, Reduction, ScheduledKernel, is_loop_var, loop_var_names, split_stores,
                             value_deps, walk)
+from fxwrap.targets.cstyle import EmitError  # the builder keeps such kernels as ATen externs
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.printer import IndexPrinter
 from fxwrap.targets.cuda_triton.tiling import Plan

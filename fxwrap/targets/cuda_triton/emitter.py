@@ -93,10 +93,14 @@ def _launch_key(text: str, launch: dict, device) -> tuple:
 
 
 def clear_caches() -> None:
-    """Forget the in-process launcher and autotuning caches (tests, benchmarks)."""
+    """Forget the in-process launcher, autotuning and kernel-module caches (tests,
+    benchmarks): the next load imports the module anew, so Triton compiles again."""
+    from fxwrap.targets.cuda_triton.launcher import clear_modules
+
     with _CACHE_LOCK:
         _LAUNCHERS.clear()
         _TUNED.clear()
+    clear_modules()
 
 
 class TritonEmitError(CodegenError):
@@ -116,7 +120,7 @@ class TritonEmitter(KernelEmitter):
 
     language = "triton"
     supported_dtypes = frozenset(O.TL_TYPES)  # other dtypes stay ATen extern calls
-    load_threads = 8  # ptxas and Triton's launcher stubs (gcc) are subprocesses: build in parallel
+    load_threads = 8  # ptxas is a subprocess: build in parallel
 
     def __init__(self, target=None):
         super().__init__(target)
@@ -273,7 +277,8 @@ class TritonEmitter(KernelEmitter):
 
     def _bind_concurrently(self, make, configs, device) -> None:
         """Build every candidate config's launcher at once (Triton's compile waits on
-        ptxas, its launcher stub on gcc: both subprocesses), so that timing them finds
+        ptxas, a subprocess; a launcher stub built with gcc where the CUDA driver path
+        does not apply), so that timing them finds
         them ready.  Best effort: a config that fails here fails again, and is skipped
         with its reason logged, when ``autotune.choose`` builds it.
         ``FXWRAP_TRITON_COMPILE_THREADS=1`` builds them one after another instead."""
@@ -323,7 +328,7 @@ class TritonEmitter(KernelEmitter):
             return _LAUNCHERS.setdefault(key, launcher)
 
     def _bind_one(self, text: str, launch: dict, device):
-        from fxwrap.targets.cuda_triton.launcher import CompiledLauncher, InterpretedLauncher, load_module
+        from fxwrap.targets.cuda_triton.launcher import InterpretedLauncher, bind_compiled, load_module
 
         interpret = bool(launch.get("interpret", False))
         mod = load_module(text, launch["symbol"], interpret)
@@ -333,4 +338,4 @@ class TritonEmitter(KernelEmitter):
         dtypes = [getattr(torch, d.replace("torch.", "")) for d in launch["pointer_dtypes"]]
         index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
         with torch.cuda.device(index):
-            return CompiledLauncher(fn, launch, dtypes, index)
+            return bind_compiled(fn, launch, dtypes, index)

@@ -7,8 +7,10 @@ it once under ``FXWRAP_CACHE_DIR/triton`` (atomically) and imports it; the
 * ``CompiledLauncher`` (GPU): the kernel is compiled ahead for the concrete
   signature and config (``JITFunction.warmup`` with dtypes only: pointers assumed
   16-byte aligned, sizes ``int32``); a call computes the grid from the size
-  arguments and calls ``CompiledKernel.run`` directly -- no ``kernel[grid](...)``
-  specialization/dispatch per call.  ``run``'s signature is the same in triton 3.6
+  arguments and launches the compiled kernel directly -- no ``kernel[grid](...)``
+  specialization/dispatch per call -- through ``cuda_driver.DriverKernel``
+  (``cuLaunchKernel`` on the cubin: no launcher stub to build) or, where that path
+  does not apply, ``CompiledKernel.run``, whose signature is the same in triton 3.6
   and 3.9: ``(gx, gy, gz, stream, function, packed_metadata, launch_metadata,
   enter_hook, exit_hook, *args)`` where ``args`` are every kernel parameter,
   constexprs included.  A call whose pointers are not 16-byte aligned, or whose
@@ -20,12 +22,16 @@ it once under ``FXWRAP_CACHE_DIR/triton`` (atomically) and imports it; the
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import os
 import secrets
+import struct
 import threading
 from contextlib import contextmanager
+from functools import reduce
+from operator import or_
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,6 +59,11 @@ def _interpret_env(interpret: bool):
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = old
+
+
+def clear_modules() -> None:
+    with _LOCK:
+        _MODULES.clear()
 
 
 def load_module(text: str, symbol: str, interpret: bool):
@@ -152,24 +163,20 @@ def compile_kernel(fn, launch: dict, pointer_dtypes, nsizes: int):
 
 
 class CompiledLauncher:
-    """A launcher that calls the compiled kernel's ``run`` directly (see module doc)."""
+    """A launcher that calls the compiled kernel's ``CompiledKernel.run`` directly (see
+    module doc): for kernels the driver path does not take, or with
+    ``FXWRAP_TRITON_LAUNCHER=triton``.  ``path`` is ``"triton"``."""
 
     kind = "compiled"
+    path = "triton"
 
-    def __init__(self, fn, launch: dict, pointer_dtypes, device_index: int):
+    def __init__(self, fn, launch: dict, compiled, device_index: int):
         self.fn = fn
         self.npointers = launch["pointers"]
         self.grid = grid_function(launch)
         self.constexprs = _constexprs(launch)
         self.options = _options(launch)
-        nsizes = len(launch["size_symbols"])
-        self.compiled = compile_kernel(fn, launch, pointer_dtypes, nsizes)
-        init = getattr(self.compiled, "_init_handles", None)
-        if init is not None:
-            init()
-        self.run = self.compiled.run
-        self.function = self.compiled.function
-        self.packed = self.compiled.packed_metadata
+        self.compiled = compiled
         self.trailing = tuple(self.constexprs.values())
         self.device = device_index
         self.stream = _raw_stream_getter()
@@ -178,6 +185,14 @@ class CompiledLauncher:
         self.enter, self.leave = _hooks()
         self.chains = tuple(h for h in (self.enter, self.leave) if hasattr(h, "calls"))
         self.plain_hooks = any(h is not None and not hasattr(h, "calls") for h in (self.enter, self.leave))
+
+    def hooked(self) -> bool:
+        if self.plain_hooks:
+            return True
+        for chain in self.chains:
+            if chain.calls:
+                return True
+        return False
 
     def __call__(self, *args):
         np_ = self.npointers
@@ -191,18 +206,87 @@ class CompiledLauncher:
         for s in sizes:
             if not -2147483648 <= s <= 2147483647:
                 return self.generic(n, args)
-        if self.plain_hooks or (self.chains and any(c.calls for c in self.chains)):
-            stream = self.stream(self.device)
-            meta = self.compiled.launch_metadata((n, 1, 1), stream, *args, *self.trailing)
-            self.run(n, 1, 1, stream, self.function, self.packed, meta, self.enter, self.leave,
-                     *args, *self.trailing)
+        self.triton_launch(n, args)
+
+    def triton_launch(self, n, args):
+        compiled = self.compiled
+        stream = self.stream(self.device)
+        if self.hooked():
+            meta = compiled.launch_metadata((n, 1, 1), stream, *args, *self.trailing)
+            compiled.run(n, 1, 1, stream, compiled.function, compiled.packed_metadata, meta, self.enter, self.leave,
+                         *args, *self.trailing)
             return
-        self.run(n, 1, 1, self.stream(self.device), self.function, self.packed, None, None, None,
-                 *args, *self.trailing)
+        compiled.run(n, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *args, *self.trailing)
 
     def generic(self, n, args):
         self.fn[(n,)](*args, **self.constexprs, **self.options)
 
+
+class DriverLauncher(CompiledLauncher):
+    """Launches the cubin through ``cuda_driver.DriverKernel`` (``cuLaunchKernel``): no
+    launcher stub to build, a few ``ctypes`` operations per call.  ``path`` is
+    ``"cuda-driver"``.  While a Triton launch hook (a profiler) is set, calls go through
+    Triton's ``run`` so that the hook sees them."""
+
+    path = "cuda-driver"
+
+    def __init__(self, fn, launch: dict, compiled, device_index: int, driver):
+        super().__init__(fn, launch, compiled, device_index)
+        self.driver = driver
+        self.cu_launch, self.function = driver.cu_launch, driver.function
+        self.threads, self.shared = driver.threads, driver.shared
+        self.pack = driver.pack
+        self.local = threading.local()  # per calling thread: (slots, params) of driver.buffers()
+        self.streams: dict[int, ctypes.c_void_p] = {}  # raw stream -> its ctypes argument
+        self.hooks_fixed = self.plain_hooks  # hooks that are not HookChains: always Triton's run
+
+    def __call__(self, *args):
+        np_ = self.npointers
+        sizes = args[np_:]
+        n = self.grid(*sizes)
+        if n <= 0:
+            return
+        pointers = [t.data_ptr() for t in args[:np_]]
+        if reduce(or_, pointers, 0) & 15 or n > 2147483647:
+            return self.generic(n, args)
+        for chain in self.chains:
+            if chain.calls:
+                return self.triton_launch(n, args)
+        if self.hooks_fixed:
+            return self.triton_launch(n, args)
+        try:  # each thread packs into its own slots: another's may be mid-launch
+            slots, params = self.local.buffers
+        except AttributeError:
+            slots, params = self.local.buffers = self.driver.buffers()
+        try:
+            self.pack(slots, 0, *pointers, *sizes)
+        except struct.error:  # a size beyond its int32 parameter
+            return self.generic(n, args)
+        raw = self.stream(self.device)
+        stream = self.streams.get(raw)
+        if stream is None:
+            stream = self.streams.setdefault(raw, ctypes.c_void_p(raw))
+        result = self.cu_launch(self.function, n, 1, 1, self.threads, 1, 1, self.shared, stream, params, None)
+        if result:
+            self.driver.check(result)
+
+
+def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int) -> CompiledLauncher:
+    """Compile ``fn`` for the launch's config and bind the fastest launcher that applies."""
+    from fxwrap.targets.cuda_triton.cuda_driver import DriverKernel
+
+    nsizes = len(launch["size_symbols"])
+    compiled = compile_kernel(fn, launch, pointer_dtypes, nsizes)
+    driver = None
+    if os.environ.get("FXWRAP_TRITON_LAUNCHER", "driver") != "triton":
+        driver = DriverKernel.load(compiled, device_index, launch["pointers"], nsizes)
+    if driver is not None:
+        return DriverLauncher(fn, launch, compiled, device_index, driver)
+    init = getattr(compiled, "_init_handles", None)
+    if init is not None:  # load the binary now, not on the first call
+        init()
+    return CompiledLauncher(fn, launch, compiled, device_index)
 
 
 # ---------------------------------------------------------------------------- split-outer

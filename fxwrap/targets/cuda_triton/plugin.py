@@ -9,7 +9,7 @@
       torch.compile(fn, backend="fxwrap", options={"target": "triton-interpret"})
 """
 from fxwrap.plugins.hookspecs import hookimpl
-from fxwrap.targets.base import Target, WrapperCodegen
+from fxwrap.targets.base import DirectCallWrapper, Target
 from fxwrap.targets.cpu_cpp.device import CpuDevice
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
@@ -17,6 +17,6 @@ from fxwrap.targets.cuda_triton.emitter import TritonEmitter
 
 @hookimpl
 def fxwrap_targets():
-    return [Target("cuda", "cuda", CudaDevice(), TritonEmitter, WrapperCodegen),
-            Target("triton-interpret", "cpu", CpuDevice(), TritonEmitter, WrapperCodegen,
+    return [Target("cuda", "cuda", CudaDevice(), TritonEmitter, DirectCallWrapper),
+            Target("triton-interpret", "cpu", CpuDevice(), TritonEmitter, DirectCallWrapper,
                    options={"interpret": True}, priority=-2)]

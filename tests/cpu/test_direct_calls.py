@@ -1,0 +1,63 @@
+"""The GraphModule the CPU and CUDA targets run (``fxwrap.runtime.direct``): matrix
+products call torch's Python bindings instead of ATen OpOverloads, with the same
+results; ``program.graph_module`` keeps the ATen form."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fxwrap
+from fxwrap.runtime.direct import DIRECT_CALLS, direct_graph_module
+
+aten = torch.ops.aten
+
+
+def _inputs(name: str):
+    r = torch.randn
+    return {
+        "mm": ((r(7, 5), r(5, 3)), (7, 3)),
+        "bmm": ((r(2, 7, 5), r(2, 5, 3)), (2, 7, 3)),
+        "addmm": ((r(7, 3), r(7, 5), r(5, 3)), (7, 3)),
+        "baddbmm": ((r(2, 7, 3), r(2, 7, 5), r(2, 5, 3)), (2, 7, 3)),
+    }[name]
+
+
+@pytest.mark.parametrize("op", sorted(DIRECT_CALLS, key=str), ids=str)
+def test_binding_equals_the_aten_overload(op):
+    name = op._schema.name.split("::")[1]
+    args, out_shape = _inputs(name)
+    kwargs = {"beta": 0.5, "alpha": 1.5} if name in ("addmm", "baddbmm") else {}
+    binding = DIRECT_CALLS[op]
+    if op._overloadname == "out":
+        want, got = torch.full(out_shape, float("nan")), torch.full(out_shape, float("nan"))
+        op(*args, **kwargs, out=want)
+        binding(*args, **kwargs, out=got)
+    else:
+        want, got = op(*args, **kwargs), binding(*args, **kwargs)
+    assert torch.equal(got, want)
+
+
+def _targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_cpu_runner_calls_torch_mm_and_matches_eager():
+    def f(x, w, b):
+        return torch.relu(x @ w) @ w.t() + torch.addmm(b, x, w).sum()
+
+    x, w, b = torch.randn(16, 8), torch.randn(8, 8), torch.randn(8)
+    program = fxwrap.lower(f, x, w, b, target="cpu")
+    contract, runner = _targets(program.graph_module), _targets(program.runner)
+    assert aten.mm.out in contract and torch.mm not in contract
+    assert torch.mm in runner and aten.mm.out not in runner
+    assert len(contract) == len(runner)
+    assert all(c == r or DIRECT_CALLS.get(c) is r for c, r in zip(contract, runner))
+    x2, w2, b2 = torch.randn(16, 8), torch.randn(8, 8), torch.randn(8)
+    (got,) = program.run(x2, w2, b2)
+    torch.testing.assert_close(got, f(x2, w2, b2))
+
+
+def test_graph_without_matrix_products_is_run_as_is():
+    program = fxwrap.lower(lambda x: torch.exp(x) * 2, torch.randn(8), target="cpu")
+    assert direct_graph_module(program.graph_module) is program.graph_module
+    assert program.runner is program.graph_module

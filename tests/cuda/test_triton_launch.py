@@ -1,0 +1,218 @@
+"""Launching compiled kernels through the CUDA driver (``cuda_driver.DriverKernel``):
+the PTX parameter parsing and slot packing everywhere, the launches themselves on a GPU
+(results equal to eager, to Triton's own launcher, from another thread, sizes past
+int32 taking the generic path)."""
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+import pytest
+import torch
+
+from fxwrap.targets.cuda_triton.cuda_driver import ptx_parameters, slot_format
+from triton_helpers import DEVICE, GPU, Store, buf, build, kernel, ld, op, s0, x0
+
+F32 = torch.float32
+
+PTX = """
+.visible .entry k0(
+	.param .u64 .ptr .global .align 1 k0_param_0,
+	.param .u64 .ptr .global .align 1 k0_param_1,
+	.param .u32 k0_param_2,
+	.param .u64 .ptr .global .align 1 k0_param_3,
+	.param .u64 .ptr .global .align 1 k0_param_4
+)
+.maxntid 128, 1, 1
+{
+	ld.param.u64 	%rd1, [k0_param_0];
+}
+.visible .entry k1(
+	.param .f32 k1_param_0
+)
+"""
+
+
+def test_ptx_parameters_of_one_entry():
+    assert ptx_parameters(PTX, "k0") == ["*u64", "*u64", "u32", "*u64", "*u64"]
+    assert ptx_parameters(PTX, "k1") == ["f32"]
+    assert ptx_parameters(PTX, "k2") is None
+
+
+def test_slot_format_packs_pointers_sizes_and_scratch():
+    fmt = slot_format(ptx_parameters(PTX, "k0"), npointers=2, nsizes=1)
+    assert fmt == "<QQi4xQQ" and struct.calcsize(fmt) == 5 * 8
+    slots = (ctypes.c_uint64 * 5)()
+    struct.pack_into(fmt, slots, 0, 0x1000, 0x2000, -3, 0, 0)
+    assert list(slots) == [0x1000, 0x2000, (1 << 32) - 3, 0, 0]
+    with pytest.raises(struct.error):  # a size past int32: the launcher's cue for the generic path
+        struct.pack_into(fmt, slots, 0, 0x1000, 0x2000, 1 << 31, 0, 0)
+
+
+def test_slot_format_refuses_other_parameter_lists():
+    types = ptx_parameters(PTX, "k0")
+    assert slot_format(types, npointers=3, nsizes=0) is None      # a size where a pointer is expected
+    assert slot_format(types, npointers=2, nsizes=3) is None      # pointers where sizes are expected
+    assert slot_format(["f32"], npointers=0, nsizes=1) is None    # float parameter
+    assert slot_format(types[:2], npointers=2, nsizes=1) is None  # too few parameters
+    assert slot_format(["*u64", "u64"], 1, 1) == "<Qq"            # an int64 size
+
+
+gpu = pytest.mark.skipif(not GPU, reason="launches need a CUDA device")
+
+
+def _scale_kernel():
+    """``o = a * (a + a)`` over ``s0`` elements (a size argument)."""
+    return kernel("scale", [buf("a", (s0,))], [buf("o", (s0,))],
+                  [Store("o", x0, op("mul", F32, ld("a", x0), op("add", F32, ld("a", x0), ld("a", x0))))],
+                  ranges=(s0,), sizes=(s0,))
+
+
+def _build_scale():
+    return build(_scale_kernel(), hints={s0: 4096})[0]
+
+
+@gpu
+def test_driver_launch_matches_eager_and_triton(monkeypatch):
+    launch = _build_scale()
+    assert launch.path == "cuda-driver"
+    a = torch.randn(5000, device=DEVICE)
+    out = torch.full_like(a, float("nan"))
+    launch(a, out, a.numel())
+    torch.testing.assert_close(out, a * (a + a), rtol=0, atol=0)
+
+    from fxwrap.targets.cuda_triton import emitter as triton_emitter
+    triton_emitter.clear_caches()
+    monkeypatch.setenv("FXWRAP_TRITON_LAUNCHER", "triton")
+    via_triton = _build_scale()
+    assert via_triton.path == "triton"
+    out2 = torch.full_like(a, float("nan"))
+    via_triton(a, out2, a.numel())
+    assert torch.equal(out, out2)
+    triton_emitter.clear_caches()
+
+
+@gpu
+def test_driver_launch_from_another_thread_and_ragged_sizes():
+    launch = _build_scale()
+    results = {}
+
+    def worker(n):
+        a = torch.randn(n, device=DEVICE)
+        o = torch.empty_like(a)
+        for _ in range(50):
+            launch(a, o, n)
+        torch.cuda.synchronize()
+        results[n] = torch.equal(o, a * (a + a))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (1, 1023, 70001)]
+    for t in threads:
+        t.start()
+    worker(4097)
+    for t in threads:
+        t.join()
+    assert results == {1: True, 1023: True, 70001: True, 4097: True}
+
+
+@gpu
+def test_size_past_int32_takes_generic_path():
+    launch = _build_scale()
+    calls = []
+    launch.generic = lambda n, args: calls.append((n, args[-1]))
+    a = torch.randn(4, device=DEVICE)
+    launch(a, torch.empty_like(a), 1 << 31)
+    assert calls and calls[0][1] == 1 << 31
+
+
+@gpu
+def test_driver_errors_name_the_kernel():
+    from fxwrap.targets.cuda_triton.cuda_driver import CudaDriverError, _check
+    with pytest.raises(CudaDriverError, match=r"cuLaunchKernel failed for kernel k0: CUDA error 1 \("):
+        _check(1, "cuLaunchKernel", "k0")
+
+
+class _FakeDriver:
+    """A ``DriverKernel`` stand-in whose ``cu_launch`` records what a launch would pass."""
+
+    threads, shared = 128, 0
+
+    def __init__(self, types, npointers, nsizes):
+        from fxwrap.targets.cuda_triton.cuda_driver import DriverKernel
+
+        self.nslots = len(types)
+        self.function = ctypes.c_void_p(0xABC)
+        self.pack = struct.Struct(slot_format(types[:npointers + nsizes], npointers, nsizes)).pack_into
+        self.buffers = DriverKernel.buffers.__get__(self)
+        self.launches = []
+
+    def cu_launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        values = [ctypes.c_uint64.from_address(params[i]).value for i in range(self.nslots)]
+        self.launches.append({"grid": (gx, gy, gz), "block": (bx, by, bz), "stream": stream.value,
+                              "values": values, "params": ctypes.addressof(params),
+                              "thread": threading.get_ident(), "function": function.value})
+        return 0
+
+
+def _fake_launcher():
+    from fxwrap.targets.cuda_triton.launcher import DriverLauncher
+
+    launch = {"pointers": 2, "size_symbols": ("s0",), "numels": (("x", "s0"),),
+              "config": (("XBLOCK", 128), ("num_warps", 4))}
+    driver = _FakeDriver(["*u64", "*u64", "u32", "*u64"], 2, 1)
+    launcher = DriverLauncher(fn=None, launch=launch, compiled=None, device_index=0, driver=driver)
+    launcher.stream = lambda index: 0x5000 + index
+    launcher.generic_calls, launcher.triton_calls = [], []
+    launcher.generic = lambda n, args: launcher.generic_calls.append((n, args))
+    launcher.triton_launch = lambda n, args: launcher.triton_calls.append((n, args))
+    return launcher, driver
+
+
+def test_driver_launcher_packs_pointers_sizes_and_null_scratch():
+    launcher, driver = _fake_launcher()
+    a, o = torch.randn(1000), torch.empty(1000)
+    launcher(a, o, 1000)
+    (rec,) = driver.launches
+    assert rec["grid"] == (8, 1, 1) and rec["block"] == (128, 1, 1) and rec["stream"] == 0x5000
+    assert rec["function"] == 0xABC
+    assert rec["values"] == [a.data_ptr(), o.data_ptr(), 1000, 0]
+    launcher(a, o, 0)  # an empty grid launches nothing
+    assert len(driver.launches) == 1 and not launcher.generic_calls
+
+
+def test_driver_launcher_falls_back_where_the_compiled_kernel_does_not_apply():
+    launcher, driver = _fake_launcher()
+    a, o = torch.randn(1001), torch.empty(1001)
+    launcher(a[1:], o[1:], 1000)           # 4-byte offset: not the 16-byte alignment compiled for
+    launcher(a, o, 1 << 31)                # past the int32 size parameter
+    assert [c[0] for c in launcher.generic_calls] == [8, 1 << 24] and not driver.launches
+
+
+def test_driver_launcher_gives_each_thread_its_own_slots():
+    launcher, driver = _fake_launcher()
+    a, o = torch.randn(256), torch.empty(256)
+
+    def worker():
+        launcher(a, o, 256)
+
+    worker()
+    worker()
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    first, second, other = driver.launches
+    assert first["params"] == second["params"] != other["params"]
+    assert first["thread"] == second["thread"] != other["thread"]
+    assert first["values"] == other["values"] == [a.data_ptr(), o.data_ptr(), 256, 0]
+
+
+def test_driver_launcher_hands_hooked_launches_to_triton():
+    launcher, driver = _fake_launcher()
+
+    class Chain:
+        calls = [print]
+
+    launcher.chains = (Chain(),)
+    a, o = torch.randn(64), torch.empty(64)
+    launcher(a, o, 64)
+    assert len(launcher.triton_calls) == 1 and not driver.launches
