@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device-tool call: the CUDA test folder, then the GPU benchmark.  Logs go to $OUT.
-#   run: bash benchmarks/gpu_session.sh [tests|bench|all]  (on the GPU machine, repo root)
+# One device-tool call: the CUDA test folder, the GPU benchmark, the overhead probe.  Logs go to $OUT.
+#   run: bash benchmarks/gpu_session.sh [tests|bench|probe|all]  (on the GPU machine, repo root)
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-/tmp/fxwrap-gpu}"
@@ -16,6 +16,11 @@ if [[ "$what" == bench || "$what" == all ]]; then
   timeout 420 python benchmarks/compare.py --device cuda --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
   echo "compare.py rc=$?" >> "$OUT/gpu.txt"
 fi
+if [[ "$what" == probe || "$what" == all ]]; then
+  timeout 300 python benchmarks/overhead_probe.py --calls --compile > "$OUT/probe.txt" 2>&1
+  echo "overhead_probe.py rc=$?" >> "$OUT/gpu.txt"
+fi
 cat "$OUT/gpu.txt"
 tail -n 5 "$OUT/tests_cuda.log" 2>/dev/null
 tail -n 30 "$OUT/bench_cuda.txt" 2>/dev/null
+tail -n 45 "$OUT/probe.txt" 2>/dev/null

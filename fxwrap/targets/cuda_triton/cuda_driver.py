@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import re
 import struct
 import sys
@@ -30,6 +31,8 @@ _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 _DEFAULT_SHARED_LIMIT = 48 * 1024
+
+log = logging.getLogger("fxwrap")
 
 _LIB_LOCK = threading.Lock()
 _LIBS: list = []
@@ -146,6 +149,11 @@ class DriverKernel:
     def load(cls, compiled, device_index: int, npointers: int, nsizes: int) -> "DriverKernel | None":
         """Load ``compiled`` (a Triton ``CompiledKernel`` for CUDA) or ``None`` when its
         parameters or launch options need Triton's own launcher."""
+        try:
+            _libraries()
+        except CudaDriverError as e:  # no libcuda to call: Triton's launcher finds its own way
+            log.info("fxwrap: kernel %s keeps Triton's launcher: %s", compiled.metadata.name, e)
+            return None
         meta = compiled.metadata
         if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False)
                 or getattr(meta, "launch_pdl", False)
