@@ -142,7 +142,7 @@ def probe_calls() -> None:
     ind = torch.compile(compare.fresh_function(compare.launch_chain_fn), backend="inductor")
     ind(a, b)
     rows.append(("Inductor default, whole workload (dynamo guards included)", lambda: ind(a, b)))
-    fx = torch.compile(compare.fresh_function(compare.launch_chain_fn), backend="fxwrap")
+    fx = torch.compile(compare.fresh_function(compare.launch_chain_fn), backend=fxwrap.Backend())
     fx(a, b)
     rows.append(("fxwrap backend, whole workload (dynamo guards included)", lambda: fx(a, b)))
     print("== host time per call (us, median of 7 x 2000 calls)")
