@@ -144,9 +144,20 @@ class _FakeDriver:
         self.function = ctypes.c_void_p(0xABC)
         self.pack = struct.Struct(slot_format(types[:npointers + nsizes], npointers, nsizes)).pack_into
         self.buffers = DriverKernel.buffers.__get__(self)
-        self.launches = []
+        self.launches, self.recovered = [], []
+        self.results = []  # results to return before launching for real
+
+    def recover(self, result):
+        self.recovered.append(result)
+        if result != 201:
+            raise RuntimeError(f"CUDA error {result}")
+
+    def check(self, result):
+        raise RuntimeError(f"CUDA error {result} again")
 
     def cu_launch(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        if self.results:
+            return self.results.pop(0)
         values = [ctypes.c_uint64.from_address(params[i]).value for i in range(self.nslots)]
         self.launches.append({"grid": (gx, gy, gz), "block": (bx, by, bz), "stream": stream.value,
                               "values": values, "params": ctypes.addressof(params),
@@ -216,3 +227,41 @@ def test_driver_launcher_hands_hooked_launches_to_triton():
     a, o = torch.randn(64), torch.empty(64)
     launcher(a, o, 64)
     assert len(launcher.triton_calls) == 1 and not driver.launches
+
+
+def test_driver_launcher_retries_once_after_a_recovered_context_error():
+    launcher, driver = _fake_launcher()
+    a, o = torch.randn(64), torch.empty(64)
+    driver.results = [201]  # CUDA_ERROR_INVALID_CONTEXT: the thread had no context
+    launcher(a, o, 64)
+    assert driver.recovered == [201] and len(driver.launches) == 1
+    driver.results = [700]  # any other error is raised
+    with pytest.raises(RuntimeError, match="CUDA error 700"):
+        launcher(a, o, 64)
+    assert driver.recovered == [201, 700] and len(driver.launches) == 1
+
+
+@gpu
+def test_driver_launch_from_a_thread_that_never_used_cuda():
+    """Autograd's device threads start without a current CUDA context."""
+    launch = _build_scale()
+    a = torch.randn(3000, device=DEVICE)
+    out = torch.full_like(a, float("nan"))
+    errors, contexts = [], []
+
+    def first_thing():
+        from fxwrap.targets.cuda_triton.cuda_driver import _libraries
+        ctx = ctypes.c_void_p()
+        _libraries()[0].cuCtxGetCurrent(ctypes.byref(ctx))
+        contexts.append(ctx.value)
+        try:
+            launch(a, out, a.numel())
+        except Exception as e:  # noqa: BLE001 - reported by the assertion
+            errors.append(e)
+
+    t = threading.Thread(target=first_thing)
+    t.start()
+    t.join()
+    torch.cuda.synchronize()
+    assert contexts == [None]  # the launch had to make the primary context current itself
+    assert not errors and torch.equal(out, a * (a + a))

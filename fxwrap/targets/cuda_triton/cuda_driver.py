@@ -31,6 +31,7 @@ _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 _DEFAULT_SHARED_LIMIT = 48 * 1024
+_CUDA_ERROR_INVALID_CONTEXT = 201
 
 log = logging.getLogger("fxwrap")
 
@@ -124,8 +125,9 @@ class DriverKernel:
     """
 
     def __init__(self, name: str, function: int, module: int, types: list[str], npointers: int, nsizes: int,
-                 threads: int, shared: int):
+                 threads: int, shared: int, device_index: int = 0):
         self.name = name
+        self.device_index = device_index
         self.module = module
         self.function = ctypes.c_void_p(function)
         self.nslots = len(types)
@@ -144,6 +146,15 @@ class DriverKernel:
 
     def check(self, result: int) -> None:
         _check(result, "cuLaunchKernel", self.name)
+
+    def recover(self, result: int) -> None:
+        """After a failed launch: return if launching again can succeed (the calling
+        thread had no current context -- a thread that never touched the CUDA runtime,
+        such as autograd's device threads -- and now has the device's primary one),
+        else raise the launch's error."""
+        if result == _CUDA_ERROR_INVALID_CONTEXT and _make_primary_context_current(self.device_index):
+            return
+        self.check(result)
 
     @classmethod
     def load(cls, compiled, device_index: int, npointers: int, nsizes: int) -> "DriverKernel | None":
@@ -169,7 +180,8 @@ class DriverKernel:
         if types is None or slot_format(types, npointers, nsizes) is None:
             return None
         module, function = _load_cubin(cubin, meta.name, device_index, meta.shared, meta.num_warps * 32)
-        return cls(meta.name, function, module, types, npointers, nsizes, meta.num_warps * 32, meta.shared)
+        return cls(meta.name, function, module, types, npointers, nsizes, meta.num_warps * 32, meta.shared,
+                   device_index)
 
     def __del__(self):
         try:  # at interpreter exit module globals may already be gone: nothing to do then
@@ -218,3 +230,18 @@ def _load_cubin(cubin: bytes, name: str, device_index: int, shared: int, threads
     finally:
         popped = ctypes.c_void_p()
         cdll.cuCtxPopCurrent_v2(ctypes.byref(popped))
+
+
+def _make_primary_context_current(device_index: int) -> bool:
+    """Make ``device_index``'s primary context current on this thread if no context is;
+    ``True`` when it did."""
+    cdll, _ = _libraries()
+    ctx = ctypes.c_void_p()
+    if cdll.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or ctx.value:
+        return False
+    dev = ctypes.c_int()
+    if cdll.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(device_index)) != 0:
+        return False
+    if cdll.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
+        return False
+    return cdll.cuCtxSetCurrent(ctx) == 0

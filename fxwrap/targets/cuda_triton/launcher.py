@@ -269,7 +269,10 @@ class DriverLauncher(CompiledLauncher):
             stream = self.streams.setdefault(raw, ctypes.c_void_p(raw))
         result = self.cu_launch(self.function, n, 1, 1, self.threads, 1, 1, self.shared, stream, params, None)
         if result:
-            self.driver.check(result)
+            self.driver.recover(result)  # raises unless the thread lacked a context and has one now
+            result = self.cu_launch(self.function, n, 1, 1, self.threads, 1, 1, self.shared, stream, params, None)
+            if result:
+                self.driver.check(result)
 
 
 def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int) -> CompiledLauncher:
