@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import math
@@ -561,7 +562,7 @@ def run_workload(wl: Workload, device: str, size: str, timer: Timer, cache_root:
             compiled = make_compiled(case.fn, variant, [])
             case.run(compiled)
             timer.sync()
-            calls[variant.name] = (lambda f: lambda: case.run(f))(compiled)
+            calls[variant.name] = functools.partial(case.run, compiled)
         except Exception as err:  # noqa: BLE001
             _failure(row, variant, err)
     try:

@@ -433,7 +433,7 @@ class CStyleEmitter(KernelEmitter):
             raise EmitError(
                 f"op {name!r} ({op.dtype}) has no rendering on target {self.target_name}"
                 + (f"; add it to {type(self).__name__}.code_for_op" if known else
-                   f"; it is not a loop-IR op (see fxwrap.core.ir), so the lowering should "
+                   "; it is not a loop-IR op (see fxwrap.core.ir), so the lowering should "
                    "emit an extern call instead"))
         if name in COMPARISONS and name not in ("logical_not",) and len(args) == 2:
             # comparisons and logical ops compare in the operands' common type

@@ -3,7 +3,6 @@ training works, and unsafe programs run without graphs.  Needs CUDA (run on the 
 import pytest
 import torch
 
-import fxwrap
 from fxwrap.runtime.cudagraphs import CudaGraphRunner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from triton_helpers import (DEVICE, GPU, TARGET, Reduction, Store, acc, buf, build, check, const, kernel, kernels,
-                            ld, op, r0, x0)
+from triton_helpers import DEVICE, Reduction, Store, acc, buf, build, check, const, kernel, ld, op, r0, x0
 from fxwrap.targets.cuda_triton.emitter import body_digest
 from fxwrap.targets.cuda_triton.tiling import Planner
 
