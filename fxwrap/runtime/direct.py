@@ -5,10 +5,12 @@ its ATen ``OpOverload``.  Calling an ``OpOverload`` from Python matches the argu
 against the op's schema at every call, about 2 us more per call on an H200 host than
 the op's generated Python binding (``torch.mm``: 11.8 us against 13.8 us for
 ``torch.ops.aten.mm.out`` on 64x64 matrices), which is most of what a graph of small
-matrix products spends outside its kernels.  ``direct_graph_module(gm)`` returns a
-copy of ``gm`` in which the calls listed in :data:`DIRECT_CALLS` -- ops whose Python
-binding takes the same positional arguments, the same keyword names and the same
-``out=`` -- call the binding instead; every other node is unchanged::
+matrix products spends outside its kernels; reading a view's storage offset through
+``aten.sym_storage_offset`` costs ten times ``tensor.storage_offset()``.
+``direct_graph_module(gm)`` returns a copy of ``gm`` in which the calls listed in
+:data:`DIRECT_CALLS` -- ops whose Python binding takes the same positional arguments,
+the same keyword names and the same ``out=``, and the metadata reads -- call the
+cheaper form instead; every other node is unchanged::
 
     program.graph_module:   mm_out = torch.ops.aten.mm.out(arg0, arg1, out = buf0)
     what the target runs:   mm_out = torch.mm(arg0, arg1, out = buf0)
@@ -21,12 +23,31 @@ import torch
 
 _aten = torch.ops.aten
 
-# (ATen overload, Python binding with the same arguments and out= behaviour)
+
+def storage_offset(tensor: torch.Tensor) -> int:
+    """``aten.sym_storage_offset`` of a real tensor (what a View line reads at run time)."""
+    return tensor.storage_offset()
+
+
+def size_of(tensor: torch.Tensor, dim: int) -> int:
+    """``aten.sym_size.int`` of a real tensor."""
+    return tensor.size(dim)
+
+
+def stride_of(tensor: torch.Tensor, dim: int) -> int:
+    """``aten.sym_stride.int`` of a real tensor."""
+    return tensor.stride(dim)
+
+
+# ATen overload -> a callable with the same arguments, out= behaviour and result
 DIRECT_CALLS = {
     _aten.mm.default: torch.mm, _aten.mm.out: torch.mm,
     _aten.bmm.default: torch.bmm, _aten.bmm.out: torch.bmm,
     _aten.addmm.default: torch.addmm, _aten.addmm.out: torch.addmm,
     _aten.baddbmm.default: torch.baddbmm, _aten.baddbmm.out: torch.baddbmm,
+    _aten.sym_storage_offset.default: storage_offset,
+    _aten.sym_size.int: size_of,
+    _aten.sym_stride.int: stride_of,
 }
 
 

@@ -22,7 +22,10 @@ def _inputs(name: str):
     }[name]
 
 
-@pytest.mark.parametrize("op", sorted(DIRECT_CALLS, key=str), ids=str)
+_MATMULS = sorted((op for op in DIRECT_CALLS if not op._schema.name.startswith("aten::sym_")), key=str)
+
+
+@pytest.mark.parametrize("op", _MATMULS, ids=str)
 def test_binding_equals_the_aten_overload(op):
     name = op._schema.name.split("::")[1]
     args, out_shape = _inputs(name)
@@ -35,6 +38,31 @@ def test_binding_equals_the_aten_overload(op):
     else:
         want, got = op(*args, **kwargs), binding(*args, **kwargs)
     assert torch.equal(got, want)
+
+
+def test_metadata_reads_equal_the_aten_overloads():
+    base = torch.randn(6, 40)
+    views = [base, base[2:, 3:], base.t(), base[1::2, ::3], base.view(2, 3, 40)[1]]
+    for t in views:
+        assert DIRECT_CALLS[aten.sym_storage_offset.default](t) == aten.sym_storage_offset.default(t)
+        for d in range(t.dim()):
+            assert DIRECT_CALLS[aten.sym_size.int](t, d) == aten.sym_size.int(t, d)
+            assert DIRECT_CALLS[aten.sym_stride.int](t, d) == aten.sym_stride.int(t, d)
+    assert len(_MATMULS) + 3 == len(DIRECT_CALLS)
+
+
+def test_view_offsets_are_read_directly_and_right():
+    def f(x):
+        return torch.exp(x[1:, 2:]) * 2 + x[:-1, :-2]
+
+    x = torch.randn(9, 12)
+    program = fxwrap.lower(f, x[1:], target="cpu")  # an input with a storage offset
+    contract, runner = _targets(program.graph_module), _targets(program.runner)
+    assert aten.sym_storage_offset.default in contract
+    assert DIRECT_CALLS[aten.sym_storage_offset.default] in runner and aten.sym_storage_offset.default not in runner
+    y = torch.randn(10, 12)  # same shape as x[1:], another storage offset
+    (got,) = program.run(y[2:])
+    torch.testing.assert_close(got, f(y[2:]))
 
 
 def _targets(gm):
