@@ -311,6 +311,8 @@ def test_static_shapes_pick_one_path(m, n, column):
     o, i = torch.empty(2, out), torch.empty(out, dtype=I64)
     launch(x, o, i)
     dim = 0 if column else 1
-    torch.testing.assert_close(o[0], x.sum(dim), rtol=1e-5, atol=1e-4)
+    # fp32 sums of up to 50000 randn values in another order than eager's: the sums
+    # (|sum| ~ 200, sum|x| ~ 40000) differ by up to ~1e-4 absolute (1.2e-4 seen once)
+    torch.testing.assert_close(o[0], x.sum(dim), rtol=1e-5, atol=5e-4)
     torch.testing.assert_close(o[1], x.var(dim) * (x.shape[dim] - 1), rtol=1e-4, atol=1e-3)
     assert torch.equal(i, x.argmin(dim))

@@ -173,6 +173,7 @@ def _fake_launcher():
     driver = _FakeDriver(["*u64", "*u64", "u32", "*u64"], 2, 1)
     launcher = DriverLauncher(fn=None, launch=launch, compiled=None, device_index=0, driver=driver)
     launcher.stream = lambda index: 0x5000 + index
+    launcher.current_device = lambda: 0
     launcher.generic_calls, launcher.triton_calls = [], []
     launcher.generic = lambda n, args: launcher.generic_calls.append((n, args))
     launcher.triton_launch = lambda n, args: launcher.triton_calls.append((n, args))
@@ -265,3 +266,13 @@ def test_driver_launch_from_a_thread_that_never_used_cuda():
     torch.cuda.synchronize()
     assert contexts == [None]  # the launch had to make the primary context current itself
     assert not errors and torch.equal(out, a * (a + a))
+
+
+def test_driver_launcher_switches_to_its_own_device():
+    launcher, driver = _fake_launcher()
+    switched = []
+    launcher.on_own_device = lambda args: switched.append(len(args))
+    launcher.current_device = lambda: 1  # the kernel lives on device 0
+    a, o = torch.randn(64), torch.empty(64)
+    launcher(a, o, 64)
+    assert switched == [3] and not driver.launches

@@ -200,6 +200,9 @@ class TritonEmitter(KernelEmitter):
                   "configs": tuple(configs), "config": configs[0],
                   "interpret": self.interpret, "autotuned": False,
                   "pointer_dtypes": tuple(str(b.dtype) for b in (*kernel.inputs, *kernel.outputs))}
+        device = self._device(kernel)
+        if device is not None and device.index is not None:
+            launch["device_index"] = device.index  # loaded into, and launched on, this device
         if plan.kind == "split-outer":
             cc = plan.combine_config
             launch["partial_symbol"] = f"{fname}_partial"
@@ -300,11 +303,13 @@ class TritonEmitter(KernelEmitter):
 
     # ------------------------------------------------------------------ load
     def load(self, source: KernelSource):
-        """Import the module and bind a launcher for ``source.launch["config"]``."""
+        """Import the module and bind a launcher for ``source.launch["config"]`` on the
+        kernel's device (``launch["device_index"]``; the current device when the kernel's
+        buffers name none)."""
         launch = source.launch
         device = None
         if not launch.get("interpret", False):
-            device = torch.device("cuda", torch.cuda.current_device())
+            device = torch.device("cuda", launch.get("device_index", torch.cuda.current_device()))
         return self._bind(source.text, launch, device)
 
     def _bind(self, text: str, launch: dict, device):

@@ -148,6 +148,12 @@ def _hooks():
         return getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None)
 
 
+def _device_getter():
+    import torch
+    getter = getattr(torch._C, "_cuda_getDevice", None)
+    return getter if getter is not None else torch.cuda.current_device
+
+
 def _raw_stream_getter():
     import torch
     getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -179,6 +185,7 @@ class CompiledLauncher:
         self.compiled = compiled
         self.trailing = tuple(self.constexprs.values())
         self.device = device_index
+        self.current_device = _device_getter()
         self.stream = _raw_stream_getter()
         # launch hooks (profilers) get triton's launch metadata.  triton 3.6+ keeps them in
         # ``HookChain``s that are empty unless a profiler is active: checked per call
@@ -194,7 +201,16 @@ class CompiledLauncher:
                 return True
         return False
 
+    def on_own_device(self, args):
+        """Launch with the kernel's device current (the caller's is restored after):
+        its module lives in that device's context."""
+        import torch
+        with torch.cuda.device(self.device):
+            return self(*args)
+
     def __call__(self, *args):
+        if self.current_device() != self.device:
+            return self.on_own_device(args)
         np_ = self.npointers
         sizes = args[np_:]
         n = self.grid(*sizes)
@@ -242,6 +258,8 @@ class DriverLauncher(CompiledLauncher):
         self.hooks_fixed = self.plain_hooks  # hooks that are not HookChains: always Triton's run
 
     def __call__(self, *args):
+        if self.current_device() != self.device:
+            return self.on_own_device(args)
         np_ = self.npointers
         sizes = args[np_:]
         n = self.grid(*sizes)
