@@ -134,8 +134,8 @@ class WrapperCodegen:
 
 class DirectCallWrapper(WrapperCodegen):
     """Runs a copy of the GraphModule whose matrix-product externs call torch's Python
-    bindings instead of ATen ``OpOverload``s -- the same ops, cheaper calls
-    (``fxwrap.runtime.direct``)::
+    bindings, and whose size/stride/offset reads call tensor methods, instead of ATen
+    ``OpOverload``s -- the same results, cheaper calls (``fxwrap.runtime.direct``)::
 
         program.graph_module:  torch.ops.aten.mm.out(arg0, arg1, out = buf0)
         compile_graph(gm):     torch.mm(arg0, arg1, out = buf0)
