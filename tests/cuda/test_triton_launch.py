@@ -174,6 +174,7 @@ def _fake_launcher():
     launcher = DriverLauncher(fn=None, launch=launch, compiled=None, device_index=0, driver=driver)
     launcher.stream = lambda index: 0x5000 + index
     launcher.current_device = lambda: 0
+    launcher.other_devices = True
     launcher.generic_calls, launcher.triton_calls = [], []
     launcher.generic = lambda n, args: launcher.generic_calls.append((n, args))
     launcher.triton_launch = lambda n, args: launcher.triton_calls.append((n, args))
@@ -276,3 +277,12 @@ def test_driver_launcher_switches_to_its_own_device():
     a, o = torch.randn(64), torch.empty(64)
     launcher(a, o, 64)
     assert switched == [3] and not driver.launches
+
+
+def test_driver_launcher_with_one_device_never_checks_the_current_one():
+    launcher, driver = _fake_launcher()
+    launcher.other_devices = False
+    launcher.current_device = lambda: 1 / 0  # would raise if it were asked
+    a, o = torch.randn(64), torch.empty(64)
+    launcher(a, o, 64)
+    assert len(driver.launches) == 1

@@ -154,6 +154,11 @@ def _device_getter():
     return getter if getter is not None else torch.cuda.current_device
 
 
+def _device_count() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
 def _raw_stream_getter():
     import torch
     getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -186,6 +191,8 @@ class CompiledLauncher:
         self.trailing = tuple(self.constexprs.values())
         self.device = device_index
         self.current_device = _device_getter()
+        # with one visible device the current device is always the kernel's: no check per call
+        self.other_devices = _device_count() > 1
         self.stream = _raw_stream_getter()
         # launch hooks (profilers) get triton's launch metadata.  triton 3.6+ keeps them in
         # ``HookChain``s that are empty unless a profiler is active: checked per call
@@ -209,7 +216,7 @@ class CompiledLauncher:
             return self(*args)
 
     def __call__(self, *args):
-        if self.current_device() != self.device:
+        if self.other_devices and self.current_device() != self.device:
             return self.on_own_device(args)
         np_ = self.npointers
         sizes = args[np_:]
@@ -258,7 +265,7 @@ class DriverLauncher(CompiledLauncher):
         self.hooks_fixed = self.plain_hooks  # hooks that are not HookChains: always Triton's run
 
     def __call__(self, *args):
-        if self.current_device() != self.device:
+        if self.other_devices and self.current_device() != self.device:
             return self.on_own_device(args)
         np_ = self.npointers
         sizes = args[np_:]
