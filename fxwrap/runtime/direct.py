@@ -51,13 +51,18 @@ DIRECT_CALLS = {
 }
 
 
-def direct_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` with the calls of :data:`DIRECT_CALLS` retargeted (``gm`` itself when none)."""
-    if not any(n.op == "call_function" and n.target in DIRECT_CALLS for n in gm.graph.nodes):
+def direct_graph_module(gm: torch.fx.GraphModule, prologue=None) -> torch.fx.GraphModule:
+    """``gm`` with the calls of :data:`DIRECT_CALLS` retargeted and, when given, a call
+    ``prologue()`` after the placeholders (``gm`` itself when there is nothing to do)."""
+    if prologue is None and not any(n.op == "call_function" and n.target in DIRECT_CALLS
+                                    for n in gm.graph.nodes):
         return gm
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in gm.graph.nodes:
+        if prologue is not None and node.op != "placeholder":
+            graph.call_function(prologue, ())
+            prologue = None
         new = graph.node_copy(node, lambda n: env[n])
         if new.op == "call_function" and new.target in DIRECT_CALLS:
             new.target = DIRECT_CALLS[new.target]

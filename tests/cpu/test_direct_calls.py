@@ -89,3 +89,25 @@ def test_graph_without_matrix_products_is_run_as_is():
     program = fxwrap.lower(lambda x: torch.exp(x) * 2, torch.randn(8), target="cpu")
     assert direct_graph_module(program.graph_module) is program.graph_module
     assert program.runner is program.graph_module
+
+
+def test_prologue_runs_first_on_every_call():
+    calls = []
+
+    def prologue():
+        calls.append(len(calls))
+
+    torch.fx.node.has_side_effect(prologue)
+    program = fxwrap.lower(lambda x: torch.exp(x) * 2, torch.randn(8), target="cpu")
+    direct = direct_graph_module(program.graph_module, prologue=prologue)
+    nodes = list(direct.graph.nodes)
+    first = next(n for n in nodes if n.op != "placeholder")
+    assert first.op == "call_function" and first.target is prologue
+    direct.graph.eliminate_dead_code()  # a call with no users, kept as a side effect
+    assert any(n.target is prologue for n in direct.graph.nodes)
+    direct.recompile()
+    x = torch.randn(8)
+    for _ in range(2):
+        (got,) = direct(x)
+        torch.testing.assert_close(got, torch.exp(x) * 2)
+    assert calls == [0, 1]

@@ -286,3 +286,54 @@ def test_driver_launcher_with_one_device_never_checks_the_current_one():
     a, o = torch.randn(64), torch.empty(64)
     launcher(a, o, 64)
     assert len(driver.launches) == 1
+
+
+_AUTOGRAD_THREAD_SCRIPT = """
+import os, torch, fxwrap
+if os.environ.get("FXWRAP_TEST_NO_PROLOGUE") == "1":  # the runner without ensure_thread_context
+    from fxwrap.targets.base import DirectCallWrapper
+    from fxwrap.targets.cuda_triton.wrapper import CudaWrapper
+    CudaWrapper.compile_graph = DirectCallWrapper.compile_graph
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda()
+ref = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).cuda()
+ref.load_state_dict(model.state_dict())
+fn = torch.compile(model, backend=fxwrap.Backend("cuda", {"mode": "cudagraphs"}))
+for _ in range(3):
+    x = torch.randn(16, 32, device="cuda")
+    out, want = fn(x), ref(x)
+    g = torch.randn_like(out)
+    out.backward(g)
+    want.backward(g)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+        p.grad = q.grad = None
+print("ok")
+"""
+
+
+def run_autograd_thread_script(no_prologue: bool):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               FXWRAP_TEST_NO_PROLOGUE="1" if no_prologue else "0")
+    return subprocess.run([sys.executable, "-c", _AUTOGRAD_THREAD_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@gpu
+def test_backward_on_autograd_threads_needs_no_cublas_context_warning():
+    """Training through CUDA graphs: the backward program runs on autograd's device
+    thread, which starts without a CUDA context, and its first CUDA work is a matrix
+    product.  The cuda target's runner gives the thread a context first, so cuBLAS does
+    not warn "no current CUDA context" (a fresh process each: the warning is once per
+    process); without that first call it does."""
+    done = run_autograd_thread_script(no_prologue=False)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    assert "no current CUDA context" not in done.stderr
+    without = run_autograd_thread_script(no_prologue=True)
+    assert without.returncode == 0, without.stderr[-2000:]
+    assert "no current CUDA context" in without.stderr

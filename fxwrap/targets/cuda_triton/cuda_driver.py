@@ -245,3 +245,23 @@ def _make_primary_context_current(device_index: int) -> bool:
     if cdll.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
         return False
     return cdll.cuCtxSetCurrent(ctx) == 0
+
+
+_THREAD = threading.local()
+
+
+def ensure_thread_context() -> None:
+    """Give the calling thread the current device's primary context if it has none
+    (checked once per thread).  A thread the CUDA runtime has not used yet -- autograd's
+    device threads -- has no current context; when a compiled backward graph's first
+    CUDA work is a matrix product, cuBLAS then warns "no current CUDA context" before
+    setting one itself.  What the ``cuda`` target runs calls this first."""
+    if getattr(_THREAD, "ready", False):
+        return
+    _THREAD.ready = True
+    import torch
+    try:
+        _make_primary_context_current(torch.cuda.current_device())
+    except CudaDriverError:  # no libcuda to ask: the runtime and cuBLAS set one up themselves
+        pass
+

@@ -13,10 +13,11 @@ from fxwrap.targets.base import DirectCallWrapper, Target
 from fxwrap.targets.cpu_cpp.device import CpuDevice
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
+from fxwrap.targets.cuda_triton.wrapper import CudaWrapper
 
 
 @hookimpl
 def fxwrap_targets():
-    return [Target("cuda", "cuda", CudaDevice(), TritonEmitter, DirectCallWrapper),
+    return [Target("cuda", "cuda", CudaDevice(), TritonEmitter, CudaWrapper),
             Target("triton-interpret", "cpu", CpuDevice(), TritonEmitter, DirectCallWrapper,
                    options={"interpret": True}, priority=-2)]
