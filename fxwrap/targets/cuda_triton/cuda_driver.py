@@ -264,4 +264,3 @@ def ensure_thread_context() -> None:
         _make_primary_context_current(torch.cuda.current_device())
     except CudaDriverError:  # no libcuda to ask: the runtime and cuBLAS set one up themselves
         pass
-
