@@ -1,7 +1,10 @@
-"""Launching compiled kernels through the CUDA driver (``cuda_driver.DriverKernel``):
-the PTX parameter parsing and slot packing everywhere, the launches themselves on a GPU
-(results equal to eager, to Triton's own launcher, from another thread, sizes past
-int32 taking the generic path)."""
+"""Launching compiled kernels through the CUDA driver (``cuda_driver.DriverKernel``,
+``launcher.DriverLauncher``).  Everywhere: the PTX parameter parsing and slot packing,
+and the launcher's logic against a fake driver (packing, fallbacks to the generic path,
+per-thread slots, hooks, the context retry, the device switch).  On a GPU: real launches
+(equal to eager and to Triton's own launcher, from other threads and from a thread that
+never used CUDA, sizes past int32) and a training run on autograd's device thread
+without cuBLAS's "no current CUDA context" warning."""
 from __future__ import annotations
 
 import ctypes
