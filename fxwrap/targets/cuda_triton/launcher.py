@@ -262,7 +262,6 @@ class DriverLauncher(CompiledLauncher):
         self.pack = driver.pack
         self.local = threading.local()  # per calling thread: (slots, params) of driver.buffers()
         self.streams: dict[int, ctypes.c_void_p] = {}  # raw stream -> its ctypes argument
-        self.hooks_fixed = self.plain_hooks  # hooks that are not HookChains: always Triton's run
 
     def __call__(self, *args):
         if self.other_devices and self.current_device() != self.device:
@@ -275,11 +274,12 @@ class DriverLauncher(CompiledLauncher):
         pointers = [t.data_ptr() for t in args[:np_]]
         if reduce(or_, pointers, 0) & 15 or n > 2147483647:
             return self.generic(n, args)
+        # hooked() inlined (this is the per-call path): a profiler's hook sees Triton's run
+        if self.plain_hooks:
+            return self.triton_launch(n, args)
         for chain in self.chains:
             if chain.calls:
                 return self.triton_launch(n, args)
-        if self.hooks_fixed:
-            return self.triton_launch(n, args)
         try:  # each thread packs into its own slots: another's may be mid-launch
             slots, params = self.local.buffers
         except AttributeError:
