@@ -1,4 +1,4 @@
-"""``python -m fxwrap demo`` and ``fxwrap show``: the command line."""
+"""``python -m fxwrap demo`` and ``fxwrap targets``: the command line."""
 from __future__ import annotations
 
 import argparse

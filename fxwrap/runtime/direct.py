@@ -1,6 +1,7 @@
 """The GraphModule a target runs: the program's FX graph with cheaper call targets.
 
-A program's ``graph_module`` is the contract form of DESIGN section 4: an extern calls
+A program's ``graph_module`` is the contract form of the Wrapper IR (docs/architecture.md,
+"The Wrapper IR contract"): an extern calls
 its ATen ``OpOverload``.  Calling an ``OpOverload`` from Python matches the arguments
 against the op's schema at every call, about 2 us more per call on an H200 host than
 the op's generated Python binding (``torch.mm``: 11.8 us against 13.8 us for

@@ -1,7 +1,7 @@
 """pytest wiring for tests/models: fresh dynamo state and seed per test, the slow
 OpInfo sweep opt-in, and the sweep's summary line in the terminal report.
 
-The full OpInfo sweep (``@pytest.mark.slow``) is deselected unless asked for:
+The full OpInfo sweep (``@pytest.mark.slow``) is skipped, with that reason, unless asked for:
 ``pytest -m slow tests/models`` or ``FXWRAP_SLOW=1 pytest tests/models``.
 """
 from __future__ import annotations
@@ -18,13 +18,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 fresh_state = pytest.fixture(autouse=True)(shared_helpers.fresh_state)
 
 
+SLOW = pytest.mark.skip(reason="slow sweep: run it with `pytest -m slow tests/models` or FXWRAP_SLOW=1")
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("markexpr") or os.environ.get("FXWRAP_SLOW"):
         return
-    slow = [i for i in items if i.get_closest_marker("slow") and str(i.path).startswith(HERE)]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [i for i in items if i not in slow]
+    for item in items:
+        if item.get_closest_marker("slow") and str(item.path).startswith(HERE):
+            item.add_marker(SLOW)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -2,7 +2,7 @@
 (emitted Metal source compiled as C++ against the shim and executed on CPU tensors).
 
 The tests are those of ``tests/cpu/test_lowerings.py`` (one source of truth), loaded
-with ``TARGET = "mps_shim"``; float64 cases are deselected in ``conftest.py`` and
+with ``TARGET = "mps_shim"``; float64 cases are skipped (with the reason) in ``conftest.py`` and
 covered by ``test_mps_fallback.py``.
 """
 from metal_helpers import lowering_tests_module
