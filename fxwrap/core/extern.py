@@ -1,8 +1,17 @@
-"""How an ATen op is called as an extern: its out= overload, when it has one.
+"""How an ATen op is called as an extern: its out= overload, when it has one that
+computes into ``out`` itself.
 
 ``aten.add.Tensor`` is called as ``aten.add.out(a, b, out=buf)`` so the program
 allocates ``buf`` itself (an ``Allocate`` line the memory planner can reuse);
 ops without an out= overload are called functionally and own their result.
+
+Many out= overloads are no kernel of their own: ``aten.convolution.out`` (and
+``_native_batch_norm_legit_no_training.out``, ``native_layer_norm.out``,
+``embedding.out``, ...) are generated wrappers that call the functional op into a
+temporary and copy it into ``out``: one extra pass over the result and twice its
+memory.  ``native_out_variant(op, device_type)`` asks the dispatcher whether the
+out= overload has a kernel for the device's backend (or is a composite of other
+ops); where it has not, the op is called in its functional form instead.
 """
 from __future__ import annotations
 
@@ -41,6 +50,35 @@ def is_view(op) -> bool:
     if op is aten._unsafe_view.default:  # declared functional, aliases in practice
         return True
     return isinstance(op, torch._ops.OpOverload) and bool(op.is_view) and not is_mutating(op)
+
+
+# torch device type -> dispatch key of its backend kernels
+_BACKEND_KEYS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU", "hpu": "HPU", "meta": "Meta"}
+
+
+def backend_dispatch_key(device_type: str) -> str | None:
+    """``"cuda"`` -> ``"CUDA"``; the renamed PrivateUse1 backend -> ``"PrivateUse1"``."""
+    if device_type == torch._C._get_privateuse1_backend_name():
+        return "PrivateUse1"
+    return _BACKEND_KEYS.get(device_type)
+
+
+@functools.cache
+def native_out_variant(op, device_type: str) -> OutVariant | None:
+    """``out_variant(op)`` when calling it writes ``out`` directly on ``device_type``:
+    the out= overload has a kernel for the device's backend or is a composite of
+    other ops; None when it only wraps the functional op and copies (call that)."""
+    variant = out_variant(op)
+    key = backend_dispatch_key(device_type)
+    if variant is None or key is None:
+        return variant
+    name = variant.op._schema.name
+    overload = variant.op._schema.overload_name
+    qualified = f"{name}.{overload}" if overload else name
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    if has_kernel(qualified, key) or has_kernel(qualified, "CompositeImplicitAutograd"):
+        return variant
+    return None
 
 
 @functools.cache

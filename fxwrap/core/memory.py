@@ -41,7 +41,7 @@ import torch
 
 from fxwrap.core.symbolic import evaluate
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Free, GetItem, Line, Return, Reuse, View,
+    Allocate, Buffer, CallExtern, Comment, Free, GetItem, Line, Return, Reuse, View,
     buffers_defined, buffers_in, buffers_read,
 )
 
@@ -234,9 +234,37 @@ class _Planner:
         return out
 
 
+def drop_dead_views(lines: list[Line]) -> list[Line]:
+    """The lines without the ``View`` lines whose view no later line reads (and without
+    the provenance ``Comment`` right above each), repeated until none is left: a view
+    costs a host call per program call, and an unread one computes nothing::
+
+        buf1 = as_strided(arg5, (16, 1), (1, 1), arg5_offset)      # never read: dropped
+        buf2 = as_strided(arg5, (16, 1, 1), (1, 1, 1), arg5_offset)
+        fxwrap_pointwise_0(buf0, buf2, buf5)
+    """
+    lines = list(lines)
+    while True:
+        read_later: set[str] = set()
+        dead: set[int] = set()
+        for i in range(len(lines) - 1, -1, -1):
+            line = lines[i]
+            if isinstance(line, View) and line.buf.name not in read_later:
+                dead.add(i)
+                if i > 0 and isinstance(lines[i - 1], Comment):
+                    dead.add(i - 1)
+                continue
+            read_later.update(b.name for b in buffers_read(line))
+        if not dead:
+            return lines
+        lines = [line for i, line in enumerate(lines) if i not in dead]
+
+
 def plan_memory(lines: list[Line], hints: Mapping[sympy.Symbol, int] | None = None,
                 reuse: bool = True) -> MemoryPlan:
-    """Add ``Free`` lines and, where it never raises the peak, ``Reuse`` lines."""
+    """Drop unread views, then add ``Free`` lines and, where it never raises the peak,
+    ``Reuse`` lines."""
+    lines = drop_dead_views(lines)
     owned, root_of = _storages(lines, dict(hints or {}))
     planner = _Planner(lines, owned, root_of)
     frees_only = planner.peak

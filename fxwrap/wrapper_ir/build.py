@@ -382,7 +382,8 @@ class _Builder:
 
     def functional(self, node, op, args, kwargs, val) -> None:
         results = list(val) if isinstance(val, (tuple, list)) else [val]
-        variant = extern.out_variant(op)
+        devices = {r.device.type for r in results if isinstance(r, torch.Tensor)}
+        variant = extern.native_out_variant(op, devices.pop()) if len(devices) == 1 else None
         hints = self.out.hints
         if (variant is not None and all(isinstance(r, torch.Tensor) for r in results)
                 and all(self.layout_bound(r) for r in results)):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models_helpers import DYNAMIC, assert_same_training_step, compile_fxwrap, twin, zero_grads
+from models_helpers import DYNAMIC, FWD_TOL, assert_same_training_step, compile_fxwrap, twin, zero_grads
 
 
 class SmallCNN(nn.Module):
@@ -51,3 +51,38 @@ def test_cnn_forward_backward(mode, dynamic):
     assert "backward" in compiled.kinds()
     # train mode updates the running statistics (like eager, checked above); eval does not
     assert torch.equal(model.bn2.running_var, stats_before) == (mode == "eval")
+
+
+def _externs(program) -> list:
+    return [line.op for line in program.lines if type(line).__name__ == "CallExtern"]
+
+
+@pytest.mark.parametrize("dynamic", DYNAMIC)
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "externs"])
+def test_cnn_inference_calls_convolution_functionally(kernels, dynamic):
+    """``aten.convolution.out`` has no kernel of its own (it computes into a temporary
+    and copies), so the program calls ``aten.convolution.default``; matrix products
+    keep their native out= overload.  With kernels, inference batch norm is no extern
+    at all: it is pointwise math fused with the ReLU after each convolution."""
+    torch.manual_seed(5)
+    model = SmallCNN().eval()
+    _perturb_batchnorm(model)
+    compiled = compile_fxwrap(model, dynamic=dynamic, kernels=kernels)
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **FWD_TOL)
+    (program,) = compiled.programs
+    ops = _externs(program)
+    aten = torch.ops.aten
+    assert ops.count(aten.convolution.default) == 2 and aten.convolution.out not in ops
+    assert aten.addmm.out in ops
+    batch_norm = [op for op in ops if "batch_norm" in str(op)]
+    if kernels:
+        assert batch_norm == []
+        compute = [getattr(line, "op", "kernel") for line in program.lines
+                   if type(line).__name__ == "CallKernel"
+                   or (type(line).__name__ == "CallExtern" and line.op is not aten.sym_storage_offset.default)]
+        conv1 = compute.index(aten.convolution.default)
+        assert compute[conv1 + 1:conv1 + 3] == ["kernel", aten.max_pool2d_with_indices.out]  # bn1 + relu
+    else:
+        assert batch_norm and all(str(op).endswith(".default") for op in batch_norm)

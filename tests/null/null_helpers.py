@@ -99,12 +99,15 @@ def mixed_chain(x, w, b):
 
 
 def pointwise_chain(x, b):
-    """20 pointwise ops on 256x256: every intermediate dies at the op that reads it."""
+    """20 pointwise ops on 256x256: every intermediate dies at the op that reads it.
+
+    Every op here has an out= kernel of its own (``clamp_min``, not ``relu``, whose
+    out= overload only copies the functional result: fxwrap calls ``relu`` itself)."""
     y = x.sin()
     y = y.exp()
     y = y * 0.5
     y = y + b
-    y = y.relu()
+    y = y.clamp_min(0.0)
     y = y.tanh()
     y = y.cos()
     y = y * y
@@ -117,7 +120,7 @@ def pointwise_chain(x, b):
     y = y.neg()
     y = y.exp()
     y = y * 3.0
-    y = y.relu()
+    y = y.clamp_min(0.0)
     y = y + b
     return y.sigmoid()
 

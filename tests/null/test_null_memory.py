@@ -446,3 +446,23 @@ def test_planned_hand_made_program_runs_like_unplanned():
     planned = to_graph_module([x], plan.lines)(arg)[0]
     unplanned = to_graph_module([x], lines)(arg)[0]
     torch.testing.assert_close(planned, unplanned)
+
+
+def test_unread_views_are_dropped_with_their_provenance():
+    x = Buffer("arg0", (4, 8), (8, 1), torch.float32, torch.device("cpu"))
+    out = Buffer("buf0", (8, 4), (4, 1), torch.float32, torch.device("cpu"))
+    read = Buffer("buf1", (8, 4), (1, 8), torch.float32, torch.device("cpu"))
+    dead = Buffer("buf2", (32,), (1,), torch.float32, torch.device("cpu"))
+    dead_of_dead = Buffer("buf3", (2, 16), (16, 1), torch.float32, torch.device("cpu"))
+    lines = [Comment("t: aten.t.default"), View(read, x),
+             Comment("view: aten.view.default"), View(dead, x),
+             Comment("view_1: aten.view.default"), View(dead_of_dead, dead),
+             Allocate(out), CallExtern(aten.mul.out, (read, 2.0), (("out", out),)), Return((out,))]
+    planned = plan_memory(lines, {}).lines
+    views = [line.buf.name for line in planned if isinstance(line, View)]
+    assert views == ["buf1"]
+    comments = [line.text for line in planned if isinstance(line, Comment)]
+    assert comments == ["t: aten.t.default"]
+    x_val = torch.randn(4, 8)
+    gm = to_graph_module([x], planned, {}, {})
+    torch.testing.assert_close(gm(x_val)[0], x_val.t() * 2)
