@@ -11,6 +11,12 @@ therefore puts a check on the host before the kernel::
 
 which raises ``IndexError`` (the kernel never runs) when a value of ``arg1`` is not
 in ``[0, 6)`` (``[-6, 6)`` when negative indices wrap, as in ``x[idx]``).
+
+On a CPU the check reads the index range on the host.  On an accelerator reading it
+would synchronize the host with the device on every call, so the check stays on the
+device: ``torch._assert_async`` fails the stream (a device-side assert, as eager's own
+index kernels do) instead of raising here, and the host runs ahead as it would without
+the check.
 """
 from __future__ import annotations
 
@@ -28,8 +34,12 @@ def check_index_bounds(index, size, dim: int, negative_ok: bool) -> None:
         return None
     size = int(size)
     lo, hi = torch.aminmax(index)
-    lo, hi = int(lo), int(hi)
     low = -size if negative_ok else 0
+    if index.device.type != "cpu":
+        torch._assert_async((lo >= low) & (hi < size),
+                            f"index out of bounds for dimension {dim} with size {size}")
+        return None
+    lo, hi = int(lo), int(hi)
     for v in (lo, hi):
         if not low <= v < size:
             raise IndexError(f"index {v} is out of bounds for dimension {dim} with size {size}")
