@@ -108,7 +108,8 @@ class CppEmitter(CStyleEmitter):
         # no reductions: every var (x, then r if any) is a pointwise loop
         vars_ = self.xvars(kernel) + self.rvars(kernel)
         ranges = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
-        return self.pointwise(kernel, names, vars_, ranges)
+        order = memory_loop_order(kernel, vars_)
+        return self.pointwise(kernel, names, [vars_[i] for i in order], [ranges[i] for i in order])
 
     def parallel_if(self, work) -> str | None:
         """``None``: stay serial; ``""``: always parallel; else a C condition for run time."""
@@ -186,6 +187,38 @@ class CppEmitter(CStyleEmitter):
         return launcher_for(source.text, source.launch["symbol"],
                             source.launch["pointers"], len(source.launch["size_symbols"]),
                             compiler=self._compiler)
+
+
+# a size symbol's stand-in when strides are compared to order loops (a guess: only
+# the speed of the loop nest depends on it, never its result)
+_SYMBOL_GUESS = 64
+
+
+def memory_loop_order(kernel: ScheduledKernel, vars_) -> list[int]:
+    """Positions of ``vars_``, outermost loop first, so that the first store walks
+    memory forwards: by decreasing stride of each variable in its index.
+
+    ``relu(x)`` of a channels-last ``(4, 16, 8, 8)`` tensor stores at
+    ``1024*x0 + x1 + 128*x2 + 16*x3``: the loops run ``x0, x2, x3, x1`` and the
+    innermost loop is contiguous (vectorizable) instead of stepping by 16.  Logical
+    order is kept when a stride is not a constant or when the kernel reads a buffer
+    it writes (the order of its iterations could matter).
+    """
+    logical = list(range(len(vars_)))
+    if len(vars_) < 2 or not kernel.stores:
+        return logical
+    written = {st.buffer for st in kernel.stores}
+    if written & {b.name for b in kernel.inputs}:
+        return logical
+    index = sympy.sympify(kernel.stores[0].index)
+    guess = {s: _SYMBOL_GUESS for s in index.free_symbols if s not in set(vars_)}
+    strides = []
+    for v in vars_:
+        d = sympy.diff(index, v).subs(guess) if v in index.free_symbols else sympy.Integer(0)
+        if not d.is_Integer:
+            return logical
+        strides.append(int(d))
+    return sorted(logical, key=lambda i: -strides[i])
 
 
 def _stride(index, var) -> int | None:

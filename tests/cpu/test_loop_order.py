@@ -1,0 +1,60 @@
+"""C++ pointwise kernels run their loops in memory order: the innermost loop is the one
+whose stores are contiguous, whatever the logical order of the dims (channels-last
+tensors, transposed outputs)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import fxwrap
+from fxwrap.wrapper_ir.lines import DefineKernel
+
+
+def _kernel_sources(program) -> list[str]:
+    return [line.kernel.source for line in program.lines if isinstance(line, DefineKernel)]
+
+
+def _loop_order(source: str) -> tuple[list[str], bool]:
+    """The variables of the kernel's last loop nest, outermost first (a blocked loop
+    ``x1_blk`` counts as ``x1``), and whether the innermost variable's element loop
+    carries an ``omp simd`` pragma."""
+    lines = source[source.index('extern "C"'):].splitlines()
+    nests: list[list[str]] = [[]]
+    simd = {}
+    for i, ln in enumerate(lines):
+        match = re.match(r"\s*for \(\w+ (\w+?)(_blk)? =", ln)
+        if match:
+            nests[-1].append(match.group(1))
+            if not match.group(2):
+                simd[match.group(1)] = "#pragma omp simd" in lines[i - 1]
+        elif "#pragma" not in ln and nests[-1]:
+            nests.append([])
+    order = [nest for nest in nests if nest][-1]
+    return order, simd.get(order[-1], False)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_channels_last_pointwise_loops_over_channels_innermost(dynamic):
+    x = torch.randn(4, 16, 8, 8).to(memory_format=torch.channels_last)
+    b = torch.randn(16, 1, 1)
+    f = lambda x, b: torch.relu(x * 2 + b)  # noqa: E731
+    program = fxwrap.lower(f, x, b, dynamic=dynamic)
+    (source,) = _kernel_sources(program)
+    assert _loop_order(source) == (["x0", "x2", "x3", "x1"], True)  # x1: the channel dim, stride 1
+    x2 = torch.randn(4, 16, 8, 8).to(memory_format=torch.channels_last)
+    out = program.run(x2, b)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    torch.testing.assert_close(out, f(x2, b))
+    assert out.stride() == f(x2, b).stride()
+
+
+def test_contiguous_output_of_a_transposed_input_keeps_the_store_order():
+    x = torch.randn(48, 40)
+    program = fxwrap.lower(lambda x: (x.t() + 1).contiguous(), x)
+    (source,) = _kernel_sources(program)
+    assert _loop_order(source) == (["x0", "x1"], True)
+    out = program.run(x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    torch.testing.assert_close(out, x.t() + 1)
