@@ -22,6 +22,7 @@ import torch
 
 from fxwrap.arguments import ArgumentMap
 from fxwrap.core.capture import capture_backend, default_decompositions, kernel_decompositions
+from fxwrap.core.layout import channels_last_convolutions
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.runtime.cudagraphs import CudaGraphRunner, graph_safety
@@ -95,6 +96,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target, kind: str = "in
     """ATen graph -> Wrapper IR -> memory plan -> GraphModule -> target's runner."""
     options = options or {}
     manager = get_plugin_manager()
+    if kind == "inference" and target.device.capabilities().get("convolution_layout") == "channels_last":
+        channels_last_convolutions(gm)
     if generates_kernels(target) and options.get("kernels", True):
         built = KernelBuilder(gm, target).run()
     else:

@@ -86,3 +86,46 @@ def test_cnn_inference_calls_convolution_functionally(kernels, dynamic):
         assert compute[conv1 + 1:conv1 + 3] == ["kernel", aten.max_pool2d_with_indices.out]  # bn1 + relu
     else:
         assert batch_norm and all(str(op).endswith(".default") for op in batch_norm)
+
+
+class ResidualConvNet(nn.Module):
+    """Two convolution blocks with a residual add, then a flattening of the whole map
+    (``view`` of every spatial element: valid only on a contiguous tensor) or a pool."""
+
+    def __init__(self, head: str):
+        super().__init__()
+        self.head = head
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)) + y)
+        if self.head == "flatten":
+            return y.view(y.shape[0], -1)
+        return y, F.adaptive_avg_pool2d(y, 1).flatten(1)
+
+
+@pytest.mark.parametrize("dynamic", DYNAMIC)
+@pytest.mark.parametrize("head", ["pool", "flatten"])
+def test_inference_convolutions_run_channels_last(head, dynamic):
+    torch.manual_seed(6)
+    model = ResidualConvNet(head).eval()
+    _perturb_batchnorm(model)
+    compiled = compile_fxwrap(model, dynamic=dynamic)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **FWD_TOL)
+        assert g.stride() == w.stride()  # outputs keep eager's layout
+    (program,) = compiled.programs
+    aten = torch.ops.aten
+    conv_inputs = [line.args[0] for line in program.lines
+                   if type(line).__name__ == "CallExtern" and line.op is aten.convolution.default]
+    assert len(conv_inputs) == 2
+    channels_last = [b.stride[1] == 1 for b in conv_inputs]
+    # the flatten head views every spatial element: channels-last would need a copy
+    # there, so the graph keeps its traced (contiguous) layout
+    assert channels_last == ([True, True] if head == "pool" else [False, False])

@@ -22,4 +22,7 @@ class CpuDevice(DeviceInterface):
     def capabilities(self) -> dict:
         return {"cores": os.cpu_count() or 1, "threads": torch.get_num_threads(),
                 "dtypes": ["float64", "float32", "bfloat16", "float16", "int64", "int32",
-                           "int16", "int8", "uint8", "bool"]}
+                           "int16", "int8", "uint8", "bool"],
+                # oneDNN convolves NHWC fastest: inference graphs with 2-D convolutions
+                # run channels-last (fxwrap.core.layout)
+                "convolution_layout": "channels_last"}

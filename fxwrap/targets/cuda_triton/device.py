@@ -41,6 +41,7 @@ class CudaDevice(DeviceInterface):
         if major >= 8:
             dtypes.insert(2, "bfloat16")
         return {"name": props.name, "capability": (major, minor),
+                "convolution_layout": "channels_last",  # cuDNN: NHWC, no transposes around a conv
                 "multiprocessors": props.multi_processor_count,
                 "warp_size": getattr(props, "warp_size", 32),
                 "memory_bytes": props.total_memory,
