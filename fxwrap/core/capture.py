@@ -62,8 +62,10 @@ def _kernel_decompositions() -> dict:
     from torch._decomp import get_decompositions
     return get_decompositions([
         aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.gelu, aten.silu,
-        # inference batch norm: a pointwise epilogue (the first decomposes into the second)
+        # batch norm: inference a pointwise epilogue (the first decomposes into the
+        # second); training a Welford reduction over (N, H, W) plus pointwise math
         aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
+        aten._native_batch_norm_legit_functional,
         aten._softmax_backward_data, aten._log_softmax_backward_data,
         aten.native_layer_norm_backward, aten.gelu_backward, aten.silu_backward,
         aten.sigmoid_backward, aten.tanh_backward, aten.threshold_backward,
