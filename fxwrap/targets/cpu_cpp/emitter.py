@@ -29,8 +29,8 @@ When an epilogue store contains the (transcendental) value the last pass reduces
 that pass stores it and the epilogue reads it back: softmax computes one ``exp``
 per element, ``out = exp(x - max)`` in the sum pass, ``out = out / sum`` after.
 
-Inner loops vectorize: ``exp`` and ``erf`` of float32 go through the prelude's
-branch-free ``fx_expf`` / ``fx_erff`` (libm calls do not vectorize without
+Inner loops vectorize: ``exp``, ``erf`` and ``tanh`` of float32 go through the prelude's
+branch-free ``fx_expf`` / ``fx_erff`` / ``fx_tanhf`` (libm calls do not vectorize without
 ``-ffast-math``, which fxwrap never uses), and sizes inside ``/``, ``%`` and ``*``
 are parenthesised (``rbase % (s0 - 1)``).
 """
@@ -60,10 +60,10 @@ class CppEmitter(CStyleEmitter):
     load_threads = min(8, os.cpu_count() or 1)  # g++ runs as a subprocess: compile in parallel
     kernel_qualifier = 'extern "C"'
     prelude = PRELUDE
-    # float exp and erf through the prelude's inline fx_expf / fx_erff (they vectorize;
-    # std::exp and std::erf are libm calls that gcc vectorizes only under -ffast-math)
+    # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
+    # (they vectorize; libm calls vectorize only under -ffast-math)
     code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
-                   "erf": lambda x, dtype: f"fx_erf({x})"}
+                   "erf": lambda x, dtype: f"fx_erf({x})", "tanh": lambda x, dtype: f"fx_tanh({x})"}
     # tuning (all decisions depend on sizes only: results never depend on thread count)
     parallel_min_work = 32768   # elements of work below which a kernel stays on one thread
     pointwise_block = 1024      # innermost tile of a collapsed pointwise nest
