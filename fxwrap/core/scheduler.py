@@ -27,6 +27,7 @@ one store.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ import sympy
 import torch
 
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, walk, xvar
+from fxwrap.core.symbolic import simplify_index
 
 
 @dataclass(eq=False)
@@ -354,10 +356,37 @@ def referenced_outside(groups_and_lines: list, buffers_in_lines) -> dict[int, se
     return needed
 
 
+def _simplified_indices(reductions, stores, ranges: dict):
+    """The reductions and stores with every index expression (stores, loads, ``index``
+    values) simplified over the loop ranges (``symbolic.simplify_index``): a reshape and
+    its inverse leave ``768*x0 + x1``, not divisions and modulos that stop vectorizing."""
+    memo: dict[Op, Op] = {}
+
+    def op_of(node: Op) -> Op:
+        for sub in walk(node):
+            if sub in memo:
+                continue
+            args = tuple(memo[a] if isinstance(a, Op) else a for a in sub.args)
+            if sub.op == "load" and not isinstance(args[1], Op):
+                args = (args[0], simplify_index(args[1], ranges), *args[2:])
+            elif sub.op == "index" and not isinstance(args[0], Op):
+                args = (simplify_index(args[0], ranges),)
+            memo[sub] = sub if args == sub.args else Op(sub.op, sub.dtype, args)
+        return memo[node]
+
+    reductions = tuple(dataclasses.replace(r, value=op_of(r.value)) for r in reductions)
+    stores = tuple(dataclasses.replace(s, index=simplify_index(s.index, ranges), value=op_of(s.value))
+                   for s in stores)
+    return reductions, stores
+
+
 def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep: set[str]) -> ScheduledKernel:
     """The ``ScheduledKernel`` of a group, storing only buffers in ``keep | extra_keep``."""
     stores = tuple(s for s in group.stores if s.buffer in keep or s.buffer in extra_keep)
-    ops = [r.value for r in group.reductions] + [s.value for s in stores]
+    ranges = {**{xvar(i): n for i, n in enumerate(group.outer)},
+              **{rvar(i): n for i, n in enumerate(group.reduced)}}
+    reductions, stores = _simplified_indices(group.reductions, stores, ranges)
+    ops = [r.value for r in reductions] + [s.value for s in stores]
     input_names: list[str] = []
     for op in ops:
         for buf, _ in loads_of(op):
@@ -387,5 +416,5 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
         outputs=tuple(buffers[b] for b in output_names),
         size_symbols=tuple(sorted(symbols, key=lambda s: s.name)),
         ranges=tuple(group.outer), reduction_ranges=tuple(group.reduced),
-        reductions=tuple(group.reductions), stores=stores, origins=tuple(group.origins))
+        reductions=reductions, stores=stores, origins=tuple(group.origins))
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import sympy
 import torch
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 Expr = sympy.Expr
 
@@ -94,3 +95,162 @@ def is_non_overlapping_and_dense(size: Sequence[int], stride: Sequence[int]) -> 
             return False
         expected *= n
     return True
+
+
+def _divides(d: sympy.Expr, term: sympy.Expr) -> sympy.Expr | None:
+    """``term / d`` when it is an integer polynomial (``768*x0`` by 256: ``3*x0``), else None."""
+    if d == 1:
+        return term
+    quotient = sympy.cancel(term / d)
+    numer, denom = sympy.fraction(quotient)
+    if denom != 1:
+        return None
+    coeff, _ = quotient.as_coeff_Mul()
+    return quotient if coeff.is_Integer else None
+
+
+def _is_loop_atom(factor, ranges) -> bool:
+    """A loop variable, or a floor division / modulo of an expression over them."""
+    if isinstance(factor, sympy.Symbol):
+        return factor in ranges
+    return isinstance(factor, (FloorDiv, ModularIndexing)) and bool(factor.free_symbols & set(ranges))
+
+
+def _nonnegative(expr: sympy.Expr) -> bool:
+    """Sizes are positive: products of numbers >= 0, size symbols and their quotients."""
+    if expr.is_nonnegative:
+        return True
+    return all(f.is_nonnegative or isinstance(f, sympy.Symbol) and f.is_positive
+               or isinstance(f, FloorDiv) and all(_nonnegative(a) for a in f.args)
+               for f in sympy.Mul.make_args(expr))
+
+
+def _bounds(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]):
+    """``(lo, hi)`` with ``lo <= expr <= hi`` over ``0 <= v < ranges[v]``, or None when
+    ``expr`` is not a sum of non-negative multiples of loop variables, floor divisions
+    and modulos of them, and a constant."""
+    lo = hi = sympy.Integer(0)
+    for term in sympy.Add.make_args(expr):
+        factors = sympy.Mul.make_args(term)
+        atoms = [f for f in factors if _is_loop_atom(f, ranges)]
+        if not atoms:
+            if not term.is_number:
+                return None
+            lo, hi = lo + term, hi + term
+            continue
+        scale = sympy.Mul(*[f for f in factors if f is not atoms[0]])
+        if len(atoms) != 1 or not _nonnegative(scale):
+            return None
+        atom = atoms[0]
+        if isinstance(atom, ModularIndexing):
+            top = atom.args[2] - 1
+        elif isinstance(atom, FloorDiv):
+            inner = _bounds(atom.args[0], ranges)
+            if inner is None:
+                return None
+            top = FloorDiv(inner[1], atom.args[1])
+        else:
+            top = ranges[atom] - 1
+        hi = hi + scale * top
+    return lo, hi
+
+
+def _below(expr: sympy.Expr, bound: sympy.Expr, ranges) -> bool:
+    """``0 <= expr < bound`` for every value of the loop variables."""
+    found = _bounds(expr, ranges)
+    if found is None:
+        return False
+    lo, hi = found
+    return bool(sympy.sympify(lo).is_nonnegative) and bool(sympy.simplify(bound - 1 - hi).is_nonnegative)
+
+
+def _floordiv(a: sympy.Expr, d: sympy.Expr, ranges) -> sympy.Expr:
+    if d == 1:
+        return a
+    whole, rest = [], []
+    for term in sympy.Add.make_args(sympy.expand(a)):
+        q = _divides(d, term)
+        (whole if q is not None else rest).append(q if q is not None else term)
+    rest_sum = sympy.Add(*rest)
+    if rest_sum == 0 or _below(rest_sum, d, ranges):
+        return sympy.Add(*whole)
+    if whole:  # floor((d*k + r) / d) == k + floor(r / d) for an integer k
+        return sympy.Add(*whole) + _floordiv(rest_sum, d, ranges)
+    # floor(a / (g*e)) == floor(floor(a / g) / e): a factor g of d that splits off
+    for term in rest:
+        g = sympy.gcd(term, d)
+        if g != 1 and g != d and _divides(g, d) is not None:
+            inner = _floordiv(a, g, ranges)
+            if not isinstance(inner, FloorDiv):
+                return _floordiv(inner, _divides(g, d), ranges)
+    return FloorDiv(a, d)
+
+
+def _mod(a: sympy.Expr, m: sympy.Expr, ranges) -> sympy.Expr:
+    if m == 1:
+        return sympy.Integer(0)
+    kept = [t for t in sympy.Add.make_args(sympy.expand(a)) if _divides(m, t) is None]
+    rest = sympy.Add(*kept)
+    if _below(rest, m, ranges):
+        return rest
+    return ModularIndexing(rest, 1, m)
+
+
+def _split_atom(term: sympy.Expr, ranges):
+    """``(atom, scale)`` for a term holding exactly one floor division or modulo of
+    the loop variables."""
+    factors = sympy.Mul.make_args(term)
+    atoms = [f for f in factors if _is_loop_atom(f, ranges) and not isinstance(f, sympy.Symbol)]
+    if len(atoms) != 1:
+        return None, term
+    return atoms[0], sympy.Mul(*[f for f in factors if f is not atoms[0]])
+
+
+def _recombine(expr: sympy.Expr, ranges) -> sympy.Expr:
+    """``c*m*((a//k)//m) + c*((a//k) % m)`` -> ``c*(a//k)`` (``c*a`` when ``k`` is 1)."""
+    changed = True
+    while changed and expr.is_Add:
+        changed = False
+        split = [_split_atom(t, ranges) for t in sympy.Add.make_args(expr)]
+        for atom, scale in split:
+            if not isinstance(atom, ModularIndexing):
+                continue
+            base, div, mod = atom.args
+            partner = FloorDiv(base, div * mod)
+            for other, other_scale in split:
+                if other == partner and sympy.expand(other_scale - scale * mod) == 0:
+                    expr = sympy.expand(expr - scale * atom - other_scale * other) \
+                        + scale * FloorDiv(base, div)
+                    changed = True
+                    break
+            if changed:
+                break
+    return expr
+
+
+def simplify_index(expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
+    """``expr`` with the floor divisions and modulos that the loop ranges make
+    trivial removed: with ``0 <= x1 < 768`` and ``0 <= x0 < 1024``::
+
+        98304*((768*x0 + x1)//98304) + 768*ModularIndexing(768*x0 + x1, 768, 128)
+            + ModularIndexing(x1, 1, 768)          ->     768*x0 + x1
+
+    (a reshape to ``(8, 128, 768)`` and back).  Loads whose index is affine in the
+    innermost loop variable vectorize; a division or modulo in it does not.
+    """
+    expr = sympy.sympify(expr)
+    if not expr.free_symbols & set(ranges):
+        return expr
+
+    def walk(e):
+        if e.is_Atom:
+            return e
+        args = [walk(a) for a in e.args]
+        if isinstance(e, FloorDiv):
+            return _floordiv(args[0], args[1], ranges)
+        if isinstance(e, ModularIndexing):
+            return _mod(_floordiv(args[0], args[1], ranges), args[2], ranges)
+        e = e.func(*args)
+        return _recombine(sympy.expand(e), ranges) if e.is_Add else e
+
+    return walk(expr)

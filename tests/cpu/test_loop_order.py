@@ -58,3 +58,21 @@ def test_contiguous_output_of_a_transposed_input_keeps_the_store_order():
     out = program.run(x)
     out = out[0] if isinstance(out, (tuple, list)) else out
     torch.testing.assert_close(out, x.t() + 1)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_reshape_round_trip_reads_with_an_affine_index(dynamic):
+    """``(B*T, C)`` viewed as ``(B, T, C)`` and back (what every linear layer of a
+    transformer does): the kernel's loads are affine in the loop variables, no ``/`` or
+    ``%``, and the inner loop vectorizes."""
+    x = torch.randn(8 * 16, 48)
+    f = lambda x: torch.tanh(x.view(8, -1, x.shape[1]) * 2).view(-1, x.shape[1]) + 1  # noqa: E731
+    program = fxwrap.lower(f, x, dynamic=dynamic)
+    (source,) = _kernel_sources(program)
+    body = source[source.index('extern "C"'):]
+    loads = re.findall(r"in_ptr0\[([^\]]*)\]", body)
+    assert loads and not any("/" in index or "%" in index for index in loads), loads
+    assert _loop_order(source)[1]
+    out = program.run(x)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    torch.testing.assert_close(out, f(x))

@@ -118,3 +118,57 @@ def test_shared_symbols_across_buffers_without_builder_fakes():
     for node in gm.graph.nodes:
         if node.target in (torch.empty_strided, torch.as_strided) or node.op == "placeholder" and node.name == "arg1":
             assert isinstance(node.meta.get("val"), FakeTensor), node.name
+
+
+def _eval_index(expr, point):
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+    value = expr.xreplace({k: sympy.Integer(v) for k, v in point.items()})
+    return int(value.replace(FloorDiv, lambda a, b: a // b)
+               .replace(ModularIndexing, lambda a, b, c: (a // b) % c))
+
+
+def test_simplify_index_removes_reshape_round_trips():
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    from fxwrap.core.symbolic import simplify_index
+    x0, x1 = sympy.Symbol("x0", integer=True, nonnegative=True), sympy.Symbol("x1", integer=True, nonnegative=True)
+    s0, s1 = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
+    flat = 768 * x0 + x1  # (1024, 768) read as (8, 128, 768) and back
+    e = 98304 * FloorDiv(flat, 98304) + ModularIndexing(x1, 1, 768) + 768 * ModularIndexing(flat, 768, 128)
+    assert simplify_index(e, {x0: 1024, x1: 768}) == flat
+    dyn = s0 * s1 * FloorDiv(s0 * x0 + x1, s0 * s1) + ModularIndexing(x1, 1, s0) + s0 * ModularIndexing(
+        s0 * x0 + x1, s0, s1)
+    assert simplify_index(dyn, {x0: 8 * s1, x1: s0}) == s0 * x0 + x1
+    # what the ranges do not make trivial stays
+    kept = ModularIndexing(x0, 1, 7) + FloorDiv(x1, 3)
+    assert simplify_index(kept, {x0: 10, x1: 9}) == kept
+    assert simplify_index(kept, {x0: 10, x1: 2}) == ModularIndexing(x0, 1, 7)
+
+
+def test_simplify_index_keeps_every_value():
+    """Random reshapes of random sizes: the simplified index equals the original at
+    every point of the loop ranges."""
+    import random
+
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    from fxwrap.core.symbolic import simplify_index
+    rng = random.Random(3)
+    xs = [sympy.Symbol(f"x{i}", integer=True, nonnegative=True) for i in range(3)]
+    for _ in range(60):
+        sizes = [rng.choice([1, 2, 3, 4, 6, 8]) for _ in range(3)]
+        strides = [rng.choice([1, 2, 5, 12, 24]) for _ in range(3)]
+        flat = sizes[1] * sizes[2] * xs[0] + sizes[2] * xs[1] + xs[2]
+        total = sizes[0] * sizes[1] * sizes[2]
+        # view the flat index as another shape (a, b) then read it with strides
+        a = rng.choice([d for d in range(1, total + 1) if total % d == 0])
+        b = total // a
+        expr = strides[0] * FloorDiv(flat, b) + strides[1] * ModularIndexing(flat, 1, b) \
+            + strides[2] * ModularIndexing(flat, rng.choice([1, 2, 3]), rng.choice([2, 3, 4]))
+        ranges = dict(zip(xs, sizes))
+        simple = simplify_index(expr, ranges)
+        for i in range(sizes[0]):
+            for j in range(sizes[1]):
+                for k in range(sizes[2]):
+                    point = {xs[0]: i, xs[1]: j, xs[2]: k}
+                    assert _eval_index(simple, point) == _eval_index(expr, point), (expr, simple, point)
