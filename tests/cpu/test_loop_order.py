@@ -76,3 +76,19 @@ def test_reshape_round_trip_reads_with_an_affine_index(dynamic):
     out = program.run(x)
     out = out[0] if isinstance(out, (tuple, list)) else out
     torch.testing.assert_close(out, f(x))
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_column_sum_with_a_per_row_scale_walks_rows_outermost(dynamic):
+    """A layer norm's weight gradient, ``(g * xhat * rstd).sum(0)``: the per-row
+    ``rstd`` is one scalar per row, so the kernel still reduces column-wise (rows
+    outermost, contiguous vector loads across columns) instead of striding down each
+    column."""
+    g, x, rstd = torch.randn(512, 96), torch.randn(512, 96), torch.rand(512, 1) + 0.5
+    f = lambda g, x, r: (g * x * r).sum(0)  # noqa: E731
+    program = fxwrap.lower(f, g, x, rstd, dynamic=dynamic)
+    (source,) = _kernel_sources(program)
+    assert "const int64_t x0 = xbase + xj;" in source
+    out = program.run(g, x, rstd)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    torch.testing.assert_close(out, f(g, x, rstd), rtol=1e-4, atol=1e-4)

@@ -408,7 +408,11 @@ class _ReductionCode:
         if not loads:
             return False
         x_contig = any(_stride(n.args[1], xl) == 1 for n in loads)
-        r_contig = any(_stride(n.args[1], rl) == 1 for n in loads)
+        # a load that does not vary with x (a per-row scale: layer norm's rstd in its
+        # weight gradient) is one scalar per r in column order, not a strided read
+        xnames = {v.name for v in self.xv}
+        r_contig = any(_stride(n.args[1], rl) == 1 for n in loads
+                       if any(s.name in xnames for s in sympy.sympify(n.args[1]).free_symbols))
         return x_contig and not r_contig
 
     # -- helpers ---------------------------------------------------------------
