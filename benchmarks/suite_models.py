@@ -1,0 +1,284 @@
+"""The models of ``benchmarks/models.py``: plain-PyTorch ones kept here (the suite runs
+with nothing but torch), and ``transformers`` / ``torchvision`` ones where installed.
+
+Each entry builds ``(model, make_inputs, loss_fn)`` for a device and a size class
+(``"small"``: a 2-core CPU; ``"large"``: a GPU).  ``make_inputs(seed)`` returns fresh
+random inputs; ``loss_fn(output)`` turns the model's output into a scalar for the
+training step.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype) * self.weight
+
+
+def _rotate(x, cos, sin):
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)
+
+
+class LlamaBlock(nn.Module):
+    """RMSNorm, rotary embeddings, grouped-query attention through SDPA, SwiGLU."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.norm1, self.norm2 = RMSNorm(dim), RMSNorm(dim)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        hidden = int(8 * dim / 3) // 32 * 32
+        self.w1, self.w3 = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, d = x.shape
+        y = self.norm1(x)
+        q = self.wq(y).view(b, t, self.heads, self.head_dim)
+        k = self.wk(y).view(b, t, self.kv_heads, self.head_dim)
+        v = self.wv(y).view(b, t, self.kv_heads, self.head_dim)
+        q, k = _rotate(q, cos, sin).transpose(1, 2), _rotate(k, cos, sin).transpose(1, 2)
+        v = v.transpose(1, 2)
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.wo(a)
+        y = self.norm2(x)
+        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, kv_heads: int, seq: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, kv_heads) for _ in range(layers))
+        self.norm = RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        half = dim // heads // 2
+        inv = 1.0 / (10000 ** (torch.arange(half).float() / half))
+        angles = torch.outer(torch.arange(seq).float(), inv)
+        self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)
+        self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens)
+        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(a)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    """Layer norm, tanh-GELU MLP, causal SDPA, cross-entropy."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int):
+        super().__init__()
+        self.embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
+        self.blocks = nn.ModuleList(GPTBlock(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class ConvNet(nn.Module):
+    """Five conv / batch-norm / ReLU blocks, two max-pools, a residual add, a linear head."""
+
+    def __init__(self, width: int = 32, classes: int = 10):
+        super().__init__()
+
+        def block(ci, co):
+            return nn.Sequential(nn.Conv2d(ci, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU())
+        w = width
+        self.stem, self.b1 = block(3, w), block(w, 2 * w)
+        self.b2, self.b3 = block(2 * w, 2 * w), block(2 * w, 4 * w)
+        self.b4 = block(4 * w, 4 * w)
+        self.head = nn.Linear(4 * w, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(self.b1(self.stem(x)), 2)
+        x = x + self.b2(x)
+        x = F.max_pool2d(self.b3(x), 2)
+        x = x + self.b4(x)
+        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, layers: int, classes: int = 10):
+        super().__init__()
+        dims = [dim] + [hidden] * layers
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = F.gelu(layer(x))
+        return self.head(x)
+
+
+@dataclass
+class SuiteModel:
+    """A model of the suite, built for one device and size class."""
+
+    name: str
+    build: Callable[[str, str], tuple]   # (device, size) -> (model, make_inputs, loss_fn)
+    needs: str = ""                      # the optional package it needs, if any
+
+
+def _tokens(vocab, batch, seq, device):
+    def make(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randint(0, vocab, (batch, seq), generator=g).to(device),
+                torch.randint(0, vocab, (batch, seq), generator=g).to(device))
+    return make
+
+
+def _images(batch, size, device, channels=3):
+    def make(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch, channels, size, size, generator=g).to(device),)
+    return make
+
+
+def _identity_loss(out):
+    return out
+
+
+def _mean_loss(out):
+    out = out.logits if hasattr(out, "logits") else out
+    out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out
+    return out.float().pow(2).mean()
+
+
+def _llama(device, size):
+    small = size == "small"
+    vocab, dim, layers, heads, kv, seq, batch = (1000, 192, 3, 6, 2, 128, 8) if small else \
+        (32000, 1024, 4, 16, 4, 512, 8)
+    return Llama(vocab, dim, layers, heads, kv, seq), _tokens(vocab, batch, seq, device), _identity_loss
+
+
+def _gpt(device, size):
+    small = size == "small"
+    vocab, dim, layers, heads, seq, batch = (1000, 192, 3, 6, 128, 8) if small else (32000, 768, 4, 12, 512, 8)
+    return GPT(vocab, dim, layers, heads, seq), _tokens(vocab, batch, seq, device), _identity_loss
+
+
+def _convnet(device, size):
+    batch, image, width = (16, 64, 32) if size == "small" else (64, 128, 64)
+    return ConvNet(width), _images(batch, image, device), _mean_loss
+
+
+def _mlp(device, size):
+    batch, dim, hidden = (64, 256, 512) if size == "small" else (512, 1024, 4096)
+
+    def make(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch, dim, generator=g).to(device),)
+    return MLP(dim, hidden, 3), make, _mean_loss
+
+
+def _hf_gpt2(device, size):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    small = size == "small"
+    config = GPT2Config(n_layer=2 if small else 4, n_embd=256 if small else 512, n_head=4 if small else 8,
+                        vocab_size=1000 if small else 50257, n_positions=1024)
+    model = GPT2LMHeadModel(config)
+    batch, seq = (4, 128) if small else (8, 256)
+    make = _tokens(config.vocab_size, batch, seq, device)
+
+    def inputs(seed):
+        tokens, _ = make(seed)
+        return (tokens,)
+    return model, inputs, _mean_loss
+
+
+def _hf_bert(device, size):
+    from transformers import BertConfig, BertModel
+    small = size == "small"
+    config = BertConfig(num_hidden_layers=2 if small else 4, hidden_size=256 if small else 512,
+                        num_attention_heads=4 if small else 8, intermediate_size=1024 if small else 2048,
+                        vocab_size=1000 if small else 30522)
+    model = BertModel(config, add_pooling_layer=False)
+    batch, seq = (4, 128) if small else (8, 256)
+    make = _tokens(config.vocab_size, batch, seq, device)
+
+    def inputs(seed):
+        tokens, _ = make(seed)
+        return (tokens,)
+    return model, inputs, _mean_loss
+
+
+def _resnet50(device, size):
+    from torchvision.models import resnet50
+    batch, image = (2, 96) if size == "small" else (32, 224)
+    return resnet50(), _images(batch, image, device), _mean_loss
+
+
+def _vit(device, size):
+    from torchvision.models import vit_b_16
+    batch = 2 if size == "small" else 32
+    return vit_b_16(), _images(batch, 224, device), _mean_loss
+
+
+MODELS = [
+    SuiteModel("llama", _llama), SuiteModel("gpt", _gpt), SuiteModel("convnet", _convnet),
+    SuiteModel("mlp", _mlp), SuiteModel("hf_gpt2", _hf_gpt2, "transformers"),
+    SuiteModel("hf_bert", _hf_bert, "transformers"), SuiteModel("resnet50", _resnet50, "torchvision"),
+    SuiteModel("vit_b_16", _vit, "torchvision"),
+]
+
+
+def missing(entry: SuiteModel) -> str | None:
+    """Why ``entry`` cannot run here, or None."""
+    if not entry.needs:
+        return None
+    try:
+        __import__(entry.needs)
+    except Exception as error:  # noqa: BLE001 - an optional package that fails to import
+        return f"{entry.needs} is not importable ({type(error).__name__}: {error})"
+    return None
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = ["MODELS", "SuiteModel", "missing", "parameter_count"]
