@@ -18,6 +18,9 @@ import sympy
 import torch
 
 import fxwrap.core.rules  # noqa: F401  (registers the rules)
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from fxwrap.core import extern
 from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
 from fxwrap.core.lowering import REGISTRY, LoweringContext, Loops, Stored, Unsupported, cast
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
@@ -53,6 +56,7 @@ class KernelBuilder(build._Builder):
         self.buffers: dict[str, Buffer] = {}
         self.acc_counter = 0
         self.node_of_loops: dict[int, torch.fx.Node] = {}
+        self.view_of: dict[torch.fx.Node, torch.fx.Node] = {}  # lazy view node -> its lazy source
 
     # lines go to the item list; kernels are made at the end
     def emit(self, line: Line) -> None:
@@ -88,6 +92,9 @@ class KernelBuilder(build._Builder):
         return super().value(arg)
 
     def realize(self, node: torch.fx.Node, loops: Loops) -> Buffer:
+        view = self._realize_as_view(node)
+        if view is not None:
+            return view
         fake = node.meta["val"]
         hints = self.out.hints
         size = [evaluate(n, hints) for n in to_exprs(fake.shape)]
@@ -109,6 +116,31 @@ class KernelBuilder(build._Builder):
         self.pointwise_job(buf, loops, [node.name])
         self.env[node] = buf
         return buf
+
+    def _realize_as_view(self, node: torch.fx.Node) -> Buffer | None:
+        """A view (``permute``, ``view``, ``slice``...) of a lazy value, needed in memory:
+        the source is stored once in its own traced layout and the view is a ``View``
+        of it, as the traced program had it.  Storing the view on its own would compute
+        the same values a second time wherever the source is needed too (a gradient
+        feeding ``mm(g, w)`` and ``mm(g.t(), x)``)."""
+        source = self.view_of.get(node)
+        fake = node.meta.get("val")
+        src_fake = source.meta.get("val") if source is not None else None
+        if not isinstance(fake, torch.Tensor) or not isinstance(src_fake, torch.Tensor):
+            return None
+        if StorageWeakRef(fake.untyped_storage()) != StorageWeakRef(src_fake.untyped_storage()):
+            return None
+        hints = self.out.hints
+        size = [evaluate(n, hints) for n in to_exprs(src_fake.shape)]
+        stride = [evaluate(st, hints) for st in to_exprs(src_fake.stride())]
+        if src_fake.storage_offset() != 0 or not is_non_overlapping_and_dense(size, stride):
+            return None
+        base = self.value(source)
+        if (self.roots.get(base.name) is not base or tuple(base.stride) != to_exprs(src_fake.stride())
+                or not self._as_strided_view((base,), fake)):
+            return None
+        self.view(node, (base,), fake)
+        return self.env[node]
 
     def _realize_expanded(self, node, loops: Loops, buf: Buffer, size, stride) -> Buffer | None:
         """An expanded layout (stride 0 over dims of size > 1, the rest dense): a kernel
@@ -198,6 +230,10 @@ class KernelBuilder(build._Builder):
                 del self.items[mark[0]:]
             if result is not None:
                 self.env[node] = _unwrap(result)
+                source = node.args[0] if node.args else None
+                if (extern.is_view(node.target) and isinstance(self.env[node], Loops)
+                        and isinstance(source, torch.fx.Node) and isinstance(self.env.get(source), Loops)):
+                    self.view_of[node] = source
                 return
         super().call_function(node)
 
