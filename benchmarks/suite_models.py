@@ -215,19 +215,23 @@ def _mlp(device, size):
     return MLP(dim, hidden, 3), make, _mean_loss
 
 
+def _token_ids(vocab, size, device):
+    """Token ids only (the models take no targets): batch 4 x 128 small, 8 x 256 large."""
+    batch, seq = (4, 128) if size == "small" else (8, 256)
+    make = _tokens(vocab, batch, seq, device)
+
+    def inputs(seed):
+        tokens, _ = make(seed)
+        return (tokens,)
+    return inputs
+
+
 def _hf_gpt2(device, size):
     from transformers import GPT2Config, GPT2LMHeadModel
     small = size == "small"
     config = GPT2Config(n_layer=2 if small else 4, n_embd=256 if small else 512, n_head=4 if small else 8,
                         vocab_size=1000 if small else 50257, n_positions=1024)
-    model = GPT2LMHeadModel(config)
-    batch, seq = (4, 128) if small else (8, 256)
-    make = _tokens(config.vocab_size, batch, seq, device)
-
-    def inputs(seed):
-        tokens, _ = make(seed)
-        return (tokens,)
-    return model, inputs, _mean_loss
+    return GPT2LMHeadModel(config), _token_ids(config.vocab_size, size, device), _mean_loss
 
 
 def _hf_bert(device, size):
@@ -236,14 +240,7 @@ def _hf_bert(device, size):
     config = BertConfig(num_hidden_layers=2 if small else 4, hidden_size=256 if small else 512,
                         num_attention_heads=4 if small else 8, intermediate_size=1024 if small else 2048,
                         vocab_size=1000 if small else 30522)
-    model = BertModel(config, add_pooling_layer=False)
-    batch, seq = (4, 128) if small else (8, 256)
-    make = _tokens(config.vocab_size, batch, seq, device)
-
-    def inputs(seed):
-        tokens, _ = make(seed)
-        return (tokens,)
-    return model, inputs, _mean_loss
+    return BertModel(config, add_pooling_layer=False), _token_ids(config.vocab_size, size, device), _mean_loss
 
 
 def _resnet50(device, size):
