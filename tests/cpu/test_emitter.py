@@ -399,14 +399,14 @@ def test_index_math_and_masked_load():
     py = [lambda i: (i - 5) // 3, lambda i: i // 3, lambda i: (i // 3) % 4, lambda i: (i - 7) % 5,
           lambda i: max(i - 3, 0), lambda i: min(i + 2, n - 1), lambda i: -(-i // 4),
           lambda i: 3 * i - 2 * (i // 7)]
-    stores = [Store("o", i * n + x0, Op("index", I64, (e,))) for i, e in enumerate(exprs)]
+    stores = [Store("o", i * n + x0, Op.index(e)) for i, e in enumerate(exprs)]
     # gather through index math: a transpose of a (5, 8) tensor, read as flat (40,)
     stores.append(Store("g", x0, ld("x", ModularIndexing(x0, 1, 5) * 8 + FloorDiv(x0, 5))))
     # masked load: reads x[i - 1] only where i > 0 (index -1 is never touched)
-    mask = op("gt", torch.bool, Op("index", I64, (x0,)), const(0, I64))
+    mask = op("gt", torch.bool, Op.index(x0), const(0, I64))
     stores.append(Store("g", n + x0, ld("x", x0 - 1, mask=mask)))
     # an index value as float (iota)
-    stores.append(Store("g", 2 * n + x0, Op("index", F32, (2 * x0 + 1,))))
+    stores.append(Store("g", 2 * n + x0, Op.index(2 * x0 + 1, F32)))
     launch, src = build(kernel("idx", [buf("x", (n,))], [buf("o", (len(exprs), n), I64), buf("g", (3, n))],
                                stores, ranges=(n,)))
     text = src.text

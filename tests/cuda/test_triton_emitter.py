@@ -130,7 +130,7 @@ def test_symbolic_sizes_use_int64_and_compute_the_grid_per_call():
 
 def test_masked_load_reads_nothing_outside_its_mask():
     n, pad = 10, 3
-    inside = op("lt", torch.bool, Op("index", I64, (x0,)), const(n, I64))
+    inside = op("lt", torch.bool, Op.index(x0), const(n, I64))
     v = ld("a", x0, mask=inside)
     k = kernel("pad", [buf("a", (n,))], [buf("o", (n + pad,))], [Store("o", x0, op("add", F32, v, const(1.0)))],
                ranges=(n + pad,))
