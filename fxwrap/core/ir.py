@@ -181,6 +181,8 @@ def _payload_key(arg):
 def _const_value(value, dtype: torch.dtype):
     """A constant in the Python type of its dtype (``2`` of float32 is ``2.0``), so equal
     constants are one node; a non-integral float of an integer dtype stays as it is."""
+    if not isinstance(value, (bool, int, float, complex)):
+        raise TypeError(f"const: {value!r} is not a number")
     if dtype == torch.bool:
         return bool(value)
     if dtype.is_floating_point:
@@ -277,8 +279,11 @@ class Op:
         raise AttributeError(f"Op is immutable (deleting {name!r})")
 
     def __reduce__(self):
-        # unpickling builds the node again, so it is interned in the loading process too
-        return (Op, (self.op.value, self.dtype, self.src, self.arg))
+        # the DAG under this node as rows, operands first: unpickling builds it again (so
+        # it is interned in the loading process too) without recursing, however deep
+        nodes = walk(self)
+        row = {node: i for i, node in enumerate(nodes)}
+        return (_from_rows, (tuple((n.op.value, n.dtype, tuple(row[c] for c in n.src), n.arg) for n in nodes),))
 
     def __copy__(self) -> Op:
         return self
@@ -293,6 +298,14 @@ class Op:
 
 
 _REPR_NODES = 64
+
+
+def _from_rows(rows) -> Op:
+    """The last node of ``rows`` (``(op, dtype, operand row numbers, arg)``, operands first)."""
+    built: list[Op] = []
+    for code, dtype, src, arg in rows:
+        built.append(Op(code, dtype, tuple(built[i] for i in src), arg))
+    return built[-1]
 
 
 def _load_arg(arg, src: tuple) -> tuple:

@@ -483,10 +483,15 @@ def test_render_is_deterministic_across_processes():
 
 def test_errors_name_the_op_and_the_way_out():
     em = CppEmitter()
-    bad = kernel("bad", [buf("x", (4,))], [buf("y", (4,))],
-                 [Store("y", x0, Op("frobnicate", F32, (ld("x", x0),)))], ranges=(4,))
-    with pytest.raises(EmitError, match="frobnicate.*extern"):
-        em.render(bad)
+    with pytest.raises(ValueError, match="frobnicate.*not a loop-IR op.*extern"):
+        Op("frobnicate", F32, (ld("x", x0),))  # an unknown op fails where it is built
+
+    class NoErf(CppEmitter):
+        code_for_op = {name: fn for name, fn in CppEmitter.code_for_op.items() if name != "erf"}
+    unrendered = kernel("unrendered", [buf("x", (4,))], [buf("y", (4,))],
+                        [Store("y", x0, op("erf", F32, ld("x", x0)))], ranges=(4,))
+    with pytest.raises(EmitError, match="'erf'.*NoErf.code_for_op"):
+        NoErf().render(unrendered)
     early = kernel("early", [buf("x", (4, 4))], [buf("y", (4,))],
                    [Store("y", x0, acc("a1", F32))], ranges=(4,), reduction_ranges=(4,),
                    reductions=[Reduction("a0", "sum", op("add", F32, ld("x", 4 * x0 + sympy.Symbol("r0", integer=True, nonnegative=True)),

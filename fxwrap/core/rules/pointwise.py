@@ -142,6 +142,8 @@ def _full(ctx, size, fill_value, **kwargs):
     out = ctx.out_dtype
     if isinstance(fill_value, sympy.Expr):
         return Loops(ctx.out_size, out, ctx.device, lambda i: cast(Op.index(fill_value), out))
+    if not isinstance(fill_value, (bool, int, float)):  # a run-time scalar (``.item()``)
+        raise Unsupported(f"fill value {fill_value!r} is not known at compile time")
     return Loops(ctx.out_size, out, ctx.device, lambda i: const(fill_value, out))
 
 

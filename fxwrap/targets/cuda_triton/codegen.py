@@ -491,7 +491,7 @@ class KernelWriter:
         passes: list[list[Reduction]] = []
         seen: set[str] = set()
         for r in reds:
-            reads = {n.args[0] for n in walk(r.value) if n.op == "acc"}
+            reads = {acc_key(n)[0] for n in walk(r.value) if n.op == OpCode.ACC}
             if not reads <= seen:
                 raise CodegenError(f"kernel {self.k.name}: reduction {r.name} reads acc "
                                    f"{sorted(reads - seen)}, which is not an earlier reduction")
