@@ -69,6 +69,9 @@ def test_hashing_a_deep_chain_does_not_recurse():
 
 def test_shared_subexpressions_cost_their_distinct_nodes():
     """Depth 300: a tree of ~2**300 nodes, a DAG of 601; everything must see the DAG."""
+    small, calls = silu_chain(12), []
+    rewrite(small, calls.append)  # first small: a tree walk fails here instead of hanging
+    assert len(calls) == len(walk(small)) == 25
     start = time.perf_counter()
     v = silu_chain(300)
     assert len({v, silu_chain(300)}) == 1
