@@ -25,7 +25,7 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from fxwrap.core.ir import OpCode, Op, load_mask, result_dtype, rewrite
+from fxwrap.core.ir import Op, OpCode, load_mask, result_dtype, rewrite
 from fxwrap.core.symbolic import to_expr
 from fxwrap.wrapper_ir.lines import Buffer
 
