@@ -74,13 +74,12 @@ def buf(name, size, dtype=torch.float32, stride=None, device=CPU) -> Buffer:
 
 
 def ld(name, index, dtype=torch.float32, mask=None) -> Op:
-    """``Op("load")`` of ``name`` at ``index`` (a sympy expression, or an Op: indirect)."""
-    args = (name, index if isinstance(index, Op) else sympy.sympify(index))
-    return Op("load", dtype, args + ((mask,) if mask is not None else ()))
+    """``Op.load`` of ``name`` at ``index`` (a sympy expression, or an Op: indirect)."""
+    return Op.load(name, index, dtype, mask)
 
 
 def const(value, dtype=torch.float32) -> Op:
-    return Op("const", dtype, (value,))
+    return Op.const(value, dtype)
 
 
 def op(name, dtype, *args) -> Op:
@@ -88,7 +87,7 @@ def op(name, dtype, *args) -> Op:
 
 
 def acc(name, dtype, field=0) -> Op:
-    return Op("acc", dtype, (name, field))
+    return Op.acc(name, field, dtype)
 
 
 def kernel(name, inputs, outputs, stores, ranges=(), reduction_ranges=(), reductions=(),

@@ -1,54 +1,80 @@
-"""Loop IR: frozen, hashable records ``(op, dtype, args)`` and the scheduled kernels
-made of them.
+"""Loop IR: interned records ``Op(op, dtype, src, arg)`` and the scheduled kernels made
+of them.
 
 ``torch.relu(x) * 2`` over a contiguous ``(s0, 64)`` float tensor is the kernel::
 
+    x = Op.load("arg0", 64*x0 + x1, f32)
     ScheduledKernel(name="fxwrap_kernel_0",
         ranges=(s0, 64), reduction_ranges=(),
-        stores=(Store(buf1, 64*x0 + x1,
-            Op("mul", f32, (Op("maximum", f32, (Op("load", f32, ("arg0", 64*x0 + x1)),
-                                               Op("const", f32, (0.0,)))),
-                            Op("const", f32, (2.0,))))),))
+        stores=(Store("buf1", 64*x0 + x1,
+            Op("mul", f32, (Op("maximum", f32, (x, Op.const(0.0, f32))),
+                            Op.const(2.0, f32)))),))
+
+and its values print (``format_ssa``) one line per distinct node, operands first::
+
+    %0 = load.f32 arg0[64*x0 + x1]
+    %1 = const.f32 0.0
+    %2 = maximum.f32 %0 %1
+    %3 = const.f32 2.0
+    %4 = mul.f32 %2 %3
+
+A node is ``op`` (an ``OpCode``), ``dtype`` (a ``torch.dtype``), ``src`` (its operand
+nodes, a tuple of ``Op``) and ``arg`` (what is not a node: a buffer name, an index
+expression, a constant).  Nodes are *interned*: building a node equal to one that
+exists returns that node, so equal nodes are the same object, ``==`` is ``is`` and
+the hash is computed once from the children's.  A graph with shared sub-expressions
+(``x * sigmoid(x)`` repeated) is a DAG whose size is its number of distinct nodes;
+every walk over it (``walk``, ``rewrite``, ``fold``, ``format_ssa``) visits each node
+once and never recurses in Python.
 
 Iteration variables are the sympy symbols ``x0, x1, ...`` (one per entry of
 ``ranges``, outermost first) and ``r0, r1, ...`` (one per entry of
 ``reduction_ranges``).  Index expressions are sympy expressions over them and over
-the program's size symbols.  Because nodes are structural records, equal
-sub-expressions are equal objects: CSE and cache keys come for free.
+the program's size symbols.
 
-Ops (``Op.op``) and their ``args``:
+Op codes (``OP_INFO`` holds what is known of each: operand count, bool result,
+exact in 16-bit floats):
 
-* ``load``: ``(buffer_name, index)`` or ``(buffer_name, index, mask)``, see *Loads*
-  below; ``const``: ``(python_value,)``;
-  ``index``: ``(int_expr,)`` the value of an index expression (iota/arange);
-  ``acc``: ``(reduction_name, field)``, the result of a reduction of this kernel
-  (field 0 except for ``welford``: 0 mean, 1 m2, 2 count; and ``argmax``/``argmin``:
-  0 index, 1 value).
-* unary (``args=(x,)``): see ``UNARY``; ``cast`` converts ``x`` to ``dtype``.
-* binary (``args=(a, b)``): see ``BINARY``; comparisons give ``torch.bool``.
-* ``where``: ``(cond, a, b)``.
+* leaves (``src=()``): ``const`` (``arg``: a Python number, normalized to the dtype);
+  ``index`` (``arg``: an int expression, its value: iota/arange); ``acc``
+  (``arg``: ``(reduction_name, field)``, the result of a reduction of this kernel;
+  field 0 except for ``welford``: 0 mean, 1 m2, 2 count; and ``argmax``/``argmin``:
+  0 index, 1 value); ``load``, below.
+* unary (``src=(x,)``): see ``UNARY``; ``cast`` converts ``x`` to ``dtype``.
+* binary (``src=(a, b)``): see ``BINARY``; those in ``BOOL_RESULT`` give ``torch.bool``.
+* ``where``: ``src=(cond, a, b)``.
 
-Loads.  ``index`` is the element offset from the buffer's data pointer:
+Loads, ``Op.load(buffer, index, dtype, mask=None)``.  ``index`` is the element offset
+from the buffer's data pointer:
 
-* *direct*: a sympy expression over the iteration variables and size symbols,
-  ``Op("load", f32, ("arg0", 64*x0 + x1))``;
+* *direct*: a sympy expression over the iteration variables and size symbols, kept
+  in ``arg``: ``Op.load("arg0", 64*x0 + x1, f32)`` is ``load`` with
+  ``arg=("arg0", 64*x0 + x1)`` and no operands;
 * *indirect*: an integer ``Op`` computed in the kernel, for offsets that depend on
-  loaded data (gather, embedding, ``x[idx]``).  ``F.embedding(idx, w)`` with ``w`` of
-  size ``(V, 64)`` reads, at output index ``(x0, x1)``::
+  loaded data (gather, embedding, ``x[idx]``); it is the load's first operand and
+  ``arg`` is ``(buffer, None)``.  ``F.embedding(idx, w)`` with ``w`` of size
+  ``(V, 64)`` reads, at output index ``(x0, x1)``::
 
-      Op("load", f32, ("arg1", Op("add", i64, (
-          Op("index", i64, (x1,)),
-          Op("mul", i64, (Op("load", i64, ("arg0", x0)), Op("index", i64, (64,))))))))
+      %0 = index.i64 x1
+      %1 = load.i64 arg0[x0]
+      %2 = index.i64 64
+      %3 = mul.i64 %1 %2
+      %4 = add.i64 %0 %3
+      %5 = load.f32 arg1[%4]
 
   The index values are checked on the host before the kernel runs (a
   ``check_index_bounds`` extern, ``fxwrap.runtime.checks``), so an indirect load
   never reads outside its buffer;
-* *masked*: a third argument, a ``torch.bool`` ``Op``: where it is false nothing is
-  read and the load's value is 0 (``cat``, ``constant_pad_nd``: a value defined
-  piecewise over the output index is a ``where`` over masked loads).
+* *masked*: a ``torch.bool`` ``Op``, the load's last operand: where it is false
+  nothing is read and the load's value is 0 (``cat``, ``constant_pad_nd``: a value
+  defined piecewise over the output index is a ``where`` over masked loads).
 
-``load_index(op)`` / ``load_mask(op)`` read those fields; ``index_symbols(index)``
-gives the symbols an index (direct or indirect) uses.
+``load_buffer(op)`` / ``load_index(op)`` / ``load_mask(op)`` read those fields;
+``index_symbols(index)`` gives the symbols an index (direct or indirect) uses.
+
+Passes are ``rewrite(root, rule)``: bottom-up over the DAG, each distinct node once,
+``rule`` seeing a node whose operands are already rewritten (``masked``, the
+scheduler's load substitution and re-indexing are rules).
 
 Reductions (``Reduction.kind``): ``sum prod max min any all argmax argmin welford``.
 bf16/fp16 values are loaded and stored in their type and computed in float32 (the
@@ -56,38 +82,273 @@ lowerings insert the casts).
 """
 from __future__ import annotations
 
+import enum
+import threading
+import weakref
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 import sympy
 import torch
 
-UNARY = frozenset("""
-neg abs exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh
-tanh asinh acosh atanh erf erfc erfinv floor ceil round trunc sigmoid sign reciprocal
-logical_not bitwise_not isnan isinf signbit cast
-""".split())
 
-BINARY = frozenset("""
-add sub mul truediv floordiv truncdiv mod fmod pow maximum minimum atan2 copysign
-logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor lshift rshift
-lt le gt ge eq ne
-""".split())
+@dataclass(frozen=True)
+class OpInfo:
+    """What the compiler knows of one op code: how many operands (``src``) it takes
+    (``None``: a load, 0 to 2), whether its result is ``torch.bool`` whatever its
+    operands, and whether its bf16/fp16 result is exact when its operands are (so it
+    needs no re-rounding to the 16-bit type)."""
 
-COMPARISONS = frozenset("lt le gt ge eq ne isnan isinf signbit logical_not logical_and logical_or logical_xor".split())
+    operands: int | None
+    bool_result: bool = False
+    exact_16bit: bool = False
+
+
+def _rows(names: str, operands: int | None, **flags) -> dict[str, OpInfo]:
+    return {name: OpInfo(operands, **flags) for name in names.split()}
+
+
+OP_INFO: dict[str, OpInfo] = {
+    **_rows("const index acc", 0),
+    **_rows("load", None),
+    # unary
+    **_rows("exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh tanh "
+            "asinh acosh atanh erf erfc erfinv sigmoid reciprocal bitwise_not cast", 1),
+    **_rows("neg abs floor ceil round trunc sign", 1, exact_16bit=True),
+    **_rows("logical_not isnan isinf signbit", 1, bool_result=True),
+    # binary
+    **_rows("add sub mul truediv floordiv truncdiv mod fmod pow atan2 bitwise_and bitwise_or bitwise_xor "
+            "lshift rshift", 2),
+    **_rows("maximum minimum copysign", 2, exact_16bit=True),
+    **_rows("lt le gt ge eq ne logical_and logical_or logical_xor", 2, bool_result=True),
+    # ternary
+    **_rows("where", 3, exact_16bit=True),
+}
+
+
+class _OpCodeBase(enum.StrEnum):
+    """The loop-IR op codes, one member per row of ``OP_INFO``; a member is its name
+    (``OpCode.ADD == "add"``), so tables keyed by name (an emitter's renderings) look
+    it up directly."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    @classmethod
+    def of(cls, name) -> OpCode:
+        """``name`` (an ``OpCode`` or its string) as an ``OpCode``; unknown names raise."""
+        if type(name) is cls:
+            return name
+        try:
+            return _CODES[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"{name!r} is not a loop-IR op code (fxwrap.core.ir.OP_INFO lists them); "
+                             "a lowering that needs another op should emit an extern call") from None
+
+
+OpCode = _OpCodeBase("OpCode", [(name.upper(), name) for name in OP_INFO], module=__name__, qualname="OpCode")
+OpCode.__doc__ = _OpCodeBase.__doc__
+_CODES: dict[str, OpCode] = {name: OpCode(name) for name in OP_INFO}
+_OPERANDS: dict[OpCode, int | None] = {code: OP_INFO[code].operands for code in _CODES.values()}
+
+LEAVES = frozenset(c for c in _CODES.values() if OP_INFO[c].operands == 0) | {OpCode.LOAD}
+UNARY = frozenset(c for c in _CODES.values() if OP_INFO[c].operands == 1)
+BINARY = frozenset(c for c in _CODES.values() if OP_INFO[c].operands == 2)
+BOOL_RESULT = frozenset(c for c in _CODES.values() if OP_INFO[c].bool_result)
+"""Ops whose result is ``torch.bool`` (comparisons, logical ops, ``isnan``...); their
+operands keep their own dtype."""
+EXACT_16BIT = frozenset(c for c in _CODES.values() if OP_INFO[c].exact_16bit)
+"""Ops whose bf16/fp16 result is exact when the operands are: no re-rounding needed."""
 
 REDUCTIONS = frozenset("sum prod max min any all argmax argmin welford".split())
 
 
-@dataclass(frozen=True)
+def result_dtype(op, compute: torch.dtype) -> torch.dtype:
+    """The dtype of ``op`` computed over operands of dtype ``compute``."""
+    return torch.bool if OpCode.of(op) in BOOL_RESULT else compute
+
+
+def _payload_key(arg):
+    """``arg`` as part of an intern key: floats by their repr, so ``0.0`` and ``-0.0``
+    (equal in Python) stay two constants and every NaN is one."""
+    if type(arg) is float:
+        return (float, repr(arg))
+    if type(arg) is tuple:
+        return tuple(_payload_key(a) for a in arg)
+    return arg
+
+
+def _const_value(value, dtype: torch.dtype):
+    """A constant in the Python type of its dtype (``2`` of float32 is ``2.0``), so equal
+    constants are one node; a non-integral float of an integer dtype stays as it is."""
+    if not isinstance(value, (bool, int, float, complex)):
+        raise TypeError(f"const: {value!r} is not a number")
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)
+    if not dtype.is_complex and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class Op:
-    """One loop-IR value: ``Op("add", torch.float32, (a, b))``."""
+    """One loop-IR value, interned: ``Op("add", torch.float32, (a, b))``.
 
-    op: str
-    dtype: torch.dtype
-    args: tuple = ()
+    ``op`` is an ``OpCode`` (a name is accepted), ``src`` the operand nodes, ``arg``
+    the payload of a leaf (see the module docstring).  Building a node equal to one
+    that is alive returns that very node; nodes are immutable, compare by identity
+    and hash in O(1).
+    """
 
-    def children(self) -> tuple["Op", ...]:
-        return tuple(a for a in self.args if isinstance(a, Op))
+    __slots__ = ("op", "dtype", "src", "arg", "_hash", "__weakref__")
+
+    _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    _lock = threading.Lock()
+
+    def __new__(cls, op, dtype: torch.dtype, src: Sequence[Op] = (), arg=None):
+        code = OpCode.of(op)
+        src = tuple(src)
+        for s in src:
+            if type(s) is not Op:
+                raise TypeError(f"Op({code!r}): operand {s!r} is not an Op; a leaf's payload "
+                                "(buffer name, index expression, constant) goes in arg")
+        want = _OPERANDS[code]
+        if code == OpCode.LOAD:
+            arg = _load_arg(arg, src)
+        elif len(src) != want:
+            raise TypeError(f"Op({code!r}) takes {want} operand(s), got {len(src)}")
+        elif code == OpCode.CONST:
+            arg = _const_value(arg, dtype)
+        elif code == OpCode.INDEX:
+            arg = sympy.sympify(arg)
+        elif code == OpCode.ACC:
+            arg = tuple(arg)
+        key = (code, dtype, src, _payload_key(arg))
+        with cls._lock:
+            node = cls._interned.get(key)
+            if node is None:
+                node = object.__new__(cls)
+                setattr_ = object.__setattr__
+                setattr_(node, "op", code)
+                setattr_(node, "dtype", dtype)
+                setattr_(node, "src", src)
+                setattr_(node, "arg", arg)
+                setattr_(node, "_hash", hash(key))  # O(len(src)): the children's hashes are cached
+                cls._interned[key] = node
+        return node
+
+    # -- leaf constructors ----------------------------------------------------------
+    @classmethod
+    def load(cls, buffer: str, index, dtype: torch.dtype, mask: Op | None = None) -> Op:
+        """A read of ``buffer`` at ``index`` (a sympy expression, or an integer ``Op``:
+        indirect), where the bool ``mask`` holds (everywhere when None)."""
+        indirect = type(index) is Op
+        src = ((index,) if indirect else ()) + ((mask,) if mask is not None else ())
+        return cls(OpCode.LOAD, dtype, src, (buffer, None if indirect else index))
+
+    @classmethod
+    def const(cls, value, dtype: torch.dtype) -> Op:
+        return cls(OpCode.CONST, dtype, (), value)
+
+    @classmethod
+    def index(cls, expr, dtype: torch.dtype = torch.int64) -> Op:
+        """The value of an integer index expression."""
+        return cls(OpCode.INDEX, dtype, (), expr)
+
+    @classmethod
+    def acc(cls, reduction: str, field: int, dtype: torch.dtype) -> Op:
+        """Field ``field`` of the result of reduction ``reduction`` of this kernel."""
+        return cls(OpCode.ACC, dtype, (), (reduction, field))
+
+    def replace(self, *, src: Sequence[Op] | None = None, arg=None, dtype: torch.dtype | None = None) -> Op:
+        """This node with other operands, payload or dtype (the others kept)."""
+        return Op(self.op, self.dtype if dtype is None else dtype,
+                  self.src if src is None else src, self.arg if arg is None else arg)
+
+    # -- identity ---------------------------------------------------------------------
+    def __hash__(self) -> int:
+        return self._hash
+
+    # ``==`` is the inherited identity comparison: interning makes it structural.
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Op is immutable (setting {name!r}); build a new node")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"Op is immutable (deleting {name!r})")
+
+    def __reduce__(self):
+        # the DAG under this node as rows, operands first: unpickling builds it again (so
+        # it is interned in the loading process too) without recursing, however deep
+        nodes = walk(self)
+        row = {node: i for i, node in enumerate(nodes)}
+        return (_from_rows, (tuple((n.op.value, n.dtype, tuple(row[c] for c in n.src), n.arg) for n in nodes),))
+
+    def __copy__(self) -> Op:
+        return self
+
+    def __deepcopy__(self, memo) -> Op:
+        return self
+
+    def __repr__(self) -> str:
+        if tree_size(self, limit=_REPR_NODES) <= _REPR_NODES:
+            return _nested(self)
+        return "<Op\n" + "\n".join(format_ssa([self])) + "\n>"
+
+
+_REPR_NODES = 64
+
+
+def _from_rows(rows) -> Op:
+    """The last node of ``rows`` (``(op, dtype, operand row numbers, arg)``, operands first)."""
+    built: list[Op] = []
+    for code, dtype, src, arg in rows:
+        built.append(Op(code, dtype, tuple(built[i] for i in src), arg))
+    return built[-1]
+
+
+def _load_arg(arg, src: tuple) -> tuple:
+    """A load's ``(buffer, index)``: ``index`` a sympy expression, or None when the
+    first operand is the (indirect) index; the operand after it, if any, is the mask."""
+    buffer, index = arg
+    if not isinstance(buffer, str):
+        raise TypeError(f"load: buffer {buffer!r} is not a name")
+    allowed = 1 if index is not None else 2
+    if len(src) > allowed or (index is None and not src):
+        raise TypeError(f"load of {buffer!r}: operands {src!r} do not fit index {index!r} "
+                        "(indirect index first, then the mask)")
+    return (buffer, None if index is None else sympy.sympify(index))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype) or str(dtype).replace("torch.", "")
+
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+                torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+                torch.uint8: "u8", torch.bool: "bool"}
+
+
+def _nested(root: Op) -> str:
+    """``Op("mul", f32, (Op.load("arg0", x0, f32), Op.const(2.0, f32)))``: a small tree."""
+    text: dict[Op, str] = {}
+    for node in walk(root):
+        dt = _dtype_name(node.dtype)
+        if node.op == OpCode.LOAD:
+            buffer, index = node.arg
+            parts = [repr(buffer), text[node.src[0]] if index is None else str(index), dt]
+            if load_mask(node) is not None:
+                parts.append(f"mask={text[node.src[-1]]}")
+            text[node] = f"Op.load({', '.join(parts)})"
+        elif node.op == OpCode.ACC:
+            text[node] = f"Op.acc({node.arg[0]!r}, {node.arg[1]}, {dt})"
+        elif node.op in LEAVES:
+            text[node] = f"Op.{node.op}({node.arg!r}, {dt})"
+        else:
+            kids = ", ".join(text[c] for c in node.src)
+            text[node] = f'Op("{node.op}", {dt}, ({kids}{"," if len(node.src) == 1 else ""}))'
+    return text[root]
 
 
 def xvar(i: int) -> sympy.Symbol:
@@ -150,39 +411,148 @@ class ScheduledKernel:
         return bool(self.reductions)
 
 
-def walk(root: Op):
-    """Every distinct node under ``root``, children before parents (deterministic)."""
+def walk(*roots: Op, skip: Container[Op] = ()) -> list[Op]:
+    """Every distinct node under ``roots``, operands before users, in a deterministic
+    order (depth first, operands left to right, each root after the one before).
+
+    Nodes in ``skip`` (a memo of earlier work) are neither listed nor entered."""
     seen: set[Op] = set()
     order: list[Op] = []
-    stack: list[tuple[Op, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if node in seen:
+    for root in roots:
+        if root in seen or root in skip:
             continue
-        if expanded:
-            seen.add(node)
-            order.append(node)
-            continue
-        stack.append((node, True))
-        for child in reversed(node.children()):
-            if child not in seen:
-                stack.append((child, False))
+        stack: list[tuple[Op, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                if node not in seen:
+                    seen.add(node)
+                    order.append(node)
+                continue
+            if node in seen:
+                continue
+            stack.append((node, True))
+            for child in reversed(node.src):
+                if child not in seen and child not in skip:
+                    stack.append((child, False))
     return order
+
+
+Rule = Callable[[Op], "Op | None"] | Mapping[str, Callable[[Op], "Op | None"]]
+
+
+def rewrite(root: Op, rule: Rule, memo: dict[Op, Op] | None = None) -> Op:
+    """``root`` rewritten bottom-up: each distinct node once, operands first.
+
+    ``rule(node)`` sees the node with its operands already rewritten and returns its
+    replacement, or None to keep it; ``rule`` may also be ``{op_code: fn}``, where
+    nodes of other codes are kept.  ``memo`` (old node -> new) can be shared by the
+    calls over one kernel's values.  Turning every ``sigmoid`` into
+    ``1 / (1 + exp(-x))``::
+
+        rewrite(value, {"sigmoid": lambda n: Op("reciprocal", n.dtype, (Op("add", n.dtype, (
+            Op.const(1.0, n.dtype), Op("exp", n.dtype, (Op("neg", n.dtype, n.src),)))),))})
+    """
+    memo = {} if memo is None else memo
+    by_code = rule if isinstance(rule, Mapping) else None
+    for node in walk(root, skip=memo):
+        src = tuple(memo[c] for c in node.src)
+        new = node if src == node.src else node.replace(src=src)
+        if by_code is not None:
+            fn = by_code.get(new.op)
+            out = fn(new) if fn is not None else None
+        else:
+            out = rule(new)
+        memo[node] = new if out is None else out
+    return memo[root]
+
+
+def fold(root: Op, fn: Callable[[Op, list], object], memo: dict | None = None):
+    """``fn(node, [values of its operands])`` for every distinct node, operands first;
+    the value of ``root``.  ``memo`` (node -> value) can be shared between calls."""
+    memo = {} if memo is None else memo
+    for node in walk(root, skip=memo):
+        memo[node] = fn(node, [memo[c] for c in node.src])
+    return memo[root]
+
+
+def tree_size(root: Op, limit: int | None = None) -> int:
+    """How many nodes ``root`` has written out as a tree (shared nodes counted at each
+    use), capped just above ``limit``: the size of a nested print."""
+    cap = float("inf") if limit is None else limit + 1
+    return fold(root, lambda node, kids: min(cap, 1 + sum(kids)))
+
+
+def format_ssa(roots: Sequence[Op], names: dict[Op, str] | None = None) -> list[str]:
+    """One line per distinct node under ``roots``, operands first: ``%2 = mul.f32 %0 %1``.
+
+    ``names`` (node -> name) is filled in and may carry names over from an earlier
+    call (a kernel's reductions, then its stores); the text grows with the number of
+    distinct nodes, not with the size of the tree.
+    """
+    names = {} if names is None else names
+    lines = []
+    for node in walk(*roots, skip=names):
+        name = f"%{len(names)}"
+        names[node] = name
+        head = f"{name} = {node.op}.{_dtype_name(node.dtype)}"
+        if node.op == OpCode.LOAD:
+            buffer, index = node.arg
+            where = names[node.src[0]] if index is None else str(index)
+            mask = load_mask(node)
+            lines.append(f"{head} {buffer}[{where}]" + (f" if {names[mask]}" if mask is not None else ""))
+        elif node.op == OpCode.ACC:
+            lines.append(f"{head} {node.arg[0]}[{node.arg[1]}]")
+        elif node.op in LEAVES:
+            lines.append(f"{head} {node.arg}")
+        else:
+            lines.append(f"{head} {' '.join(names[c] for c in node.src)}")
+    return lines
+
+
+def load_buffer(load: Op) -> str:
+    """The name of the buffer a ``load`` reads."""
+    return load.arg[0]
 
 
 def load_index(load: Op):
     """A ``load``'s index: a sympy expression (direct) or an integer ``Op`` (indirect)."""
-    return load.args[1]
+    index = load.arg[1]
+    return load.src[0] if index is None else index
 
 
 def load_mask(load: Op) -> Op | None:
     """A ``load``'s mask (a bool ``Op``), or None when it reads unconditionally."""
-    return load.args[2] if len(load.args) > 2 else None
+    first = 1 if load.arg[1] is None else 0
+    return load.src[first] if len(load.src) > first else None
+
+
+def load_key(load: Op) -> tuple:
+    """``(buffer, index)`` of a load: what a store at that place would overwrite."""
+    return (load.arg[0], load_index(load))
+
+
+def acc_key(acc: Op) -> tuple[str, int]:
+    """``(reduction_name, field)`` of an ``acc``."""
+    name, *field = acc.arg
+    return (name, int(field[0]) if field else 0)
 
 
 def is_indirect(index) -> bool:
     """True for an index computed in the kernel (an ``Op``) rather than a sympy expression."""
-    return isinstance(index, Op)
+    return type(index) is Op
+
+
+def direct_indices(root: Op) -> list:
+    """The sympy index expressions of the ``load`` and ``index`` nodes under ``root``
+    (an indirect index contributes those of the nodes it is made of), in walk order."""
+    out = []
+    for node in walk(root):
+        if node.op == OpCode.INDEX:
+            out.append(node.arg)
+        elif node.op == OpCode.LOAD and node.arg[1] is not None:
+            out.append(node.arg[1])
+    return out
 
 
 def index_symbols(index) -> set[sympy.Symbol]:
@@ -193,11 +563,8 @@ def index_symbols(index) -> set[sympy.Symbol]:
     if not is_indirect(index):
         return set(sympy.sympify(index).free_symbols)
     out: set[sympy.Symbol] = set()
-    for node in walk(index):
-        if node.op == "index":
-            out |= sympy.sympify(node.args[0]).free_symbols
-        elif node.op == "load" and not is_indirect(node.args[1]):
-            out |= sympy.sympify(node.args[1]).free_symbols
+    for expr in direct_indices(index):
+        out |= expr.free_symbols
     return out
 
 
@@ -216,25 +583,19 @@ def value_deps(op: Op, cache: dict) -> frozenset:
     its indices (and masks) use, and ``("acc", name)`` for each reduction result it
     reads.  Emitters declare a value in the outermost scope that provides all of it.
     Memoised in ``cache`` (an ``{Op: frozenset}`` shared by one kernel's scopes)."""
-    hit = cache.get(op)
-    if hit is not None:
-        return hit
-    if op.op in ("load", "index"):
-        expr = op.args[1] if op.op == "load" else op.args[0]
-        if isinstance(expr, Op):  # indirect load: the index is a value of the kernel
-            d = value_deps(expr, cache)
-        else:
-            d = loop_var_names(expr)
-        if op.op == "load" and len(op.args) > 2 and isinstance(op.args[2], Op):
-            d |= value_deps(op.args[2], cache)
-    elif op.op == "acc":
-        d = frozenset([("acc", op.args[0])])
+    return fold(op, _deps_of, cache)
+
+
+def _deps_of(node: Op, operand_deps: list) -> frozenset:
+    if node.op == OpCode.ACC:
+        own = frozenset([("acc", node.arg[0])])
+    elif node.op == OpCode.INDEX:
+        own = loop_var_names(node.arg)
+    elif node.op == OpCode.LOAD and node.arg[1] is not None:
+        own = loop_var_names(node.arg[1])
     else:
-        d = frozenset()
-        for child in op.children():
-            d |= value_deps(child, cache)
-    cache[op] = d
-    return d
+        own = frozenset()
+    return own.union(*operand_deps) if operand_deps else own
 
 
 def split_stores(stores, rvars) -> tuple[list[Store], list[Store]]:

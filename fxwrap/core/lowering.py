@@ -12,8 +12,8 @@ expressions to an ``Op``, inlined into whatever consumes them::
         return ctx.pointwise("sigmoid", x)
 
     # lowering aten.mul(aten.sigmoid(a), 2.0) over (s0, 64) gives, at index (x0, x1):
-    # Op("mul", f32, (Op("sigmoid", f32, (Op("load", f32, ("arg0", 64*x0 + x1)),)),
-    #                 Op("const", f32, (2.0,))))
+    # Op("mul", f32, (Op("sigmoid", f32, (Op.load("arg0", 64*x0 + x1, f32),)),
+    #                 Op.const(2.0, f32)))
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from fxwrap.core.ir import Op, walk
+from fxwrap.core.ir import Op, OpCode, load_mask, result_dtype, rewrite
 from fxwrap.core.symbolic import to_expr
 from fxwrap.wrapper_ir.lines import Buffer
 
@@ -78,7 +78,7 @@ def loads(buf: Buffer) -> Loops:
     data pointer, so the storage offset is already applied)."""
     def fn(index):
         flat = sum((i * s for i, s, n in zip(index, buf.stride, buf.size) if n != 1), sympy.Integer(0))
-        return Op("load", buf.dtype, (buf.name, sympy.expand(flat)))
+        return Op.load(buf.name, sympy.expand(flat), buf.dtype)
     return Loops(buf.size, buf.dtype, buf.device, fn)
 
 
@@ -89,14 +89,13 @@ def as_loops(value: TensorValue) -> Loops:
 def cast(op: Op, dtype: torch.dtype) -> Op:
     if op.dtype == dtype:
         return op
-    if op.op == "const":
-        value = op.args[0]
-        if dtype == torch.bool:
-            value = bool(value)
-        elif not dtype.is_floating_point and isinstance(value, float) and math.isfinite(value):
+    if op.op == OpCode.CONST:
+        value = op.arg
+        if not dtype.is_floating_point and dtype != torch.bool and isinstance(value, float) \
+                and math.isfinite(value):
             value = int(value)
-        return Op("const", dtype, (value,))
-    return Op("cast", dtype, (op,))
+        return Op.const(value, dtype)
+    return Op(OpCode.CAST, dtype, (op,))
 
 
 def broadcast(loops: Loops, size: Sequence[sympy.Expr]) -> Loops:
@@ -181,9 +180,9 @@ class LoweringContext:
             loops = broadcast(as_loops(arg), size)
             return Loops(size, dtype, self.device, lambda i, l=loops: cast(l(i), dtype))
         if isinstance(arg, sympy.Expr):
-            return Loops(size, dtype, self.device, lambda i: cast(Op("index", torch.int64, (arg,)), dtype))
+            return Loops(size, dtype, self.device, lambda i: cast(Op.index(arg), dtype))
         if isinstance(arg, (bool, int, float)):
-            return Loops(size, dtype, self.device, lambda i: cast(Op("const", _py_dtype(arg), (arg,)), dtype))
+            return Loops(size, dtype, self.device, lambda i: cast(Op.const(arg, _py_dtype(arg)), dtype))
         raise Unsupported(f"operand {arg!r}")
 
     def pointwise(self, name: str, *args, compute: torch.dtype | None = None) -> Loops:
@@ -195,10 +194,10 @@ class LoweringContext:
             compute = compute_dtype(out if out != torch.bool else self.promoted(*args))
         size = self.out_size
         ops = [self.operand(a, compute, size) for a in args]
-        result_dtype = torch.bool if name in _BOOL_RESULT else compute
+        result = result_dtype(name, compute)
 
         def fn(index):
-            return cast(Op(name, result_dtype, tuple(o(index) for o in ops)), out)
+            return cast(Op(name, result, tuple(o(index) for o in ops)), out)
         return Loops(size, out, self.device, fn)
 
     # -- rules that need more than a lazy value (indexing, input mutation) ------
@@ -253,16 +252,13 @@ def _py_dtype(value) -> torch.dtype:
     return torch.float64
 
 
-_BOOL_RESULT = frozenset("lt le gt ge eq ne isnan isinf signbit logical_not logical_and logical_or logical_xor".split())
-
-
 def const(value, dtype) -> Op:
-    return cast(Op("const", _py_dtype(value), (value,)), dtype)
+    return cast(Op.const(value, _py_dtype(value)), dtype)
 
 
 def index_value(expr) -> Op:
-    """An index expression as an int64 value: ``Op("index", i64, (expr,))``."""
-    return Op("index", torch.int64, (sympy.sympify(expr),))
+    """An index expression as an int64 value: ``Op.index(expr)``."""
+    return Op.index(expr)
 
 
 def masked(op: Op, mask: Op) -> Op:
@@ -273,13 +269,9 @@ def masked(op: Op, mask: Op) -> Op:
     is only meaningful on part of the iteration space (one input of a ``cat``) can
     be computed everywhere and picked with a ``where``.
     """
-    memo: dict[Op, Op] = {}
-    for node in walk(op):
-        args = tuple(memo.get(a, a) if isinstance(a, Op) else a for a in node.args)
-        if node.op == "load":
-            index = args[1]
-            m = mask if len(args) < 3 else Op("logical_and", torch.bool, (args[2], mask))
-            memo[node] = Op("load", node.dtype, (args[0], index, m))
-        else:
-            memo[node] = Op(node.op, node.dtype, args) if args != node.args else node
-    return memo[op]
+    def mask_load(load: Op) -> Op:
+        old = load_mask(load)
+        both = mask if old is None else Op(OpCode.LOGICAL_AND, torch.bool, (old, mask))
+        src = load.src if old is None else load.src[:-1]  # the mask is a load's last operand
+        return load.replace(src=src + (both,))
+    return rewrite(op, {OpCode.LOAD: mask_load})

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, walk, xvar
+from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_key,
+                            rewrite, rvar, walk, xvar)
 from fxwrap.core.symbolic import simplify_index
 
 
@@ -57,25 +58,19 @@ class Job:
 
 def substitute(op: Op, table: dict) -> Op:
     """``op`` with every ``load`` found in ``table`` (by (buffer, index)) replaced."""
-    memo: dict[Op, Op] = {}
-    for node in walk(op):
-        if node.op == "load" and (node.args[0], node.args[1]) in table:
-            memo[node] = table[(node.args[0], node.args[1])]
-        elif node.children():
-            args = tuple(memo.get(a, a) if isinstance(a, Op) else a for a in node.args)
-            memo[node] = Op(node.op, node.dtype, args) if args != node.args else node
-        else:
-            memo[node] = node
-    return memo[op]
+    if not table:
+        return op
+    return rewrite(op, {OpCode.LOAD: lambda load: table.get(load_key(load))})
 
 
 def _expand(index):
     """A load index in canonical form (an indirect index, an ``Op``, as it is)."""
-    return index if isinstance(index, Op) else sympy.expand(index)
+    return index if is_indirect(index) else sympy.expand(index)
 
 
 def loads_of(op: Op) -> list[tuple[str, sympy.Expr]]:
-    return [(n.args[0], n.args[1]) for n in walk(op) if n.op == "load"]
+    """``(buffer, index)`` of every distinct load under ``op``, in walk order."""
+    return [load_key(n) for n in walk(op) if n.op == OpCode.LOAD]
 
 
 @dataclass(eq=False)
@@ -204,20 +199,11 @@ class Group:
 
 def subs_index(op: Op, mapping: dict) -> Op:
     """``op`` with ``mapping`` (symbol -> expr) applied to every index expression."""
-    memo: dict[Op, Op] = {}
-    for node in walk(op):
-        if node.op == "load":  # indirect index / mask: Op children, already remapped
-            index = node.args[1]
-            index = memo[index] if isinstance(index, Op) else sympy.sympify(index).xreplace(mapping)
-            memo[node] = Op("load", node.dtype, (node.args[0], index) + tuple(memo[a] for a in node.args[2:]))
-        elif node.op == "index":
-            memo[node] = Op("index", node.dtype, (sympy.sympify(node.args[0]).xreplace(mapping),))
-        elif node.children():
-            memo[node] = Op(node.op, node.dtype,
-                            tuple(memo.get(a, a) if isinstance(a, Op) else a for a in node.args))
-        else:
-            memo[node] = node
-    return memo[op]
+    def direct_load(load: Op) -> Op | None:  # an indirect index / mask is an operand, already remapped
+        buffer, index = load.arg
+        return None if index is None else load.replace(arg=(buffer, index.xreplace(mapping)))
+    return rewrite(op, {OpCode.LOAD: direct_load,
+                        OpCode.INDEX: lambda node: node.replace(arg=node.arg.xreplace(mapping))})
 
 
 def _as_epilogue(job: Job, n_outer: int) -> Job:
@@ -229,16 +215,8 @@ def _as_epilogue(job: Job, n_outer: int) -> Job:
 
 
 def _rename_acc(op: Op, old: str, new: str) -> Op:
-    memo: dict[Op, Op] = {}
-    for node in walk(op):
-        if node.op == "acc" and node.args[0] == old:
-            memo[node] = Op("acc", node.dtype, (new,) + tuple(node.args[1:]))
-        elif node.children():
-            args = tuple(memo.get(a, a) if isinstance(a, Op) else a for a in node.args)
-            memo[node] = Op(node.op, node.dtype, args)
-        else:
-            memo[node] = node
-    return memo[op]
+    """``op`` reading reduction ``new`` wherever it read ``old``."""
+    return rewrite(op, {OpCode.ACC: lambda acc: acc.replace(arg=(new, *acc.arg[1:])) if acc.arg[0] == old else None})
 
 
 def fuse(items: list) -> list:
@@ -312,8 +290,7 @@ def _can_hoist(job: Job, lines: list, roots: dict) -> bool:
     read_roots = {root(b) for b in reads}
     write_roots = {root(b) for b in writes}
     exprs = [*job.outer, *job.reduced, *(s.index for s in job.stores)]
-    exprs += [i for op in ops for _, i in loads_of(op) if not isinstance(i, Op)]  # direct loads
-    exprs += [n.args[0] for op in ops for n in walk(op) if n.op == "index"]
+    exprs += [e for op in ops for e in direct_indices(op)]  # direct loads, index values
     syms = {s.name for e in exprs for s in sympy.sympify(e).free_symbols}
     for line in lines:
         defined = {b.name for b in buffers_defined(line)}
@@ -357,25 +334,19 @@ def referenced_outside(groups_and_lines: list, buffers_in_lines) -> dict[int, se
 
 
 def _simplified_indices(reductions, stores, ranges: dict):
-    """The reductions and stores with every index expression (stores, loads, ``index``
-    values) simplified over the loop ranges (``symbolic.simplify_index``): a reshape and
-    its inverse leave ``768*x0 + x1``, not divisions and modulos that stop vectorizing."""
+    """The reductions and stores with every index expression (stores, direct loads,
+    ``index`` values) simplified over the loop ranges (``symbolic.simplify_index``): a
+    reshape and its inverse leave ``768*x0 + x1``, not divisions and modulos that stop
+    vectorizing."""
+    def direct_load(load: Op) -> Op | None:  # an indirect index is an operand, rewritten already
+        buffer, index = load.arg
+        return None if index is None else load.replace(arg=(buffer, simplify_index(index, ranges)))
+
+    rules = {OpCode.LOAD: direct_load,
+             OpCode.INDEX: lambda node: node.replace(arg=simplify_index(node.arg, ranges))}
     memo: dict[Op, Op] = {}
-
-    def op_of(node: Op) -> Op:
-        for sub in walk(node):
-            if sub in memo:
-                continue
-            args = tuple(memo[a] if isinstance(a, Op) else a for a in sub.args)
-            if sub.op == "load" and not isinstance(args[1], Op):
-                args = (args[0], simplify_index(args[1], ranges), *args[2:])
-            elif sub.op == "index" and not isinstance(args[0], Op):
-                args = (simplify_index(args[0], ranges),)
-            memo[sub] = sub if args == sub.args else Op(sub.op, sub.dtype, args)
-        return memo[node]
-
-    reductions = tuple(dataclasses.replace(r, value=op_of(r.value)) for r in reductions)
-    stores = tuple(dataclasses.replace(s, index=simplify_index(s.index, ranges), value=op_of(s.value))
+    reductions = tuple(dataclasses.replace(r, value=rewrite(r.value, rules, memo)) for r in reductions)
+    stores = tuple(dataclasses.replace(s, index=simplify_index(s.index, ranges), value=rewrite(s.value, rules, memo))
                    for s in stores)
     return reductions, stores
 
@@ -401,11 +372,8 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
     for e in (*group.outer, *group.reduced, *(s.index for s in stores)):
         symbols |= sympy.sympify(e).free_symbols
     for op in ops:
-        for node in walk(op):
-            if node.op in ("load", "index"):  # an indirect index's own nodes are walked too
-                index = node.args[1] if node.op == "load" else node.args[0]
-                if not isinstance(index, Op):
-                    symbols |= sympy.sympify(index).free_symbols
+        for expr in direct_indices(op):  # an indirect index's own nodes are walked too
+            symbols |= expr.free_symbols
     for b in input_names + output_names:
         for e in (*buffers[b].size, *buffers[b].stride):
             symbols |= sympy.sympify(e).free_symbols

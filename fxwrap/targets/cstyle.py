@@ -10,8 +10,8 @@ A kernel over a contiguous ``(s0, 64)`` float tensor computing ``relu(x) * 2``::
     ScheduledKernel("fxwrap_kernel_0", inputs=(arg0,), outputs=(buf1,), size_symbols=(s0,),
         ranges=(s0, 64), reduction_ranges=(), reductions=(),
         stores=(Store("buf1", 64*x0 + x1, Op("mul", f32, (Op("maximum", f32, (
-            Op("load", f32, ("arg0", 64*x0 + x1)), Op("const", f32, (0.0,)))),
-            Op("const", f32, (2.0,))))),),
+            Op.load("arg0", 64*x0 + x1, f32), Op.const(0.0, f32))),
+            Op.const(2.0, f32)))),),
         origins=("relu: aten.relu.default", "mul: aten.mul.Tensor"))
 
 renders (``CppEmitter``; loop-invariant values are hoisted to the outermost level
@@ -45,8 +45,8 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.core.ir import (BINARY, COMPARISONS, REDUCTIONS, UNARY, Op, ScheduledKernel, is_loop_var,
-                            value_deps, walk)
+from fxwrap.core.ir import (BOOL_RESULT, EXACT_16BIT, REDUCTIONS, Op, OpCode, ScheduledKernel, acc_key,
+                            is_indirect, is_loop_var, load_buffer, load_index, load_mask, value_deps, walk)
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
                                   kernel_signature)
@@ -112,11 +112,6 @@ CSTYLE_OPS: dict[str, Callable[..., str]] = {
     "where": lambda c, a, b, dtype: f"{c} ? {a} : {b}",
 }
 
-# Ops whose result is exactly representable in a 16-bit float dtype when the operands
-# are: their bf16/fp16 results need no re-rounding.
-_EXACT_OPS = frozenset("neg abs where maximum minimum copysign sign floor ceil round trunc".split())
-# Ops whose operands keep their own dtype (result bool, or any operand dtype).
-_OWN_OPERAND_TYPES = COMPARISONS | {"where"}
 
 
 class CStyleEmitter(KernelEmitter):
@@ -350,18 +345,18 @@ class CStyleEmitter(KernelEmitter):
         return value
 
     def render_load(self, op: Op, scope: "Scope") -> str:
-        name, index = op.args[0], op.args[1]
+        name, index = load_buffer(op), load_index(op)
         loads, _ = scope.pointers()
         if name not in loads:
             raise EmitError(f"load of {name!r}: not an input or output of kernel "
                             f"{scope.kernel_name} (target {self.target_name})")
         ptr, dtype = loads[name]
         # an indirect index is an integer local of the kernel (declared before the load)
-        offset = scope.value(index) if isinstance(index, Op) else self.render_index(index)
+        offset = scope.value(index) if is_indirect(index) else self.render_index(index)
         expr = self.from_storage(f"{ptr}[{offset}]", dtype)
         expr = self.render_cast(expr, dtype, op.dtype)
-        if len(op.args) > 2:  # masked load: (name, index, mask) reads nothing where mask is false
-            mask = scope.value(op.args[2])
+        if load_mask(op) is not None:  # a masked load reads nothing where its mask is false
+            mask = scope.value(load_mask(op))
             expr = f"{mask} ? {expr} : {self.ctype(op.dtype)}(0)"
         return expr
 
@@ -425,26 +420,22 @@ class CStyleEmitter(KernelEmitter):
     def render_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
         """The C expression of ``op`` over already-rendered argument locals."""
         name = op.op
-        if name == "cast":
+        if name == OpCode.CAST:
             return self.render_cast(args[0], arg_dtypes[0], op.dtype)
         fn = self.code_for_op.get(name)
         if fn is None:
-            known = name in UNARY or name in BINARY or name == "where"
-            raise EmitError(
-                f"op {name!r} ({op.dtype}) has no rendering on target {self.target_name}"
-                + (f"; add it to {type(self).__name__}.code_for_op" if known else
-                   "; it is not a loop-IR op (see fxwrap.core.ir), so the lowering should "
-                   "emit an extern call instead"))
-        if name in COMPARISONS and name not in ("logical_not",) and len(args) == 2:
+            raise EmitError(f"op {name!r} ({op.dtype}) has no rendering on target {self.target_name}; "
+                            f"add it to {type(self).__name__}.code_for_op")
+        if name in BOOL_RESULT and len(args) == 2:
             # comparisons and logical ops compare in the operands' common type
             a_dt, b_dt = arg_dtypes
             if a_dt != b_dt:
                 common = torch.promote_types(a_dt, b_dt)
                 args = [self.render_cast(a, d, common) for a, d in zip(args, arg_dtypes)]
             dtype = self.compute_dtype(torch.promote_types(a_dt, b_dt))
-        elif name in COMPARISONS:
+        elif name in BOOL_RESULT:
             dtype = self.compute_dtype(arg_dtypes[0])
-        elif name == "where":
+        elif name == OpCode.WHERE:
             args = [self.render_cast(args[0], arg_dtypes[0], torch.bool)] + [
                 self.render_cast(a, d, op.dtype) for a, d in zip(args[1:], arg_dtypes[1:])]
             dtype = self.compute_dtype(op.dtype)
@@ -459,7 +450,7 @@ class CStyleEmitter(KernelEmitter):
                 return self.code_for_op["trunc"](f"{rnd}({args[0]} / {args[1]})", dtype=dtype)
             return self.floordiv16(args[0], args[1], rnd)
         expr = fn(*args, dtype=dtype)
-        if op.dtype in self.half_types and name not in _EXACT_OPS:
+        if op.dtype in self.half_types and name not in EXACT_16BIT:
             expr = f"{self.half_types[op.dtype][2]}({expr})"
         return expr
 
@@ -615,7 +606,7 @@ class Scope:
         return self._ptrs
 
     def bind_acc(self, name: str, field: int, expr: str, dtype: torch.dtype) -> None:
-        """Make ``Op("acc", _, (name, field))`` read ``expr`` (of ``dtype``) in this scope."""
+        """Make ``Op.acc(name, field, _)`` read ``expr`` (of ``dtype``) in this scope."""
         self.accs[(name, field)] = (expr, dtype)
         self.declared.add(("acc", name))
 
@@ -664,23 +655,20 @@ class Scope:
     def _declare(self, op: Op) -> None:
         em = self.emitter
         home = self.home(op)
-        if op.op == "acc":
+        if op.op == OpCode.ACC:
             expr, dtype = self._acc_binding(home, op)
             if dtype == op.dtype and _IDENT.match(expr):
                 home.env[op] = (expr, dtype)  # already a local: no copy
                 return
             expr = em.render_cast(expr, dtype, op.dtype)
-        elif op.op == "load":
+        elif op.op == OpCode.LOAD:
             expr = em.render_load(op, home)
-        elif op.op == "const":
-            expr = em.render_const(op.args[0], op.dtype)
-        elif op.op == "index":
-            expr = em.render_cast(em.render_index(op.args[0]), torch.int64, op.dtype)
+        elif op.op == OpCode.CONST:
+            expr = em.render_const(op.arg, op.dtype)
+        elif op.op == OpCode.INDEX:
+            expr = em.render_cast(em.render_index(op.arg), torch.int64, op.dtype)
         else:
-            kids = [self.lookup(c) for c in op.args]
-            if any(k is None for k in kids):
-                raise EmitError(f"op {op.op!r} has a non-Op argument {op.args!r} "
-                                f"(kernel {self.kernel_name}, target {em.target_name})")
+            kids = [self.lookup(c) for c in op.src]
             expr = em.render_op(op, [k[0] for k in kids], [k[1] for k in kids])
         name = self.names.fresh("tmp")
         home.lines.append(f"const {em.ctype(op.dtype)} {name} = {expr};")
@@ -688,7 +676,7 @@ class Scope:
 
     @staticmethod
     def _acc_binding(home: "Scope", op: Op):
-        key = (op.args[0], int(op.args[1]) if len(op.args) > 1 else 0)
+        key = acc_key(op)
         s = home
         while s is not None:
             if key in s.accs:

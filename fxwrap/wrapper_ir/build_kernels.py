@@ -198,7 +198,7 @@ class KernelBuilder(build._Builder):
         numel = sympy.Integer(1)
         for n in reduced:
             numel = numel * n
-        acc = Op("acc", acc_dtype if kind not in ("argmax", "argmin") else torch.int64, (name, field))
+        acc = Op.acc(name, field, acc_dtype if kind not in ("argmax", "argmin") else torch.int64)
         result = finish(acc, numel) if finish is not None else acc
         if keepdim:
             out_vars = [sympy.Integer(0)] * rank

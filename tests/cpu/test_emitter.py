@@ -399,14 +399,14 @@ def test_index_math_and_masked_load():
     py = [lambda i: (i - 5) // 3, lambda i: i // 3, lambda i: (i // 3) % 4, lambda i: (i - 7) % 5,
           lambda i: max(i - 3, 0), lambda i: min(i + 2, n - 1), lambda i: -(-i // 4),
           lambda i: 3 * i - 2 * (i // 7)]
-    stores = [Store("o", i * n + x0, Op("index", I64, (e,))) for i, e in enumerate(exprs)]
+    stores = [Store("o", i * n + x0, Op.index(e)) for i, e in enumerate(exprs)]
     # gather through index math: a transpose of a (5, 8) tensor, read as flat (40,)
     stores.append(Store("g", x0, ld("x", ModularIndexing(x0, 1, 5) * 8 + FloorDiv(x0, 5))))
     # masked load: reads x[i - 1] only where i > 0 (index -1 is never touched)
-    mask = op("gt", torch.bool, Op("index", I64, (x0,)), const(0, I64))
+    mask = op("gt", torch.bool, Op.index(x0), const(0, I64))
     stores.append(Store("g", n + x0, ld("x", x0 - 1, mask=mask)))
     # an index value as float (iota)
-    stores.append(Store("g", 2 * n + x0, Op("index", F32, (2 * x0 + 1,))))
+    stores.append(Store("g", 2 * n + x0, Op.index(2 * x0 + 1, F32)))
     launch, src = build(kernel("idx", [buf("x", (n,))], [buf("o", (len(exprs), n), I64), buf("g", (3, n))],
                                stores, ranges=(n,)))
     text = src.text
@@ -483,10 +483,15 @@ def test_render_is_deterministic_across_processes():
 
 def test_errors_name_the_op_and_the_way_out():
     em = CppEmitter()
-    bad = kernel("bad", [buf("x", (4,))], [buf("y", (4,))],
-                 [Store("y", x0, Op("frobnicate", F32, (ld("x", x0),)))], ranges=(4,))
-    with pytest.raises(EmitError, match="frobnicate.*extern"):
-        em.render(bad)
+    with pytest.raises(ValueError, match="frobnicate.*not a loop-IR op.*extern"):
+        Op("frobnicate", F32, (ld("x", x0),))  # an unknown op fails where it is built
+
+    class NoErf(CppEmitter):
+        code_for_op = {name: fn for name, fn in CppEmitter.code_for_op.items() if name != "erf"}
+    unrendered = kernel("unrendered", [buf("x", (4,))], [buf("y", (4,))],
+                        [Store("y", x0, op("erf", F32, ld("x", x0)))], ranges=(4,))
+    with pytest.raises(EmitError, match="'erf'.*NoErf.code_for_op"):
+        NoErf().render(unrendered)
     early = kernel("early", [buf("x", (4, 4))], [buf("y", (4,))],
                    [Store("y", x0, acc("a1", F32))], ranges=(4,), reduction_ranges=(4,),
                    reductions=[Reduction("a0", "sum", op("add", F32, ld("x", 4 * x0 + sympy.Symbol("r0", integer=True, nonnegative=True)),

@@ -253,3 +253,18 @@ def test_square_is_a_multiply_and_matches_eager_bitwise(dtype):
     assert "pow" not in kernel.source.split("extern \"C\"")[1]
     y = torch.randn(257, 33, dtype=dtype) * 3
     torch.testing.assert_close(program.graph_module(y)[0], y.pow(2) + 1, rtol=0, atol=0)
+
+
+def test_zero_and_negative_zero_constants_stay_two_values():
+    """``0.0 == -0.0`` in Python, but one fused kernel must not share them: ``x - -0.0``
+    at ``x = -0.0`` is ``+0.0`` (it was ``-0.0`` when the constants were merged)."""
+    def fn(x):
+        return x * 0.0, x - -0.0
+
+    c, programs = compiled(fn, False)
+    x = torch.tensor([-0.0, 1.5, -2.0])
+    got = c(x)
+    assert kernels(programs) == 1
+    for g, w in zip(got, fn(x)):
+        torch.testing.assert_close(g, w)
+        assert torch.equal(torch.signbit(g), torch.signbit(w))

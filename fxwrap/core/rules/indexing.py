@@ -134,11 +134,11 @@ def read(buf, index) -> Op:
             direct = direct + e * s
     direct = sympy.expand(direct)
     if not terms:
-        return Op("load", buf.dtype, (buf.name, direct))
+        return Op.load(buf.name, direct, buf.dtype)
     offset = terms[0] if direct == 0 else Op("add", I64, (index_value(direct), terms[0]))
     for t in terms[1:]:
         offset = Op("add", I64, (offset, t))
-    return Op("load", buf.dtype, (buf.name, offset))
+    return Op.load(buf.name, offset, buf.dtype)
 
 
 def _index_tensor(value) -> Loops:
@@ -158,7 +158,7 @@ def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
 
 def _wrap(v: Op, n) -> Op:
     """A possibly negative index ``v`` into ``[0, n)``: ``where(v < 0, v + n, v)``."""
-    neg = Op("lt", torch.bool, (v, Op("const", I64, (0,))))
+    neg = Op("lt", torch.bool, (v, Op.const(0, I64)))
     return Op("where", I64, (neg, Op("add", I64, (v, index_value(n))), v))
 
 

@@ -141,7 +141,9 @@ def _copy(ctx, dst, src, non_blocking=False):
 def _full(ctx, size, fill_value, **kwargs):
     out = ctx.out_dtype
     if isinstance(fill_value, sympy.Expr):
-        return Loops(ctx.out_size, out, ctx.device, lambda i: cast(Op("index", torch.int64, (fill_value,)), out))
+        return Loops(ctx.out_size, out, ctx.device, lambda i: cast(Op.index(fill_value), out))
+    if not isinstance(fill_value, (bool, int, float)):  # a run-time scalar (``.item()``)
+        raise Unsupported(f"fill value {fill_value!r} is not known at compile time")
     return Loops(ctx.out_size, out, ctx.device, lambda i: const(fill_value, out))
 
 
@@ -160,4 +162,4 @@ def _arange(ctx, *args, **kwargs):
     if not all(isinstance(v, int) for v in (start, step)):
         raise Unsupported("non-integer arange")
     return Loops(ctx.out_size, out, ctx.device,
-                 lambda i: cast(Op("index", torch.int64, (start + step * i[0],)), out))
+                 lambda i: cast(Op.index(start + step * i[0]), out))

@@ -44,7 +44,7 @@ def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
     acc = compute_dtype(ctx.out_dtype)
 
     def finish(op, numel):
-        return Op("truediv", acc, (op, cast(Op("index", torch.int64, (numel,)), acc)))
+        return Op("truediv", acc, (op, cast(Op.index(numel), acc)))
     return _reduce(ctx, x, dim, keepdim, "sum", acc, finish=finish)
 
 
@@ -109,7 +109,7 @@ def _var(ctx, x, dim=None, *, correction=None, keepdim=False):
 
 def _var_finish(acc, c):
     def finish(m2, numel):
-        denom = Op("maximum", acc, (Op("sub", acc, (cast(Op("index", torch.int64, (numel,)), acc), const(c, acc))),
+        denom = Op("maximum", acc, (Op("sub", acc, (cast(Op.index(numel), acc), const(c, acc))),
                                     const(0, acc)))
         return Op("truediv", acc, (m2, denom))
     return finish

@@ -43,7 +43,7 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, split_stores, walk
+from fxwrap.core.ir import Op, OpCode, Reduction, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, _Names
@@ -357,12 +357,12 @@ class _ReductionCode:
         stash: list[tuple[Store, Op]] = []
         _, pointers = self.em.buffer_pointers(self.k)
         # a buffer the kernel also reads (a ``copy_`` into an input) must not change early
-        read = {n.args[0] for op in [r.red.value for r in self.reds] + [st.value for st in self.k.stores]
-                for n in walk(op) if n.op == "load"}
+        read = {load_buffer(n) for n in walk(*[r.red.value for r in self.reds], *[st.value for st in self.k.stores])
+                if n.op == OpCode.LOAD}
         taken: set[str] = set(read)
         for r in self.passes[-1]:
             v = r.red.value
-            if v.op in ("load", "const", "cast") or v.dtype not in (torch.float32, torch.float64):
+            if v.op in (OpCode.LOAD, OpCode.CONST, OpCode.CAST) or v.dtype not in (torch.float32, torch.float64):
                 continue
             if not any(n.op in self._HEAVY for n in walk(v)):
                 continue
@@ -385,7 +385,7 @@ class _ReductionCode:
     def _passes(self, by_name) -> list[list[_Red]]:
         passes: list[list[_Red]] = []
         for r in self.reds:
-            reads = {n.args[0] for n in walk(r.red.value) if n.op == "acc"}
+            reads = {acc_key(n)[0] for n in walk(r.red.value) if n.op == OpCode.ACC}
             for name in reads:
                 if name not in by_name or by_name[name].k >= r.k:
                     raise EmitError(f"kernel {self.k.name}: reduction {r.red.name} reads acc "
@@ -401,18 +401,18 @@ class _ReductionCode:
         if not self.xv:
             return False
         xl, rl = self.xv[-1], self.rv[-1]
-        loads = [n for r in self.reds for n in walk(r.red.value) if n.op == "load"]
+        loads = [n.arg[1] for r in self.reds for n in walk(r.red.value) if n.op == OpCode.LOAD]
         rnames = {v.name for v in self.rv}
-        loads = [n for n in loads if not isinstance(n.args[1], Op) and any(  # direct loads only
-            s.name in rnames for s in sympy.sympify(n.args[1]).free_symbols)]
+        loads = [index for index in loads if index is not None and any(  # direct loads only
+            s.name in rnames for s in index.free_symbols)]
         if not loads:
             return False
-        x_contig = any(_stride(n.args[1], xl) == 1 for n in loads)
+        x_contig = any(_stride(index, xl) == 1 for index in loads)
         # a load that does not vary with x (a per-row scale: layer norm's rstd in its
         # weight gradient) is one scalar per r in column order, not a strided read
         xnames = {v.name for v in self.xv}
-        r_contig = any(_stride(n.args[1], rl) == 1 for n in loads
-                       if any(s.name in xnames for s in sympy.sympify(n.args[1]).free_symbols))
+        r_contig = any(_stride(index, rl) == 1 for index in loads
+                       if any(s.name in xnames for s in index.free_symbols))
         return x_contig and not r_contig
 
     # -- helpers ---------------------------------------------------------------

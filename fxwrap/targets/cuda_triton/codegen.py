@@ -28,7 +28,8 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.ir import (Op, Reduction, ScheduledKernel, is_loop_var, loop_var_names, split_stores,
+from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, acc_key, direct_indices, is_indirect,
+                            is_loop_var, load_buffer, load_index, load_mask, loop_var_names, split_stores,
                             value_deps, walk)
 from fxwrap.targets.cstyle import EmitError  # the builder keeps such kernels as ATen externs
 from fxwrap.targets.cuda_triton import ops as O
@@ -112,20 +113,9 @@ class KernelWriter:
     def _used_vars(self) -> set[str]:
         names: set[str] = set()
 
-        def add(expr):
-            if isinstance(expr, Op):
-                return
-            names.update(loop_var_names(expr))
-
         roots = [r.value for r in self.k.reductions] + [s.value for s in self.k.stores]
-        for st in self.k.stores:
-            add(st.index)
-        for root in roots:
-            for node in walk(root):
-                if node.op == "load":
-                    add(node.args[1])
-                elif node.op == "index":
-                    add(node.args[0])
+        for expr in [st.index for st in self.k.stores] + [e for root in roots for e in direct_indices(root)]:
+            names.update(loop_var_names(expr))
         return names
 
     def deps(self, op: Op) -> frozenset:
@@ -141,7 +131,7 @@ class KernelWriter:
         return frozenset(out)
 
     def expr_axes(self, expr) -> frozenset:
-        if isinstance(expr, Op):
+        if is_indirect(expr):
             return self.axes(self.deps(expr))
         return self.axes(loop_var_names(expr))
 
@@ -188,8 +178,8 @@ class KernelWriter:
 
     def _declare(self, scope: _Scope, op: Op) -> None:
         home = self.home(scope, op)
-        if op.op == "acc":
-            key = (op.args[0], int(op.args[1]) if len(op.args) > 1 else 0)
+        if op.op == OpCode.ACC:
+            key = acc_key(op)
             bound = home.acc(key)
             if bound is None:
                 raise CodegenError(f"kernel {self.k.name}: acc {key} is read before reduction "
@@ -199,22 +189,19 @@ class KernelWriter:
                 home.env[op] = (name, op.dtype)
                 return
             expr = O.cast(name, dtype, op.dtype)
-        elif op.op == "load":
+        elif op.op == OpCode.LOAD:
             expr = self.load(home, op)
-        elif op.op == "const":
-            expr = O.const_literal(op.args[0], op.dtype)
-        elif op.op == "index":
-            e = sympy.sympify(op.args[0])
+        elif op.op == OpCode.CONST:
+            expr = O.const_literal(op.arg, op.dtype)
+        elif op.op == OpCode.INDEX:
+            e = op.arg
             if e.is_Integer:
                 expr = O.const_literal(int(e), op.dtype)
             else:
                 src = torch.int64 if self.int64 else torch.int32
                 expr = O.cast(f"({self.idx(e)})", src, op.dtype)
         else:
-            kids = [home.lookup(c) for c in op.args]
-            if any(k is None for k in kids):
-                raise CodegenError(f"op {op.op!r} has a non-Op argument {op.args!r} "
-                                   f"(kernel {self.k.name}, target {self.target_name})")
+            kids = [home.lookup(c) for c in op.src]
             try:
                 expr = self.ops.op(op.op, op.dtype, [k[0] for k in kids], [k[1] for k in kids])
             except O.OpError as e:
@@ -224,19 +211,19 @@ class KernelWriter:
         home.env[op] = (name, op.dtype)
 
     def load(self, scope: _Scope, op: Op) -> str:
-        buf, index = op.args[0], op.args[1]
+        buf, index = load_buffer(op), load_index(op)
         if buf not in self.loads:
             raise CodegenError(f"load of {buf!r}: not an input or output of kernel {self.k.name} "
                                f"(target {self.target_name})")
         ptr, dtype = self.loads[buf]
-        if isinstance(index, Op):
+        if is_indirect(index):
             off = self.value(scope, index)
         else:
             off = self.idx(index)
         axes = set(self.expr_axes(index))
         extra = None
-        if len(op.args) > 2 and op.args[2] is not None:
-            mop = op.args[2]
+        mop = load_mask(op)
+        if mop is not None:
             extra = O.cast(self.value(scope, mop), mop.dtype, torch.bool)
             maxes = self.axes(self.deps(mop))
             if not maxes <= axes:
@@ -504,7 +491,7 @@ class KernelWriter:
         passes: list[list[Reduction]] = []
         seen: set[str] = set()
         for r in reds:
-            reads = {n.args[0] for n in walk(r.value) if n.op == "acc"}
+            reads = {acc_key(n)[0] for n in walk(r.value) if n.op == OpCode.ACC}
             if not reads <= seen:
                 raise CodegenError(f"kernel {self.k.name}: reduction {r.name} reads acc "
                                    f"{sorted(reads - seen)}, which is not an earlier reduction")

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from fxwrap.core.ir import BINARY, COMPARISONS, UNARY
+from fxwrap.core.ir import BINARY, BOOL_RESULT, EXACT_16BIT, UNARY
 
 
 class OpError(EmitError):
@@ -172,7 +172,6 @@ for _name in ("expm1 log10 log1p tan asin acos atan sinh cosh tanh asinh acosh a
 _FLOAT_UNARY["round"] = ("libdevice.nearbyint({0})",) * 2
 
 # ops whose 16-bit results are exact (no re-rounding)
-_EXACT = frozenset("neg abs where maximum minimum copysign sign floor ceil round trunc".split())
 
 
 def const_literal(value, dtype: torch.dtype) -> str:
@@ -253,12 +252,12 @@ class OpRenderer:
     def op(self, name: str, dtype: torch.dtype, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
         if name == "cast":
             return cast(args[0], arg_dtypes[0], dtype)
-        if name in COMPARISONS and len(args) == 2:
+        if name in BOOL_RESULT and len(args) == 2:
             a_dt, b_dt = arg_dtypes
             common = torch.promote_types(a_dt, b_dt)
             args = [cast(a, d, common) for a, d in zip(args, arg_dtypes)]
             cdt = compute_dtype(common)
-        elif name in COMPARISONS:
+        elif name in BOOL_RESULT:
             cdt = compute_dtype(arg_dtypes[0])
         elif name == "where":
             args = [cast(args[0], arg_dtypes[0], torch.bool)] + [
@@ -270,7 +269,7 @@ class OpRenderer:
         expr = self._render(name, cdt, args)
         if "libdevice." in expr:
             self.uses_libdevice = True
-        if dtype in HALF and name not in _EXACT and name not in COMPARISONS:
+        if dtype in HALF and name not in EXACT_16BIT and name not in BOOL_RESULT:
             expr = round16(expr, dtype)
         return expr
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from fxwrap.core.ir import Op, ScheduledKernel, rvar, walk, xvar
+from fxwrap.core.ir import OpCode, ScheduledKernel, load_buffer, rvar, walk, xvar
 
 INT32_LIMIT = 2 ** 31 - 2 ** 24  # margin for block overshoot past the last element
 
@@ -66,11 +66,10 @@ def accesses(kernel: ScheduledKernel, buffers: dict):
     roots = [r.value for r in kernel.reductions] + [s.value for s in kernel.stores]
     for root in roots:
         for node in walk(root):
-            if node.op == "load" and not isinstance(node.args[1], Op) \
-                    and (node.args[0], node.args[1]) not in seen:
-                seen.add((node.args[0], node.args[1]))
-                buf = buffers.get(node.args[0])
-                out.append((node.args[1], buf.dtype.itemsize if buf is not None else 4))
+            if node.op == OpCode.LOAD and node.arg[1] is not None and node.arg not in seen:  # direct loads
+                seen.add(node.arg)
+                buf = buffers.get(load_buffer(node))
+                out.append((node.arg[1], buf.dtype.itemsize if buf is not None else 4))
     for st in kernel.stores:
         buf = buffers.get(st.buffer)
         out.append((st.index, buf.dtype.itemsize if buf is not None else 4))
@@ -237,12 +236,12 @@ class Planner:
         if not kernel.reduction_ranges or any(r.kind not in self.split_kinds for r in kernel.reductions):
             return False
         for red in kernel.reductions:
-            if any(n.op == "acc" for n in walk(red.value)):
+            if any(n.op == OpCode.ACC for n in walk(red.value)):
                 return False
         rnames = {rvar(i).name for i in range(len(kernel.reduction_ranges))}
         for st in kernel.stores:
             if any(s.name in rnames for s in sympy.sympify(st.index).free_symbols) and \
-                    any(n.op == "acc" for n in walk(st.value)):
+                    any(n.op == OpCode.ACC for n in walk(st.value)):
                 return False
         return True
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sympy
 
-from fxwrap.core.ir import REDUCTIONS, Reduction, ScheduledKernel, split_stores, walk
+from fxwrap.core.ir import REDUCTIONS, OpCode, Reduction, ScheduledKernel, acc_key, split_stores, walk
 from fxwrap.targets.cpu_cpp.emitter import _Red
 from fxwrap.targets.cstyle import EmitError, Scope, _Names
 
@@ -106,7 +106,7 @@ class MetalReduction:
             raise EmitError(f"kernel {self.k.name}: two reductions share a name")
         passes: list[list[MetalRed]] = []
         for r in self.reds:
-            reads = {n.args[0] for n in walk(r.red.value) if n.op == "acc"}
+            reads = {acc_key(n)[0] for n in walk(r.red.value) if n.op == OpCode.ACC}
             if any(name not in by_name or by_name[name].k >= r.k for name in sorted(reads)):
                 raise EmitError(f"kernel {self.k.name}: reduction {r.red.name} reads an acc that is "
                                 "not an earlier reduction of the kernel")

@@ -1,11 +1,23 @@
-"""Loop IR evaluated with torch: the ``reference`` target's emitter."""
+"""Loop IR evaluated with torch: the ``reference`` target's emitter.
+
+A kernel's source is its loop IR, one line per distinct value (``format_ssa``), so
+its size grows with the number of values, not with the size of their tree::
+
+    # fxwrap_pointwise_0 from mul: aten.mul.Tensor, sigmoid: aten.sigmoid.default
+    ranges=(64,) reduction_ranges=()
+    %0 = load.f32 arg0[x0]
+    %1 = sigmoid.f32 %0
+    %2 = mul.f32 %0 %1
+    buf0[x0] = %2
+"""
 from __future__ import annotations
 
 import sympy
 import torch
 from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, ModularIndexing, PythonMod
 
-from fxwrap.core.ir import Op, ScheduledKernel, rvar, walk, xvar
+from fxwrap.core.ir import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, load_buffer, load_mask, rvar,
+                            walk, xvar)
 from fxwrap.targets.base import KernelEmitter, KernelSource
 
 _UNARY = {
@@ -138,18 +150,19 @@ class ReferenceLauncher:
         _ = dims
 
     @staticmethod
-    def load(node: Op, args, tensors, env):
-        """A direct, indirect (``args[1]`` already a tensor of offsets) or masked load.
+    def load(node: Op, operands, tensors, env):
+        """A direct, indirect (its index operand already a tensor of offsets) or masked load.
 
         A masked load reads only where its mask holds (elsewhere it is 0), like the
         C emitter's ``mask ? ptr[i] : 0``: offsets under a false mask are never used.
         """
-        flat = _flat(tensors[node.args[0]])
-        index = args[1] if isinstance(node.args[1], Op) else eval_index(node.args[1], env)
+        flat = _flat(tensors[load_buffer(node)])
+        direct = node.arg[1]
+        index = operands[0] if direct is None else eval_index(direct, env)
         index = torch.as_tensor(index).long()
-        if len(node.args) < 3:
+        if load_mask(node) is None:
             return flat[index]
-        mask = torch.as_tensor(args[2]).bool()
+        mask = torch.as_tensor(operands[-1]).bool()
         index, mask = torch.broadcast_tensors(index, mask)
         if flat.numel() == 0:
             return torch.zeros(index.shape, dtype=flat.dtype)
@@ -160,19 +173,20 @@ class ReferenceLauncher:
         vals: dict[Op, object] = {}
         nr = len(self.k.reduction_ranges)
         for node in walk(root):
-            a = [vals[c] if isinstance(c, Op) else c for c in node.args]
-            if node.op == "load":
+            a = [vals[c] for c in node.src]
+            if node.op == OpCode.LOAD:
                 vals[node] = self.load(node, a, tensors, env)
-            elif node.op == "const":
-                vals[node] = torch.tensor(node.args[0], dtype=node.dtype)
-            elif node.op == "index":
-                vals[node] = torch.as_tensor(eval_index(node.args[0], env)).to(node.dtype)
-            elif node.op == "acc":
-                acc = accs[node.args[0]][node.args[1]]
+            elif node.op == OpCode.CONST:
+                vals[node] = torch.tensor(node.arg, dtype=node.dtype)
+            elif node.op == OpCode.INDEX:
+                vals[node] = torch.as_tensor(eval_index(node.arg, env)).to(node.dtype)
+            elif node.op == OpCode.ACC:
+                name, field = acc_key(node)
+                acc = accs[name][field]
                 vals[node] = acc.reshape(acc.shape[:len(shape) - nr] + (1,) * nr)
-            elif node.op == "cast":
+            elif node.op == OpCode.CAST:
                 vals[node] = torch.as_tensor(a[0]).to(node.dtype)
-            elif node.op == "where":
+            elif node.op == OpCode.WHERE:
                 vals[node] = torch.where(a[0], a[1], a[2])
             elif node.op in _UNARY:
                 vals[node] = _UNARY[node.op](torch.as_tensor(a[0]))
@@ -180,22 +194,28 @@ class ReferenceLauncher:
                 vals[node] = _BINARY[node.op](torch.as_tensor(a[0]), torch.as_tensor(a[1]))
             else:
                 raise NotImplementedError(f"reference target: op {node.op}")
-            if node.op not in ("cast",) and isinstance(vals[node], torch.Tensor) and node.op != "acc" \
+            if node.op not in (OpCode.CAST, OpCode.ACC) and isinstance(vals[node], torch.Tensor) \
                     and vals[node].dtype != node.dtype and vals[node].dtype.is_floating_point == node.dtype.is_floating_point:
                 vals[node] = vals[node].to(node.dtype)
         return vals[root]
 
 
 class ReferenceEmitter(KernelEmitter):
-    """Renders a kernel as its loop-IR repr; the launcher evaluates it with torch."""
+    """Renders a kernel as its loop IR (``format_ssa``); the launcher evaluates it with torch."""
 
     language = "loop-ir"
 
     def render(self, kernel: ScheduledKernel) -> KernelSource:
-        text = "\n".join([f"# {kernel.name} from {', '.join(kernel.origins)}",
-                          f"ranges={kernel.ranges} reduction_ranges={kernel.reduction_ranges}",
-                          *(f"{r.name} = {r.kind}({r.value})" for r in kernel.reductions),
-                          *(f"{s.buffer}[{s.index}] = {s.value}" for s in kernel.stores)])
+        names: dict[Op, str] = {}
+        lines = [f"# {kernel.name} from {', '.join(kernel.origins)}",
+                 f"ranges={kernel.ranges} reduction_ranges={kernel.reduction_ranges}"]
+        for r in kernel.reductions:
+            lines += format_ssa([r.value], names)
+            lines.append(f"{r.name} = {r.kind}({names[r.value]})")
+        for s in kernel.stores:
+            lines += format_ssa([s.value], names)
+            lines.append(f"{s.buffer}[{s.index}] = {names[s.value]}")
+        text = "\n".join(lines)
         return KernelSource(kernel.name, text, self.language, launch={"kernel": kernel})
 
     def load(self, source: KernelSource):
