@@ -21,12 +21,13 @@ from typing import Any
 import torch
 
 from fxwrap.arguments import ArgumentMap
-from fxwrap.core.capture import capture_backend, default_decompositions, kernel_decompositions
+from fxwrap.core.capture import capture_backend
 from fxwrap.core.layout import channels_last_convolutions
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.plugins.manager import get_plugin_manager
+from fxwrap.plugins.session import CompileOptions, CompileSession
 from fxwrap.runtime.cudagraphs import CudaGraphRunner, graph_safety
-from fxwrap.targets.base import KernelEmitter, Target
+from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
 from fxwrap.wrapper_ir.fx import to_graph_module
@@ -35,8 +36,7 @@ from fxwrap.wrapper_ir.printer import program_source
 
 log = logging.getLogger("fxwrap")
 
-OPTION_NAMES = {"target", "reuse", "decompositions", "on_program", "kernels", "execute", "mode"}
-MODES = ("default", "cudagraphs")
+OPTION_NAMES = frozenset(CompileOptions.names())
 
 
 @dataclass
@@ -82,36 +82,42 @@ class Program:
             return self.runner(*self.arguments(args))
 
 
-def generates_kernels(target: Target) -> bool:
-    """True when the target's emitter renders kernels (else every op is an extern)."""
-    return target.emitter.render is not KernelEmitter.render
-
-
 def _log_enabled(what: str) -> bool:
     return what in os.environ.get("FXWRAP_LOG", "").split(",")
 
 
-def compile_aten_graph(gm: torch.fx.GraphModule, target: Target, kind: str = "inference",
-                       options: dict | None = None) -> Program:
-    """ATen graph -> Wrapper IR -> memory plan -> GraphModule -> target's runner."""
-    options = options or {}
-    manager = get_plugin_manager()
-    if kind == "inference" and target.device.capabilities().get("convolution_layout") == "channels_last":
+def compile_session(target: Target, options: CompileOptions | dict | None = None) -> CompileSession:
+    """The process-wide plugin manager's session for ``target``, with ``options``."""
+    if not isinstance(options, CompileOptions):
+        options = CompileOptions.from_dict(options)
+    return get_plugin_manager().session(target).configured(options)
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession, kind: str = "inference",
+                       options: CompileOptions | dict | None = None) -> Program:
+    """ATen graph -> Wrapper IR -> memory plan -> GraphModule -> target's runner.
+
+    ``target``: a ``Target`` (compiled with the process-wide plugin manager's session
+    for it, and ``options``) or a ``CompileSession`` (with its own options)."""
+    session = target if isinstance(target, CompileSession) else compile_session(target, options)
+    target, options = session.target, session.options
+    if kind == "inference" and session.capabilities.get("convolution_layout") == "channels_last":
         channels_last_convolutions(gm)
-    if generates_kernels(target) and options.get("kernels", True):
-        built = KernelBuilder(gm, target).run()
+    if session.generates_kernels and options.kernels:
+        built = KernelBuilder(gm, session).run()
     else:
         built = build_lines(gm, target.name)
-    plan = plan_memory(built.lines, built.hints, reuse=options.get("reuse", True))
+    plan = plan_memory(built.lines, built.hints, reuse=options.reuse)
     lines = plan.lines
-    for wrapper_pass in manager.wrapper_passes(target):
+    for wrapper_pass in session.wrapper_passes:
         lines = list(wrapper_pass(lines))
     graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
     runner = target.wrapper(target).compile_graph(graph_module)
     program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants,
                       built.hints)
-    if options.get("mode", "default") == "cudagraphs":
-        program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program")
+    if options.mode == "cudagraphs":
+        program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program",
+                                         synchronize=target.device.synchronize)
     if _log_enabled("wrapper"):
         log.warning("fxwrap %s program (target %s):\n%s", kind, target.name, program.code())
     if _log_enabled("fx"):
@@ -153,39 +159,32 @@ class Backend:
     """
 
     def __init__(self, target: str | Target | None = None, options: dict | None = None):
-        options = dict(options or {})
-        unknown = set(options) - OPTION_NAMES
-        if unknown:
-            raise TypeError(f"unknown fxwrap option(s) {sorted(unknown)}; known: {sorted(OPTION_NAMES)}")
-        if options.get("mode", "default") not in MODES:
-            raise ValueError(f"fxwrap has no mode {options['mode']!r}; modes: {list(MODES)}")
-        self.target = options.pop("target", target)
-        self.options = options
+        self.options = CompileOptions.from_dict(options, target=target)  # checked now, not at compile
         self.example_inputs: list | None = None  # lower() sets [] to keep dynamo's example inputs
+
+    @property
+    def target(self) -> str | Target | None:
+        return self.options.target
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         if self.example_inputs is not None:
             self.example_inputs = list(example_inputs)
-        target = resolve_target(self.target, example_inputs)
-        if self.options.get("execute"):
-            target = resolve_target(f"{target.name}_{self.options['execute']}")
-        if self.options.get("mode") == "cudagraphs" and target.device_type != "cuda":
+        options = self.options
+        target = resolve_target(options.target, example_inputs)
+        if options.execute:
+            target = resolve_target(f"{target.name}_{options.execute}")
+        if options.mode == "cudagraphs" and target.device_type != "cuda":
             raise ValueError(f"fxwrap mode 'cudagraphs' needs a CUDA target, not target {target.name!r} "
                              f"(device type {target.device_type!r}); drop the mode or compile for cuda")
-        on_program = self.options.get("on_program")
-        mode = self.options.get("decompositions", "core")
-        decomps = default_decompositions() if mode == "core" else {}
-        if mode == "core" and generates_kernels(target) and self.options.get("kernels", True):
-            decomps.update(kernel_decompositions())
-        decomps.update(get_plugin_manager().decompositions(target))
+        session = get_plugin_manager().session(target).configured(options)
 
         def compile_graph(aten_gm, aten_inputs, kind):
-            program = compile_aten_graph(aten_gm, target, kind, self.options)
-            if on_program is not None:
-                on_program(program)
+            program = compile_aten_graph(aten_gm, session, kind)
+            if options.on_program is not None:
+                options.on_program(program)
             return program.runner
 
-        return capture_backend(compile_graph, decomps)(gm, example_inputs)
+        return capture_backend(compile_graph, session.decompositions())(gm, example_inputs)
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,

@@ -17,6 +17,7 @@ expressions to an ``Op``, inlined into whatever consumes them::
 """
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -114,31 +115,100 @@ class Unsupported(Exception):
     """Raised inside a rule for a case it does not cover: the node becomes an extern."""
 
 
-class LoweringRegistry:
-    """``{OpOverload: rule}`` with per-target tables that win over the default."""
+class LoweringError(ValueError):
+    """A lowering rule was registered wrongly (an unknown target name, a key that is no ATen op)."""
 
-    def __init__(self):
+
+def overloads_of(op) -> list:
+    """The ``OpOverload``s a registry key stands for: an ``OpOverloadPacket``
+    (``aten.sin``) is every overload it has (``aten.sin.default``, ``aten.sin.out``, ...)."""
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    return [op]
+
+
+class LoweringRegistry:
+    """``{OpOverload: rule}`` with per-target tables that win over the default.
+
+    ``register(aten.sin, rule)`` (a packet) registers every overload of ``aten.sin``.
+    ``known_targets``: the target names ``register(..., target=name)`` accepts (None: any
+    name; the process-wide ``REGISTRY`` is filled at import, before plugins load, and is
+    checked when a compile session is built, see ``check_targets``)::
+
+        >>> registry = LoweringRegistry(known_targets=["cpu", "cuda"])
+        >>> registry.register(aten.sin, my_rule, target="cdua")
+        LoweringError: no fxwrap target named 'cdua' for the lowering of aten.sin; did you mean 'cuda'? ...
+    """
+
+    def __init__(self, known_targets=None):
         self.default: dict = {}
         self.per_target: dict[str, dict] = {}
+        self.known_targets = None if known_targets is None else frozenset(known_targets)
 
     def register(self, op, rule=None, *, target: str | None = None):
-        table = self.default if target is None else self.per_target.setdefault(target, {})
+        if target is not None:
+            self._check_target(target, op)
 
         def add(fn):
-            for o in (op if isinstance(op, (list, tuple)) else [op]):
-                table[o] = fn
+            table = self.default if target is None else self.per_target.setdefault(target, {})
+            for key in (op if isinstance(op, (list, tuple)) else [op]):
+                for overload in overloads_of(key):
+                    if not isinstance(overload, torch._ops.OpOverload):
+                        raise LoweringError(f"lowering key {overload!r} is not an ATen op (OpOverload or "
+                                            "OpOverloadPacket, e.g. torch.ops.aten.sin.default)")
+                    table[overload] = fn
             return fn
         return add(rule) if rule is not None else add
+
+    def _check_target(self, target: str, op) -> None:
+        if self.known_targets is None or target in self.known_targets:
+            return
+        raise LoweringError(_unknown_target_message(target, self.known_targets, op))
+
+    def check_targets(self, known_targets) -> None:
+        """Raise ``LoweringError`` for a per-target table whose name is no known target."""
+        for target, table in self.per_target.items():
+            if target not in known_targets:
+                raise LoweringError(_unknown_target_message(target, known_targets, next(iter(table), None)))
 
     def lookup(self, op, target: str):
         table = self.per_target.get(target, {})
         return table.get(op) or self.default.get(op)
 
-    def copy(self) -> "LoweringRegistry":
-        new = LoweringRegistry()
-        new.default = dict(self.default)
-        new.per_target = {k: dict(v) for k, v in self.per_target.items()}
-        return new
+    def table(self, target: str) -> dict:
+        """``{OpOverload: rule}`` for ``target``: the default rules, its own over them."""
+        return {**self.default, **self.per_target.get(target, {})}
+
+
+def _unknown_target_message(target: str, known, op) -> str:
+    close = difflib.get_close_matches(target, sorted(known), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"no fxwrap target named {target!r} for the lowering of {op}; {hint}registered targets: "
+            f"{sorted(known)}. Register with target=<one of them> (or no target: every target)")
+
+
+class LoweringTable:
+    """The lowering rules one compile session uses for one target, built once:
+    ``table.lookup(aten.sin.default) -> rule | None``.
+
+    ``layers`` are ``{OpOverload: rule}`` dicts, each overriding the ones before it
+    (fxwrap's defaults, the target's own rules, each plugin's ``fxwrap_lowerings``).
+    """
+
+    def __init__(self, target: str, *layers: dict):
+        self.target = target
+        self.rules: dict = {}
+        for layer in layers:
+            self.rules.update(layer)
+
+    def lookup(self, op):
+        return self.rules.get(op)
+
+    def __contains__(self, op) -> bool:
+        return op in self.rules
+
+    def __len__(self) -> int:
+        return len(self.rules)
 
 
 REGISTRY = LoweringRegistry()

@@ -57,13 +57,20 @@ def fxwrap_targets():
 def fxwrap_lowerings(registry, target):
     """Add or override lowerings (ATen op -> loop IR) for ``target``.
 
-    When: when fxwrap builds the lowering table for ``target``, before the first
-    graph for it is lowered (``PluginManager.add_lowerings(registry, target)``).
-    Arguments: ``registry``, the ``fxwrap.core.lowering.LoweringRegistry`` being
-    built; ``target``, the ``Target`` it is for.
-    Returns: nothing; register into ``registry``.  A rule registered with
-    ``target=target.name`` wins over the default rule for that op, on that
-    target only.
+    When: once per target per plugin manager, when fxwrap builds the compile
+    session for ``target`` (``PluginManager.session(target)``), before the first
+    graph for it is lowered; every graph for ``target`` then uses that table.
+    Arguments: ``registry``, a ``fxwrap.core.lowering.LoweringRegistry`` of this
+    plugin's own; ``target``, the ``Target`` the table is for.
+    Returns: nothing; register into ``registry``: ``registry.register(op, rule)``
+    (for every target the hook is called for) or ``registry.register(op, rule,
+    target=name)`` (that target only).  ``op`` is an ``OpOverload`` or an
+    ``OpOverloadPacket`` (``aten.gelu``: every overload).  A ``target=`` name that
+    no plugin registered raises ``LoweringError`` (with the closest registered
+    name), reported as a ``PluginError`` naming this plugin.  The rules override
+    fxwrap's own rules for that op; of two plugins, the later in load order wins.
+    A rule is ``rule(ctx, *args, **kwargs) -> value | None`` (see
+    ``fxwrap.core.lowering``); None or ``Unsupported`` keeps the op an ATen extern call.
     firstresult: no, every plugin is called, in load order.
 
     Example::
@@ -79,8 +86,9 @@ def fxwrap_lowerings(registry, target):
 def fxwrap_decompositions(target):
     """Extra decompositions applied while capturing a graph for ``target``.
 
-    When: each time dynamo hands fxwrap a graph to compile for ``target``, before
-    AOTAutograd traces it to ATen.
+    When: once per target per plugin manager, when fxwrap builds the compile session
+    for ``target``; the table is applied to every graph captured for ``target``,
+    before AOTAutograd traces it to ATen.
     Arguments: ``target``, the ``Target`` the graph compiles for.
     Returns: a dict ``{OpOverload: callable}`` (empty or None for none); it is
     applied on top of fxwrap's default table.
@@ -102,8 +110,9 @@ def fxwrap_decompositions(target):
 def fxwrap_wrapper_passes(target):
     """Passes over the Wrapper IR line list of every program compiled for ``target``.
 
-    When: once per compiled graph (inference, forward, backward), after memory
-    planning and before the lines become a GraphModule.
+    When: called once per target per plugin manager, when fxwrap builds the compile
+    session for ``target``; the passes then run on every compiled graph (inference,
+    forward, backward), after memory planning and before the lines become a GraphModule.
     Arguments: ``target``, the ``Target`` being compiled for.
     Returns: a list of callables ``pass(lines: list[Line]) -> list[Line]`` (empty
     or None for none).  A pass must return a valid program: every buffer it uses

@@ -33,8 +33,17 @@ never depend on the order in which plugins load):
   plugin.  When two plugins map one op to different callables, the plugin that
   registered the target wins; if neither did, that is a ``PluginError``.
 * **Wrapper passes** (``fxwrap_wrapper_passes``) run in load order, each plugin's
-  in the order it lists them.  **Lowerings** (``fxwrap_lowerings``) are added by
-  every plugin, in load order, into the registry they are given.
+  in the order it lists them.  **Lowerings** (``fxwrap_lowerings``): each plugin, in
+  load order, registers into a registry of its own; a later plugin's rule for an op
+  wins over an earlier one's, and every plugin's over fxwrap's defaults.  A rule for
+  a target name no plugin registered is an error naming the plugin (with the closest
+  registered name); an ``OpOverloadPacket`` key (``aten.sin``) stands for all its
+  overloads.
+* **Compile sessions.**  ``session(target)`` builds, once per target per manager, the
+  ``CompileSession`` that every graph for that target compiles with: the lowering
+  table, the decompositions and the wrapper passes are collected from the hooks then,
+  not for every graph.  Every hook is called through pluggy's hook relay, one
+  plugin at a time (``pluggy.PluginManager.subset_hook_caller``).
 
 Errors raised inside a hook at compile time are re-raised as ``PluginError``
 naming the plugin too.
@@ -50,7 +59,10 @@ from collections.abc import Callable, Iterable, Iterator
 
 import pluggy
 
+import fxwrap.core.rules  # noqa: F401  (registers fxwrap's default lowering rules)
+from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable
 from fxwrap.plugins import hookspecs
+from fxwrap.plugins.session import CompileSession
 from fxwrap.targets.base import DeviceInterface, KernelEmitter, Target, WrapperCodegen
 
 GROUP = "fxwrap"
@@ -118,6 +130,8 @@ class PluginManager:
         self.plugins: list[tuple[str, str]] = []  # (plugin name, description), load order
         self._loaded = False
         self._error: PluginError | None = None
+        self._sessions: dict[Target, CompileSession] = {}
+        self._session_lock = threading.RLock()
 
     def discover(self) -> list:
         return installed_entry_points() if self._entry_points is None else list(self._entry_points)
@@ -207,21 +221,32 @@ class PluginManager:
             raise PluginError(f"{who}: target {t.name!r} lacks " + "; ".join(problems))
 
     def _results(self, hook: str, only: str | None = None, **kwargs) -> list[tuple[str, object]]:
-        """``(plugin description, result)`` of each plugin's ``hook``, in load order."""
-        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
+        """``(plugin description, result)`` of each plugin's ``hook``, in load order.
+
+        Each plugin is called through pluggy's hook relay, restricted to that plugin
+        (``pluggy.PluginManager.subset_hook_caller``), so tracing and call monitoring
+        see every call and an exception is attributed to the plugin that raised it.
+        A hook returning None gives no result.
+        """
+        implementers = {impl.plugin_name for impl in getattr(self.pm.hook, hook).get_hookimpls()}
         out = []
         for name, who in self.plugins:
-            impl = impls.get(name)
-            if impl is None or (only is not None and name != only):
+            if name not in implementers or (only is not None and name != only):
                 continue
             try:
-                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+                results = self._caller(hook, name)(**kwargs)
             except PluginError:
                 raise
             except Exception as exc:
                 raise PluginError(f"{who}: its {hook}() raised {type(exc).__name__}: {exc}") from exc
-            out.append((who, result))
+            out.extend((who, result) for result in results)
         return out
+
+    def _caller(self, hook: str, plugin_name: str):
+        """The hook caller of ``hook`` that calls only plugin ``plugin_name``'s implementation."""
+        plugin = self.pm.get_plugin(plugin_name)
+        others = [p for p in self.pm.get_plugins() if p is not plugin]
+        return self.pm.subset_hook_caller(hook, others)
 
     # -- queries ------------------------------------------------------------
     def target(self, name: str) -> Target:
@@ -274,10 +299,34 @@ class PluginManager:
             passes.extend(group)
         return passes
 
-    def add_lowerings(self, registry, target: Target) -> None:
-        """Let every plugin add or override lowerings for ``target`` in ``registry``."""
+    def lowering_table(self, target: Target) -> LoweringTable:
+        """The lowering rules for ``target``: fxwrap's defaults, the target's own rules
+        (``REGISTRY.register(op, rule, target=target.name)``), then what every plugin's
+        ``fxwrap_lowerings`` registers, in load order (a later rule for one op wins).
+        A rule registered for a target name that no plugin registers is a ``PluginError``
+        naming the plugin (or ``LoweringError`` for the process-wide registry)."""
         self.load()
-        self._results("fxwrap_lowerings", registry=registry, target=target)
+        known = set(self.targets) | {target.name}
+        REGISTRY.check_targets(known)
+        layers = [REGISTRY.default, REGISTRY.per_target.get(target.name, {})]
+        for name, who in self.plugins:
+            registry = LoweringRegistry(known_targets=known)
+            self._results("fxwrap_lowerings", only=name, registry=registry, target=target)
+            layers.append(registry.table(target.name))
+        return LoweringTable(target.name, *layers)
+
+    def session(self, target: Target) -> CompileSession:
+        """The compile session for ``target``, built on first use and kept (one per target
+        per manager): its lowering table, decompositions and wrapper passes come from the
+        plugins' hooks, called once here and not for every graph."""
+        self.load()
+        with self._session_lock:
+            session = self._sessions.get(target)
+            if session is None:
+                session = CompileSession(self, target, self.lowering_table(target),
+                                         self.decompositions(target), self.wrapper_passes(target))
+                self._sessions[target] = session
+            return session
 
 
 _MANAGER: PluginManager | None = None

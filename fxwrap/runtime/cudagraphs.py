@@ -80,12 +80,19 @@ class _Recording:
 
 
 class CudaGraphRunner:
-    """Runs ``run`` (a compiled program) through CUDA graphs where that is safe."""
+    """Runs ``run`` (a compiled program) through CUDA graphs where that is safe.
+
+    ``synchronize``: waits for the device's queued work (the target's
+    ``DeviceInterface.synchronize``, handed down by the compiler: the runtime imports
+    no target), called before each recording and after a failed one.
+    """
 
     max_graphs = 4
 
-    def __init__(self, run: Callable, unsafe_reason: str | None, name: str = "program"):
+    def __init__(self, run: Callable, unsafe_reason: str | None, name: str = "program", *,
+                 synchronize: Callable[[], None]):
         self.run, self.name = run, name
+        self.synchronize = synchronize
         self.fallback_reason = unsafe_reason
         self.calls = 0
         self.recordings: list[_Recording] = []
@@ -123,12 +130,12 @@ class CudaGraphRunner:
         return self._record(args)
 
     def _record(self, args):
-        torch.cuda.synchronize()
+        self.synchronize()
         try:
             # a fresh pool per recording: recordings never share output memory
             recording = _Recording(self.run, args, torch.cuda.graph_pool_handle())
         except RuntimeError as exc:
-            torch.cuda.synchronize()
+            self.synchronize()
             self._fall_back(f"capture failed ({str(exc).splitlines()[0]})")
             return self.run(*args)
         self.recordings.append(recording)

@@ -23,7 +23,23 @@ from fxwrap.runtime.kernel import KernelArg
 
 
 class DeviceInterface:
-    """One device type's runtime facts: ``DeviceInterface().device_type == "cpu"``."""
+    """One device type's runtime facts: ``DeviceInterface().device_type == "cpu"``.
+
+    What fxwrap calls, and where (a method a device has no use for keeps its default):
+
+    * ``capabilities()``: read once per compile session.  ``"dtypes"`` (dtype names,
+      e.g. ``["float32", "bfloat16"]``; absent: no limit) narrows what a generated
+      kernel may hold: an op on another dtype runs as an ATen extern call
+      (``CompileSession.kernel_dtypes``).  Emitters read their launch limits here
+      (Metal: ``max_threads_per_threadgroup``).
+    * ``synchronize(device)``: waits for queued work; CUDA-graph recording
+      (``fxwrap.runtime.cudagraphs``) and autotuning call it before they start.
+    * ``current_stream(device)``: the stream launches go to (None where there are
+      none); autotuning records its timing events on it.
+    * ``device_count()``: how many devices of this type; the Triton launchers skip
+      the per-call device check when it is 1.
+    * ``is_available()``: whether the device is there; autotuning runs only then.
+    """
 
     device_type: str = ""
 

@@ -22,7 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxwrap.core import extern
 from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
-from fxwrap.core.lowering import REGISTRY, LoweringContext, Loops, Stored, Unsupported, cast
+from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
@@ -34,28 +34,64 @@ log = logging.getLogger("fxwrap")
 
 
 class _Ctx(LoweringContext):
+    """A rule's context.  The first time the rule reaches the builder (to realize a
+    value, emit a line, add a reduction), the builder's state is checkpointed, so a
+    rule that then gives up (``Unsupported``) leaves no trace (``KernelBuilder.call_function``)."""
+
     def __init__(self, node, device, builder):
         super().__init__(node, device)
-        self.builder = builder
+        self._kernel_builder = builder
+        self.checkpoint: _Checkpoint | None = None
         self.outputs_made = 0  # var_mean: one reduction call per output
+
+    @property
+    def builder(self):
+        if self.checkpoint is None:
+            self.checkpoint = _Checkpoint(self._kernel_builder)
+        return self._kernel_builder
 
     def reduction(self, loops: Loops, dims, keepdim, kind, acc_dtype, finish=None, field=0):
         return self.builder.reduction(self, loops, dims, keepdim, kind, acc_dtype, finish, field)
 
 
-class KernelBuilder(build._Builder):
-    """The extern builder plus lowering rules, jobs and fusion."""
+class _Checkpoint:
+    """The builder's whole state at one moment (every container attribute of the
+    builder and of its ``BuiltProgram``, copied; everything else kept as it was);
+    ``restore()`` puts it back."""
 
-    def __init__(self, gm, target, registry=None, extern_nodes=frozenset()):
-        super().__init__(gm, target.name)
-        self.target = target
-        self.registry = registry or REGISTRY
+    _CONTAINERS = (dict, list, set)
+
+    def __init__(self, builder):
+        self.objects = [(obj, {k: (type(v)(v) if type(v) in self._CONTAINERS else v)
+                               for k, v in vars(obj).items()})
+                        for obj in (builder, builder.out)]
+
+    def restore(self) -> None:
+        for obj, state in self.objects:
+            vars(obj).clear()
+            vars(obj).update({k: (type(v)(v) if type(v) in self._CONTAINERS else v)
+                              for k, v in state.items()})
+
+
+class KernelBuilder(build._Builder):
+    """The extern builder plus lowering rules, jobs and fusion, for one graph.
+
+    ``session`` (a ``fxwrap.plugins.session.CompileSession``) gives the target, the
+    lowering table (``session.lowerings.lookup(op)``), the dtypes kernels may hold
+    (``session.kernel_dtypes``) and the emitter (``session.new_emitter(size_hints)``).
+    """
+
+    def __init__(self, gm, session, extern_nodes=frozenset()):
+        super().__init__(gm, session.target.name)
+        self.session = session
+        self.target = session.target
+        self.lowerings = session.lowerings
+        self.kernel_dtypes = session.kernel_dtypes
         # nodes kept as extern calls because the target's emitter rejected their kernel
         self.extern_nodes = frozenset(extern_nodes)
         self.items: list = []  # lines and Jobs in program order
         self.buffers: dict[str, Buffer] = {}
         self.acc_counter = 0
-        self.node_of_loops: dict[int, torch.fx.Node] = {}
         self.view_of: dict[torch.fx.Node, torch.fx.Node] = {}  # lazy view node -> its lazy source
 
     # lines go to the item list; kernels are made at the end
@@ -216,18 +252,17 @@ class KernelBuilder(build._Builder):
 
     # -- nodes ----------------------------------------------------------------
     def call_function(self, node):
-        rule = self.registry.lookup(node.target, self.target.name) if isinstance(
-            node.target, torch._ops.OpOverload) else None
+        rule = self.lowerings.lookup(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if rule is not None and node.name not in self.extern_nodes and self._all_on_device(node):
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
             kwargs = {k: self.rule_value(v) for k, v in node.kwargs.items()}
-            mark = len(self.items), self.counter, self.acc_counter
             try:
                 result = rule(ctx, *args, **kwargs)
             except Unsupported:
                 result = None
-                del self.items[mark[0]:]
+            if result is None and ctx.checkpoint is not None:
+                ctx.checkpoint.restore()  # the extern call below starts from the state before the rule
             if result is not None:
                 self.env[node] = _unwrap(result)
                 source = node.args[0] if node.args else None
@@ -247,24 +282,16 @@ class KernelBuilder(build._Builder):
         vals = val if isinstance(val, (tuple, list)) else [val]
         if not vals or not all(isinstance(v, torch.Tensor) for v in vals):
             return False
-        if any(v.dtype.is_complex or v.dtype not in _DTYPES for v in vals):
-            return False
         device = vals[0].device
-        for a in node.all_input_nodes:
-            v = a.meta.get("val")
-            if isinstance(v, torch.Tensor) and (v.device != device or v.dtype not in _DTYPES):
-                return False
-        if device.type != self.target.device_type:
+        inputs = [a.meta["val"] for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+        if any(v.device != device for v in inputs) or device.type != self.target.device_type:
             return False
-        supported = getattr(self.target.emitter, "supported_dtypes", None)  # None: every dtype
-        if supported is not None:
-            dtypes = [v.dtype for v in vals] + [a.meta["val"].dtype for a in node.all_input_nodes
-                                                 if isinstance(a.meta.get("val"), torch.Tensor)]
-            bad = sorted({str(d) for d in dtypes if d not in supported})
-            if bad:
-                log.info("fxwrap: %s (%s) stays an ATen extern call on target %s: its emitter has no "
-                         "type for %s", node.name, node.target, self.target.name, ", ".join(bad))
-                return False
+        bad = sorted({str(t.dtype) for t in (*vals, *inputs) if t.dtype not in self.kernel_dtypes})
+        if bad:
+            log.info("fxwrap: %s (%s) stays an ATen extern call on target %s: its kernels cannot hold %s "
+                     "(session.kernel_dtypes: the device's capabilities()['dtypes'] and the emitter's "
+                     "supported_dtypes)", node.name, node.target, self.target.name, ", ".join(bad))
+            return False
         return True
 
     # -- kernels --------------------------------------------------------------
@@ -283,15 +310,14 @@ class KernelBuilder(build._Builder):
                 log.info("fxwrap: target %s cannot render the kernel of %s (%s); they run as ATen "
                          "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
                 extern |= new
-                builder = KernelBuilder(self.gm, self.target, self.registry, extern_nodes=extern)
+                builder = KernelBuilder(self.gm, self.session, extern_nodes=extern)
 
     def _run_once(self):
         built = super().run()
         items = fuse(self.items)
         needed = referenced_outside(items, buffers_read)
         inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
-        emitter = self.target.emitter(self.target)
-        emitter.size_hints = dict(self.out.hints)  # example sizes (autotuning of symbolic kernels)
+        emitter = self.session.new_emitter(self.out.hints)  # example sizes (autotuning of symbolic kernels)
         lines: list[Line] = []
         loads: list = []  # (Kernel, KernelSource), bound together at the end
         count = 0
@@ -347,10 +373,6 @@ class _RenderFailed(Exception):
         self.nodes, self.error = tuple(nodes), error
 
 
-_DTYPES = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
-           torch.int16, torch.int8, torch.uint8, torch.bool}
-
-
 def _unwrap(result):
     if isinstance(result, Stored):
         return result.buffer
@@ -368,10 +390,6 @@ def load_kernel(kernel: Kernel):
     source = KernelSource(kernel.name, kernel.source, target.emitter.language,
                           tuple(kernel.signature), kernel.launch)
     return target.emitter(target).load(source)
-
-
-def build_lines_with_kernels(gm, target):
-    return KernelBuilder(gm, target).run()
 
 
 def _non_overlapping(size, stride) -> bool:

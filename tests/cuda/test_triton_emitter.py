@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.api import generates_kernels
+from fxwrap.plugins.session import generates_kernels
 from fxwrap.targets.cuda_triton import ops as triton_ops
 from fxwrap.targets.cuda_triton import plugin as triton_plugin
 from fxwrap.targets.cuda_triton.device import CudaDevice

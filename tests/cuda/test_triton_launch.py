@@ -174,7 +174,7 @@ def _fake_launcher():
     launch = {"pointers": 2, "size_symbols": ("s0",), "numels": (("x", "s0"),),
               "config": (("XBLOCK", 128), ("num_warps", 4))}
     driver = _FakeDriver(["*u64", "*u64", "u32", "*u64"], 2, 1)
-    launcher = DriverLauncher(fn=None, launch=launch, compiled=None, device_index=0, driver=driver)
+    launcher = DriverLauncher(fn=None, launch=launch, compiled=None, device_index=0, driver=driver, device_count=2)
     launcher.stream = lambda index: 0x5000 + index
     launcher.current_device = lambda: 0
     launcher.other_devices = True

@@ -91,3 +91,27 @@ def test_barrier_has_its_real_meaning():
     wrong = (seq - want).abs() > 1e-6
     assert wrong.view(groups, tg)[1:, :-1].all()  # every group after the first, every thread but the last
     assert not wrong.view(groups, tg)[:, -1].any()  # the last thread's neighbour (slot 0) was written
+
+
+class _SmallThreadgroups(CpuDevice):
+    """A CPU device whose capabilities cap a threadgroup at 64 threads."""
+
+    def capabilities(self) -> dict:
+        return {**super().capabilities(), "max_threads_per_threadgroup": 64}
+
+
+@pytest.mark.parametrize("threadgroup_size, kernels_expected", [(64, True), (128, False)])
+def test_threadgroup_limit_comes_from_the_device_capabilities(threadgroup_size, kernels_expected):
+    """A threadgroup larger than the device's ``max_threads_per_threadgroup`` is no kernel
+    the device could launch: the reduction runs as an ATen extern call instead."""
+    target = Target("mps_shim_small", "cpu", _SmallThreadgroups(), MetalEmitter, WrapperCodegen,
+                    options={"execute": "shim", "threadgroup_size": threadgroup_size})
+    x = torch.randn(13, 203)
+    programs = []
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: t.sum(1), backend=fxwrap.Backend(target, {"on_program": programs.append}))
+    torch.testing.assert_close(f(x), x.sum(1), rtol=1e-4, atol=1e-4)
+    reds = [k for k in kernels(programs) if k.launch["kind"] == "reduction"]
+    assert bool(reds) == kernels_expected, programs[0].code()
+    if not kernels_expected:
+        assert "aten.sum" in programs[0].code()

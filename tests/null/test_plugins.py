@@ -189,16 +189,94 @@ def test_hook_raising_at_compile_time_names_the_plugin():
         manager.wrapper_passes(manager.target("alpha"))
 
 
-def test_lowerings_hook_fills_the_registry_for_its_target():
-    from fxwrap.core.lowering import LoweringRegistry
+def _sin_times_two(t):
+    return torch.sin(t) * 2
+
+
+def test_lowerings_hook_rule_runs_in_a_compile():
+    """A plugin's fxwrap_lowerings rule (aten.sin -> cos, on cpu only) is what a real
+    compile lowers sin with: the numbers are cos's, computed inside a generated kernel."""
+    from fxwrap_plugin_fixtures import sin_to_cos
+    x = torch.randn(33, 17)
+    sin_to_cos.calls.clear()
+    manager = PluginManager([*installed_entry_points(), ep("sin_to_cos")])
+    with use_plugin_manager(manager):
+        torch._dynamo.reset()
+        on_cpu = fxwrap.lower(_sin_times_two, x, target="cpu")
+        torch._dynamo.reset()
+        on_reference = fxwrap.lower(_sin_times_two, x, target="reference")  # not the plugin's target
+        torch._dynamo.reset()
+        again = fxwrap.lower(_sin_times_two, x, target="cpu")
+    torch.testing.assert_close(on_cpu.run(x)[0], torch.cos(x) * 2)
+    torch.testing.assert_close(again.run(x)[0], torch.cos(x) * 2)
+    torch.testing.assert_close(on_reference.run(x)[0], torch.sin(x) * 2)
+    (kernel,) = [n.target for n in on_cpu.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)]
+    assert "std::cos" in kernel.source and "std::sin" not in kernel.source, kernel.source
+    assert "aten.sin" not in on_cpu.code() and "aten.cos" not in on_cpu.code()
+    # one session per target per manager: the hook ran once for cpu, once for reference
+    assert sorted(sin_to_cos.calls) == ["cpu", "reference"], sin_to_cos.calls
+    table = manager.session(manager.target("cpu")).lowerings
+    for overload in (aten.sin.default, aten.sin.out):  # the packet key stands for every overload
+        assert table.lookup(overload) is sin_to_cos.sin_as_cos
+
+
+def test_lowerings_hook_builds_each_targets_table():
+    from fxwrap.core.lowering import REGISTRY
     from fxwrap_plugin_fixtures import lowerings
     manager = load("alpha", "lowerings")
-    registry = LoweringRegistry()
-    for name in ("lowered", "alpha"):
-        manager.add_lowerings(registry, manager.target(name))
+    lowered, alpha = (manager.session(manager.target(name)).lowerings for name in ("lowered", "alpha"))
+    assert lowered.lookup(aten.relu.default) is lowerings.relu_rule
+    assert alpha.lookup(aten.relu.default) is REGISTRY.default[aten.relu.default]
     assert lowerings.seen[-2:] == ["lowered", "alpha"]
-    assert registry.lookup(aten.relu.default, "lowered") is lowerings.relu_rule
-    assert registry.lookup(aten.relu.default, "alpha") is registry.default.get(aten.relu.default)
+    assert manager.session(manager.target("alpha")).lowerings is alpha  # built once, then kept
+
+
+def test_lowerings_hook_calls_go_through_pluggys_hook_relay():
+    manager = load("alpha", "lowerings")
+    called = []
+    undo = manager.pm.add_hookcall_monitoring(
+        lambda hook_name, impls, kwargs: called.append((hook_name, [i.plugin_name for i in impls])),
+        lambda outcome, hook_name, impls, kwargs: None)
+    try:
+        manager.session(manager.target("lowered"))
+    finally:
+        undo()
+    assert ("fxwrap_lowerings", ["lowerings"]) in called, called
+    assert ("fxwrap_wrapper_passes", []) not in called  # a plugin without the hook is not called
+
+
+def test_lowering_for_a_misspelled_target_names_the_plugin_and_the_closest_target():
+    manager = PluginManager([*installed_entry_points(), ep("lowering_typo")])
+    with pytest.raises(PluginError) as info:
+        manager.session(manager.target("cpu"))
+    message = str(info.value)
+    assert message.startswith(named("lowering_typo") + ": its fxwrap_lowerings() raised LoweringError"), message
+    assert "no fxwrap target named 'cpuu' for the lowering of aten.relu.default; did you mean 'cpu'?" in message
+
+
+def test_a_rule_that_gives_up_leaves_the_builder_as_it_found_it():
+    """The rule realizes its operand (a kernel job, a buffer name, an environment entry)
+    and raises Unsupported: the program is exactly the one without that rule."""
+    from fxwrap_plugin_fixtures import lowering_gives_up
+
+    def fn(t):
+        return torch.sin(t * 3 + 1) * 2
+
+    x = torch.randn(16, 8)
+    torch._dynamo.reset()
+    plain = fxwrap.lower(fn, x, target="cpu")
+    lowering_gives_up.attempts.clear()
+    with use_plugin_manager(PluginManager([*installed_entry_points(), ep("lowering_gives_up")])):
+        torch._dynamo.reset()
+        program = fxwrap.lower(fn, x, target="cpu")
+    assert lowering_gives_up.attempts, "the rule did not run"
+    assert "aten.sin.out" in program.code() and "aten.sin" not in plain.code()
+    torch.testing.assert_close(program.run(x)[0], fn(x))
+    # t * 3 + 1 is realized once, by the extern's own request, into the first buffer name
+    # (the rule's realization left no kernel, no buffer, no name behind); sin reads it
+    code = program.code()
+    assert "fxwrap_pointwise_0(arg0, buf0)" in code and "aten.sin.out(buf0, " in code, code
+    assert sum(isinstance(line, fxwrap.lines.DefineKernel) for line in program.lines) == 2, code
 
 
 def test_builtin_targets_load_through_the_installed_entry_points():

@@ -1,6 +1,6 @@
 """Compile-time autotuning of a kernel's block sizes and warp counts (GPU only).
 
-``choose(fn, launch, kernel, hints, configs)`` builds random inputs from the kernel's
+``choose(make_launcher, kernel, hints, configs, device, device_interface)`` builds random inputs from the kernel's
 buffers at the size hints (floats ``randn``; integer and bool buffers zeros, so an
 indirect load always reads index 0, in bounds), compiles every config, times each
 with CUDA events and returns the fastest with the timings::
@@ -38,21 +38,25 @@ def _inputs(kernel, hints, device):
     return args
 
 
-def _time(launcher, args, reps: int = 10) -> float:
+def _time(launcher, args, device, device_interface, reps: int = 10) -> float:
+    """Milliseconds per launch, between events on the stream the launches go to
+    (``device_interface.current_stream(device)``), after the device finished earlier work."""
     for _ in range(2):
         launcher(*args)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
+    device_interface.synchronize(device)
+    stream = device_interface.current_stream(device)
+    start.record(stream)
     for _ in range(reps):
         launcher(*args)
-    end.record()
+    end.record(stream)
     end.synchronize()
     return start.elapsed_time(end) / reps
 
 
-def choose(make_launcher, kernel, hints: dict, configs: list, device):
-    """The fastest of ``configs`` (tuples of ``(name, value)``) and every timing (ms)."""
+def choose(make_launcher, kernel, hints: dict, configs: list, device, device_interface):
+    """The fastest of ``configs`` (tuples of ``(name, value)``) and every timing (ms), timed on
+    ``device`` through the target's ``device_interface`` (synchronize, current_stream)."""
     missing = [s for s in kernel.size_symbols if s not in hints]
     if missing or len(configs) < 2:
         return configs[0], {}
@@ -62,7 +66,7 @@ def choose(make_launcher, kernel, hints: dict, configs: list, device):
     for cfg in configs:
         try:
             launcher = make_launcher(cfg)
-            t = _time(launcher, args)
+            t = _time(launcher, args, device, device_interface)
         except Exception as e:  # a config that does not fit (shared memory, registers)
             log.debug("fxwrap autotune: %s config %s failed: %s", kernel.name, config_key(cfg), e)
             continue

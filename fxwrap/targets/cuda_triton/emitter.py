@@ -52,9 +52,10 @@ import torch
 
 from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
 from fxwrap.runtime.kernel import KernelArg
-from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
-                                  kernel_signature)
+from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, kernel_function_name,
+                                  kernel_header, kernel_signature)
 from fxwrap.targets.cuda_triton import ops as O
+from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
 from fxwrap.targets.cuda_triton.printer import IndexPrinter
 from fxwrap.targets.cuda_triton.tiling import Planner
@@ -67,6 +68,7 @@ log = logging.getLogger("fxwrap")
 _LAUNCHERS: dict[tuple, object] = {}
 _TUNED: dict[tuple, tuple] = {}
 _CACHE_LOCK = threading.Lock()
+_DEFAULT_DEVICE = CudaDevice()
 
 
 def body_digest(text: str, launch: dict) -> str:
@@ -130,6 +132,15 @@ class TritonEmitter(KernelEmitter):
     @property
     def target_name(self) -> str:
         return getattr(self.target, "name", None) or "triton"
+
+    @property
+    def device_interface(self) -> DeviceInterface:
+        """The target's ``DeviceInterface`` (a ``CudaDevice`` for an emitter made without a
+        target): what autotuning synchronizes and times on, and the device count."""
+        device = getattr(self.target, "device", None)
+        if isinstance(device, DeviceInterface) and device.device_type == "cuda":
+            return device
+        return _DEFAULT_DEVICE
 
     @property
     def interpret(self) -> bool:
@@ -250,7 +261,7 @@ class TritonEmitter(KernelEmitter):
         from fxwrap.targets.cuda_triton import autotune
 
         device = self._device(kernel)
-        if device is None or not torch.cuda.is_available():
+        if device is None or not self.device_interface.is_available():
             return
         hints = dict(self.size_hints or {})
 
@@ -269,7 +280,7 @@ class TritonEmitter(KernelEmitter):
         else:
             with torch.cuda.device(device):
                 self._bind_concurrently(make, configs, device)
-                best, timings = autotune.choose(make, kernel, hints, configs, device)
+                best, timings = autotune.choose(make, kernel, hints, configs, device, self.device_interface)
             with _CACHE_LOCK:
                 _TUNED[key] = (best, timings)
         source.launch["config"] = best
@@ -343,4 +354,4 @@ class TritonEmitter(KernelEmitter):
         dtypes = [getattr(torch, d.replace("torch.", "")) for d in launch["pointer_dtypes"]]
         index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
         with torch.cuda.device(index):
-            return bind_compiled(fn, launch, dtypes, index)
+            return bind_compiled(fn, launch, dtypes, index, device_count=self.device_interface.device_count())

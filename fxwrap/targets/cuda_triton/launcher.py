@@ -154,11 +154,6 @@ def _device_getter():
     return getter if getter is not None else torch.cuda.current_device
 
 
-def _device_count() -> int:
-    import torch
-    return torch.cuda.device_count() if torch.cuda.is_available() else 1
-
-
 def _raw_stream_getter():
     import torch
     getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -181,7 +176,7 @@ class CompiledLauncher:
     kind = "compiled"
     path = "triton"
 
-    def __init__(self, fn, launch: dict, compiled, device_index: int):
+    def __init__(self, fn, launch: dict, compiled, device_index: int, *, device_count: int):
         self.fn = fn
         self.npointers = launch["pointers"]
         self.grid = grid_function(launch)
@@ -191,8 +186,9 @@ class CompiledLauncher:
         self.trailing = tuple(self.constexprs.values())
         self.device = device_index
         self.current_device = _device_getter()
-        # with one visible device the current device is always the kernel's: no check per call
-        self.other_devices = _device_count() > 1
+        # with one visible device (the target's DeviceInterface.device_count(), given by the
+        # emitter) the current device is always the kernel's: no check per call
+        self.other_devices = device_count > 1
         self.stream = _raw_stream_getter()
         # launch hooks (profilers) get triton's launch metadata.  triton 3.6+ keeps them in
         # ``HookChain``s that are empty unless a profiler is active: checked per call
@@ -254,8 +250,8 @@ class DriverLauncher(CompiledLauncher):
 
     path = "cuda-driver"
 
-    def __init__(self, fn, launch: dict, compiled, device_index: int, driver):
-        super().__init__(fn, launch, compiled, device_index)
+    def __init__(self, fn, launch: dict, compiled, device_index: int, driver, *, device_count: int):
+        super().__init__(fn, launch, compiled, device_index, device_count=device_count)
         self.driver = driver
         self.cu_launch, self.function = driver.cu_launch, driver.function
         self.threads, self.shared = driver.threads, driver.shared
@@ -300,8 +296,9 @@ class DriverLauncher(CompiledLauncher):
                 self.driver.check(result)
 
 
-def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int) -> CompiledLauncher:
-    """Compile ``fn`` for the launch's config and bind the fastest launcher that applies."""
+def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int, *, device_count: int) -> CompiledLauncher:
+    """Compile ``fn`` for the launch's config and bind the fastest launcher that applies;
+    ``device_count``: how many devices of its type there are (one: no device check per call)."""
     from fxwrap.targets.cuda_triton.cuda_driver import DriverKernel
 
     nsizes = len(launch["size_symbols"])
@@ -310,11 +307,11 @@ def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int) -> Compil
     if os.environ.get("FXWRAP_TRITON_LAUNCHER", "driver") != "triton":
         driver = DriverKernel.load(compiled, device_index, launch["pointers"], nsizes)
     if driver is not None:
-        return DriverLauncher(fn, launch, compiled, device_index, driver)
+        return DriverLauncher(fn, launch, compiled, device_index, driver, device_count=device_count)
     init = getattr(compiled, "_init_handles", None)
     if init is not None:  # load the binary now, not on the first call
         init()
-    return CompiledLauncher(fn, launch, compiled, device_index)
+    return CompiledLauncher(fn, launch, compiled, device_index, device_count=device_count)
 
 
 # ---------------------------------------------------------------------------- split-outer

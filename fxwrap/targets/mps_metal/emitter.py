@@ -154,10 +154,27 @@ class MetalEmitter(CStyleEmitter):
         if kernel.reductions and (tg < self.simd_width or tg % self.simd_width):
             raise EmitError(f"threadgroup_size {tg} of target {self.target_name} must be a multiple "
                             f"of the SIMD width {self.simd_width}")
+        limit = self.device_capabilities.get("max_threads_per_threadgroup")
+        if limit is not None and tg > limit:
+            origins = ", ".join(kernel.origins) or "no ATen origin"
+            raise EmitError(f"kernel {kernel.name} ({origins}): threadgroup_size {tg} of target "
+                            f"{self.target_name} exceeds its device's "
+                            f"max_threads_per_threadgroup {limit} (DeviceInterface.capabilities()); "
+                            f"set Target.options['threadgroup_size'] to at most {limit}")
         return {"kind": "reduction" if kernel.reductions else "pointwise",
                 "grid": python_expr(numel), "threadgroup_size": tg,
                 "thread_args": tuple(attr for _, attr in self.thread_args(kernel)),
                 "sync": bool(kernel.reductions), "execute": execute}
+
+    @property
+    def device_capabilities(self) -> dict:
+        """The target device's ``capabilities()`` (asked once per emitter); launch limits
+        such as ``max_threads_per_threadgroup`` come from here."""
+        caps = self.__dict__.get("_device_capabilities")
+        if caps is None:
+            device = getattr(self.target, "device", None)
+            caps = self.__dict__["_device_capabilities"] = dict(device.capabilities() or {}) if device else {}
+        return caps
 
     @property
     def execute(self) -> str:

@@ -1,0 +1,189 @@
+"""What one target compiles with: the compile session, built once per target by the
+plugin manager, and the typed options a ``Backend`` accepts.
+
+    >>> session = get_plugin_manager().session(get_plugin_manager().target("cpu"))
+    >>> session.lowerings.lookup(aten.sin.default)      # fxwrap's rule, or a plugin's
+    <function ...>
+    >>> session.decompositions(CompileOptions())        # defaults + kernel + plugins'
+    {aten.gelu.default: ..., ...}
+    >>> session.configured(CompileOptions(reuse=False)).options.reuse
+    False
+
+A session holds what does not change from one graph to the next: the lowering
+table (fxwrap's default rules, the target's own rules in ``fxwrap.core.lowering.REGISTRY``,
+then every plugin's ``fxwrap_lowerings``, in load order, each overriding the ones
+before), every plugin's decompositions and wrapper passes for the target, the
+device's capabilities and the dtypes kernels may use.  ``configured(options)``
+gives a session with other options that shares all of that.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fxwrap.core.capture import default_decompositions, kernel_decompositions
+from fxwrap.core.lowering import LoweringTable
+from fxwrap.targets.base import KernelEmitter, Target
+
+if TYPE_CHECKING:
+    from fxwrap.plugins.manager import PluginManager
+
+MODES = ("default", "cudagraphs")
+DECOMPOSITION_MODES = ("core", "none")
+
+# the dtypes fxwrap's loop IR and emitters can put in a generated kernel; a device's
+# ``capabilities()["dtypes"]`` and an emitter's ``supported_dtypes`` narrow it
+KERNEL_DTYPES = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+                           torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
+
+
+def generates_kernels(target: Target) -> bool:
+    """True when the target's emitter renders kernels (else every op is an extern)."""
+    return target.emitter.render is not KernelEmitter.render
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """The options of ``fxwrap.Backend`` / ``torch.compile(..., options={...})``, checked.
+
+    ``target`` (a name or ``Target``; None: the inputs' device), ``reuse`` (storage
+    reuse in the memory plan), ``decompositions`` (``"core"`` or ``"none"``),
+    ``kernels`` (generate kernels where the target can; False: every op an extern),
+    ``execute`` (run the target's kernels another way: the target named
+    ``f"{target}_{execute}"``), ``mode`` (``"default"`` or ``"cudagraphs"``),
+    ``on_program`` (a callable receiving every compiled ``Program``)::
+
+        >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
+        CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
+        >>> CompileOptions.from_dict({"resue": False})
+        TypeError: unknown fxwrap option(s) ['resue']; known: ['decompositions', ...]
+    """
+
+    target: str | Target | None = None
+    reuse: bool = True
+    decompositions: str = "core"
+    kernels: bool = True
+    execute: str | None = None
+    mode: str = "default"
+    on_program: Callable | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"fxwrap has no mode {self.mode!r}; modes: {list(MODES)}")
+        if self.decompositions not in DECOMPOSITION_MODES:
+            raise ValueError(f"fxwrap option decompositions={self.decompositions!r} is not one of "
+                             f"{list(DECOMPOSITION_MODES)}")
+        if self.on_program is not None and not callable(self.on_program):
+            raise TypeError(f"fxwrap option on_program must be callable, got {self.on_program!r}")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any] | None = None, **defaults) -> "CompileOptions":
+        """``options`` (a ``Backend``'s dict) as ``CompileOptions``; ``defaults`` fill what it lacks."""
+        options = dict(options or {})
+        unknown = set(options) - set(cls.names())
+        if unknown:
+            raise TypeError(f"unknown fxwrap option(s) {sorted(unknown)}; known: {sorted(cls.names())}")
+        return cls(**{**defaults, **options})
+
+
+class CompileSession:
+    """Everything fxwrap compiles one target's graphs with; built by
+    ``PluginManager.session(target)`` once per target and shared by every graph.
+
+    ``lowerings`` (a ``LoweringTable``), ``decompositions(options)``, ``wrapper_passes``,
+    ``capabilities`` (the device's, read once), ``kernel_dtypes`` (what a generated
+    kernel may hold on this target), ``new_emitter(size_hints)`` and ``options``.
+    """
+
+    def __init__(self, manager: "PluginManager", target: Target, lowerings: LoweringTable,
+                 plugin_decompositions: dict, wrapper_passes: list[Callable],
+                 options: CompileOptions | None = None):
+        self.manager = manager
+        self.target = target
+        self.lowerings = lowerings
+        self.plugin_decompositions = plugin_decompositions
+        self.wrapper_passes = list(wrapper_passes)
+        self.options = options or CompileOptions()
+        self._shared = _SharedState()
+
+    @property
+    def generates_kernels(self) -> bool:
+        return generates_kernels(self.target)
+
+    def configured(self, options: CompileOptions) -> "CompileSession":
+        """This session with ``options``: the same lowering table, passes and caches."""
+        if options == self.options and options.on_program is self.options.on_program:
+            return self
+        other = CompileSession(self.manager, self.target, self.lowerings, self.plugin_decompositions,
+                               self.wrapper_passes, options)
+        other._shared = self._shared
+        return other
+
+    @property
+    def capabilities(self) -> dict:
+        """``target.device.capabilities()``, asked once per session."""
+        shared = self._shared
+        with shared.lock:
+            if shared.capabilities is None:
+                shared.capabilities = dict(self.target.device.capabilities() or {})
+            return shared.capabilities
+
+    @property
+    def kernel_dtypes(self) -> frozenset:
+        """The dtypes a generated kernel may read or write on this target: fxwrap's own,
+        narrowed by the device's ``capabilities()["dtypes"]`` (names such as
+        ``"bfloat16"``; absent: no limit) and by the emitter's ``supported_dtypes``."""
+        dtypes = set(KERNEL_DTYPES)
+        named = self.capabilities.get("dtypes")
+        if named is not None:
+            dtypes &= {getattr(torch, n) if isinstance(n, str) else n for n in named}
+        supported = getattr(self.target.emitter, "supported_dtypes", None)  # None: every dtype
+        if supported is not None:
+            dtypes &= set(supported)
+        return frozenset(dtypes)
+
+    def decompositions(self, options: CompileOptions | None = None) -> dict:
+        """The decomposition table a graph for this target is captured with: PyTorch's
+        core table (``decompositions="core"``), the kernel decompositions where kernels
+        are generated, then every plugin's ``fxwrap_decompositions``."""
+        options = options or self.options
+        kernels = options.decompositions == "core" and self.generates_kernels and options.kernels
+        key = (options.decompositions, kernels)
+        shared = self._shared
+        with shared.lock:
+            table = shared.decompositions.get(key)
+            if table is None:
+                table = default_decompositions() if options.decompositions == "core" else {}
+                if kernels:
+                    table.update(kernel_decompositions())
+                table.update(self.plugin_decompositions)
+                shared.decompositions[key] = table
+        return dict(table)
+
+    def new_emitter(self, size_hints: dict | None = None) -> KernelEmitter:
+        """A kernel emitter for one graph; ``size_hints`` (``{symbol: int}``) are its example sizes."""
+        emitter = self.target.emitter(self.target)
+        emitter.size_hints = dict(size_hints or {})
+        return emitter
+
+    def __repr__(self) -> str:
+        return (f"CompileSession(target={self.target.name!r}, {len(self.lowerings)} lowerings, "
+                f"{len(self.plugin_decompositions)} plugin decompositions, "
+                f"{len(self.wrapper_passes)} wrapper passes)")
+
+
+class _SharedState:
+    """Caches shared by a session and its ``configured`` copies."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.capabilities: dict | None = None
+        self.decompositions: dict = {}
