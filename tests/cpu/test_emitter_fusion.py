@@ -89,7 +89,28 @@ def test_pointwise_then_row_sum_one_kernel(dynamic):
 
 
 def test_hoist_blocked_by_mutation():
-    """A job may not move up over an extern that writes what it reads."""
+    """A job may not move up, into the group before it, over an extern that writes what
+    it reads (scheduler-level: after functionalization no compiled graph of plain
+    PyTorch code puts an in-place extern between two jobs)."""
+    from fxwrap.core.ir import Store, xvar
+    from fxwrap.core.scheduler import Job, fuse
+    from fxwrap.wrapper_ir.lines import CallExtern
+    from shared_helpers import buf, ld
+
+    x, y = buf("x", (8,)), buf("y", (8,))
+    i = xvar(0)
+    first = Job((8,), stores=[Store("a", i, ld("x", i))])
+    bump = CallExtern(torch.ops.aten.add_.Tensor, (y, x))  # writes y in place
+    reads_y = Job((8,), stores=[Store("b", i, ld("y", i))])
+    reads_x = Job((8,), stores=[Store("b", i, ld("x", i))])  # reads nothing the extern writes
+    kinds = lambda items: [type(item).__name__ for item in items]  # noqa: E731
+    assert kinds(fuse([first, bump, reads_x])) == ["Group", "CallExtern"]  # hoisted: one group
+    blocked = fuse([first, bump, reads_y])
+    assert kinds(blocked) == ["Group", "CallExtern", "Group"]  # stays after the write
+    assert [st.buffer for st in blocked[0].stores] == ["a"] and [st.buffer for st in blocked[2].stores] == ["b"]
+
+
+def test_input_mutation_between_reductions_matches_eager():
     def fn(x, y):
         m = x.amax(-1, keepdim=True)
         y.add_(1.0)                      # in-place on a graph input between the two jobs

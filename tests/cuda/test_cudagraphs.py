@@ -99,3 +99,52 @@ def test_dynamic_programs_fall_back_and_input_mutation_stays_correct():
         torch.testing.assert_close(out, (want + 1) * 2)
     # the write into x is either aot_autograd's copy after the program (the program may be
     # captured) or a line of the program (then it runs without graphs): right numbers either way
+
+
+def test_recording_synchronizes_through_the_targets_device_interface(monkeypatch):
+    """The runner waits through the cuda target's ``DeviceInterface.synchronize`` (handed
+    to it by the compiler), not through a call of its own into torch.cuda."""
+    from fxwrap.targets.cuda_triton.device import CudaDevice
+
+    calls = []
+    real = CudaDevice.synchronize
+    monkeypatch.setattr(CudaDevice, "synchronize", lambda self, device=None: (calls.append(device), real(self, device)))
+    programs = []
+    torch._dynamo.reset()
+    fn = torch.compile(_overhead, backend="fxwrap", options={"mode": "cudagraphs", "on_program": programs.append})
+    w = torch.randn(64, 64, device="cuda") / 8
+    for _ in range(3):
+        x = torch.randn(64, 64, device="cuda")
+        torch.testing.assert_close(fn(x, w), _overhead(x, w), rtol=1e-4, atol=1e-4)
+    (runner,) = _runners(programs)
+    assert runner.recordings and calls, "no recording, or it did not synchronize through the device interface"
+
+
+def test_autotune_times_on_the_device_interfaces_stream():
+    """``autotune.choose`` synchronizes and records its events through the device interface."""
+    from fxwrap.targets.cuda_triton import autotune
+    from fxwrap.targets.cuda_triton.device import CudaDevice
+    from shared_helpers import buf, kernel
+
+    class Recording(CudaDevice):
+        def __init__(self):
+            self.calls = []
+
+        def synchronize(self, device=None):
+            self.calls.append("synchronize")
+            super().synchronize(device)
+
+        def current_stream(self, device=None):
+            self.calls.append("current_stream")
+            return super().current_stream(device)
+
+    device = torch.device("cuda", 0)
+    k = kernel("k", [buf("a", (1024,), device=device)], [buf("b", (1024,), device=device)], [], ranges=(1024,))
+    slow = lambda a, b: [b.copy_(a.exp()) for _ in range(20)]  # noqa: E731
+    fast = lambda a, b: b.copy_(a)  # noqa: E731
+    interface = Recording()
+    slow_cfg, fast_cfg = (("variant", "slow"),), (("variant", "fast"),)
+    best, timings = autotune.choose(lambda cfg: fast if cfg == fast_cfg else slow, k, {}, [slow_cfg, fast_cfg],
+                                    device, interface)
+    assert best == fast_cfg and len(timings) == 2
+    assert interface.calls.count("synchronize") == 2 and interface.calls.count("current_stream") == 2
