@@ -10,7 +10,7 @@ from fxwrap.plugins.hookspecs import hookimpl, hookspec
 from fxwrap.plugins.manager import (
     PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
 )
-from fxwrap.runtime import Kernel, KernelArg, free
+from fxwrap.runtime import InputGuard, InputMismatchError, Kernel, KernelArg, free
 from fxwrap.targets.base import (
     DeviceInterface, DirectCallWrapper, KernelEmitter, KernelSource, Target, WrapperCodegen,
 )
@@ -21,7 +21,7 @@ from fxwrap.wrapper_ir import lines
 
 __all__ = [
     "Backend", "CStyleEmitter", "CppEmitter", "CpuDevice", "DeviceInterface", "DirectCallWrapper", "EmitError",
-    "Kernel",
+    "InputGuard", "InputMismatchError", "Kernel",
     "KernelArg", "KernelEmitter", "KernelSource", "MemoryPlan", "PluginError", "PluginManager",
     "Program", "Target", "TrainingPrograms", "WrapperCodegen", "compile", "free",
     "get_plugin_manager", "hookimpl", "hookspec", "installed_entry_points", "lines", "lower",

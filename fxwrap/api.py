@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fxwrap.arguments import ArgumentMap
+from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core.capture import capture_backend
 from fxwrap.core.layout import channels_last_convolutions
 from fxwrap.core.memory import MemoryPlan, plan_memory
@@ -30,7 +30,7 @@ from fxwrap.runtime.cudagraphs import CudaGraphRunner, graph_safety
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
-from fxwrap.wrapper_ir.fx import to_graph_module
+from fxwrap.wrapper_ir.fx import input_guard_of, to_graph_module
 from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
 from fxwrap.wrapper_ir.printer import program_source
 
@@ -59,10 +59,16 @@ class Program:
     constants: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     hints: dict = field(default_factory=dict, repr=False)
     arguments: ArgumentMap | None = field(default=None, repr=False)
+    outputs: OutputMap | None = field(default=None, repr=False)
 
     @property
     def peak_bytes(self) -> int:
         return self.memory.peak_bytes
+
+    @property
+    def input_guard(self):
+        """The ``fxwrap.runtime.guards.InputGuard`` the GraphModule checks its inputs with."""
+        return input_guard_of(self.graph_module)
 
     def code(self) -> str:
         return program_source(self.inputs, self.lines)
@@ -73,13 +79,20 @@ class Program:
 
     def run(self, *args):
         """Run with the lowered function's own positional arguments (``lower`` programs):
-        ``fxwrap.lower(f, x, w).run(x2, w2)``; parameters and sizes are filled in."""
+        ``fxwrap.lower(f, x, w).run(x2, w2)``; parameters and sizes are filled in, and the
+        result has the function's own structure (a tensor, a tuple, a dict ...).
+
+        Raises ``TypeError`` for a missing or extra argument and
+        ``fxwrap.InputMismatchError`` for an input the program was not compiled for (see
+        ``fxwrap.runtime.guards``) or a Python scalar other than one baked in.
+        """
         if self.arguments is None:
             raise TypeError(f"this {self.kind} program has no argument map (only inference and forward "
                             "programs made by fxwrap.lower have one); call it with its graph inputs, "
                             "in program.inputs order")
         with torch.no_grad():  # a compiled graph: autograd is AOTAutograd's business, not the caller's
-            return self.runner(*self.arguments(args))
+            outputs = self.runner(*self.arguments(args))
+        return outputs if self.outputs is None else self.outputs(outputs, args)
 
 
 def _log_enabled(what: str) -> bool:
@@ -161,14 +174,18 @@ class Backend:
     def __init__(self, target: str | Target | None = None, options: dict | None = None):
         self.options = CompileOptions.from_dict(options, target=target)  # checked now, not at compile
         self.example_inputs: list | None = None  # lower() sets [] to keep dynamo's example inputs
+        self.input_names: list[str | None] = []  # lower(): the function local each input came from
+        self.graph_outputs: dict[str, Any] = {}  # lower(): each program's outputs of its last run
 
     @property
     def target(self) -> str | Target | None:
         return self.options.target
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
-        if self.example_inputs is not None:
+        lowering = self.example_inputs is not None
+        if lowering:
             self.example_inputs = list(example_inputs)
+            self.input_names = [_local_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
         options = self.options
         target = resolve_target(options.target, example_inputs)
         if options.execute:
@@ -182,9 +199,23 @@ class Backend:
             program = compile_aten_graph(aten_gm, session, kind)
             if options.on_program is not None:
                 options.on_program(program)
-            return program.runner
+            if not lowering:
+                return program.runner
+            runner = program.runner
+
+            def recording(*args):  # lower() matches the function's return value to these
+                outputs = runner(*args)
+                self.graph_outputs[kind] = outputs
+                return outputs
+            return recording
 
         return capture_backend(compile_graph, session.decompositions())(gm, example_inputs)
+
+
+def _local_name(placeholder: torch.fx.Node) -> str | None:
+    """The function local a dynamo graph input was read from (``x`` for ``L['x']``)."""
+    grapharg = placeholder.meta.get("grapharg")
+    return getattr(getattr(grapharg, "source", None), "local_name", None)
 
 
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
@@ -227,9 +258,15 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
     backend.example_inputs = []
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
     try:
-        lowered = _run_lowering(compiled, example_inputs, training, programs)
+        lowered, returned = _run_lowering(compiled, example_inputs, training, programs)
         first = lowered.forward if training else lowered
-        first.arguments = ArgumentMap.build(first.inputs, backend.example_inputs, example_inputs)
+        first.arguments = ArgumentMap.build(first.inputs, backend.example_inputs, example_inputs, fn,
+                                            backend.input_names)
+        if first.arguments is not None:
+            if first.input_guard is not None:
+                first.input_guard.name_inputs(first.arguments.labels(first.inputs))
+            first.outputs = OutputMap.build(returned, backend.graph_outputs.get(first.kind, ()),
+                                            example_inputs)
         return lowered
     finally:
         # Each lower() is a fresh compile: drop dynamo's cache entry for fn so repeated
@@ -240,8 +277,8 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
 def _run_lowering(compiled, example_inputs, training: bool, programs: list):
     if not training:
         with torch.no_grad():
-            compiled(*example_inputs)
-        return _only(programs, "inference")
+            out = compiled(*example_inputs)
+        return _only(programs, "inference"), out
     out = compiled(*example_inputs)
     outs = out if isinstance(out, (tuple, list)) else [out]
     loss = sum(o.float().sum() for o in outs
@@ -249,7 +286,7 @@ def _run_lowering(compiled, example_inputs, training: bool, programs: list):
     if not isinstance(loss, torch.Tensor):
         raise ValueError("lower(training=True): no output requires grad; give inputs with requires_grad=True")
     loss.backward()
-    return TrainingPrograms(_only(programs, "forward"), _only(programs, "backward"))
+    return TrainingPrograms(_only(programs, "forward"), _only(programs, "backward")), out
 
 
 def _only(programs: list[Program], kind: str) -> Program:

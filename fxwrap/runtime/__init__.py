@@ -1,5 +1,6 @@
 """What an emitted GraphModule calls at run time."""
+from fxwrap.runtime.guards import InputGuard, InputMismatchError, check_inputs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.memory import free
 
-__all__ = ["Kernel", "KernelArg", "free"]
+__all__ = ["InputGuard", "InputMismatchError", "Kernel", "KernelArg", "check_inputs", "free"]

@@ -43,12 +43,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, ModularIndexing, PythonMod
 
+from fxwrap.runtime.guards import check_inputs
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.memory import free
 from fxwrap.wrapper_ir.lines import (
     Allocate, Buffer, CallExtern, CallKernel, Comment, DefineKernel, DefineSymbol, Free,
     GetItem, Line, Return, Reuse, SizeInput, View,
 )
+from fxwrap.wrapper_ir.guards import build_input_guard
+
+#: the GraphModule attribute holding its ``InputGuard`` (``fxwrap.runtime.guards``)
+INPUT_GUARD_ATTR = "_fxwrap_input_guard"
 
 
 class UnknownLine(TypeError):
@@ -160,7 +165,8 @@ class FxConverter:
     """Builds one GraphModule from ``inputs`` + ``lines`` (see module docstring)."""
 
     def __init__(self, inputs, lines: list[Line], constants: Mapping[str, torch.Tensor] | None = None,
-                 fake_values: Mapping[str, Any] | None = None):
+                 fake_values: Mapping[str, Any] | None = None, guard: bool = True):
+        self.guard = guard
         self.inputs = list(inputs)
         self.lines = list(lines)
         self.constants = dict(constants or {})
@@ -190,6 +196,8 @@ class FxConverter:
                 self.nodes[inp.name] = node
                 node.meta["val"] = self.fake(inp)
         root = torch.nn.Module()
+        if self.guard:
+            self._add_input_guard(root)
         for name, tensor in self.constants.items():
             if isinstance(tensor, torch.nn.Module):  # a higher-order op's subgraph
                 root.add_module(name, tensor)
@@ -213,6 +221,14 @@ class FxConverter:
         gm = FxwrapGraphModule(root, self.graph, class_name="FxwrapProgram")
         gm._fxwrap_kernels = tuple(self.kernels)
         return gm
+
+    def _add_input_guard(self, root: torch.nn.Module) -> None:
+        """``check_inputs(self._fxwrap_input_guard, *placeholders)`` as the first node."""
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        shape_env = self.symbolic.shape_env if self.symbolic.inherited else None
+        setattr(root, INPUT_GUARD_ATTR, build_input_guard(self.inputs, shape_env))
+        guard_node = self.graph.get_attr(INPUT_GUARD_ATTR)
+        self.add(check_inputs, (guard_node, *placeholders), name="check_inputs")
 
     def _last_node(self) -> torch.fx.Node | None:
         return next(iter(reversed(self.graph.nodes)), None)
@@ -362,9 +378,15 @@ class FxConverter:
         self.graph.output(tuple(self.arg(v) if v is not None else None for v in line.values))
 
 
-def to_graph_module(inputs, lines, constants=None, fake_values=None) -> torch.fx.GraphModule:
-    """The GraphModule for a program (see ``FxConverter``)."""
-    return FxConverter(inputs, lines, constants, fake_values).convert()
+def to_graph_module(inputs, lines, constants=None, fake_values=None, guard: bool = True) -> torch.fx.GraphModule:
+    """The GraphModule for a program (see ``FxConverter``); ``guard``: its first node checks
+    the inputs (``fxwrap.runtime.guards``)."""
+    return FxConverter(inputs, lines, constants, fake_values, guard).convert()
+
+
+def input_guard_of(gm: torch.fx.GraphModule):
+    """The ``InputGuard`` of a GraphModule ``to_graph_module`` made, or None."""
+    return getattr(gm, INPUT_GUARD_ATTR, None)
 
 
 # -- pickling ------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_view_offsets_are_read_directly_and_right():
     assert aten.sym_storage_offset.default in contract
     assert DIRECT_CALLS[aten.sym_storage_offset.default] in runner and aten.sym_storage_offset.default not in runner
     y = torch.randn(10, 12)  # same shape as x[1:], another storage offset
-    (got,) = program.run(y[2:])
+    got = program.run(y[2:])
     torch.testing.assert_close(got, f(y[2:]))
 
 
@@ -81,7 +81,7 @@ def test_cpu_runner_calls_torch_mm_and_matches_eager():
     assert len(contract) == len(runner)
     assert all(c == r or DIRECT_CALLS.get(c) is r for c, r in zip(contract, runner))
     x2, w2, b2 = torch.randn(16, 8), torch.randn(8, 8), torch.randn(8)
-    (got,) = program.run(x2, w2, b2)
+    got = program.run(x2, w2, b2)
     torch.testing.assert_close(got, f(x2, w2, b2))
 
 

@@ -17,12 +17,12 @@ def test_run_maps_arguments_in_the_functions_order(dynamic, kernels):
     program = fxwrap.lower(_w_first, x, w, dynamic=dynamic, options={"kernels": kernels})
     assert [s[:2] for s in program.arguments.sources if s[0] == "arg"] == [("arg", 1), ("arg", 0)]
     x2, w2 = torch.randn(6), torch.randn(6)
-    torch.testing.assert_close(program.run(x2, w2)[0], _w_first(x2, w2))
+    torch.testing.assert_close(program.run(x2, w2), _w_first(x2, w2))
     # the graph itself takes (w, x): given the function's order it computes something else
-    assert not torch.allclose(program.run(w2, x2)[0], _w_first(x2, w2))
+    assert not torch.allclose(program.run(w2, x2), _w_first(x2, w2))
     if dynamic:
         x3, w3 = torch.randn(11), torch.randn(11)
-        torch.testing.assert_close(program.run(x3, w3)[0], _w_first(x3, w3))
+        torch.testing.assert_close(program.run(x3, w3), _w_first(x3, w3))
 
 
 def test_module_parameters_are_filled_in_and_training_forward_maps_too():
@@ -31,8 +31,8 @@ def test_module_parameters_are_filled_in_and_training_forward_maps_too():
     kinds = [s[0] for s in program.arguments.sources]
     assert kinds.count("const") == 4 and kinds.count("arg") == 1
     x = torch.randn(5, 8)
-    torch.testing.assert_close(program.run(x)[0], model(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(program.run(x), model(x), rtol=1e-4, atol=1e-5)
     training = fxwrap.lower(model, torch.randn(5, 8, requires_grad=True), training=True)
-    torch.testing.assert_close(training.forward.run(x)[0], model(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(training.forward.run(x), model(x), rtol=1e-4, atol=1e-5)
     with pytest.raises(TypeError, match="backward program has no argument map"):
         training.backward.run(x)

@@ -1,0 +1,405 @@
+"""Input guards: what a program checks about its inputs before anything runs.
+
+A program's kernels are compiled for one layout of each input: its dtype, device, rank,
+sizes (numbers, or size symbols such as ``s0`` under ``dynamic=True``) and strides.  A
+kernel computes addresses from that layout and trusts it; an input of another layout
+would give wrong numbers (a transposed input) or make the kernel read past the input's
+memory (a smaller input).  So the GraphModule's first node checks every input against
+the layout it was compiled for::
+
+    def forward(self, s0, arg1):
+        check_inputs = fxwrap_runtime_guards_check_inputs(self._fxwrap_input_guard, s0, arg1)
+        buf0 = torch.empty_strided([s0, 16], [16, 1], dtype = torch.float32, ...)
+
+and a mismatch raises :class:`InputMismatchError`, naming the input, what the program
+expected and what came::
+
+    InputMismatchError: x (argument 0) has strides (1, 8); the program's kernels were
+    compiled for strides (16, 1) (dimension 0: expected 16, got 1); pass .contiguous() ...
+
+The :class:`InputGuard` is an attribute of the GraphModule and pickles with it, so a
+GraphModule called directly, copied by a target's wrapper or pickled and loaded is
+guarded as well.  This module imports only torch.
+
+Not checked, on purpose:
+
+- the storage offset: a kernel gets the address of the input's first element, and a view
+  of an input reads the input's offset when the program runs (``sym_storage_offset``),
+  so a slice of a larger tensor with the compiled strides is as good as a tensor of its
+  own;
+- the bytes of storage behind the input: a tensor whose sizes and strides are the
+  compiled ones spans exactly the elements the kernels read, and torch checks when a
+  tensor is made (``as_strided``, ``set_``) that its storage holds them.  Only a storage
+  shrunk afterwards (``untyped_storage().resize_(0)``) escapes that, as it does in eager;
+  a ``TensorInputSpec`` can still ask for the check (``storage_bytes``), which costs more
+  than the rest of a tensor's check.
+
+Cost: the check is one generated Python function of straight-line comparisons (about a
+quarter of a microsecond per tensor input, ``benchmarks/guard_cost.py``); only when it
+fails does the slower explanation run, which finds the first mismatch and words the
+error.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+__all__ = [
+    "InputGuard", "InputMismatchError", "OtherInputSpec", "SizeCondition", "SizeInputSpec",
+    "SymbolBinding", "TensorInputSpec", "check_inputs",
+]
+
+
+class InputMismatchError(ValueError):
+    """An input that the program was not compiled for (wrong dtype, device, rank, sizes,
+    strides, storage offset, too little storage, a size symbol that breaks a constraint,
+    or a Python scalar other than the one baked into the program).
+
+    The message names the input (the lowered function's argument where the program knows
+    it, else the graph input), what the program expected, what came, and what to do.
+    """
+
+
+# A size or stride in a spec: an int, Python source over size-symbol names ("s0*s1"), or
+# None: not checked (an expression the compiler could not print as Python).
+Expr = int | str | None
+
+
+@dataclass(frozen=True)
+class TensorInputSpec:
+    """A tensor input: ``TensorInputSpec("arg1", torch.float32, torch.device("cpu"),
+    ("s0", 16), (16, 1))`` is a row-major ``s0 x 16`` float tensor.  The stride of a
+    dimension of size 1 is not checked (no address depends on it).  ``offset``: the
+    storage offset it must have (None: any); ``storage_bytes``: the bytes its storage
+    must hold from its first element on (None: not checked).  ``build_input_guard``
+    leaves both None (see the module docstring)."""
+
+    name: str
+    dtype: torch.dtype
+    device: torch.device
+    size: tuple[Expr, ...]
+    stride: tuple[Expr, ...]
+    offset: Expr = None
+    storage_bytes: Expr = None
+
+
+@dataclass(frozen=True)
+class SizeInputSpec:
+    """A size symbol the program takes as an input (``s0``): a Python ``int``."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class OtherInputSpec:
+    """An input the guard does not check (an opaque value, such as a generator)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class SizeCondition:
+    """A constraint on size symbols that the program was compiled under: ``code`` is
+    Python over symbol names (``"s0 >= 2"``), ``text`` how the error shows it, ``origin``
+    where it came from (``"dynamo's ShapeEnv"``)."""
+
+    code: str
+    text: str
+    origin: str = "the ShapeEnv of the traced graph"
+
+
+InputSpec = TensorInputSpec | SizeInputSpec | OtherInputSpec
+
+
+@dataclass(frozen=True)
+class SymbolBinding:
+    """A size symbol that is not a program input: its value is ``inputs[name].size(dim)``."""
+
+    symbol: str
+    name: str
+    dim: int
+
+
+_EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "int": int, "math": math}
+
+
+class InputGuard:
+    """Checks a program's inputs; ``guard(*inputs)`` returns None or raises.
+
+    Checks, in order, for every input of ``inputs`` (a spec per graph input):
+
+    - a size input is an ``int``; its value binds the symbol;
+    - a tensor input is None (AOTAutograd passes None for an input a backward program
+      does not use) or a tensor of the expected dtype, device and rank, whose sizes and
+      strides (other than those of size-1 dimensions) equal the expected ones (for
+      symbolic ones, with the symbols bound by the size inputs);
+    - then every :class:`SizeCondition` holds (the symbols' ranges and the guards the
+      ShapeEnv recorded while tracing, e.g. ``s0 >= 2``).
+
+    ``labels`` maps a graph input's name to how errors call it (``"x (argument 0)"``);
+    ``fxwrap.lower`` fills it in.  Values traced symbolically
+    (FakeTensors, SymInts: a compiler propagating shapes through the GraphModule) are
+    not checked.
+    """
+
+    def __init__(self, inputs: Sequence[InputSpec], conditions: Sequence[SizeCondition] = (),
+                 bindings: Sequence[SymbolBinding] = (), labels: Mapping[str, str] | None = None):
+        self.inputs = tuple(inputs)
+        self.conditions = tuple(conditions)
+        self.bindings = tuple(bindings)
+        self.labels: dict[str, str] = dict(labels or {})
+        self._fast = _compile_fast_check(self.inputs, self.conditions, self.bindings)
+
+    def __reduce__(self):
+        return (InputGuard, (self.inputs, self.conditions, self.bindings, self.labels))
+
+    def __repr__(self) -> str:
+        return f"InputGuard({', '.join(spec.name for spec in self.inputs)})"
+
+    def name_inputs(self, labels: Mapping[str, str]) -> None:
+        """Say how errors name graph inputs: ``{"arg1": "x (argument 0 ...)"}`` (in place,
+        so every GraphModule holding this guard uses the names)."""
+        self.labels.update(labels)
+
+    def label(self, name: str) -> str:
+        return self.labels.get(name, f"graph input {name!r}")
+
+    def __call__(self, *values) -> None:
+        if len(values) == len(self.inputs) and self._fast(*values):
+            return None
+        self.explain(values)
+        return None
+
+    # -- the slow path: find the first mismatch and word it ------------------------
+    def explain(self, values: Sequence) -> None:
+        """Raise the error for the first input of ``values`` that does not match."""
+        if len(values) != len(self.inputs):
+            names = ", ".join(spec.name for spec in self.inputs)
+            raise TypeError(f"the program takes {len(self.inputs)} inputs ({names}), got {len(values)}")
+        if any(_symbolic_value(v) for v in values):
+            return None
+        for spec, value in zip(self.inputs, values):  # what needs no symbol first
+            if isinstance(spec, TensorInputSpec) and value is not None:
+                self._explain_kind(spec, value)
+        env: dict[str, int] = {}
+        self._origin: dict[str, str] = {}  # symbol -> where its value came from, for the errors
+        for spec, value in zip(self.inputs, values):
+            if isinstance(spec, SizeInputSpec):
+                self._origin[spec.name] = self.labels.get(spec.name, f"size input {spec.name}")
+                if type(value) is not int:
+                    self._fail(spec.name, f"is a size of the program's inputs and must be an int, "
+                               f"got {value!r} ({type(value).__name__})", "pass an int")
+                env[spec.name] = value
+        by_name = {spec.name: value for spec, value in zip(self.inputs, values)}
+        for binding in self.bindings:
+            value = by_name[binding.name]
+            if isinstance(value, torch.Tensor) and value.dim() > binding.dim:
+                if binding.symbol not in env:
+                    env[binding.symbol] = value.size(binding.dim)
+                    self._origin[binding.symbol] = f"dimension {binding.dim} of {self.label(binding.name)}"
+        for spec, value in zip(self.inputs, values):
+            if isinstance(spec, TensorInputSpec) and value is not None:
+                self._explain_layout(spec, value, env)
+        for condition in self.conditions:
+            if not _evaluate(condition.code, env):
+                names = [k for k in sorted(env) if re.search(rf"\b{k}\b", condition.code)]
+                shown = ", ".join(f"{k} = {env[k]}" + (f" ({self.labels[k]})" if k in self.labels else "")
+                                  for k in names)
+                self._fail(None, f"{shown}: the program was compiled under {condition.text} "
+                           f"({condition.origin})", "lower the function again with inputs of these sizes")
+        return None
+
+    def _fail(self, name: str | None, what: str, remedy: str):
+        subject = f"{self.label(name)} " if name is not None else ""
+        raise InputMismatchError(f"{subject}{what}; {remedy}")
+
+    def _symbols_from(self, expr: Expr, env: Mapping[str, int]) -> str:
+        """`` where s1 = 15 is dimension 1 of x (argument 0)``: what set the symbols of ``expr``
+        (a mismatch may be the other input's fault)."""
+        if not isinstance(expr, str):
+            return ""
+        origins = getattr(self, "_origin", {})
+        found = [f"{k} = {env[k]} is {origins[k]}" for k in sorted(origins)
+                 if k in env and re.search(rf"\b{k}\b", expr)]
+        return f", where {' and '.join(found)}" if found else ""
+
+    def _explain_kind(self, spec: TensorInputSpec, value) -> None:
+        """Tensor, dtype, device and rank: what needs no size symbol."""
+        redo = _REDO
+        if not isinstance(value, torch.Tensor):
+            self._fail(spec.name, f"must be a tensor ({_describe_spec(spec, {})}), got "
+                       f"{type(value).__name__} {value!r}"[:400], f"pass a tensor, {redo}")
+        if value.dtype != spec.dtype:
+            self._fail(spec.name, f"has dtype {value.dtype}; the program was compiled for {spec.dtype}",
+                       f"convert it with .to({spec.dtype}), {redo}")
+        if value.device != spec.device:
+            self._fail(spec.name, f"is on device {value.device}; the program was compiled for "
+                       f"{spec.device}", f"move it with .to({str(spec.device)!r}), {redo}")
+        if value.dim() != len(spec.size):
+            self._fail(spec.name, f"has {value.dim()} dimensions (size {tuple(value.shape)}); the program "
+                       f"was compiled for {len(spec.size)} (size {_shown(spec.size, {})})",
+                       f"pass a tensor of {len(spec.size)} dimensions, {redo}")
+
+    def _explain_layout(self, spec: TensorInputSpec, value, env: dict) -> None:
+        """Sizes, strides, storage offset and storage bytes, with the symbols of ``env``."""
+        redo = _REDO
+        for dim, expr in enumerate(spec.size):
+            expected = _evaluate(expr, env)
+            if expected is None and isinstance(expr, str) and expr.isidentifier():
+                env[expr] = expected = value.size(dim)  # first occurrence binds the symbol
+                self._origin[expr] = f"dimension {dim} of {self.label(spec.name)}"
+            if expected is not None and value.size(dim) != expected:
+                self._fail(spec.name, f"has size {tuple(value.shape)}; the program was compiled for size "
+                           f"{_shown(spec.size, env)} (dimension {dim}: expected {expected}"
+                           f"{self._symbols_from(expr, env)}, got {value.size(dim)})",
+                           f"pass an input of that size, {redo}"
+                           + (" (with dynamic=True, sizes become symbols)" if not _is_symbolic(spec) else ""))
+        for dim, expr in enumerate(spec.stride):
+            expected = _evaluate(expr, env)
+            if value.size(dim) != 1 and expected is not None and value.stride(dim) != expected:
+                self._fail(spec.name, f"has strides {tuple(value.stride())}; the program's kernels were "
+                           f"compiled for strides {_shown(spec.stride, env)} (dimension {dim}: expected "
+                           f"{expected}{self._symbols_from(expr, env)}, got {value.stride(dim)})",
+                           f"pass .contiguous() or a tensor of that layout, {redo}")
+        offset = _evaluate(spec.offset, env)
+        if offset is not None and value.storage_offset() != offset:
+            self._fail(spec.name, f"starts at storage offset {value.storage_offset()} (a view into a larger "
+                       f"tensor); the program was compiled for offset {offset}",
+                       f"pass .clone() (a tensor of its own), {redo}")
+        needed = _evaluate(spec.storage_bytes, env)
+        have = value.untyped_storage().nbytes() - value.storage_offset() * value.element_size()
+        if needed is not None and have < needed:
+            self._fail(spec.name, f"has {have} bytes of storage from its first element on; the program "
+                       f"reads {needed} "
+                       "bytes from it", f"pass a tensor that owns its memory (.clone()), {redo}")
+
+
+_REDO = "or lower the function again with an example like it"
+
+
+def _is_symbolic(spec: TensorInputSpec) -> bool:
+    return any(isinstance(e, str) for e in (*spec.size, *spec.stride, spec.offset))
+
+
+def _describe_spec(spec: TensorInputSpec, env) -> str:
+    return f"{spec.dtype} on {spec.device}, size {_shown(spec.size, env)}"
+
+
+def _shown(exprs, env) -> str:
+    """``(s0, 16)``, with the symbols' values where known: ``(s0=8, 16)``."""
+    parts = []
+    for e in exprs:
+        value = _evaluate(e, env)
+        parts.append(str(e) if isinstance(e, int) or value is None or str(e) == str(value)
+                     else f"{e}={value}")
+    return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+
+
+def _evaluate(expr: Expr, env: Mapping[str, int]):
+    """``expr`` at ``env``; None when it is None or a symbol is unbound."""
+    if expr is None or isinstance(expr, int):
+        return expr
+    try:
+        return eval(expr, _EVAL_NAMES, dict(env))  # noqa: S307 -- our own generated source
+    except NameError:
+        return None
+
+
+def _symbolic_value(value) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, torch.Tensor):
+        from torch._subclasses.fake_tensor import is_fake
+        return is_fake(value)
+    return False
+
+
+def _compile_fast_check(inputs, conditions, bindings):
+    """A function ``fast(*values) -> bool``: True when every check passes.
+
+    For ``TensorInputSpec("arg1", float32, cpu, ("s0", 16), (16, 1))`` after
+    ``SizeInputSpec("s0")`` it is::
+
+        def fast(s0, arg1):
+            try:
+                if type(s0) is not int: return False
+                if arg1 is not None:
+                    if arg1.dtype is not _c0 or arg1.device != _c1: return False
+                    if arg1.size() != (s0, 16): return False
+                    if arg1.stride() != (16, 1): return False
+                return True
+            except Exception:
+                return False
+    """
+    constants: dict[str, object] = {}
+
+    def const(value) -> str:
+        name = f"_c{len(constants)}"
+        constants[name] = value
+        return name
+
+    params = [_param(spec.name, i) for i, spec in enumerate(inputs)]
+    param_of = {spec.name: p for spec, p in zip(inputs, params)}
+    body: list[str] = []
+    for spec, p in zip(inputs, params):
+        if isinstance(spec, SizeInputSpec):
+            body.append(f"if type({p}) is not int: return False")
+            if spec.name != p:
+                body.append(f"{spec.name} = {p}")
+    bound = {spec.name for spec in inputs if isinstance(spec, SizeInputSpec)}
+    for binding in bindings:
+        if binding.symbol not in bound:
+            body.append(f"{binding.symbol} = {param_of[binding.name]}.size({binding.dim})")
+            bound.add(binding.symbol)
+    for spec, p in zip(inputs, params):
+        if not isinstance(spec, TensorInputSpec):
+            continue
+        checks = [f"if {p}.dtype is not {const(spec.dtype)} or {p}.device != {const(spec.device)}: "
+                  "return False"]
+        if None in spec.size:  # a size tuple compared whole checks the rank too
+            checks.append(f"if {p}.dim() != {len(spec.size)}: return False")
+        checks += _tuple_check(f"{p}.size", spec.size, range(len(spec.size)))
+        checks += _tuple_check(f"{p}.stride", spec.stride, [d for d, n in enumerate(spec.size) if n != 1])
+        if spec.offset is not None:
+            checks.append(f"if {p}.storage_offset() != {spec.offset}: return False")
+        if spec.storage_bytes is not None:
+            checks.append(f"if {p}.untyped_storage().nbytes() < {p}.storage_offset() * "
+                          f"{spec.dtype.itemsize} + {spec.storage_bytes}: return False")
+        body.append(f"if {p} is not None:")  # AOTAutograd passes None for some unused inputs
+        body += [f"    {check}" for check in checks]
+    for condition in conditions:
+        body.append(f"if not ({condition.code}): return False")
+    lines = [f"def fast({', '.join(params)}):", "    try:"]
+    lines += [f"        {line}" for line in body]
+    lines += ["        return True", "    except Exception:", "        return False"]
+    namespace = dict(constants, max=max, min=min, abs=abs, math=math)
+    exec(compile("\n".join(lines), "<fxwrap input guard>", "exec"), namespace)  # noqa: S102
+    return namespace["fast"]
+
+
+def _tuple_check(method: str, exprs, dims) -> list[str]:
+    """``x.size() != (s0, 16)`` when every dimension is checked, else one line per dimension."""
+    dims = [d for d in dims if exprs[d] is not None]
+    if len(dims) == len(exprs):
+        shown = ", ".join(str(e) for e in exprs)
+        return [f"if {method}() != ({shown}{',' if len(exprs) == 1 else ''}): return False"]
+    return [f"if {method}({d}) != {exprs[d]}: return False" for d in dims]
+
+
+def _param(name: str, index: int) -> str:
+    ok = name.isidentifier() and not name.startswith(("_c", "_in")) and name not in _EVAL_NAMES
+    return name if ok else f"_in{index}"
+
+
+@torch.fx.node.has_side_effect
+def check_inputs(guard: InputGuard, *inputs) -> None:
+    """The GraphModule's first node: ``guard(*inputs)`` (see :class:`InputGuard`)."""
+    for value in inputs:
+        if isinstance(value, torch.fx.Proxy):  # FX re-tracing on unpickle
+            return value.tracer.create_proxy("call_function", check_inputs, (guard, *inputs), {})
+    return guard(*inputs)
