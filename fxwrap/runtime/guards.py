@@ -23,6 +23,10 @@ guarded as well.  This module imports only torch.
 
 Not checked, on purpose:
 
+- the device of an input that no kernel reads (only ATen extern calls do, and they
+  dispatch on the tensor's own device): a backward program of SDPA on CUDA gets the
+  dropout seed and offset as CPU tensors where the traced graph said CUDA;
+
 - the storage offset: a kernel gets the address of the input's first element, and a view
   of an input reads the input's offset when the program runs (``sym_storage_offset``),
   so a slice of a larger tensor with the compiled strides is as good as a tensor of its
@@ -77,11 +81,12 @@ class TensorInputSpec:
     dimension of size 1 is not checked (no address depends on it).  ``offset``: the
     storage offset it must have (None: any); ``storage_bytes``: the bytes its storage
     must hold from its first element on (None: not checked).  ``build_input_guard``
-    leaves both None (see the module docstring)."""
+    leaves both None (see the module docstring), and ``device`` too for an input that
+    only extern calls read (they run on whatever device it is on)."""
 
     name: str
     dtype: torch.dtype
-    device: torch.device
+    device: torch.device | None  # None: not checked (no kernel reads the input)
     size: tuple[Expr, ...]
     stride: tuple[Expr, ...]
     offset: Expr = None
@@ -237,7 +242,7 @@ class InputGuard:
         if value.dtype != spec.dtype:
             self._fail(spec.name, f"has dtype {value.dtype}; the program was compiled for {spec.dtype}",
                        f"convert it with .to({spec.dtype}), {redo}")
-        if value.device != spec.device:
+        if spec.device is not None and value.device != spec.device:
             self._fail(spec.name, f"is on device {value.device}; the program was compiled for "
                        f"{spec.device}", f"move it with .to({str(spec.device)!r}), {redo}")
         if value.dim() != len(spec.size):
@@ -359,8 +364,8 @@ def _compile_fast_check(inputs, conditions, bindings):
     for spec, p in zip(inputs, params):
         if not isinstance(spec, TensorInputSpec):
             continue
-        checks = [f"if {p}.dtype is not {const(spec.dtype)} or {p}.device != {const(spec.device)}: "
-                  "return False"]
+        checks = [f"if {p}.dtype is not {const(spec.dtype)}: return False" if spec.device is None else
+                  f"if {p}.dtype is not {const(spec.dtype)} or {p}.device != {const(spec.device)}: return False"]
         if None in spec.size:  # a size tuple compared whole checks the rank too
             checks.append(f"if {p}.dim() != {len(spec.size)}: return False")
         checks += _tuple_check(f"{p}.size", spec.size, range(len(spec.size)))

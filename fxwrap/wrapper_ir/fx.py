@@ -226,7 +226,7 @@ class FxConverter:
         """``check_inputs(self._fxwrap_input_guard, *placeholders)`` as the first node."""
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         shape_env = self.symbolic.shape_env if self.symbolic.inherited else None
-        setattr(root, INPUT_GUARD_ATTR, build_input_guard(self.inputs, shape_env))
+        setattr(root, INPUT_GUARD_ATTR, build_input_guard(self.inputs, shape_env, self.lines))
         guard_node = self.graph.get_attr(INPUT_GUARD_ATTR)
         self.add(check_inputs, (guard_node, *placeholders), name="check_inputs")
 

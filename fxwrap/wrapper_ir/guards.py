@@ -24,16 +24,18 @@ from torch.utils._sympy.printers import PythonPrinter
 from fxwrap.runtime.guards import (
     InputGuard, OtherInputSpec, SizeCondition, SizeInputSpec, SymbolBinding, TensorInputSpec,
 )
-from fxwrap.wrapper_ir.lines import Buffer, SizeInput
+from fxwrap.wrapper_ir.lines import Buffer, CallKernel, SizeInput, View
 
 _PRINTER = PythonPrinter()
 _EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "int": int}
 
 
-def build_input_guard(inputs: Sequence, shape_env=None) -> InputGuard:
+def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None = None) -> InputGuard:
     """The guard for a program's ``inputs`` (``Buffer`` / ``SizeInput`` / other values),
     with the ranges and guards of ``shape_env`` (the ShapeEnv of the traced graph) over
-    the program's size symbols."""
+    the program's size symbols.  Given its ``lines``, an input no kernel reads gets no
+    device check (see ``fxwrap.runtime.guards``)."""
+    kernel_reads = read_by_kernels(lines) if lines is not None else None
     size_names = {i.name for i in inputs if isinstance(i, SizeInput)}
     hints = {i.name: int(i.hint) for i in inputs if isinstance(i, SizeInput)
              if isinstance(i.hint, int) and not isinstance(i.hint, bool)}
@@ -49,14 +51,28 @@ def build_input_guard(inputs: Sequence, shape_env=None) -> InputGuard:
         if isinstance(inp, SizeInput):
             specs.append(SizeInputSpec(inp.name) if inp.name in hints else OtherInputSpec(inp.name))
         elif isinstance(inp, Buffer):
+            device = inp.device if kernel_reads is None or inp.name in kernel_reads else None
             specs.append(TensorInputSpec(
-                inp.name, inp.dtype, inp.device,
+                inp.name, inp.dtype, device,
                 tuple(_layout_expr(e, known, hints) for e in inp.size),
                 tuple(_layout_expr(e, known, hints) for e in inp.stride),
                 None, None))  # offset and storage bytes: see fxwrap.runtime.guards
         else:
             specs.append(OtherInputSpec(getattr(inp, "name", str(inp))))
     return InputGuard(specs, _conditions(shape_env, known, hints), bindings)
+
+
+def read_by_kernels(lines: Sequence) -> set[str]:
+    """Names of the buffers whose storage a kernel launch of ``lines`` reads or writes,
+    directly or through views."""
+    root: dict[str, str] = {}
+    used: set[str] = set()
+    for line in lines:
+        if isinstance(line, View):
+            root[line.buf.name] = root.get(line.base.name, line.base.name)
+        elif isinstance(line, CallKernel):
+            used |= {root.get(a.name, a.name) for a in line.args if isinstance(a, Buffer)}
+    return used
 
 
 def _bindings(inputs, size_names) -> list[SymbolBinding]:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
+from fxwrap.wrapper_ir.lines import Allocate
 
 import test_lowerings as harness
 from test_lowerings import make
@@ -74,7 +75,11 @@ def gathers(x, g1, g0, rows, cols, signed):
     return (torch.gather(x, 1, g1), torch.gather(x, 0, g0) + 1, torch.gather(x * 2, 1, g1 % m),
             F.embedding(rows, x), F.embedding(rows.view(2, 3), x) * 2, x[signed],
             x[signed.view(2, 2)] + 1, x[:, cols], torch.index_select(x, 0, rows),
-            torch.index_select(x, 1, cols), torch.index_select(x, 1, cols[0]))
+            torch.index_select(x, 1, cols), torch.index_select(x, 1, cols[0]),
+            # lazy sources: read at the indices without being stored (read_lazy), or stored
+            # first where a reshape splits the indexed dimension (not affine in the index)
+            (x + 1).t()[signed % m], torch.index_select((x * 2).reshape(-1, 5), 0, rows),
+            torch.gather((x - 1).t(), 0, g0.t()[:, :n]))
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -87,6 +92,19 @@ def test_gather_embedding_index(target, dtype, layout, dynamic):
     signed = torch.randint(-n, n, (4,))
     run(gathers, (x, g1, g0, rows, cols, signed), dynamic,
         {aten.gather, aten.embedding, aten.index, aten.index_select})
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_cross_entropy_reads_log_probabilities_at_the_targets_only(target, dynamic):
+    """``log_softmax`` feeding the target gather is computed for the one element per row
+    that is read (from the row's max and log-sum-exp), not stored for every element."""
+    logits, targets = torch.randn(64, 1000) * 3, torch.randint(0, 1000, (64,))
+    targets[::7] = -100  # ignored rows
+    programs = harness.check(lambda x, t: (F.cross_entropy(x, t),), (logits, targets), dynamic,
+                             dict(rtol=1e-5, atol=1e-5))
+    sizes = [tuple(int(n) if n.is_number else n for n in line.buf.size)
+             for p in programs for line in p.lines if isinstance(line, Allocate)]
+    assert sizes and all(len(size) < 2 or size[1] != 1000 for size in sizes), sizes
 
 
 def test_out_of_range_index_raises(target):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.ir import Op
+from fxwrap.core.ir import Op, OpCode, load_buffer, load_index, load_mask, rewrite, xvar
 from fxwrap.core.lowering import (
     Loops, Stored, Unsupported, as_loops, broadcast, cast, const, index_value, masked, register,
 )
@@ -141,6 +141,95 @@ def read(buf, index) -> Op:
     return Op.load(buf.name, offset, buf.dtype)
 
 
+# Stand-ins for data-dependent positions while a lazy value is evaluated (see read_lazy).
+_PLACEHOLDERS = tuple(sympy.Symbol(f"fxindirect{k}", integer=True, nonnegative=True) for k in range(4))
+
+
+class _NotAffine(Exception):
+    """A placeholder appears other than as ``base + c * placeholder`` in an index."""
+
+
+def read_lazy(x: Loops, at) -> Op | None:
+    """A lazy value ``x`` at ``at`` (per dim a sympy expression or an int64 ``Op``),
+    without storing ``x`` first: the log-probabilities of a cross-entropy read at the
+    targets, ``x - amax - log(sum)``, are computed for the one element per row that is
+    read instead of stored for every element and read back.
+
+    ``x`` is evaluated with a placeholder symbol at each data-dependent position; every
+    index expression of the result must then be affine in the placeholders
+    (``6*x0 + 1000*p``), and becomes an int64 ``Op`` with the data-dependent values in
+    their place: its loads become indirect loads.  None when an index is not affine in
+    them (a placeholder under ``//`` or ``%``: a reshape that splits that dimension):
+    the caller stores ``x`` and reads it with ``read``.
+    """
+    values: dict = {}
+    index = []
+    for e in at:
+        if isinstance(e, Op):
+            if len(values) == len(_PLACEHOLDERS):
+                return None
+            symbol = _PLACEHOLDERS[len(values)]
+            values[symbol] = e
+            index.append(symbol)
+        else:
+            index.append(e)
+    value = x(tuple(index))
+    if not values:
+        return value
+
+    def load(node: Op) -> Op:
+        expr = load_index(node)
+        if type(expr) is Op or not (expr.free_symbols & values.keys()):
+            return node
+        return Op.load(load_buffer(node), _affine_value(expr, values), node.dtype, load_mask(node))
+
+    def index_node(node: Op) -> Op:
+        if not (node.arg.free_symbols & values.keys()):
+            return node
+        return cast(_affine_value(node.arg, values), node.dtype)
+
+    try:
+        return rewrite(value, {OpCode.LOAD: load, OpCode.INDEX: index_node})
+    except _NotAffine:
+        return None
+
+
+def _affine_value(expr, values: dict) -> Op:
+    """``expr`` (affine in the placeholders of ``values``) as an int64 ``Op``."""
+    base = sympy.Integer(0)
+    terms = []
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        coeff, dependent = term.as_independent(*values, as_Add=False)
+        if dependent == 1:
+            base = base + term
+        elif dependent in values and not (coeff.free_symbols & values.keys()):
+            v = values[dependent]
+            terms.append(v if coeff == 1 else Op("mul", I64, (v, index_value(coeff))))
+        else:
+            raise _NotAffine(str(term))
+    offset = None if base == 0 else index_value(base)
+    for t in terms:
+        offset = t if offset is None else Op("add", I64, (offset, t))
+    return offset
+
+
+def _source(ctx, x, dim: int):
+    """``(size of dim, reader)`` of an indexed operand: ``reader(at)`` is its value at
+    ``at``, computed from a lazy ``x`` where ``read_lazy`` can, else read from ``x``
+    stored (``ctx.stored``)."""
+    if isinstance(x, Loops):
+        probe = tuple(Op.const(0, I64) if k == dim else xvar(k) for k in range(len(x.size)))
+        if read_lazy(x, probe) is not None:
+            def reader(at):
+                value = read_lazy(x, at)
+                if value is None:  # affine at the probe, so at every index
+                    raise AssertionError(f"{ctx.node.target}: lazy operand not affine at {at}")
+                return value
+            return x.size[dim], reader
+    src = ctx.stored(x).buffer
+    return src.size[dim], lambda at: read(src, at)
+
+
 def _index_tensor(value) -> Loops:
     loops = as_loops(value)
     if loops.dtype not in _INDEX_DTYPES:
@@ -176,13 +265,13 @@ def _gather(ctx, x, dim, index, *, sparse_grad=False):
     if len(as_loops(index).size) != rank:
         raise Unsupported("gather with an index of another rank")
     dim %= rank
-    src = ctx.stored(x).buffer
-    idx = _checked(ctx, index, src.size[dim], dim, negative_ok=False)
+    size, reader = _source(ctx, x, dim)
+    idx = _checked(ctx, index, size, dim, negative_ok=False)
     out = ctx.out_dtype
 
     def fn(i):
         at = tuple(cast(idx(i), I64) if k == dim else v for k, v in enumerate(i))
-        return cast(read(src, at), out)
+        return cast(reader(at), out)
     return Loops(ctx.out_size, out, ctx.device, fn)
 
 
@@ -204,13 +293,13 @@ def _index_select(ctx, x, dim, index):
     if len(_index_tensor(index).size) > 1:
         raise Unsupported("index_select with a multi-dimensional index")
     dim %= rank
-    src = ctx.stored(x).buffer
-    idx = _checked(ctx, index, src.size[dim], dim, negative_ok=False)
+    size, reader = _source(ctx, x, dim)
+    idx = _checked(ctx, index, size, dim, negative_ok=False)
     out = ctx.out_dtype
 
     def fn(i):
         v = cast(idx((i[dim],) if idx.size else ()), I64)
-        return cast(read(src, tuple(v if k == dim else e for k, e in enumerate(i))), out)
+        return cast(reader(tuple(v if k == dim else e for k, e in enumerate(i))), out)
     return Loops(ctx.out_size, out, ctx.device, fn)
 
 
@@ -223,14 +312,14 @@ def _index(ctx, x, indices):
         raise Unsupported("index with other than one trailing index tensor")
     dim = given[0]
     _index_tensor(indices[dim])
-    src = ctx.stored(x).buffer
-    idx = _checked(ctx, indices[dim], src.size[dim], dim, negative_ok=True)
+    size, reader = _source(ctx, x, dim)
+    idx = _checked(ctx, indices[dim], size, dim, negative_ok=True)
     nidx, out = len(idx.size), ctx.out_dtype
 
     def fn(i):
-        v = _wrap(cast(idx(tuple(i[dim:dim + nidx])), I64), src.size[dim])
+        v = _wrap(cast(idx(tuple(i[dim:dim + nidx])), I64), size)
         at = tuple(i[:dim]) + (v,) + tuple(i[dim + nidx:])
-        return cast(read(src, at), out)
+        return cast(reader(at), out)
     return Loops(ctx.out_size, out, ctx.device, fn)
 
 
