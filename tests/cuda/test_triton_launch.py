@@ -119,6 +119,31 @@ def test_driver_launch_from_another_thread_and_ragged_sizes():
 
 
 @gpu
+def test_unaligned_pointers_launch_a_variant_compiled_for_them():
+    """A slice at an odd offset (shifted labels ``tokens[:, 1:]``) is not 16-byte aligned:
+    the driver launcher compiles a variant without that assumption once per set of
+    unaligned pointers and launches it through the driver, not Triton's per-call
+    ``kernel[grid]`` dispatch (tens of microseconds per launch)."""
+    launch = _build_scale()
+    generic = []
+    launch.generic = lambda n, args: generic.append(n)
+    a = torch.randn(5001, device=DEVICE)
+    for offset in (1, 1, 3, 0):
+        src = a[offset:offset + 4000]
+        out = torch.full((4001,), float("nan"), device=DEVICE)[1:]
+        launch(src, out, src.numel())
+        torch.testing.assert_close(out, src * (src + src), rtol=0, atol=0)
+    assert not generic
+    # one variant per set of unaligned pointers: both (offsets 1 and 3 alike), the output only
+    assert set(launch.variants) == {frozenset({0, 1}), frozenset({1})}, launch.variants
+    assert all(v.path == "cuda-driver" for v in launch.variants.values())
+    aligned = torch.empty(4000, device=DEVICE)
+    launch(a[:4000], aligned, 4000)  # all aligned: the kernel compiled first, no new variant
+    torch.testing.assert_close(aligned, a[:4000] * (a[:4000] + a[:4000]), rtol=0, atol=0)
+    assert len(launch.variants) == 2 and not generic
+
+
+@gpu
 def test_size_past_int32_takes_generic_path():
     launch = _build_scale()
     calls = []
@@ -202,6 +227,34 @@ def test_driver_launcher_falls_back_where_the_compiled_kernel_does_not_apply():
     launcher(a[1:], o[1:], 1000)           # 4-byte offset: not the 16-byte alignment compiled for
     launcher(a, o, 1 << 31)                # past the int32 size parameter
     assert [c[0] for c in launcher.generic_calls] == [8, 1 << 24] and not driver.launches
+
+
+def test_driver_launcher_sends_unaligned_calls_to_a_variant_built_once():
+    launcher, driver = _fake_launcher()
+    built = []
+
+    def variant(unaligned):
+        built.append(unaligned)
+        other, _ = _fake_launcher()
+        other.unaligned = unaligned
+        other.aligned = tuple(i for i in range(2) if i not in unaligned)
+        other.root = launcher
+        other.function = ctypes.c_void_p(0xDEF)  # the variant's own compiled function
+        return other
+
+    launcher._variant = variant
+    a, o = torch.randn(1003), torch.empty(1003)
+    launcher(a[1:1001], o[:1000], 1000)    # pointer 0 unaligned
+    launcher(a[3:1003], o[:1000], 1000)    # the same set: the same variant
+    launcher(a[:1000], o[2:1002], 1000)    # pointer 1 unaligned: a variant of its own
+    launcher(a[:1000], o[:1000], 1000)     # aligned: the kernel compiled first
+    assert built == [frozenset({0}), frozenset({1})]
+    assert [rec["function"] for rec in driver.launches] == [0xABC]
+    (v0, v1) = (launcher.variants[frozenset({0})], launcher.variants[frozenset({1})])
+    assert [rec["values"][0] for rec in v0.driver.launches] == [a[1:].data_ptr(), a[3:].data_ptr()]
+    assert [rec["function"] for rec in v1.driver.launches] == [0xDEF]
+    v0(a[1:1001], o[2:1002], 1000)         # the variant sees another unaligned pointer: the root's table
+    assert built[-1] == frozenset({0, 1}) and not launcher.generic_calls
 
 
 def test_driver_launcher_gives_each_thread_its_own_slots():

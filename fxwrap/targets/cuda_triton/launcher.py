@@ -13,8 +13,12 @@ it once under ``FXWRAP_CACHE_DIR/triton`` (atomically) and imports it; the
   does not apply, ``CompiledKernel.run``, whose signature is the same in triton 3.6
   and 3.9: ``(gx, gy, gz, stream, function, packed_metadata, launch_metadata,
   enter_hook, exit_hook, *args)`` where ``args`` are every kernel parameter,
-  constexprs included.  A call whose pointers are not 16-byte aligned, or whose
-  sizes exceed int32, takes the generic ``kernel[grid](...)`` path (correct, slower).
+  constexprs included.  A call with pointers that are not 16-byte aligned (a slice
+  at an odd offset: shifted labels ``tokens[:, 1:]``) launches a variant compiled
+  without that assumption for those pointers (``DriverLauncher.for_alignment``, built
+  on first use); a call whose sizes exceed int32 takes the generic
+  ``kernel[grid](...)`` path (correct, slower), as does every unaligned call of a
+  ``CompiledLauncher``.
 * ``InterpretedLauncher`` (``TRITON_INTERPRET=1``): ``kernel[grid](...)``; the
   interpreter has no compiled kernel to bind, and its cost is the interpretation.
 
@@ -162,9 +166,23 @@ def _raw_stream_getter():
     return lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
-def compile_kernel(fn, launch: dict, pointer_dtypes, nsizes: int):
-    """Ahead-of-time compile ``fn`` for the launch's config (pointers aligned, int32 sizes)."""
-    warm = list(pointer_dtypes) + [2] * nsizes
+class _UnalignedPointer:
+    """A ``warmup`` argument standing for a pointer of ``dtype`` that is not 16-byte
+    aligned: Triton specializes on ``data_ptr() % 16`` and compiles without assuming it
+    (its own ``MockTensor`` reports an aligned 0)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    @staticmethod
+    def data_ptr() -> int:
+        return 8
+
+
+def compile_kernel(fn, launch: dict, pointer_dtypes, nsizes: int, unaligned: frozenset = frozenset()):
+    """Ahead-of-time compile ``fn`` for the launch's config: int32 sizes, every pointer
+    16-byte aligned but those whose index is in ``unaligned``."""
+    warm = [_UnalignedPointer(d) if i in unaligned else d for i, d in enumerate(pointer_dtypes)] + [2] * nsizes
     return fn.warmup(*warm, grid=(1,), **_constexprs(launch), **_options(launch))
 
 
@@ -250,8 +268,17 @@ class DriverLauncher(CompiledLauncher):
 
     path = "cuda-driver"
 
-    def __init__(self, fn, launch: dict, compiled, device_index: int, driver, *, device_count: int):
+    def __init__(self, fn, launch: dict, compiled, device_index: int, driver, *, device_count: int,
+                 pointer_dtypes=(), unaligned: frozenset = frozenset()):
         super().__init__(fn, launch, compiled, device_index, device_count=device_count)
+        self.launch, self.pointer_dtypes, self.device_count = launch, tuple(pointer_dtypes), device_count
+        # the pointers this compiled variant assumes 16-byte aligned; a call with another
+        # pointer unaligned goes to a variant compiled for it (``variants``, by the set of
+        # unaligned pointers), not through Triton's per-call ``kernel[grid]`` dispatch
+        self.unaligned = unaligned
+        self.aligned = tuple(i for i in range(launch["pointers"]) if i not in unaligned)
+        self.variants: dict[frozenset, DriverLauncher | None] = {}
+        self.root = self  # the launcher of the aligned variant, which holds the others
         self.driver = driver
         self.cu_launch, self.function = driver.cu_launch, driver.function
         self.threads, self.shared = driver.threads, driver.shared
@@ -268,8 +295,10 @@ class DriverLauncher(CompiledLauncher):
         if n <= 0:
             return
         pointers = [t.data_ptr() for t in args[:np_]]
-        if reduce(or_, pointers, 0) & 15 or n > 2147483647:
+        if n > 2147483647:
             return self.generic(n, args)
+        if reduce(or_, pointers, 0) & 15 and (not self.unaligned or any(pointers[i] & 15 for i in self.aligned)):
+            return self.for_alignment(pointers)(*args)
         # hooked() inlined (this is the per-call path): a profiler's hook sees Triton's run
         if self.plain_hooks:
             return self.triton_launch(n, args)
@@ -296,6 +325,38 @@ class DriverLauncher(CompiledLauncher):
                 self.driver.check(result)
 
 
+    def for_alignment(self, pointers):
+        """The launcher for a call whose pointers are these: a variant compiled without
+        the 16-byte alignment of the unaligned ones (built on first use, then cached;
+        the generic path where it cannot be built)."""
+        unaligned = frozenset(i for i, ptr in enumerate(pointers) if ptr & 15)
+        variants = self.root.variants
+        launcher = variants.get(unaligned, False)
+        if launcher is False:
+            launcher = variants[unaligned] = self.root._variant(unaligned)
+        return self._generic_call if launcher is None else launcher
+
+    def _generic_call(self, *args):
+        n = self.grid(*args[self.npointers:])
+        return self.generic(n, args)
+
+    def _variant(self, unaligned: frozenset) -> "DriverLauncher | None":
+        from fxwrap.targets.cuda_triton.cuda_driver import DriverKernel
+
+        if not self.pointer_dtypes:
+            return None
+        nsizes = len(self.launch["size_symbols"])
+        compiled = compile_kernel(self.fn, self.launch, self.pointer_dtypes, nsizes, unaligned)
+        driver = DriverKernel.load(compiled, self.device, self.launch["pointers"], nsizes)
+        if driver is None:
+            return None
+        variant = DriverLauncher(self.fn, self.launch, compiled, self.device, driver,
+                                 device_count=self.device_count, pointer_dtypes=self.pointer_dtypes,
+                                 unaligned=unaligned)
+        variant.root = self
+        return variant
+
+
 def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int, *, device_count: int) -> CompiledLauncher:
     """Compile ``fn`` for the launch's config and bind the fastest launcher that applies;
     ``device_count``: how many devices of its type there are (one: no device check per call)."""
@@ -307,7 +368,8 @@ def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int, *, device
     if os.environ.get("FXWRAP_TRITON_LAUNCHER", "driver") != "triton":
         driver = DriverKernel.load(compiled, device_index, launch["pointers"], nsizes)
     if driver is not None:
-        return DriverLauncher(fn, launch, compiled, device_index, driver, device_count=device_count)
+        return DriverLauncher(fn, launch, compiled, device_index, driver, device_count=device_count,
+                              pointer_dtypes=pointer_dtypes)
     init = getattr(compiled, "_init_handles", None)
     if init is not None:  # load the binary now, not on the first call
         init()
