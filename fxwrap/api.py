@@ -209,7 +209,7 @@ class Backend:
                 return outputs
             return recording
 
-        return capture_backend(compile_graph, session.decompositions())(gm, example_inputs)
+        return capture_backend(compile_graph, session.decompositions(), options.partition)(gm, example_inputs)
 
 
 def _local_name(placeholder: torch.fx.Node) -> str | None:

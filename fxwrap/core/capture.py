@@ -20,6 +20,7 @@ import torch
 from functorch.compile import make_boxed_func
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
 aten = torch.ops.aten
 
@@ -72,8 +73,15 @@ def _kernel_decompositions() -> dict:
     ])
 
 
-def capture_backend(compile_graph: Callable, decompositions: dict) -> Callable:
-    """A dynamo backend that hands every ATen graph AOTAutograd makes to ``compile_graph``."""
+def capture_backend(compile_graph: Callable, decompositions: dict, partition: str = "min_cut") -> Callable:
+    """A dynamo backend that hands every ATen graph AOTAutograd makes to ``compile_graph``.
+
+    ``partition``: how a training graph is split.  ``"min_cut"`` (AOTAutograd's
+    min-cut rematerialization, Inductor's choice) saves for the backward the fewest
+    bytes it can and recomputes cheap pointwise values there (a cross-entropy saves
+    its bf16 logits and one log-sum-exp per row, not the float32 log-probabilities);
+    ``"default"`` saves every value the backward reads.
+    """
 
     def compiler(kind: str):
         def compile_boxed(gm: torch.fx.GraphModule, example_inputs):
@@ -86,4 +94,14 @@ def capture_backend(compile_graph: Callable, decompositions: dict) -> Callable:
         inference_compiler=compiler("inference"),
         decompositions=decompositions,
         keep_inference_input_mutations=True,
+        partition_fn=_PARTITIONS[partition],
     )
+
+
+def _min_cut(joint_module, joint_inputs, **kwargs):
+    # compiler="inductor": pointwise ops fuse into their consumers, so recomputing them is
+    # cheap; fxwrap's scheduler fuses as Inductor's does
+    return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor", **kwargs)
+
+
+_PARTITIONS = {"min_cut": _min_cut, "default": default_partition}

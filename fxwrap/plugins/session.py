@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 MODES = ("default", "cudagraphs")
 DECOMPOSITION_MODES = ("core", "none")
+PARTITIONS = ("min_cut", "default")
 
 # the dtypes fxwrap's loop IR and emitters can put in a generated kernel; a device's
 # ``capabilities()["dtypes"]`` and an emitter's ``supported_dtypes`` narrow it
@@ -55,7 +56,11 @@ class CompileOptions:
     ``kernels`` (generate kernels where the target can; False: every op an extern),
     ``execute`` (run the target's kernels another way: the target named
     ``f"{target}_{execute}"``), ``mode`` (``"default"`` or ``"cudagraphs"``),
-    ``on_program`` (a callable receiving every compiled ``Program``)::
+    ``partition`` (how a training graph is split into forward and backward:
+    ``"min_cut"``, AOTAutograd's min-cut rematerialization, recomputes cheap pointwise
+    values in the backward instead of saving them, as Inductor does; ``"default"`` saves
+    every value the backward needs), ``on_program`` (a callable receiving every compiled
+    ``Program``)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -69,6 +74,7 @@ class CompileOptions:
     kernels: bool = True
     execute: str | None = None
     mode: str = "default"
+    partition: str = "min_cut"
     on_program: Callable | None = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -77,6 +83,8 @@ class CompileOptions:
         if self.decompositions not in DECOMPOSITION_MODES:
             raise ValueError(f"fxwrap option decompositions={self.decompositions!r} is not one of "
                              f"{list(DECOMPOSITION_MODES)}")
+        if self.partition not in PARTITIONS:
+            raise ValueError(f"fxwrap option partition={self.partition!r} is not one of {list(PARTITIONS)}")
         if self.on_program is not None and not callable(self.on_program):
             raise TypeError(f"fxwrap option on_program must be callable, got {self.on_program!r}")
 

@@ -84,6 +84,9 @@ class _Builder:
         # buffers whose storage the caller or an op chose (inputs, functional results):
         # their storage offset at run time may differ from the traced one
         self.foreign: set[str] = set()
+        # buffer -> the storage offset its value had in the traced graph, for a buffer
+        # stored at another offset (a lazy view of a larger tensor, stored on its own)
+        self.traced_offsets: dict[str, sympy.Expr] = {}
         self.bound: set[sympy.Symbol] = set()  # symbols the program has a value for so far
 
     # -- naming -------------------------------------------------------------
@@ -310,6 +313,10 @@ class _Builder:
             # what the forward program made, maybe a buffer of their own where the traced
             # forward had a view): place the view relative to the real offset.
             offset = self.storage_offset_of(base) + (buf.offset - base.offset)
+            buf = Buffer(buf.name, buf.size, buf.stride, buf.dtype, buf.device, offset)
+        elif base.name in self.traced_offsets:
+            # the base holds its own elements, at its offset instead of the traced one
+            offset = base.offset + (buf.offset - self.traced_offsets[base.name])
             buf = Buffer(buf.name, buf.size, buf.stride, buf.dtype, buf.device, offset)
         self.out.fake_values[buf.name] = val
         self.roots[buf.name] = base
