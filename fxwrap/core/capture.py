@@ -73,14 +73,13 @@ def _kernel_decompositions() -> dict:
     ])
 
 
-def capture_backend(compile_graph: Callable, decompositions: dict, partition: str = "min_cut") -> Callable:
+def capture_backend(compile_graph: Callable, decompositions: dict, partition: str = "default") -> Callable:
     """A dynamo backend that hands every ATen graph AOTAutograd makes to ``compile_graph``.
 
-    ``partition``: how a training graph is split.  ``"min_cut"`` (AOTAutograd's
+    ``partition``: how a training graph is split (``CompileOptions.partition``).
+    ``"default"`` saves every value the backward reads; ``"min_cut"`` (AOTAutograd's
     min-cut rematerialization, Inductor's choice) saves for the backward the fewest
-    bytes it can and recomputes cheap pointwise values there (a cross-entropy saves
-    its bf16 logits and one log-sum-exp per row, not the float32 log-probabilities);
-    ``"default"`` saves every value the backward reads.
+    bytes it can and recomputes cheap pointwise values there.
     """
 
     def compiler(kind: str):

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 MODES = ("default", "cudagraphs")
 DECOMPOSITION_MODES = ("core", "none")
-PARTITIONS = ("min_cut", "default")
+PARTITIONS = ("default", "min_cut")
 
 # the dtypes fxwrap's loop IR and emitters can put in a generated kernel; a device's
 # ``capabilities()["dtypes"]`` and an emitter's ``supported_dtypes`` narrow it
@@ -57,10 +57,12 @@ class CompileOptions:
     ``execute`` (run the target's kernels another way: the target named
     ``f"{target}_{execute}"``), ``mode`` (``"default"`` or ``"cudagraphs"``),
     ``partition`` (how a training graph is split into forward and backward:
-    ``"min_cut"``, AOTAutograd's min-cut rematerialization, recomputes cheap pointwise
-    values in the backward instead of saving them, as Inductor does; ``"default"`` saves
-    every value the backward needs), ``on_program`` (a callable receiving every compiled
-    ``Program``)::
+    ``"default"`` saves every value the backward needs; ``"min_cut"``, AOTAutograd's
+    min-cut rematerialization, recomputes cheap pointwise values in the backward instead
+    of saving them, as Inductor does -- not the default yet: on the H200 it cut the
+    Llama-style decoder's bf16 training kernels 376 -> 343 and GPU time 4%, but raised
+    the GPT-style decoder's peak memory 1297 -> 1547 MiB, BENCHMARKS.md), ``on_program``
+    (a callable receiving every compiled ``Program``)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -74,7 +76,7 @@ class CompileOptions:
     kernels: bool = True
     execute: str | None = None
     mode: str = "default"
-    partition: str = "min_cut"
+    partition: str = "default"
     on_program: Callable | None = field(default=None, compare=False)
 
     def __post_init__(self):
