@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+aten = torch.ops.aten
 import torch.nn.functional as F
 
 import shared_helpers
@@ -151,6 +153,25 @@ def test_index_ops():
                               F.embedding(idx, emb) * 2, torch.arange(7, device=idx.device) * 2 + idx,
                               torch.full((3, 4), 2.5, device=x.device) + x[:3, :4], x[idx] + 1)
     check(fn, (x, idx, emb), tol=dict(rtol=1e-6, atol=1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_max_pool2d_backward_gathers(dtype):
+    """The max-pool gradient as a kernel (fxwrap/core/rules/pooling.py): each input element
+    gathers from the windows that chose it, overlapping windows and channels-last too."""
+    for shape, kernel, stride, padding, channels_last in (((4, 8, 16, 16), [2, 2], [2, 2], [0, 0], True),
+                                                          ((2, 3, 9, 7), [3, 3], [2, 2], [1, 1], False)):
+        x = torch.randn(shape, device=DEVICE, dtype=dtype)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        out, indices = aten.max_pool2d_with_indices(x, kernel, stride, padding, [1, 1], False)
+
+        def pool_grad(grad, x, indices):
+            return aten.max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, [1, 1], False, indices)
+
+        ks = check(pool_grad, (torch.randn_like(out), x, indices),
+                   tol=dict(rtol=1e-2, atol=4e-2) if dtype == torch.bfloat16 else None)
+        assert len(ks) == 1
 
 
 def test_permuted_3d_copy_is_tiled():
