@@ -290,6 +290,12 @@ class LoweringContext:
                 return Stored(builder.value(arg))
         raise Unsupported(f"{self.node.target}: operand is not a node of the graph")
 
+    def realized(self, loops: Loops) -> Stored:
+        """This node's value ``loops`` in memory, stored by a kernel job of its own in the
+        node's traced layout: for a value too costly to recompute in each consumer it would
+        otherwise be inlined into (gathers through data-dependent indices)."""
+        return Stored(self._builder().realize(self.node, loops))
+
     def emit(self, line) -> None:
         """Put a Wrapper IR line in the program before this node's kernel work.
 

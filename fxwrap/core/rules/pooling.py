@@ -18,7 +18,9 @@ at most ``ceil(kernel / stride)`` of them.  For ``kernel = stride = 2`` the valu
           load(grad, [x0, x1, oh, ow], ok), 0)
 
 summed in float32 over the candidate windows.  Loads are masked by ``ok``, so a
-candidate past the output is never read.  Dilated pooling stays an ATen extern.
+candidate past the output is never read.  The result is stored by a kernel of its own
+(``ctx.realized``) rather than inlined into its consumers.  Dilated pooling stays an
+ATen extern.
 """
 from __future__ import annotations
 
@@ -90,4 +92,6 @@ def _max_pool2d_backward(ctx, grad, x, kernel_size, stride, padding, dilation, c
                 value = cast(masked(read(g, at), ok), acc)
                 total = Op("add", acc, (total, Op("where", acc, (take, value, const(0, acc)))))
         return cast(total, out)
-    return Loops(ctx.out_size, out, ctx.device, fn)
+    # stored once: inlined, every consumer (a ReLU gradient, then a batch norm gradient's
+    # column reductions) would repeat the gathers in its own, less friendly, loop order
+    return ctx.realized(Loops(ctx.out_size, out, ctx.device, fn))
