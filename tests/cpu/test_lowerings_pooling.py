@@ -1,4 +1,5 @@
-"""The max-pooling gradient lowering (``fxwrap/core/rules/pooling.py``) against eager,
+"""The max-pooling lowerings (``fxwrap/core/rules/pooling.py``), values, indices and
+gradient, against eager,
 on the ``cpu`` and ``reference`` targets: overlapping and non-overlapping windows,
 padding, ``ceil_mode``, unequal kernel/stride per dimension, contiguous and
 channels-last inputs, float32/float64/bfloat16, static and ``dynamic=True``; the op
@@ -47,6 +48,29 @@ def test_max_pool2d_backward(target, case, dtype, layout, dynamic):
                                                       indices),)
 
     harness.check(pool_grad, (grad, x, indices), dynamic, TOL[dtype])
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("values", ["randn", "ties", "nan_inf"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-k{c[1]}-s{c[2]}-p{c[3]}-{c[4]}" for c in CASES])
+def test_max_pool2d_with_indices(target, case, dtype, layout, values, dynamic):
+    """Values and indices exactly as eager's, ties (the first maximum wins), NaN (the last
+    NaN in the window wins, as ATen's ``val > max || isnan(val)``) and -inf included."""
+    shape, kernel, stride, padding, ceil_mode = case
+    x = torch.randn(shape) if values != "ties" else torch.randint(-2, 2, shape).float()
+    if values == "nan_inf":
+        x.view(-1)[::7] = float("nan")
+        x.view(-1)[::5] = float("-inf")
+    x = x.to(dtype)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+
+    def pool(x):
+        return aten.max_pool2d_with_indices(x, kernel, stride, padding, [1, 1], ceil_mode)
+
+    harness.check(pool, (x,), dynamic, dict(rtol=0, atol=0))
 
 
 def test_dilated_max_pool2d_backward_stays_an_extern(target):

@@ -83,7 +83,8 @@ def test_cnn_inference_calls_convolution_functionally(kernels, dynamic):
                    if type(line).__name__ == "CallKernel"
                    or (type(line).__name__ == "CallExtern" and line.op is not aten.sym_storage_offset.default)]
         conv1 = compute.index(aten.convolution.default)
-        assert compute[conv1 + 1:conv1 + 3] == ["kernel", aten.max_pool2d_with_indices.out]  # bn1 + relu
+        assert compute[conv1 + 1] == "kernel"  # bn1 + relu
+        assert not any("max_pool" in str(op) for op in ops)  # max pooling is a kernel too
     else:
         assert batch_norm and all(str(op).endswith(".default") for op in batch_norm)
 

@@ -1,4 +1,11 @@
-"""Pooling rules: the gradient of 2-D max pooling.
+"""Pooling rules: 2-D max pooling and its gradient.
+
+``max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)`` is, per
+output ``(n, c, oh, ow)``, a scan of the window's ``kernel[0] * kernel[1]`` positions
+(unrolled; positions outside the input are masked off), with ATen's rule: a value
+replaces the maximum when it is greater or NaN, and the index starts at the window's
+first position inside the input.  Values and indices are two ``Loops`` over the same
+scan; interning makes them one computation where a kernel stores both.
 
 ``max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, dilation, ceil_mode,
 indices)`` is, for every input element ``(n, c, h, w)``, the sum of ``grad`` over the
@@ -28,7 +35,8 @@ import torch
 
 from fxwrap.core.ir import Op
 from fxwrap.core.lowering import Loops, Unsupported, as_loops, cast, const, index_value, masked, register
-from fxwrap.core.rules.indexing import read
+from fxwrap.core.rules.indexing import _cmp, read
+from fxwrap.core.symbolic import to_expr
 
 aten = torch.ops.aten
 I64 = torch.int64
@@ -59,6 +67,42 @@ def _windows(position, pad: int, kernel: int, stride: int, out_size):
     first = _op("maximum", first, 0)
     last = _op("minimum", _op("floordiv", position + pad, stride), out_size - 1)
     return first, last, ahead
+
+
+@register(aten.max_pool2d_with_indices.default)
+def _max_pool2d(ctx, x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    loops = as_loops(x)
+    if len(loops.size) != 4 or _pair(dilation, (1,)) != (1, 1) or not loops.dtype.is_floating_point:
+        raise Unsupported("max pooling other than 4-D, floating and undilated")
+    kernel = _pair(kernel_size)
+    strides = _pair(stride, kernel)
+    pads = _pair(padding, (0,))
+    height, width = loops.size[2], loops.size[3]
+    dtype = loops.dtype
+    compute = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    size = tuple(to_expr(n) for n in ctx.val[0].shape)
+
+    def scan(i):
+        n, c, oh, ow = i
+        top, left = oh * strides[0] - pads[0], ow * strides[1] - pads[1]
+        best = const(float("-inf"), compute)
+        where_ = _op("add", _op("mul", _op("maximum", top, 0), width), _op("maximum", left, 0))
+        for dh in range(kernel[0]):
+            for dw in range(kernel[1]):
+                h, w = top + dh, left + dw
+                inside = Op("logical_and", torch.bool, (
+                    Op("logical_and", torch.bool, (_cmp("ge", h, 0), _cmp("lt", h, height))),
+                    Op("logical_and", torch.bool, (_cmp("ge", w, 0), _cmp("lt", w, width)))))
+                value = cast(masked(loops((n, c, h, w)), inside), compute)
+                wins = Op("logical_and", torch.bool, (inside, Op("logical_or", torch.bool, (
+                    Op("gt", torch.bool, (value, best)), Op("isnan", torch.bool, (value,))))))
+                best = Op("where", compute, (wins, value, best))
+                where_ = Op("where", I64, (wins, index_value(h * width + w), where_))
+        return best, where_
+
+    values = Loops(size, dtype, ctx.device, lambda i: cast(scan(i)[0], dtype))
+    indices = Loops(size, I64, ctx.device, lambda i: scan(i)[1])
+    return values, indices
 
 
 @register(aten.max_pool2d_with_indices_backward.default)
