@@ -290,6 +290,15 @@ class LoweringContext:
                 return Stored(builder.value(arg))
         raise Unsupported(f"{self.node.target}: operand is not a node of the graph")
 
+    def realized_output(self, loops: Loops, index: int) -> Stored:
+        """Output ``index`` of this multi-output node stored by a kernel job of its own, in
+        its traced layout (jobs made one after the other fuse into one kernel, so outputs
+        computed by one scan are computed once)."""
+        builder = self._builder()
+        buf = builder.new_buffer(self.val[index])
+        builder.pointwise_job(buf, loops, [self.node.name])
+        return Stored(buf)
+
     def realized(self, loops: Loops) -> Stored:
         """This node's value ``loops`` in memory, stored by a kernel job of its own in the
         node's traced layout: for a value too costly to recompute in each consumer it would

@@ -31,6 +31,9 @@ ATen extern.
 """
 from __future__ import annotations
 
+import operator
+
+import sympy
 import torch
 
 from fxwrap.core.ir import Op
@@ -82,27 +85,50 @@ def _max_pool2d(ctx, x, kernel_size, stride=(), padding=(0,), dilation=(1,), cei
     compute = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
     size = tuple(to_expr(n) for n in ctx.val[0].shape)
 
+    # window offsets that can fall outside the input (pads, ceil_mode): only those are masked
+    outside = [[_may_leave(d, pads[a], strides[a], size[2 + a], loops.size[2 + a]) for d in range(kernel[a])]
+               for a in range(2)]
+
     def scan(i):
         n, c, oh, ow = i
         top, left = oh * strides[0] - pads[0], ow * strides[1] - pads[1]
         best = const(float("-inf"), compute)
-        where_ = _op("add", _op("mul", _op("maximum", top, 0), width), _op("maximum", left, 0))
+        where_ = index_value(top * width + left) if not (pads[0] or pads[1]) else \
+            _op("add", _op("mul", _op("maximum", top, 0), width), _op("maximum", left, 0))
         for dh in range(kernel[0]):
             for dw in range(kernel[1]):
                 h, w = top + dh, left + dw
-                inside = Op("logical_and", torch.bool, (
-                    Op("logical_and", torch.bool, (_cmp("ge", h, 0), _cmp("lt", h, height))),
-                    Op("logical_and", torch.bool, (_cmp("ge", w, 0), _cmp("lt", w, width)))))
-                value = cast(masked(loops((n, c, h, w)), inside), compute)
-                wins = Op("logical_and", torch.bool, (inside, Op("logical_or", torch.bool, (
-                    Op("gt", torch.bool, (value, best)), Op("isnan", torch.bool, (value,))))))
+                checks = ([_cmp("ge", h, 0), _cmp("lt", h, height)] if outside[0][dh] else []) + \
+                         ([_cmp("ge", w, 0), _cmp("lt", w, width)] if outside[1][dw] else [])
+                inside = None
+                for check in checks:
+                    inside = check if inside is None else Op("logical_and", torch.bool, (inside, check))
+                value = loops((n, c, h, w))
+                value = cast(value if inside is None else masked(value, inside), compute)
+                wins = Op("logical_or", torch.bool, (Op("gt", torch.bool, (value, best)),
+                                                      Op("isnan", torch.bool, (value,))))
+                if inside is not None:
+                    wins = Op("logical_and", torch.bool, (inside, wins))
                 best = Op("where", compute, (wins, value, best))
                 where_ = Op("where", I64, (wins, index_value(h * width + w), where_))
         return best, where_
 
     values = Loops(size, dtype, ctx.device, lambda i: cast(scan(i)[0], dtype))
     indices = Loops(size, I64, ctx.device, lambda i: scan(i)[1])
+    used = {user.args[1] for user in ctx.node.users if user.target is operator.getitem}
+    if used == {0, 1}:  # both stored by one kernel: the scan is computed once
+        return ctx.realized_output(values, 0), ctx.realized_output(indices, 1)
     return values, indices
+
+
+def _may_leave(offset: int, pad: int, stride: int, out_size, in_size) -> bool:
+    """Whether window offset ``offset`` can fall outside the input, for some output
+    position: before it (``offset < pad``) or past it (the last window's
+    ``(out_size - 1) * stride - pad + offset >= in_size``); True unless the sizes say no."""
+    if offset < pad:
+        return True
+    past = sympy.sympify((out_size - 1) * stride - pad + offset - in_size)
+    return not (past.is_number and past < 0)
 
 
 @register(aten.max_pool2d_with_indices_backward.default)
