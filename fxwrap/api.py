@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,6 +273,12 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
         # Each lower() is a fresh compile: drop dynamo's cache entry for fn so repeated
         # lowerings never pile up against the recompile limit (nor hit an old entry).
         torch._dynamo.eval_frame.remove_from_cache(fn)
+        # dynamo keeps every backend it was given (eval_frame.cached_backends, until
+        # torch._dynamo.reset()): let it keep nothing of this lowering -- the programs
+        # (through on_program), their kernels, the example inputs and outputs
+        backend.options = dataclasses.replace(backend.options, on_program=None)
+        backend.example_inputs, backend.graph_outputs, backend.input_names = None, {}, []
+        programs.clear()
 
 
 def _run_lowering(compiled, example_inputs, training: bool, programs: list):

@@ -68,7 +68,6 @@ class Kernel:
         self.key = f"{name}_{digest}"
         self._launcher: Callable = self._first_call
         _LIVE[self.key] = self
-        torch.fx.node.has_side_effect(self)
 
     @property
     def __name__(self) -> str:  # FX names the global after this
@@ -76,6 +75,13 @@ class Kernel:
 
     def __call__(self, *args):
         return self._launcher(*args)
+
+    # Every kernel hashes alike and equals ``_ANY_KERNEL`` (below), the one entry FX's
+    # set of side-effectful functions holds for all of them: a launch node survives
+    # dead-code elimination (it writes its outputs and returns nothing), and the set
+    # keeps no kernel alive (one entry per kernel would, for the life of the process).
+    def __hash__(self) -> int:
+        return _KERNEL_HASH
 
     def _first_call(self, *args):
         if any(isinstance(a, torch.fx.Proxy) for a in args):  # FX re-tracing on unpickle
@@ -108,6 +114,29 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, target={self.target!r})"
+
+
+_KERNEL_HASH = hash("fxwrap.runtime.kernel.Kernel")
+
+
+class _AnyKernel:
+    """Equal to every ``Kernel`` (and hashed alike): ``kernel in _side_effectful_functions``
+    holds for each kernel through this single entry (see ``Kernel.__hash__``)."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        return _KERNEL_HASH
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Kernel)
+
+    def __repr__(self) -> str:
+        return "<every fxwrap Kernel>"
+
+
+_ANY_KERNEL = _AnyKernel()
+torch.fx.node.has_side_effect(_ANY_KERNEL)
 
 
 def _rebuild(name, source, target, signature, launch, loader) -> Kernel:
