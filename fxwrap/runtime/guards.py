@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.fx
@@ -192,10 +192,10 @@ class InputGuard:
             if isinstance(spec, TensorInputSpec) and value is not None:
                 self._explain_kind(spec, value)
         env: dict[str, int] = {}
-        self._origin: dict[str, str] = {}  # symbol -> where its value came from, for the errors
+        origin: dict[str, str] = {}  # symbol -> where its value came from, for the errors
         for spec, value in zip(self.inputs, values):
             if isinstance(spec, SizeInputSpec):
-                self._origin[spec.name] = self.labels.get(spec.name, f"size input {spec.name}")
+                origin[spec.name] = self.labels.get(spec.name, f"size input {spec.name}")
                 if type(value) is not int:
                     self._fail(spec.name, f"is a size of the program's inputs and must be an int, "
                                f"got {value!r} ({type(value).__name__})", "pass an int")
@@ -206,10 +206,10 @@ class InputGuard:
             if isinstance(value, torch.Tensor) and value.dim() > binding.dim:
                 if binding.symbol not in env:
                     env[binding.symbol] = value.size(binding.dim)
-                    self._origin[binding.symbol] = f"dimension {binding.dim} of {self.label(binding.name)}"
+                    origin[binding.symbol] = f"dimension {binding.dim} of {self.label(binding.name)}"
         for spec, value in zip(self.inputs, values):
             if isinstance(spec, TensorInputSpec) and value is not None:
-                self._explain_layout(spec, value, env)
+                self._explain_layout(spec, value, env, origin)
         for condition in self.conditions:
             if not _evaluate(condition.code, env):
                 names = [k for k in sorted(env) if re.search(rf"\b{k}\b", condition.code)]
@@ -223,13 +223,13 @@ class InputGuard:
         subject = f"{self.label(name)} " if name is not None else ""
         raise InputMismatchError(f"{subject}{what}; {remedy}")
 
-    def _symbols_from(self, expr: Expr, env: Mapping[str, int]) -> str:
+    @staticmethod
+    def _symbols_from(expr: Expr, env: Mapping[str, int], origin: Mapping[str, str]) -> str:
         """`` where s1 = 15 is dimension 1 of x (argument 0)``: what set the symbols of ``expr``
         (a mismatch may be the other input's fault)."""
         if not isinstance(expr, str):
             return ""
-        origins = getattr(self, "_origin", {})
-        found = [f"{k} = {env[k]} is {origins[k]}" for k in sorted(origins)
+        found = [f"{k} = {env[k]} is {origin[k]}" for k in sorted(origin)
                  if k in env and re.search(rf"\b{k}\b", expr)]
         return f", where {' and '.join(found)}" if found else ""
 
@@ -250,18 +250,18 @@ class InputGuard:
                        f"was compiled for {len(spec.size)} (size {_shown(spec.size, {})})",
                        f"pass a tensor of {len(spec.size)} dimensions, {redo}")
 
-    def _explain_layout(self, spec: TensorInputSpec, value, env: dict) -> None:
+    def _explain_layout(self, spec: TensorInputSpec, value, env: dict, origin: dict) -> None:
         """Sizes, strides, storage offset and storage bytes, with the symbols of ``env``."""
         redo = _REDO
         for dim, expr in enumerate(spec.size):
             expected = _evaluate(expr, env)
             if expected is None and isinstance(expr, str) and expr.isidentifier():
                 env[expr] = expected = value.size(dim)  # first occurrence binds the symbol
-                self._origin[expr] = f"dimension {dim} of {self.label(spec.name)}"
+                origin[expr] = f"dimension {dim} of {self.label(spec.name)}"
             if expected is not None and value.size(dim) != expected:
                 self._fail(spec.name, f"has size {tuple(value.shape)}; the program was compiled for size "
                            f"{_shown(spec.size, env)} (dimension {dim}: expected {expected}"
-                           f"{self._symbols_from(expr, env)}, got {value.size(dim)})",
+                           f"{self._symbols_from(expr, env, origin)}, got {value.size(dim)})",
                            f"pass an input of that size, {redo}"
                            + (" (with dynamic=True, sizes become symbols)" if not _is_symbolic(spec) else ""))
         for dim, expr in enumerate(spec.stride):
@@ -269,7 +269,7 @@ class InputGuard:
             if value.size(dim) != 1 and expected is not None and value.stride(dim) != expected:
                 self._fail(spec.name, f"has strides {tuple(value.stride())}; the program's kernels were "
                            f"compiled for strides {_shown(spec.stride, env)} (dimension {dim}: expected "
-                           f"{expected}{self._symbols_from(expr, env)}, got {value.stride(dim)})",
+                           f"{expected}{self._symbols_from(expr, env, origin)}, got {value.stride(dim)})",
                            f"pass .contiguous() or a tensor of that layout, {redo}")
         offset = _evaluate(spec.offset, env)
         if offset is not None and value.storage_offset() != offset:
