@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -276,7 +275,7 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
         # dynamo keeps every backend it was given (eval_frame.cached_backends, until
         # torch._dynamo.reset()): let it keep nothing of this lowering -- the programs
         # (through on_program), their kernels, the example inputs and outputs
-        backend.options = dataclasses.replace(backend.options, on_program=None)
+        backend.options = replace(backend.options, on_program=None)
         backend.example_inputs, backend.graph_outputs, backend.input_names = None, {}, []
         programs.clear()
 

@@ -404,7 +404,8 @@ def _param(name: str, index: int) -> str:
 @torch.fx.node.has_side_effect
 def check_inputs(guard: InputGuard, *inputs) -> None:
     """The GraphModule's first node: ``guard(*inputs)`` (see :class:`InputGuard`)."""
-    for value in inputs:
-        if isinstance(value, torch.fx.Proxy):  # FX re-tracing on unpickle
-            return value.tracer.create_proxy("call_function", check_inputs, (guard, *inputs), {})
+    # FX re-tracing (on unpickle) makes every placeholder a Proxy: one isinstance per call,
+    # not one per input, on this per-call path
+    if inputs and isinstance(inputs[0], torch.fx.Proxy):
+        return inputs[0].tracer.create_proxy("call_function", check_inputs, (guard, *inputs), {})
     return guard(*inputs)

@@ -24,9 +24,7 @@ from fxwrap.core import extern
 from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
-from fxwrap.core.symbolic import (
-    contiguous_strides, evaluate, is_non_overlapping_and_dense, storage_elements, to_expr, to_exprs,
-)
+from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.targets.cstyle import EmitError
 from fxwrap.wrapper_ir import build
@@ -174,12 +172,6 @@ class KernelBuilder(build._Builder):
         size = [evaluate(n, hints) for n in to_exprs(src_fake.shape)]
         stride = [evaluate(st, hints) for st in to_exprs(src_fake.stride())]
         if src_fake.storage_offset() != 0 or not is_non_overlapping_and_dense(size, stride):
-            return None
-        # the source is stored on its own: the view must read only the source's elements
-        # (``select(qkv, 0, 2)`` shares the storage of a ``q`` that spans a third of it)
-        view_span = storage_elements(to_exprs(fake.shape), to_exprs(fake.stride()), to_expr(fake.storage_offset()))
-        if evaluate(view_span, hints) > evaluate(storage_elements(to_exprs(src_fake.shape), to_exprs(src_fake.stride())),
-                                                 hints):
             return None
         base = self.value(source)
         if (self.roots.get(base.name) is not base or tuple(base.stride) != to_exprs(src_fake.stride())

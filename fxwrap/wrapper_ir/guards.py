@@ -24,7 +24,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from fxwrap.runtime.guards import (
     InputGuard, OtherInputSpec, SizeCondition, SizeInputSpec, SymbolBinding, TensorInputSpec,
 )
-from fxwrap.wrapper_ir.lines import Buffer, CallKernel, SizeInput, View
+from fxwrap.wrapper_ir.lines import Buffer, CallKernel, SizeInput, View, buffers_read
 
 _PRINTER = PythonPrinter()
 _EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "int": int}
@@ -71,7 +71,7 @@ def read_by_kernels(lines: Sequence) -> set[str]:
         if isinstance(line, View):
             root[line.buf.name] = root.get(line.base.name, line.base.name)
         elif isinstance(line, CallKernel):
-            used |= {root.get(a.name, a.name) for a in line.args if isinstance(a, Buffer)}
+            used |= {root.get(b.name, b.name) for b in buffers_read(line)}
     return used
 
 
