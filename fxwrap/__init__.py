@@ -3,27 +3,70 @@ an FX GraphModule, with devices plugged in as targets.
 
     >>> compiled = torch.compile(model, backend="fxwrap")
     >>> program = fxwrap.lower(fn, *example_inputs); print(program.code())
-"""
-from fxwrap.api import Backend, Program, TrainingPrograms, compile, lower
-from fxwrap.core.memory import MemoryPlan
-from fxwrap.plugins.hookspecs import hookimpl, hookspec
-from fxwrap.plugins.manager import (
-    PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
-)
-from fxwrap.runtime import InputGuard, InputMismatchError, Kernel, KernelArg, free
-from fxwrap.targets.base import (
-    DeviceInterface, DirectCallWrapper, KernelEmitter, KernelSource, Target, WrapperCodegen,
-)
-from fxwrap.targets.cpu_cpp.device import CpuDevice
-from fxwrap.targets.cpu_cpp.emitter import CppEmitter
-from fxwrap.targets.cstyle import CStyleEmitter, EmitError
-from fxwrap.wrapper_ir import lines
 
-__all__ = [
-    "Backend", "CStyleEmitter", "CppEmitter", "CpuDevice", "DeviceInterface", "DirectCallWrapper", "EmitError",
-    "InputGuard", "InputMismatchError", "Kernel",
-    "KernelArg", "KernelEmitter", "KernelSource", "MemoryPlan", "PluginError", "PluginManager",
-    "Program", "Target", "TrainingPrograms", "WrapperCodegen", "compile", "free",
-    "get_plugin_manager", "hookimpl", "hookspec", "installed_entry_points", "lines", "lower",
-    "use_plugin_manager",
-]
+The package imports lazily: ``import fxwrap`` loads nothing but this file, each name
+below loads its module on first use, and ``import fxwrap.runtime`` (what a compiled
+GraphModule calls) loads no compiler module and no dynamo.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "Backend": "fxwrap.api", "Program": "fxwrap.api", "TrainingPrograms": "fxwrap.api",
+    "compile": "fxwrap.api", "lower": "fxwrap.api",
+    "MemoryPlan": "fxwrap.core.memory",
+    "EmitError": "fxwrap.core.errors",
+    "hookimpl": "fxwrap.plugins.hookspecs", "hookspec": "fxwrap.plugins.hookspecs",
+    "PluginError": "fxwrap.plugins.manager", "PluginManager": "fxwrap.plugins.manager",
+    "get_plugin_manager": "fxwrap.plugins.manager", "installed_entry_points": "fxwrap.plugins.manager",
+    "use_plugin_manager": "fxwrap.plugins.manager",
+    "InputGuard": "fxwrap.runtime.guards", "InputMismatchError": "fxwrap.runtime.guards",
+    "Kernel": "fxwrap.runtime.kernel", "KernelArg": "fxwrap.runtime.kernel", "free": "fxwrap.runtime.memory",
+    "DeviceInterface": "fxwrap.targets.base", "DirectCallWrapper": "fxwrap.targets.base",
+    "KernelEmitter": "fxwrap.targets.base", "KernelSource": "fxwrap.targets.base",
+    "Target": "fxwrap.targets.base", "WrapperCodegen": "fxwrap.targets.base",
+    "CpuDevice": "fxwrap.targets.host.device",
+    "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
+    "CStyleEmitter": "fxwrap.targets.cstyle",
+}
+_SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name])
+    else:
+        raise AttributeError(f"module 'fxwrap' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from fxwrap.api import Backend, Program, TrainingPrograms, compile, lower  # noqa: F401
+    from fxwrap.core.errors import EmitError  # noqa: F401
+    from fxwrap.core.memory import MemoryPlan  # noqa: F401
+    from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401
+    from fxwrap.plugins.manager import (  # noqa: F401
+        PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
+    )
+    from fxwrap.runtime.guards import InputGuard, InputMismatchError  # noqa: F401
+    from fxwrap.runtime.kernel import Kernel, KernelArg  # noqa: F401
+    from fxwrap.runtime.memory import free  # noqa: F401
+    from fxwrap.targets.base import (  # noqa: F401
+        DeviceInterface, DirectCallWrapper, KernelEmitter, KernelSource, Target, WrapperCodegen,
+    )
+    from fxwrap.targets.cpu_cpp.emitter import CppEmitter  # noqa: F401
+    from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
+    from fxwrap.targets.host.device import CpuDevice  # noqa: F401
+    from fxwrap.wrapper_ir import lines  # noqa: F401

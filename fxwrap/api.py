@@ -26,10 +26,11 @@ from fxwrap.core.layout import channels_last_convolutions
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import CompileOptions, CompileSession
-from fxwrap.runtime.cudagraphs import CudaGraphRunner, graph_safety
+from fxwrap.runtime.cudagraphs import CudaGraphRunner
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
+from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
 from fxwrap.wrapper_ir.fx import input_guard_of, to_graph_module
 from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
 from fxwrap.wrapper_ir.printer import program_source

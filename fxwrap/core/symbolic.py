@@ -15,6 +15,8 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
+from fxwrap.runtime.layout import is_non_overlapping_and_dense  # noqa: F401  (concrete sizes; re-exported)
+
 Expr = sympy.Expr
 
 
@@ -79,22 +81,6 @@ def contiguous_strides(size: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
         strides.append(running)
         running = running * sympy.Max(sympy.sympify(n), 1)
     return tuple(reversed(strides))
-
-
-def is_non_overlapping_and_dense(size: Sequence[int], stride: Sequence[int]) -> bool:
-    """True when the strided layout covers a dense block with no element twice.
-
-    Takes concrete sizes (evaluate symbolic ones at their hints first).
-    """
-    dims = sorted((s, n) for n, s in zip(size, stride) if n != 1)
-    expected = 1
-    for s, n in dims:
-        if n == 0:
-            return True
-        if s != expected:
-            return False
-        expected *= n
-    return True
 
 
 def _divides(d: sympy.Expr, term: sympy.Expr) -> sympy.Expr | None:

@@ -63,7 +63,8 @@ import fxwrap.core.rules  # noqa: F401  (registers fxwrap's default lowering rul
 from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable
 from fxwrap.plugins import hookspecs
 from fxwrap.plugins.session import CompileSession
-from fxwrap.targets.base import DeviceInterface, KernelEmitter, Target, WrapperCodegen
+from fxwrap.runtime.kernel import Kernel
+from fxwrap.targets.base import DeviceInterface, KernelEmitter, KernelSource, Target, WrapperCodegen
 
 GROUP = "fxwrap"
 HOOKS = tuple(sorted(name for name in vars(hookspecs) if name.startswith("fxwrap_")))
@@ -113,6 +114,18 @@ def _did_you_mean(plugin) -> str:
     return "".join(f"; {h}" for h in hints)
 
 
+def load_kernel(kernel: Kernel) -> Callable:
+    """A ``Kernel``'s loader (pickled by reference with it): the launcher from the emitter
+    of the target the kernel names, looked up in the process-wide plugin manager, so an
+    unpickled program loads its kernels (from the target's cache, or compiling them) on
+    first launch."""
+    target = get_plugin_manager().target(kernel.target)
+    source = KernelSource(kernel.name, kernel.source, target.emitter.language,
+                          tuple(kernel.signature), kernel.launch)
+    return target.emitter(target).load(source)
+
+
+
 class PluginManager:
     """Loads plugins once and keeps the registered targets by name.
 
@@ -120,6 +133,8 @@ class PluginManager:
     the installed ones, e.g. ``[*installed_entry_points(), EntryPoint("mine",
     "my_pkg.plugin", group="fxwrap")]``.
     """
+
+    kernel_loader = staticmethod(load_kernel)  # the loader every compiled Kernel carries
 
     def __init__(self, entry_points: Iterable | None = None):
         self._entry_points = None if entry_points is None else list(entry_points)

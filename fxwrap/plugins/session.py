@@ -125,6 +125,12 @@ class CompileSession:
         self._shared = _SharedState()
 
     @property
+    def kernel_loader(self) -> Callable:
+        """What a ``Kernel`` built in this session loads its launcher with after unpickling
+        (``fxwrap.plugins.manager.load_kernel``: the named target's emitter)."""
+        return self.manager.kernel_loader
+
+    @property
     def generates_kernels(self) -> bool:
         return generates_kernels(self.target)
 

@@ -47,14 +47,11 @@ import torch
 
 from fxwrap.core.ir import (BOOL_RESULT, EXACT_16BIT, REDUCTIONS, Op, OpCode, ScheduledKernel, acc_key,
                             is_indirect, is_loop_var, load_buffer, load_index, load_mask, value_deps, walk)
+from fxwrap.core.errors import EmitError
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
                                   kernel_signature)
 from fxwrap.targets.index_printer import SympyIndexPrinter
-
-
-class EmitError(NotImplementedError):
-    """A kernel the C-family emitter cannot render; names the op, the target and a way out."""
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -32,7 +32,7 @@ import torch
 import torch.fx
 
 from fxwrap.core import extern
-from fxwrap.core.symbolic import evaluate, simplest, to_expr
+from fxwrap.core.symbolic import evaluate, is_non_overlapping_and_dense, simplest, to_expr
 from fxwrap.wrapper_ir.lines import (
     Allocate, Buffer, CallExtern, Comment, GetItem, Line, Return, SizeInput, View,
 )
@@ -68,7 +68,6 @@ class BuiltProgram:
 def _is_dense(buf: Buffer, hints) -> bool:
     size = [evaluate(n, hints) for n in buf.size]
     stride = [evaluate(s, hints) for s in buf.stride]
-    from fxwrap.core.symbolic import is_non_overlapping_and_dense
     return is_non_overlapping_and_dense(size, stride)
 
 

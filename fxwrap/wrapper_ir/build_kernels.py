@@ -21,12 +21,12 @@ import fxwrap.core.rules  # noqa: F401  (registers the rules)
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxwrap.core import extern
+from fxwrap.core.errors import EmitError
 from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
-from fxwrap.targets.cstyle import EmitError
 from fxwrap.wrapper_ir import build
 from fxwrap.wrapper_ir.lines import Allocate, Buffer, View, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
 
@@ -344,7 +344,7 @@ class KernelBuilder(build._Builder):
                               + [KernelArg(b.name, "output") for b in sk.outputs]
                               + [KernelArg(s.name, "size") for s in sk.size_symbols])
             kernel = Kernel(sk.name, source.text, self.target.name, signature, source.launch,
-                            loader=load_kernel)
+                            loader=self.session.kernel_loader)
             loads.append((kernel, source))
             lines.append(DefineKernel(kernel))
             lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols)))
@@ -381,17 +381,6 @@ def _unwrap(result):
     if isinstance(result, tuple):
         return tuple(_unwrap(r) for r in result)
     return result
-
-
-def load_kernel(kernel: Kernel):
-    """Loader of kernels from unpickled programs: the named target's emitter."""
-    from fxwrap.plugins.manager import get_plugin_manager
-    from fxwrap.targets.base import KernelSource
-
-    target = get_plugin_manager().target(kernel.target)
-    source = KernelSource(kernel.name, kernel.source, target.emitter.language,
-                          tuple(kernel.signature), kernel.launch)
-    return target.emitter(target).load(source)
 
 
 def _non_overlapping(size, stride) -> bool:

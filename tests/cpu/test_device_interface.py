@@ -5,7 +5,7 @@ import torch
 import fxwrap
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.targets.base import Target
-from fxwrap.targets.cpu_cpp.device import CpuDevice
+from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 
 

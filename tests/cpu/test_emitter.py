@@ -311,8 +311,8 @@ def test_soft_half_conversions_are_exact():
     text = (text[:loop] + "  for (int64_t i = 0; i < s0; ++i) out_ptr1[i] = fx_float_to_half(in_ptr1[i]);\n"
             + text[loop:])
     assert "fx_float_to_half" in text
-    from fxwrap.targets.cpu_cpp.compiler import default_compiler
-    from fxwrap.targets.cpu_cpp.loader import c_function, load_library, make_launcher
+    from fxwrap.targets.host.compiler import default_compiler
+    from fxwrap.targets.host.loader import c_function, load_library, make_launcher
     path = default_compiler().compile(text, extra_flags=("-DFX_SOFT_HALF",))
     fn = c_function(load_library(path), "soft_half", 4, 1)
     launch = make_launcher(fn, 4, 1)

@@ -15,10 +15,10 @@ import torch
 
 from emitter_helpers import Store, buf, const, kernel, ld, op, s0, x0
 from fxwrap.runtime.kernel import Kernel
-from fxwrap.targets.cpu_cpp.cache import STALE_SECONDS
-from fxwrap.targets.cpu_cpp.compiler import CompileError, CppCompiler
+from fxwrap.targets.host.cache import STALE_SECONDS
+from fxwrap.targets.host.compiler import CompileError, CppCompiler
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
-from fxwrap.targets.cpu_cpp.loader import kernel_loader
+from fxwrap.targets.host.loader import kernel_loader
 
 
 def _source(tag: str) -> str:
@@ -132,7 +132,7 @@ def test_cache_key_and_layout(tmp_path, monkeypatch):
     assert len(comp.key(a)) == 64
     assert "-march=native" in comp.flags and "-fopenmp" in comp.flags
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "env"))
-    from fxwrap.targets.cpu_cpp.compiler import default_compiler
+    from fxwrap.targets.host.compiler import default_compiler
     assert default_compiler().cache.root == tmp_path / "env"
 
 

@@ -6,7 +6,7 @@ import torch
 
 import fxwrap
 from fxwrap.targets.base import Target, WrapperCodegen
-from fxwrap.targets.cpu_cpp.device import CpuDevice
+from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.mps_metal.emitter import MetalEmitter
 from fxwrap.targets.mps_metal.shim_runner import ShimKernel
 from metal_helpers import kernels, lowering_tests_module

@@ -9,7 +9,8 @@ import sympy
 import torch
 
 import fxwrap
-from fxwrap.runtime.cudagraphs import CudaGraphRunner, graph_safety
+from fxwrap.runtime.cudagraphs import CudaGraphRunner
+from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
 from fxwrap.wrapper_ir.lines import (
     Allocate, Buffer, CallExtern, DefineSymbol, Return, SizeInput,
 )

@@ -185,7 +185,7 @@ def test_kernel_and_extern_programs_load_in_a_fresh_process(tmp_path):
         {"gm": kernel_gm, "n_launches": 2, "loader_module": "null_helpers",
          "runs": [((x,), H.kernel_program_eager(x)) for x in xs]},
         {"gm": mlp_gm, "n_launches": 0, "runs": [(a, (H.mlp(*a),)) for a in mlp_args]},
-        {"gm": reference_gm, "n_launches": 2, "loader_module": "fxwrap.wrapper_ir.build_kernels",
+        {"gm": reference_gm, "n_launches": 2, "loader_module": "fxwrap.plugins.manager",
          "runs": [(a, (H.mlp(*a),)) for a in mlp_args]},
     ]
     path = tmp_path / "programs.pkl"

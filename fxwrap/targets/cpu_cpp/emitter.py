@@ -183,7 +183,7 @@ class CppEmitter(CStyleEmitter):
     # ------------------------------------------------------------------ load
     def load(self, source: KernelSource) -> Callable:
         """Compile (or fetch from the on-disk cache), dlopen, and bind a launcher."""
-        from fxwrap.targets.cpu_cpp.loader import launcher_for
+        from fxwrap.targets.host.loader import launcher_for
         return launcher_for(source.text, source.launch["symbol"],
                             source.launch["pointers"], len(source.launch["size_symbols"]),
                             compiler=self._compiler)

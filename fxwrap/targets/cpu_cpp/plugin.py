@@ -1,7 +1,7 @@
 """Registers the built-in ``cpu`` target through the ``fxwrap`` entry point."""
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import DirectCallWrapper, Target
-from fxwrap.targets.cpu_cpp.device import CpuDevice
+from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 
 

@@ -10,7 +10,7 @@
 """
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import DirectCallWrapper, Target
-from fxwrap.targets.cpu_cpp.device import CpuDevice
+from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
 from fxwrap.targets.cuda_triton.wrapper import CudaWrapper

@@ -5,7 +5,7 @@ on CPU tensors through the C++ shim), through the ``fxwrap`` entry point.
 """
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import Target, WrapperCodegen
-from fxwrap.targets.cpu_cpp.device import CpuDevice
+from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.mps_metal.device import MpsDevice
 from fxwrap.targets.mps_metal.emitter import MetalEmitter
 

@@ -14,8 +14,8 @@ generates from the launch metadata::
     }
 
 It is built by the C++ target's compiler driver and atomic on-disk cache
-(``cpu_cpp.compiler``), with the shim header's hash in the flags so a changed shim
-never reuses a stale binary, and loaded with ``cpu_cpp.loader.load_library``.
+(``host.compiler``), with the shim header's hash in the flags so a changed shim
+never reuses a stale binary, and loaded with ``host.loader.load_library``.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fxwrap.targets.cpu_cpp.compiler import CppCompiler
-from fxwrap.targets.cpu_cpp.cache import default_cache_dir
-from fxwrap.targets.cpu_cpp.loader import load_library
+from fxwrap.targets.host.compiler import CppCompiler
+from fxwrap.targets.host.cache import default_cache_dir
+from fxwrap.targets.host.loader import load_library
 
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 SHIM_HEADER = SHIM_DIR / "fxwrap_metal_shim.h"

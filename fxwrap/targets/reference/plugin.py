@@ -1,7 +1,7 @@
 """Registers the ``reference`` target (CPU tensors, chosen by name only)."""
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import Target, WrapperCodegen
-from fxwrap.targets.cpu_cpp.device import CpuDevice
+from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.reference.emitter import ReferenceEmitter
 
 

@@ -2,7 +2,7 @@
 decomposes tanh through sigmoid, so the decomposition shows in the program."""
 import torch
 from fxwrap import KernelEmitter, Target, WrapperCodegen, hookimpl
-from fxwrap.targets.cpu_cpp.device import CpuDevice
+from fxwrap.targets.host.device import CpuDevice
 
 aten = torch.ops.aten
 

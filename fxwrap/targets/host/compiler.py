@@ -18,7 +18,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from fxwrap.targets.cpu_cpp.cache import KernelCache, default_cache_dir
+from fxwrap.targets.host.cache import KernelCache, default_cache_dir
 
 # -fwrapv: integer overflow wraps like eager PyTorch; -ffp-contract=off: no fused
 # multiply-add, every op rounds like its eager kernel; -fno-math-errno: libm calls

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from fxwrap.targets.cpu_cpp.compiler import CompileError, CppCompiler, default_compiler
+from fxwrap.targets.host.compiler import CompileError, CppCompiler, default_compiler
 
 _LIBS: dict[str, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
