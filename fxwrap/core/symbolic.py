@@ -17,9 +17,6 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from fxwrap.runtime.layout import is_non_overlapping_and_dense  # noqa: F401  (concrete sizes; re-exported)
 
-Expr = sympy.Expr
-
-
 def to_expr(value) -> sympy.Expr:
     """An ``int``, ``SymInt`` or sympy expression as a sympy expression."""
     if isinstance(value, torch.SymInt):
@@ -43,13 +40,6 @@ def simplest(expr: sympy.Expr):
     if expr.is_Integer:
         return int(expr)
     return expr
-
-
-def free_symbols(exprs: Iterable[sympy.Expr]) -> set[sympy.Symbol]:
-    out: set[sympy.Symbol] = set()
-    for e in exprs:
-        out |= sympy.sympify(e).free_symbols
-    return out
 
 
 def evaluate(expr, hints: Mapping[sympy.Symbol, int]) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import KernelArg
 
 
@@ -160,8 +161,6 @@ class DirectCallWrapper(WrapperCodegen):
     """
 
     def compile_graph(self, gm: torch.fx.GraphModule) -> Callable:
-        from fxwrap.runtime.direct import direct_graph_module
-
         return direct_graph_module(gm)
 
 

@@ -46,7 +46,7 @@ import sympy
 import torch
 
 from fxwrap.core.ir import (BOOL_RESULT, EXACT_16BIT, REDUCTIONS, Op, OpCode, ScheduledKernel, acc_key,
-                            is_indirect, is_loop_var, load_buffer, load_index, load_mask, value_deps, walk)
+                            is_indirect, is_loop_var, load_buffer, load_index, load_mask, value_deps, walk, rvar, xvar)
 from fxwrap.core.errors import EmitError
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
@@ -276,11 +276,9 @@ class CStyleEmitter(KernelEmitter):
 
     # ------------------------------------------------------------------ loops helpers
     def xvars(self, kernel: ScheduledKernel) -> list[sympy.Symbol]:
-        from fxwrap.core.ir import xvar
         return [xvar(i) for i in range(len(kernel.ranges))]
 
     def rvars(self, kernel: ScheduledKernel) -> list[sympy.Symbol]:
-        from fxwrap.core.ir import rvar
         return [rvar(i) for i in range(len(kernel.reduction_ranges))]
 
     def numel(self, ranges) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from fxwrap.core.ir import OpCode, ScheduledKernel, load_buffer, rvar, walk, xvar
+from fxwrap.core.symbolic import evaluate
 
 INT32_LIMIT = 2 ** 31 - 2 ** 24  # margin for block overshoot past the last element
 
@@ -220,7 +221,6 @@ class Planner:
 
     # -- split-outer -----------------------------------------------------------
     def _hint(self, ranges) -> int | None:
-        from fxwrap.core.symbolic import evaluate
         expr = sympy.Mul(*[sympy.sympify(r) for r in ranges]) if ranges else sympy.Integer(1)
         try:
             return int(evaluate(expr, self.hints))
