@@ -14,8 +14,73 @@ from collections.abc import Iterable, Mapping, Sequence
 import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+from torch.utils._sympy.interp import sympy_interp
+from torch.utils._sympy.printers import PythonPrinter
 
 from fxwrap.runtime.layout import is_non_overlapping_and_dense  # noqa: F401  (concrete sizes; re-exported)
+
+
+class SizeArithmetic:
+    """The operations of integer size and index expressions, for torch's sympy
+    interpreter (``torch.utils._sympy.interp.sympy_interp``), which walks an expression
+    and calls one method per node.  Every evaluator of sizes in fxwrap subclasses this
+    (FX nodes for the GraphModule, tensors for the reference target) and spells
+    ``add``, ``mul``, ``floordiv``, ``mod``, ``minimum`` and ``maximum``; the rest is
+    derived here.  ``evaluate_with(arith, ModularIndexing(x0, 4, 8) + s0, env)`` calls
+    ``arith.add(arith.mod(arith.floordiv(x0, 4), 8), s0)`` with ``x0`` and ``s0`` from
+    ``env``.  Printing size expressions as source text is the job of the index printer
+    (``fxwrap.targets.index_printer``) for kernels and of ``python_source`` for Python.
+    """
+
+    def constant(self, value, dtype):
+        if dtype is torch.int64:
+            return int(value)
+        if dtype is torch.bool:
+            return bool(value)
+        return float(value)
+
+    def modular_indexing(self, x, div, mod):
+        return self.mod(self.floordiv(x, div), mod)
+
+    def python_mod(self, a, b):
+        return self.mod(a, b)
+
+    def pow_by_natural(self, base, exp):
+        if not isinstance(exp, int) or exp < 1:
+            raise NotImplementedError(f"power {exp} of a size expression")
+        out = base
+        for _ in range(exp - 1):
+            out = self.mul(out, base)
+        return out
+
+
+def evaluate_with(arithmetic: SizeArithmetic, expr, env: Mapping) -> object:
+    """``expr`` computed by ``arithmetic``; ``env`` maps a symbol (or its name) to its value."""
+    def missing(sym: sympy.Symbol):
+        if sym.name in env:
+            return env[sym.name]
+        raise KeyError(f"size symbol {sym} has no value here")
+    return sympy_interp(arithmetic, env, sympy.sympify(expr), missing_handler=missing)
+
+
+_PYTHON_SIZE_FUNCTIONS = frozenset({"FloorDiv", "CeilDiv", "ModularIndexing", "PythonMod", "Mod", "Max", "Min"})
+
+
+def python_source(expr) -> str:
+    """A size expression as Python source over the symbols' names (torch's printer)::
+
+        python_source(FloorDiv(s0 + 7, 8) * s1)   # 's1*((7 + s0) // 8)'
+
+    Raises ``NotImplementedError`` naming the function for anything else.
+    """
+    e = sympy.sympify(expr)
+    for fn in e.atoms(sympy.Function):
+        if type(fn).__name__ not in _PYTHON_SIZE_FUNCTIONS:
+            raise NotImplementedError(f"{type(fn).__name__} in size expression {e} has no Python form")
+    if any(not (p.exp.is_Integer and p.exp >= 0) for p in e.atoms(sympy.Pow)):
+        raise NotImplementedError(f"size expression {e} has a non-natural power")
+    return PythonPrinter().doprint(e)
+
 
 def to_expr(value) -> sympy.Expr:
     """An ``int``, ``SymInt`` or sympy expression as a sympy expression."""

@@ -41,8 +41,8 @@ import torch.fx
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
-from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, ModularIndexing, PythonMod
 
+from fxwrap.core.symbolic import SizeArithmetic, evaluate_with
 from fxwrap.runtime.guards import check_inputs
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.memory import free
@@ -175,6 +175,7 @@ class FxConverter:
         self.nodes: dict[str, torch.fx.Node] = {}  # buffers, scalars, tuples by name
         self.symbols: dict[str, torch.fx.Node] = {}
         self.expr_nodes: dict[sympy.Expr, torch.fx.Node] = {}
+        self.size_nodes: dict[tuple, torch.fx.Node] = {}  # (fn, a, b) -> node: one node per size operation
         self.kernels: list[Kernel] = []
         self.pending_comments: list[str] = []
         self.symbolic = SymbolicValues(v for v in self.fake_values.values() if isinstance(v, torch.Tensor))
@@ -281,31 +282,11 @@ class FxConverter:
         self.expr_nodes[e] = node
         return node
 
-    def _fold(self, op, terms):
-        acc = self.expr(terms[0])
-        for t in terms[1:]:
-            acc = self.add(op, (acc, self.expr(t)))
-        return acc
-
     def _expr_node(self, e):
-        if isinstance(e, sympy.Add):
-            return self._fold(operator.add, sorted(e.args, key=sympy.default_sort_key))
-        if isinstance(e, sympy.Mul):
-            return self._fold(operator.mul, sorted(e.args, key=sympy.default_sort_key))
-        if isinstance(e, (FloorDiv, CleanDiv)):
-            return self.add(operator.floordiv, (self.expr(e.args[0]), self.expr(e.args[1])))
-        if isinstance(e, (Mod, PythonMod, sympy.Mod)):
-            return self.add(operator.mod, (self.expr(e.args[0]), self.expr(e.args[1])))
-        if isinstance(e, ModularIndexing):
-            base, div, mod = (self.expr(a) for a in e.args)
-            return self.add(operator.mod, (self.add(operator.floordiv, (base, div)), mod))
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and e.exp > 0:
-            return self.add(operator.pow, (self.expr(e.base), int(e.exp)))
-        if isinstance(e, (Max, sympy.Max)):
-            return self._fold(torch.sym_max, list(e.args))
-        if isinstance(e, (Min, sympy.Min)):
-            return self._fold(torch.sym_min, list(e.args))
-        raise NotImplementedError(f"size expression {e} ({type(e).__name__}) has no FX form yet")
+        try:
+            return evaluate_with(_FxSizeArithmetic(self), e, self.symbols)
+        except (KeyError, NotImplementedError) as exc:
+            raise NotImplementedError(f"size expression {e} ({type(e).__name__}) has no FX form: {exc}") from exc
 
     # -- meta ---------------------------------------------------------------
     def fake(self, buf: Buffer):
@@ -376,6 +357,39 @@ class FxConverter:
 
     def ret(self, line: Return):
         self.graph.output(tuple(self.arg(v) if v is not None else None for v in line.values))
+
+
+class _FxSizeArithmetic(SizeArithmetic):
+    """Size arithmetic as FX nodes of the converter's graph (Python's ``//`` and ``%`` on
+    SymInts; ``sym_min``/``sym_max``); the same operation on the same nodes is one node."""
+
+    def __init__(self, converter: "FxConverter"):
+        self.converter = converter
+
+    def _node(self, fn, a, b):
+        key = (fn, a, b)
+        node = self.converter.size_nodes.get(key)
+        if node is None:
+            node = self.converter.size_nodes[key] = self.converter.add(fn, (a, b))
+        return node
+
+    def add(self, a, b):
+        return self._node(operator.add, a, b)
+
+    def mul(self, a, b):
+        return self._node(operator.mul, a, b)
+
+    def floordiv(self, a, b):
+        return self._node(operator.floordiv, a, b)
+
+    def mod(self, a, b):
+        return self._node(operator.mod, a, b)
+
+    def minimum(self, a, b):
+        return self._node(torch.sym_min, a, b)
+
+    def maximum(self, a, b):
+        return self._node(torch.sym_max, a, b)
 
 
 def to_graph_module(inputs, lines, constants=None, fake_values=None, guard: bool = True) -> torch.fx.GraphModule:

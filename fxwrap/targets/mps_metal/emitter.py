@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import sympy
 import torch
-from torch.utils._sympy import functions as symfn
 
 from fxwrap.core.ir import ScheduledKernel
+from fxwrap.core.symbolic import python_source
 from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, _Names
 from fxwrap.targets.mps_metal.prelude import PRELUDE
 
@@ -194,25 +194,10 @@ class MetalEmitter(CStyleEmitter):
 
 
 def python_expr(expr) -> str:
-    """A sympy size expression as Python source over the size symbols' names."""
-    e = sympy.sympify(expr)
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(python_expr(a) for a in e.as_ordered_terms()) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(python_expr(a) for a in e.as_ordered_factors()) + ")"
-    if isinstance(e, sympy.Pow) and e.args[1].is_Integer and int(e.args[1]) >= 0:
-        return f"({python_expr(e.args[0])} ** {int(e.args[1])})"
-    if isinstance(e, symfn.FloorDiv):
-        return f"({python_expr(e.args[0])} // {python_expr(e.args[1])})"
-    if isinstance(e, symfn.CeilDiv):
-        return f"(-((-{python_expr(e.args[0])}) // {python_expr(e.args[1])}))"
-    if isinstance(e, (sympy.Max, symfn.Max)):
-        return "max(" + ", ".join(python_expr(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-    if isinstance(e, (sympy.Min, symfn.Min)):
-        return "min(" + ", ".join(python_expr(a) for a in sorted(e.args, key=sympy.default_sort_key)) + ")"
-    raise EmitError(f"grid size {e} ({type(e).__name__}) cannot be computed by the Metal launcher; "
-                    "precompute it on the host (a DefineSymbol line)")
+    """A sympy size expression as Python source over the size symbols' names (the grid
+    the launcher computes at run time)."""
+    try:
+        return python_source(expr)
+    except NotImplementedError as exc:
+        raise EmitError(f"grid size {expr} cannot be computed by the Metal launcher ({exc}); "
+                        "precompute it on the host (a DefineSymbol line)") from exc

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import sympy
 import torch
-from torch.utils._sympy.functions import CleanDiv, FloorDiv, Max, Min, Mod, ModularIndexing, PythonMod
 
 from fxwrap.core.ir import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, load_buffer, load_mask, rvar,
                             walk, xvar)
+from fxwrap.core.symbolic import SizeArithmetic, evaluate_with
 from fxwrap.targets.base import KernelEmitter, KernelSource
 
 _UNARY = {
@@ -45,37 +45,47 @@ _BINARY = {
 }
 
 
+class _TensorIndexArithmetic(SizeArithmetic):
+    """Index arithmetic over int64 tensors and ints (Python's floor division and modulo)."""
+
+    @staticmethod
+    def add(a, b):
+        return a + b
+
+    @staticmethod
+    def mul(a, b):
+        return a * b
+
+    @staticmethod
+    def floordiv(a, b):
+        return a // b
+
+    @staticmethod
+    def mod(a, b):
+        return a % b
+
+    @staticmethod
+    def minimum(a, b):
+        if isinstance(a, int) and isinstance(b, int):
+            return min(a, b)
+        return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
+
+    @staticmethod
+    def maximum(a, b):
+        if isinstance(a, int) and isinstance(b, int):
+            return max(a, b)
+        return torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
+
+
+_INDEX_ARITHMETIC = _TensorIndexArithmetic()
+
+
 def eval_index(expr, env: dict):
-    """A sympy index expression over int64 tensors / ints."""
-    e = sympy.sympify(expr)
-    if e.is_Integer:
-        return int(e)
-    if isinstance(e, sympy.Symbol):
-        return env[e.name]
-    args = [eval_index(a, env) for a in e.args]
-    if isinstance(e, sympy.Add):
-        out = args[0]
-        for a in args[1:]:
-            out = out + a
-        return out
-    if isinstance(e, sympy.Mul):
-        out = args[0]
-        for a in args[1:]:
-            out = out * a
-        return out
-    if isinstance(e, (FloorDiv, CleanDiv)):
-        return args[0] // args[1]
-    if isinstance(e, ModularIndexing):
-        return (args[0] // args[1]) % args[2]
-    if isinstance(e, (Mod, PythonMod, sympy.Mod)):
-        return args[0] % args[1]
-    if isinstance(e, sympy.Pow):
-        return args[0] ** args[1]
-    if isinstance(e, (Max, sympy.Max)):
-        return torch.maximum(torch.as_tensor(args[0]), torch.as_tensor(args[1])) if len(args) == 2 else max(args)
-    if isinstance(e, (Min, sympy.Min)):
-        return torch.minimum(torch.as_tensor(args[0]), torch.as_tensor(args[1])) if len(args) == 2 else min(args)
-    raise NotImplementedError(f"reference target: index expression {e} ({type(e).__name__})")
+    """A sympy index expression over int64 tensors / ints (``env``: symbol name -> value)."""
+    try:
+        return evaluate_with(_INDEX_ARITHMETIC, expr, env)
+    except (KeyError, NotImplementedError) as exc:
+        raise NotImplementedError(f"reference target: index expression {expr}: {exc}") from exc
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
