@@ -112,7 +112,8 @@ def test_out_of_range_index_raises(target):
     cases = [(lambda x, i: torch.gather(x, 1, i), torch.tensor([[0], [5]])),
              (lambda x, i: F.embedding(i, x), torch.tensor([-1, 2])),
              (lambda x, i: x[i], torch.tensor([-7])),
-             (lambda x, i: torch.index_select(x, 0, i), torch.tensor([6]))]
+             (lambda x, i: torch.index_select(x, 0, i), torch.tensor([6])),
+             (lambda x, i: x.scatter(1, i, 1.0), torch.tensor([[0], [1], [2], [5], [4], [3]]))]
     for fn, bad in cases:
         torch._dynamo.reset()
         f, programs = harness.compiled(fn, False)
@@ -122,6 +123,35 @@ def test_out_of_range_index_raises(target):
             f(x, bad)
         with pytest.raises((IndexError, RuntimeError)):
             fn(x, bad)  # eager raises too
+
+
+def scatters(x, src_cols, src_rows, row, one_hot):
+    lazy = x * 2 if x.dtype != torch.bool else x
+    return (torch.slice_scatter(x, src_cols, 1, 1, None, 2),           # strided, to the end
+            torch.slice_scatter(lazy, src_rows, 0, -5) + 1,             # negative start, lazy base
+            torch.slice_scatter(torch.zeros_like(x), src_cols[:, :20], 1, 3, 23),
+            torch.select_scatter(x, row, 0, -1), torch.select_scatter(lazy, row[:37], 1, 4),
+            x.scatter(1, one_hot, 7))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dtype, layout", CASES)
+def test_slice_select_and_one_hot_scatter(target, dtype, layout, dynamic):
+    """The slice's and select's backward (a gradient scattered into zeros) and the one-hot
+    scatter of cross-entropy's gradient run as kernels, one pass over the result."""
+    x = source(layout, dtype)  # (37, 65)
+    src_cols, src_rows = rand_like_dtype((37, 32), dtype), rand_like_dtype((5, 65), dtype)
+    row = rand_like_dtype((65,), dtype)
+    one_hot = torch.randint(0, 65, (37, 1))
+    run(scatters, (x, src_cols, src_rows, row, one_hot), dynamic,
+        {aten.slice_scatter, aten.select_scatter, aten.scatter})
+
+
+def test_scatter_of_several_positions_per_row_stays_an_extern(target):
+    x, index = torch.randn(6, 11), torch.randint(0, 11, (6, 3))
+    programs = harness.check(lambda x, i: (x.scatter(1, i, 2.0) + 1,), (x, index), False, EXACT,
+                             externs={aten.scatter: "several positions per row may repeat"})
+    assert aten.scatter in harness.extern_ops(programs)
 
 
 def ranges(x, n: int):

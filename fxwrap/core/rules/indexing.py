@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sympy
 import torch
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from fxwrap.core.ir import Op, OpCode, load_buffer, load_index, load_mask, rewrite, xvar
 from fxwrap.core.lowering import (
@@ -112,6 +113,87 @@ def _constant_pad_nd(ctx, x, pad, value=0):
         v = cast(loops(src), out)
         return v if mask is None else Op("where", out, (mask, masked(v, mask), fill))
     return Loops(ctx.out_size, out, ctx.device, fn)
+
+
+def _overwrite(ctx, base, mask: Op, value_at):
+    """``where(mask, value_at(i), base[i])``: ``base`` with the places ``mask`` selects
+    replaced; ``value_at`` is only read where ``mask`` holds."""
+    base_loops, out = as_loops(base), ctx.out_dtype
+    return Loops(ctx.out_size, out, ctx.device,
+                 lambda i: Op("where", out, (mask(i), masked(cast(value_at(i), out), mask(i)),
+                                              cast(base_loops(i), out))))
+
+
+@register(aten.slice_scatter.default)
+def _slice_scatter(ctx, base, src, dim=0, start=None, end=None, step=1):
+    """``base`` with ``base[..., start:end:step, ...] = src``: one pass over ``base``'s
+    shape, ``src`` read where the index falls in the slice (the slice's backward
+    scatters a gradient into zeros: a fill and a copy become one kernel)."""
+    src_loops = as_loops(src)
+    rank = len(ctx.out_size)
+    if rank == 0 or not isinstance(step, int) or step < 1:
+        raise Unsupported("slice_scatter of a 0-d tensor or with a non-constant step")
+    dim %= rank
+    n, length = ctx.out_size[dim], src_loops.size[dim]
+    start = 0 if start is None else start
+    if not isinstance(start, int):
+        raise Unsupported("slice_scatter with a symbolic start")
+    if start < 0:
+        if not n.is_Integer:
+            raise Unsupported("slice_scatter: negative start on a symbolic dim")
+        start = max(int(n) + start, 0)
+    if length == 0:
+        return as_loops(base)
+
+    def mask(i):
+        d = i[dim]
+        inside = _and(_cmp("ge", d, start) if start else None, _cmp("lt", d, start + step * length))
+        if step > 1:
+            inside = _and(inside, _cmp("eq", ModularIndexing(d - start, 1, step), 0))
+        return inside
+
+    def value_at(i):
+        at = FloorDiv(i[dim] - start, step) if step > 1 else i[dim] - start
+        return src_loops(tuple(at if k == dim else v for k, v in enumerate(i)))
+    return _overwrite(ctx, base, mask, value_at)
+
+
+@register(aten.select_scatter.default)
+def _select_scatter(ctx, base, src, dim, index):
+    """``base`` with ``base.select(dim, index) = src``, in one pass over ``base``."""
+    src_loops = as_loops(src)
+    rank = len(ctx.out_size)
+    if rank == 0 or not isinstance(index, int):
+        raise Unsupported("select_scatter of a 0-d tensor or at a symbolic index")
+    dim %= rank
+    if index < 0:
+        if not ctx.out_size[dim].is_Integer:
+            raise Unsupported("select_scatter: negative index on a symbolic dim")
+        index += int(ctx.out_size[dim])
+    return _overwrite(ctx, base, lambda i: _cmp("eq", i[dim], index),
+                      lambda i: src_loops(tuple(i[:dim]) + tuple(i[dim + 1:])))
+
+
+@register(aten.scatter.value)
+def _scatter_one_hot(ctx, base, dim, index, value):
+    """``base.scatter(dim, index, value)`` where ``index`` holds one position per row
+    along ``dim`` and covers ``base`` in every other dim (a one-hot: cross-entropy's
+    gradient): ``where(i[dim] == index[..., 0, ...], value, base[i])``.  Other scatters
+    (several positions per row, which may repeat, or a partial index) stay externs."""
+    rank = len(ctx.out_size)
+    idx_loops = _index_tensor(index)
+    if rank == 0 or len(idx_loops.size) != rank or not isinstance(value, (bool, int, float)):
+        raise Unsupported("scatter other than a one-hot of a constant value")
+    dim %= rank
+    if idx_loops.size[dim] != 1 or any(idx_loops.size[k] != ctx.out_size[k] for k in range(rank) if k != dim):
+        raise Unsupported("scatter with an index that is not one position per row")
+    idx = _checked(ctx, index, ctx.out_size[dim], dim, negative_ok=False)
+    fill = const(value, ctx.out_dtype)
+
+    def mask(i):
+        at = tuple(sympy.Integer(0) if k == dim else v for k, v in enumerate(i))
+        return Op("eq", torch.bool, (index_value(i[dim]), cast(idx(at), I64)))
+    return _overwrite(ctx, base, mask, lambda i: fill)
 
 
 # -- indirect: gather, embedding, index, index_select --------------------------------

@@ -147,6 +147,12 @@ def _full(ctx, size, fill_value, **kwargs):
     return Loops(ctx.out_size, out, ctx.device, lambda i: const(fill_value, out))
 
 
+@register(aten.full_like.default)
+def _full_like(ctx, x, fill_value, **kwargs):
+    """A fill of ``x``'s shape; the result's strides are the node's (``memory_format``)."""
+    return _full(ctx, ctx.out_size, fill_value)
+
+
 @register(aten.scalar_tensor.default)
 def _scalar_tensor(ctx, value, **kwargs):
     return _full(ctx, (), value)
