@@ -38,8 +38,8 @@ class Unsupported:
     """A target's declared exclusion, reported as a pytest skip with ``reason``.
 
     ``name`` is an op case (``"sin"``, ``"to_float64"``), an OpInfo (``"softmax"``), a
-    model (``"conv_net"``) or a memory/determinism program (``"mlp_training"``); None
-    matches every name.  ``dtype`` matches op cases that take or produce it; None matches
+    model (``"conv_net"``: inference and training; ``"conv_net_training"``: training
+    only) or a memory/determinism program (``"mlp_training"``); None matches every name.  ``dtype`` matches op cases that take or produce it; None matches
     every dtype.  ``check`` is what is skipped:
 
     * ``"kernels"`` (default): the "ran in a kernel" assertion only.  The numbers are still
@@ -125,6 +125,28 @@ def _determinism_functions() -> dict:
     }
 
 
+def resolve_target_name(suite: type, config) -> str:
+    """The target a suite class checks: its ``target``, else ``--fxwrap-target``, else the
+    ini option ``fxwrap_target``; a usage error naming the way out when none is set or the
+    name is not a registered target."""
+    name = suite.target or config.getoption("fxwrap_target", default=None)
+    if not name:
+        try:
+            name = config.getini("fxwrap_target")
+        except ValueError:  # the plugin is not loaded: no such ini option
+            name = None
+    if not name:
+        raise pytest.UsageError(
+            f"{suite.__name__} names no fxwrap target: set `target = \"<name>\"` on the class, or load the "
+            "plugin (`pytest_plugins = [\"fxwrap.testing\"]` in your root conftest.py, or `-p fxwrap.testing`) "
+            "and run with --fxwrap-target=<name>")
+    try:
+        fxwrap.get_plugin_manager().target(name)
+    except KeyError as error:
+        raise pytest.UsageError(f"{suite.__name__}: {error.args[0]}") from None
+    return name
+
+
 class ConformanceSuite:
     """The conformance kit's tests; subclass it as ``Test...`` with ``target = "<name>"``.
 
@@ -137,14 +159,15 @@ class ConformanceSuite:
     * ``op_cases``, ``opinfo_ops``, ``models``: what runs (default: everything the kit
       has).  A narrower list leaves the rest out of collection: prefer ``Unsupported(...,
       check="all")``, which shows them as skips with the reason.
-    * ``opinfo_samples``: OpInfo samples per op (default 2).
+    * ``opinfo_samples``: OpInfo samples per op (default 1: the op cases cover dtypes and
+      layouts; raise it for a wider net).
     """
 
     target: str | None = None
     unsupported: Sequence[Unsupported] = ()
     op_cases: Sequence[OpCase] = tuple(OP_CASES)
     opinfo_ops: Sequence[str] = OPINFO_OPS
-    opinfo_samples: int = 2
+    opinfo_samples: int = 1
     models: Sequence[str] = tuple(MODEL_CASES)
     memory_programs: Sequence[str] = ("chain", "chain_dynamic", "split_views", "mlp_training")
     determinism_functions: Sequence[str] = ("norm_gelu_softmax", "views_and_indexing")
@@ -178,31 +201,18 @@ class ConformanceSuite:
     @pytest.fixture
     def target_name(self, request) -> str:
         """The target under test: the class's ``target``, else ``--fxwrap-target``/ini."""
-        name = self.target or request.config.getoption("fxwrap_target", default=None)
-        if not name:
-            try:
-                name = request.config.getini("fxwrap_target")
-            except ValueError:
-                name = None
-        if not name:
-            raise pytest.UsageError(
-                f"{type(self).__name__} names no fxwrap target: set `target = \"<name>\"` on the class, or "
-                "load the plugin (`pytest_plugins = [\"fxwrap.testing\"]` in conftest.py) and run with "
-                "--fxwrap-target=<name>")
-        try:
-            fxwrap.get_plugin_manager().target(name)
-        except KeyError as error:
-            raise pytest.UsageError(f"{type(self).__name__}: {error.args[0]}") from None
-        return name
+        return resolve_target_name(type(self), request.config)
 
-    def declared(self, name: str, dtypes: Sequence[torch.dtype], check: str) -> Unsupported | None:
-        """The first ``unsupported`` declaration matching, or None."""
-        return next((u for u in self.unsupported if u.matches(name, dtypes, check)), None)
+    def declared(self, names: str | Sequence[str], dtypes: Sequence[torch.dtype], check: str) -> Unsupported | None:
+        """The first ``unsupported`` declaration matching one of ``names``, or None."""
+        names = (names,) if isinstance(names, str) else tuple(names)
+        return next((u for u in self.unsupported for name in names if u.matches(name, dtypes, check)), None)
 
-    def _skip_if_excluded(self, target_name: str, name: str,
+    def _skip_if_excluded(self, target_name: str, names: str | Sequence[str],
                           dtypes: Sequence[torch.dtype] = (torch.float32,)) -> None:
-        found = self.declared(name, dtypes, "all")
+        found = self.declared(names, dtypes, "all")
         if found is not None:
+            name = names if isinstance(names, str) else names[-1]
             pytest.skip(f"{name}: declared unsupported on target {target_name!r}: {found.reason}")
 
     @staticmethod
@@ -285,7 +295,7 @@ class ConformanceSuite:
     def test_model_training(self, target_name, model_name):
         """One forward and backward of a small model in train mode: outputs, the input's and
         every parameter's gradient, and updated buffers (batch norm statistics) match eager."""
-        self._skip_if_excluded(target_name, model_name)
+        self._skip_if_excluded(target_name, (model_name, f"{model_name}_training"))
         case = MODEL_CASES[model_name]
         device = self.device(target_name)
         model = case.build().train()

@@ -37,6 +37,15 @@ def _triton_missing() -> str | None:
 
 @pytest.mark.skipif(_triton_missing() is not None, reason=str(_triton_missing()))
 class TestTritonInterpretConformance(ConformanceSuite):
-    """The Triton emitter under Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py)."""
+    """The Triton emitter under Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by tests/conftest.py).
+
+    A declared subset: the interpreter runs every program element by element in numpy, and
+    the training step of the conv net and the transformer block takes several seconds
+    each there; tests/cuda/test_triton_models.py trains models through Triton instead.
+    """
 
     target = "triton-interpret"
+    _SLOW = ("Triton's CPU interpreter: a training step of this model takes seconds here; "
+             "tests/cuda/test_triton_models.py trains a transformer block through Triton")
+    unsupported = [Unsupported(_SLOW, name="conv_net_training", check="all"),
+                   Unsupported(_SLOW, name="transformer_block_training", check="all")]
