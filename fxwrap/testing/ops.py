@@ -1,0 +1,251 @@
+"""The ops the conformance kit checks, one small function per op and dtype.
+
+Each ``OpCase`` is a function that computes one ATen op (or one op fed by a view, for
+the view ops) on fresh random inputs.  Because the function holds nothing but the op,
+"ran in a kernel" can be checked per op: the compiled program launches exactly
+``kernels`` generated kernels and calls no ATen op as an extern (see
+``fxwrap.testing.checks.check_ran_in_kernels``).
+
+    >>> case = OP_CASES_BY_ID["sin[float32]"]
+    >>> case.fn(*case.make_inputs())            # eager: torch.sin(x)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+aten = torch.ops.aten
+
+f32, f64, bf16, f16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
+SHAPE = (8, 24)  # small: the kit checks behaviour, not speed
+
+# Per-dtype tolerances (``torch.testing.assert_close``): one op, so the only
+# difference from eager is the order of float operations and one rounding.
+TOLERANCES = {
+    f32: dict(rtol=1e-5, atol=1e-5),
+    f64: dict(rtol=1e-9, atol=1e-9),
+    bf16: dict(rtol=2e-2, atol=2e-2),
+    f16: dict(rtol=2e-3, atol=2e-3),
+}
+EXACT = dict(rtol=0, atol=0)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One op on one dtype, as a compiled-function test.
+
+    ``name`` is the op's name (what a target's exclusions refer to), ``fn(*inputs)``
+    computes it, ``inputs(dtype)`` draws fresh random inputs (never all zeros),
+    ``ops`` are the ATen op packets that must not run as extern calls, ``kernels``
+    is how many generated kernels the op needs, ``group`` its family
+    (``pointwise``, ``compare``, ``cast``, ``reduction``, ``view``, ``indexing``,
+    ``pooling``), ``tolerance`` overrides the dtype's default, and ``out_dtype`` is
+    the dtype a cast produces.
+    """
+
+    name: str
+    dtype: torch.dtype
+    fn: Callable
+    inputs: Callable[[torch.dtype], tuple]
+    ops: tuple
+    group: str
+    kernels: int = 1
+    tolerance: dict | None = field(default=None)
+    out_dtype: torch.dtype | None = None  # casts: the dtype they produce
+
+    def involves(self, dtype: torch.dtype) -> bool:
+        """Whether ``dtype`` is the case's input dtype or the dtype it casts to."""
+        return dtype in (self.dtype, self.out_dtype)
+
+    @property
+    def id(self) -> str:
+        """``"sin[float32]"``: the pytest id of the case."""
+        return f"{self.name}[{dtype_name(self.dtype)}]"
+
+    def make_inputs(self) -> tuple:
+        """Fresh random inputs from the global torch generator; never all zeros."""
+        inputs = self.inputs(self.dtype)
+        for i, t in enumerate(inputs):
+            if isinstance(t, torch.Tensor) and t.numel() and not bool(t.ne(0).any()):
+                raise AssertionError(f"op case {self.id}: input {i} is all zeros; the kit never compares "
+                                     "on zeros (they hide wrong lowerings); draw again")
+        return inputs
+
+    def tolerances(self) -> dict:
+        if self.tolerance is not None:
+            return self.tolerance
+        return TOLERANCES.get(self.dtype, EXACT)
+
+
+# -- inputs ---------------------------------------------------------------------------
+
+def one(dtype):
+    """One standard-normal tensor."""
+    return (torch.randn(SHAPE).to(dtype),)
+
+
+def positive(dtype):
+    """One tensor in [0.5, 2.5): log, sqrt, rsqrt."""
+    return ((torch.rand(SHAPE) * 2 + 0.5).to(dtype),)
+
+
+def two(dtype):
+    """Two standard-normal tensors, the second broadcast along dim 0."""
+    return torch.randn(SHAPE).to(dtype), torch.randn(SHAPE[1]).to(dtype)
+
+
+def numerator_divisor(dtype):
+    """A standard-normal tensor and a divisor in [0.5, 1.5), kept away from zero."""
+    return torch.randn(SHAPE).to(dtype), (torch.rand(SHAPE) + 0.5).to(dtype)
+
+
+def integers(dtype):
+    """Two integer tensors in [-50, 50), neither all zeros."""
+    return (torch.randint(-50, 50, SHAPE, dtype=dtype), torch.randint(1, 50, SHAPE, dtype=dtype))
+
+
+def booleans(dtype):
+    """Two random bool tensors (each has both values with overwhelming odds)."""
+    return torch.rand(SHAPE) > 0.5, torch.rand(SHAPE) > 0.3
+
+
+def three_d(dtype):
+    """One (4, 6, 8) tensor, for permutes and views of more than two dims."""
+    return (torch.randn(4, 6, 8).to(dtype),)
+
+
+def cat_inputs(dtype):
+    return torch.randn(SHAPE).to(dtype), torch.randn(5, SHAPE[1]).to(dtype)
+
+
+def gather_inputs(dtype):
+    x = torch.randn(SHAPE).to(dtype)
+    return x, torch.randint(0, SHAPE[1], (SHAPE[0], 5))
+
+
+def index_select_inputs(dtype):
+    return torch.randn(SHAPE).to(dtype), torch.randint(0, SHAPE[0], (11,))
+
+
+def embedding_inputs(dtype):
+    return torch.randint(0, 30, (4, 7)), torch.randn(30, 16).to(dtype)
+
+
+def images(dtype):
+    """A (2, 3, 10, 12) batch of images."""
+    return (torch.randn(2, 3, 10, 12).to(dtype),)
+
+
+# -- the cases ------------------------------------------------------------------------
+
+def _python_function(fn: Callable) -> Callable:
+    """``fn`` as a Python function: dynamo traces a built-in (``torch.sin``) only from inside one."""
+    if hasattr(fn, "__code__"):
+        return fn
+
+    def call(*args):
+        return fn(*args)
+    call.__name__ = call.__qualname__ = getattr(fn, "__name__", "op")
+    return call
+
+
+def _cases(name, fn, inputs, ops, group, dtypes=(f32,), kernels=1, tolerance=None, out_dtype=None):
+    fn = _python_function(fn)
+    return [OpCase(name, d, fn, inputs, tuple(ops), group, kernels, tolerance, out_dtype) for d in dtypes]
+
+
+FLOATS = (f32, f64, bf16, f16)
+REDUCTION_TOL = {f32: dict(rtol=1e-4, atol=1e-4), f64: dict(rtol=1e-9, atol=1e-9),
+                 bf16: dict(rtol=3e-2, atol=3e-2), f16: dict(rtol=4e-3, atol=4e-3)}
+
+
+def _reduction(name, fn, ops, dtypes=(f32,), kernels=1, inputs=one):
+    return [OpCase(name, d, fn, inputs, tuple(ops), "reduction", kernels, REDUCTION_TOL[d]) for d in dtypes]
+
+
+OP_CASES: list[OpCase] = [
+    # pointwise unary
+    *_cases("sin", torch.sin, one, [aten.sin], "pointwise", FLOATS),
+    *_cases("exp", torch.exp, one, [aten.exp], "pointwise", FLOATS),
+    *_cases("erf", torch.erf, one, [aten.erf], "pointwise", (f32, f64)),
+    *_cases("cos", torch.cos, one, [aten.cos], "pointwise"),
+    *_cases("log", torch.log, positive, [aten.log], "pointwise", (f32, f64)),
+    *_cases("sqrt", torch.sqrt, positive, [aten.sqrt], "pointwise"),
+    *_cases("rsqrt", torch.rsqrt, positive, [aten.rsqrt], "pointwise"),
+    *_cases("tanh", torch.tanh, one, [aten.tanh], "pointwise", (f32, bf16)),
+    *_cases("sigmoid", torch.sigmoid, one, [aten.sigmoid], "pointwise"),
+    *_cases("relu", torch.relu, one, [aten.relu], "pointwise"),
+    *_cases("gelu", F.gelu, one, [aten.gelu], "pointwise"),
+    *_cases("abs", torch.abs, one, [aten.abs], "pointwise"),
+    *_cases("neg", torch.neg, one, [aten.neg], "pointwise"),
+    # pointwise binary
+    *_cases("add", torch.add, two, [aten.add], "pointwise", FLOATS),
+    *_cases("mul", torch.mul, two, [aten.mul], "pointwise", FLOATS),
+    *_cases("sub", torch.sub, two, [aten.sub], "pointwise"),
+    *_cases("div", torch.div, numerator_divisor, [aten.div], "pointwise", (f32, f64)),
+    *_cases("pow", lambda x, y: torch.pow(x.abs() + 0.5, y), two, [aten.pow], "pointwise", kernels=1),
+    *_cases("maximum", torch.maximum, two, [aten.maximum], "pointwise"),
+    *_cases("minimum", torch.minimum, two, [aten.minimum], "pointwise"),
+    *_cases("add_int", torch.add, integers, [aten.add], "pointwise", (torch.int64, torch.int32)),
+    *_cases("floor_divide", lambda a, b: a // b, integers, [aten.floor_divide, aten.div], "pointwise",
+            (torch.int64,)),
+    *_cases("logical_and", torch.logical_and, booleans, [aten.logical_and], "pointwise", (torch.bool,)),
+    # comparisons and where
+    *_cases("lt", torch.lt, two, [aten.lt], "compare"),
+    *_cases("eq", lambda x, y: x.round() == y.round(), two, [aten.eq, aten.round], "compare"),
+    *_cases("ge", torch.ge, two, [aten.ge], "compare", (f32, bf16)),
+    *_cases("where", lambda x, y: torch.where(x > y, x, y), two, [aten.where, aten.gt], "compare",
+            (f32, f16)),
+    *_cases("clamp", lambda x: torch.clamp(x, -0.5, 0.7), one, [aten.clamp], "compare"),
+    # casts
+    *_cases("to_bfloat16", lambda x: x.to(bf16), one, [aten._to_copy],
+            "cast", tolerance=EXACT, out_dtype=bf16),
+    *_cases("to_float16", lambda x: x.to(f16), one, [aten._to_copy], "cast", tolerance=EXACT, out_dtype=f16),
+    *_cases("to_float32", lambda x: x.to(f32), one, [aten._to_copy], "cast", (bf16, f16), tolerance=EXACT,
+            out_dtype=f32),
+    *_cases("to_float64", lambda x: x.to(f64), one, [aten._to_copy], "cast", tolerance=EXACT, out_dtype=f64),
+    *_cases("to_int32", lambda x: (x * 10).to(torch.int32), one, [aten._to_copy, aten.mul], "cast",
+            tolerance=EXACT),
+    *_cases("int_to_float32", lambda a, b: a.to(f32), integers, [aten._to_copy], "cast", (torch.int64,),
+            tolerance=EXACT),
+    *_cases("bool_to_float32", lambda p, q: p.to(f32), booleans, [aten._to_copy], "cast", (torch.bool,),
+            tolerance=EXACT),
+    # reductions
+    *_reduction("sum", lambda x: x.sum(1), [aten.sum], (f32, f64, bf16)),
+    *_reduction("sum_all", lambda x: x.sum(), [aten.sum]),
+    *_reduction("mean", lambda x: x.mean(0), [aten.mean, aten.sum]),
+    *_reduction("amax", lambda x: x.amax(1), [aten.amax], (f32, f16)),
+    *_reduction("argmax", lambda x: x.argmax(1), [aten.argmax]),
+    *_reduction("var", lambda x: x.var(1), [aten.var], (f32, f64)),
+    *_reduction("softmax", lambda x: torch.softmax(x, -1), [aten._softmax, aten.amax, aten.exp, aten.sum],
+                (f32, bf16)),
+    *_reduction("log_softmax", lambda x: torch.log_softmax(x, -1),
+                [aten._log_softmax, aten.amax, aten.exp, aten.log, aten.sum]),
+    # views feeding one pointwise op: the kernel reads through the view
+    *_cases("permute", lambda x: x.permute(2, 0, 1) * 2, three_d, [aten.permute, aten.mul], "view"),
+    *_cases("transpose", lambda x, y: x.t() + 1, two, [aten.t, aten.transpose, aten.add], "view"),
+    *_cases("slice", lambda x: x[1:7, ::3] * 2, one, [aten.slice, aten.mul], "view", (f32, f64)),
+    *_cases("select_unsqueeze_expand", lambda x: x[2].unsqueeze(0).expand(5, -1) * 2, one,
+            [aten.select, aten.unsqueeze, aten.expand, aten.mul], "view"),
+    *_cases("reshape", lambda x: x.reshape(4, -1) * 2, one, [aten.view, aten.mul], "view"),
+    *_cases("cat", lambda x, y: torch.cat([x, y], 0), cat_inputs, [aten.cat], "view", (f32, bf16)),
+    # indexing
+    *_cases("gather", lambda x, i: torch.gather(x, 1, i), gather_inputs, [aten.gather], "indexing"),
+    *_cases("index_select", lambda x, i: torch.index_select(x, 0, i), index_select_inputs,
+            [aten.index_select], "indexing", (f32, f16)),
+    *_cases("embedding", lambda i, w: F.embedding(i, w), embedding_inputs, [aten.embedding], "indexing"),
+    # pooling
+    *_cases("max_pool2d", lambda x: F.max_pool2d(x, 2), images,
+            [aten.max_pool2d_with_indices, aten.max_pool2d], "pooling"),
+]
+
+OP_CASES_BY_ID: dict[str, OpCase] = {case.id: case for case in OP_CASES}
+assert len(OP_CASES_BY_ID) == len(OP_CASES), "op case ids must be unique"

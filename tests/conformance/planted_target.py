@@ -1,0 +1,61 @@
+"""A plugin whose target, ``planted``, has one bug for each kind of conformance check,
+for ``test_kit_reports_failures.py`` to show that the kit catches each one.
+
+``planted`` is the C++ target (same device, emitter and wrapper as ``cpu``), plus:
+
+* ``aten.sin`` lowered to ``cos``: wrong numbers (``test_op[sin[...]]`` fails);
+* ``aten.exp`` left to an ATen extern call (its rule gives up): right numbers, but not
+  in a kernel (``test_op[exp[...]]`` fails its "ran in a kernel" check);
+* a wrapper pass that drops the first ``Free`` line of a program: a storage is never
+  freed (``test_memory_plan`` fails);
+* a wrapper pass that numbers every program it sees in a comment: two lowerings of one
+  function print differently (``test_deterministic`` fails).
+"""
+import itertools
+
+import torch
+
+import fxwrap
+from fxwrap.core.lowering import Unsupported
+from fxwrap.wrapper_ir.lines import Comment, Free
+
+aten = torch.ops.aten
+NAME = "planted"
+
+
+def sin_as_cos(ctx, x):
+    return ctx.pointwise("cos", x)
+
+
+def exp_gives_up(ctx, x):
+    raise Unsupported("planted: exp stays an ATen extern")
+
+
+def drop_first_free(lines):
+    frees = [i for i, line in enumerate(lines) if isinstance(line, Free)]
+    return [line for i, line in enumerate(lines) if not frees or i != frees[0]]
+
+
+_programs_seen = itertools.count()
+
+
+def number_the_program(lines):
+    return [Comment(f"program number {next(_programs_seen)}"), *lines]
+
+
+@fxwrap.hookimpl
+def fxwrap_targets():
+    return [fxwrap.Target(NAME, "cpu", fxwrap.CpuDevice(), fxwrap.CppEmitter, fxwrap.DirectCallWrapper,
+                          priority=-100)]
+
+
+@fxwrap.hookimpl
+def fxwrap_lowerings(registry, target):
+    if target.name == NAME:
+        registry.register(aten.sin, sin_as_cos, target=NAME)
+        registry.register(aten.exp, exp_gives_up, target=NAME)
+
+
+@fxwrap.hookimpl
+def fxwrap_wrapper_passes(target):
+    return [drop_first_free, number_the_program] if target.name == NAME else []
