@@ -12,8 +12,12 @@ A program computing ``torch.relu(x @ w) + 1`` on the CPU, extern-only, prints as
         free(buf1)
         return (buf2,)
 
-Every line is a frozen, hashable dataclass.  ``wrapper_ir.fx`` turns the list into
-a ``torch.fx.GraphModule`` and ``wrapper_ir.printer`` into the text above.
+Every line is a frozen, hashable dataclass that carries its own behaviour (see
+``Line``): what it reads, writes and defines, its text (``to_source``) and its FX
+nodes (``to_fx``).  ``wrapper_ir.fx`` turns the list into a ``torch.fx.GraphModule``
+and ``wrapper_ir.printer`` into the text above by asking each line; no pass switches
+on a line's type, so a new line type is one class.  This module imports no pass: the
+printer and the converter are passed in, and a line calls back into them.
 """
 from __future__ import annotations
 
