@@ -41,8 +41,7 @@ import torch
 
 from fxwrap.core.symbolic import evaluate
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Free, Line, Reuse,
-    buffers_in,
+    Allocate, Buffer, CallExtern, Free, Line, Reuse, buffers_in,
 )
 
 
