@@ -41,8 +41,7 @@ import torch
 
 from fxwrap.core.symbolic import evaluate
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Comment, Free, GetItem, Line, Return, Reuse, View,
-    buffers_defined, buffers_in, buffers_read,
+    Allocate, Buffer, CallExtern, Free, Line, Reuse, buffers_in,
 )
 
 
@@ -75,31 +74,11 @@ class _Storage:
         return self.last_use if self.freeable else n - 1
 
 
-def _aliased_argument(op, ret_index: int, args: tuple) -> Buffer | None:
-    """The argument buffer that result ``ret_index`` of ``op`` aliases, per its schema."""
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return None
-    returns = schema.returns
-    ret = returns[0] if len(returns) == 1 else returns[ret_index] if ret_index < len(returns) else None
-    if ret is None or ret.alias_info is None:
-        return None
-    wanted = ret.alias_info.before_set
-    for i, arg in enumerate(schema.arguments[:len(args)]):
-        info = arg.alias_info
-        # ``Tensor(a)[]`` results (split, unbind) carry their set on the elements, which
-        # the Python schema does not show; their source is the ``Tensor(a -> *)`` argument.
-        if info is not None and (info.before_set == wanted if wanted else "*" in info.after_set):
-            found = buffers_in(args[i])
-            return found[0] if found else None
-    return None
-
-
 def _storages(lines: list[Line], hints) -> tuple[dict[str, _Storage], dict[str, str]]:
     """Owned storages by root name, and every buffer name -> its root name."""
     root_of: dict[str, str] = {}
     owned: dict[str, _Storage] = {}
-    results: dict[str, CallExtern] = {}  # multi-result name -> the call making it
+    producers: dict[str, Line] = {}  # tuple / scalar result name -> the line making it
 
     def root(buf: Buffer) -> str:
         return root_of.get(buf.name, buf.name)
@@ -109,31 +88,23 @@ def _storages(lines: list[Line], hints) -> tuple[dict[str, _Storage], dict[str, 
             owned[name].last_use = max(owned[name].last_use, i)
 
     for i, line in enumerate(lines):
-        base = None
-        if isinstance(line, View):
-            base = line.base
-        elif isinstance(line, CallExtern) and isinstance(line.out, Buffer):
-            base = _aliased_argument(line.op, 0, line.args)
-        elif isinstance(line, GetItem) and isinstance(line.buf, Buffer) and line.src in results:
-            call = results[line.src]
-            base = _aliased_argument(call.op, line.index, call.args)
-        if isinstance(line, CallExtern) and isinstance(line.out, str):
-            results[line.out] = line
-        for buf in buffers_read(line):
+        base = line.alias_of(producers)
+        for name in line.defines_values():
+            producers[name] = line
+        for buf in line.reads():
             use(root(buf), i)
             if root(buf) in owned:
-                if isinstance(line, CallExtern) and line.out is not None:
+                if line.may_return_alias:
                     owned[root(buf)].reusable = False
-                if isinstance(line, Return):
+                if line.returns_reads:
                     owned[root(buf)].freeable = False
-        for buf in buffers_defined(line):
+        for buf in line.defines():
             if base is not None:  # a view: no storage of its own, keeps its base alive
                 root_of[buf.name] = root(base)
                 use(root(base), i)
             else:
                 root_of[buf.name] = buf.name
-                reusable = isinstance(line, (Allocate, Reuse))
-                owned[buf.name] = _Storage(buf, i, i, evaluate(buf.storage_bytes, hints), reusable)
+                owned[buf.name] = _Storage(buf, i, i, evaluate(buf.storage_bytes, hints), line.allocates)
     return owned, root_of
 
 
@@ -249,12 +220,12 @@ def drop_dead_views(lines: list[Line]) -> list[Line]:
         dead: set[int] = set()
         for i in range(len(lines) - 1, -1, -1):
             line = lines[i]
-            if isinstance(line, View) and line.buf.name not in read_later:
+            if line.view_base is not None and not {b.name for b in line.defines()} & read_later:
                 dead.add(i)
-                if i > 0 and isinstance(lines[i - 1], Comment):
+                if i > 0 and lines[i - 1].annotates_next:
                     dead.add(i - 1)
                 continue
-            read_later.update(b.name for b in buffers_read(line))
+            read_later.update(b.name for b in line.reads())
         if not dead:
             return lines
         lines = [line for i, line in enumerate(lines) if i not in dead]
@@ -296,7 +267,7 @@ def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], root_of
     the output may take its storage (in place), saving one buffer at the call.
     """
     writer = next((i for i in range(j + 1, len(lines))
-                   if new.root in buffers_read(lines[i])), None)
+                   if new.root in lines[i].reads()), None)
     if writer is None:
         return None
     line = lines[writer]
@@ -305,7 +276,7 @@ def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], root_of
     outs = {b.name for b in buffers_in([v for _, v in line.kwargs])}
     if new.root.name not in outs:
         return None
-    inputs = [b for b in buffers_read(line) if b.name not in outs]
+    inputs = [b for b in line.reads() if b.name not in outs]
     b = new.root
     layout = (b.size, b.stride, b.offset, b.dtype, b.device)
     for buf in inputs:

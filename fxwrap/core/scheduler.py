@@ -32,7 +32,6 @@ import itertools
 from dataclasses import dataclass, field
 
 import sympy
-import torch
 
 from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_key,
                             rewrite, rvar, walk, xvar)
@@ -226,12 +225,12 @@ def fuse(items: list) -> list:
     over the lines emitted since the group (``_can_hoist``); otherwise it starts a
     new group where it stands.
     """
-    from fxwrap.wrapper_ir.lines import View
-
     roots: dict[str, str] = {}
     for item in items:
-        if isinstance(item, View):
-            roots[item.buf.name] = roots.get(item.base.name, item.base.name)
+        base = None if isinstance(item, Job) else item.view_base
+        if base is not None:
+            for buf in item.defines():
+                roots[buf.name] = roots.get(base.name, base.name)
     out: list = []
     current: Group | None = None
     since: list = []  # lines after the current group
@@ -255,32 +254,11 @@ def fuse(items: list) -> list:
 
 
 def _is_barrier(line) -> bool:
-    from fxwrap.wrapper_ir.lines import (Allocate, CallExtern, Comment, DefineSymbol, GetItem,
-                                         View)
-    return not isinstance(line, (Allocate, CallExtern, Comment, DefineSymbol, GetItem, View))
-
-
-def _written_by(line) -> list | None:
-    """Buffers an extern line writes (its result and mutated or ``out=`` arguments);
-    ``None`` when that cannot be told (not an ATen overload with a schema)."""
-    from fxwrap.wrapper_ir.lines import Buffer, buffers_in
-    written = [line.out] if isinstance(line.out, Buffer) else []
-    op = line.op
-    if not isinstance(op, torch._ops.OpOverload):
-        return None
-    schema = op._schema
-    kwargs = dict(line.kwargs)
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = line.args[i] if i < len(line.args) and not arg.kwarg_only else kwargs.get(arg.name)
-        written += buffers_in(value)
-    return written
+    return line.fusion_barrier
 
 
 def _can_hoist(job: Job, lines: list, roots: dict) -> bool:
     """May ``job`` run before ``lines`` (that is, at the place of the group before them)?"""
-    from fxwrap.wrapper_ir.lines import CallExtern, DefineSymbol, GetItem, buffers_defined, buffers_read
     if not lines:
         return True
     ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
@@ -293,22 +271,14 @@ def _can_hoist(job: Job, lines: list, roots: dict) -> bool:
     exprs += [e for op in ops for e in direct_indices(op)]  # direct loads, index values
     syms = {s.name for e in exprs for s in sympy.sympify(e).free_symbols}
     for line in lines:
-        defined = {b.name for b in buffers_defined(line)}
+        defined = {b.name for b in line.defines()}
         if defined & (reads | writes):
             return False
-        if {root(b.name) for b in buffers_read(line)} & write_roots:
+        if {root(b.name) for b in line.reads()} & write_roots:
             return False
-        if isinstance(line, CallExtern):
-            written = _written_by(line)
-            if written is None:
-                written = buffers_read(line)
-            if {root(b.name) for b in written} & (read_roots | write_roots):
-                return False
-            if isinstance(line.out, str) and line.out in syms:
-                return False
-        if isinstance(line, DefineSymbol) and line.symbol.name in syms:
+        if {root(b.name) for b in line.writes()} & (read_roots | write_roots):
             return False
-        if isinstance(line, GetItem) and isinstance(line.buf, str) and line.buf in syms:
+        if {*line.defines_values(), *(s.name for s in line.defines_symbols())} & syms:
             return False
     return True
 

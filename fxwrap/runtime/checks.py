@@ -44,3 +44,9 @@ def check_index_bounds(index, size, dim: int, negative_ok: bool) -> None:
         if not low <= v < size:
             raise IndexError(f"index {v} is out of bounds for dimension {dim} with size {size}")
     return None
+
+
+# what the compiler may assume of the call: it changes nothing, and on an accelerator it
+# never reads a value back to the host (torch._assert_async), so a program calling it
+# may still be captured into a CUDA graph
+check_index_bounds.is_device_check = True

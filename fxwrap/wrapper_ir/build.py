@@ -499,36 +499,18 @@ def _symbol_hint(shape_env, sym: sympy.Symbol) -> int | None:
     return None
 
 
-def _line_exprs(line: Line) -> list:
-    """The size expressions a line needs the values of (not those it defines)."""
-    if isinstance(line, Allocate):
-        b = line.buf
-        return [*b.size, *b.stride, b.offset]
-    if isinstance(line, View):
-        b = line.buf
-        return [*b.size, *b.stride, b.offset]
-    if isinstance(line, CallExtern):
-        return [v for v in _flatten((line.args, tuple(v for _, v in line.kwargs)))
-                if isinstance(v, sympy.Expr)]
-    if isinstance(line, Return):
-        return [v for v in _flatten(line.values) if isinstance(v, sympy.Expr)]
-    return []
-
-
 def _check_symbols_defined(inputs, lines: list[Line], target_name: str) -> None:
     """Every size symbol a line uses is a program input or defined by an earlier line."""
     defined = {i.name for i in inputs if isinstance(i, SizeInput)}
     for line in lines:
-        for expr in _line_exprs(line):
+        for expr in line.size_exprs():
             missing = sorted(s.name for s in sympy.sympify(expr).free_symbols if s.name not in defined)
             if missing:
                 raise UnsupportedNode(
                     f"size symbol(s) {missing} used by {line!r} have no value in the program: "
                     f"they are neither inputs nor sizes of an input tensor (target {target_name})")
-        if isinstance(line, CallExtern) and isinstance(line.out, str):
-            defined.add(line.out)
-        elif isinstance(line, GetItem) and isinstance(line.buf, str):
-            defined.add(line.buf)
+        defined.update(line.defines_values())
+        defined.update(s.name for s in line.defines_symbols())
 
 
 def _flatten(value):

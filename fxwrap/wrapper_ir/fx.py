@@ -15,8 +15,9 @@ become FX nodes (``gm.print_readable()``)::
         buf1 = torch.as_strided(buf0, [16, s0], [1, 16], 0)
         ...
 
-Conversion is a ``{LineType: method}`` table; a line type with no entry is an
-error.  Every buffer node carries ``meta["val"]`` (a FakeTensor; with symbolic
+Each line adds its own nodes (``Line.to_fx(converter)``, through the converter's
+``add`` / ``arg`` / ``node`` / ``bind`` ...); a line with no ``to_fx`` is an
+error that names it.  Every buffer node carries ``meta["val"]`` (a FakeTensor; with symbolic
 sizes its sizes are SymInts, and each size input's placeholder holds its SymInt),
 every launch's target is a ``fxwrap.Kernel``, ``free`` nodes survive dead-code
 elimination, and a ``Comment`` lands in ``meta["comment"]`` of the node that the
@@ -46,10 +47,7 @@ from fxwrap.core.symbolic import SizeArithmetic, evaluate_with
 from fxwrap.runtime.guards import check_inputs
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.memory import free
-from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, CallKernel, Comment, DefineKernel, DefineSymbol, Free,
-    GetItem, Line, Return, Reuse, SizeInput, View,
-)
+from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
 from fxwrap.wrapper_ir.guards import build_input_guard
 
 #: the GraphModule attribute holding its ``InputGuard`` (``fxwrap.runtime.guards``)
@@ -180,12 +178,6 @@ class FxConverter:
         self.pending_comments: list[str] = []
         self.symbolic = SymbolicValues(v for v in self.fake_values.values() if isinstance(v, torch.Tensor))
 
-    handlers = {
-        Allocate: "allocate", Reuse: "reuse", View: "view", DefineKernel: "define_kernel",
-        CallKernel: "call_kernel", CallExtern: "call_extern", GetItem: "get_item",
-        DefineSymbol: "define_symbol", Free: "free", Comment: "comment", Return: "ret",
-    }
-
     # -- driver -------------------------------------------------------------
     def convert(self) -> torch.fx.GraphModule:
         for inp in self.inputs:
@@ -209,12 +201,8 @@ class FxConverter:
             node.meta["val"] = self.fake(self._const_buffer(name, tensor))
             self.nodes[name] = node
         for line in self.lines:
-            method = self.handlers.get(type(line))
-            if method is None:
-                raise UnknownLine(f"no FX conversion for line {line!r}; known: "
-                                  f"{sorted(t.__name__ for t in self.handlers)}")
             last = self._last_node()
-            getattr(self, method)(line)
+            line.to_fx(self)
             if self.pending_comments and self._last_node() is not last:
                 self._attach_comments(self._last_node())
         if self.pending_comments and self._last_node() is not None:
@@ -295,68 +283,35 @@ class FxConverter:
             return known
         return self.symbolic.tensor(buf.size, buf.stride, buf.offset, buf.dtype, buf.device)
 
-    # -- line rules ---------------------------------------------------------
-    def allocate(self, line: Allocate):
-        b = line.buf
-        self.nodes[b.name] = self.add(
-            torch.empty_strided, (self.sizes(b.size), self.sizes(b.stride)),
-            {"dtype": b.dtype, "device": b.device}, name=b.name, buf=b)
+    # -- what a line's to_fx(converter) calls -----------------------------------
+    def node(self, value) -> torch.fx.Node:
+        """The node of a buffer, or of a value name (a tuple or scalar result)."""
+        return self.nodes[value.name if isinstance(value, Buffer) else value]
 
-    def reuse(self, line: Reuse):
-        old, new = line.old, line.new
-        if old.dtype != new.dtype or old.device != new.device:
-            raise NotImplementedError(
-                f"{line!r}: reuse across dtypes or devices ({old.dtype} on {old.device} -> "
-                f"{new.dtype} on {new.device}) has no FX form; reuse only same-dtype storage")
-        same = (old.size, old.stride, old.offset, old.dtype) == (new.size, new.stride, new.offset, new.dtype)
-        if same:
-            self.nodes[new.name] = self.nodes[old.name]
-            return
-        self.nodes[new.name] = self.add(
-            torch.as_strided, (self.nodes[old.name], self.sizes(new.size), self.sizes(new.stride),
-                               self.expr(new.offset)), name=new.name, buf=new)
+    def bind(self, value, node) -> None:
+        """Later uses of buffer (or value name) ``value`` read ``node``."""
+        self.nodes[value.name if isinstance(value, Buffer) else value] = node
 
-    def view(self, line: View):
-        b = line.buf
-        self.nodes[b.name] = self.add(
-            torch.as_strided, (self.nodes[line.base.name], self.sizes(b.size), self.sizes(b.stride),
-                               self.expr(b.offset)), name=b.name, buf=b)
-
-    def define_kernel(self, line: DefineKernel):
-        self.kernels.append(line.kernel)
-
-    def call_kernel(self, line: CallKernel):
-        if line.kernel not in self.kernels:
-            self.kernels.append(line.kernel)
-        self.add(line.kernel, self.arg(tuple(line.args)), name=line.kernel.name)
-
-    def call_extern(self, line: CallExtern):
-        name = line.out.name if isinstance(line.out, Buffer) else line.out
-        node = self.add(line.op, self.arg(tuple(line.args)),
-                        {k: self.arg(v) for k, v in line.kwargs}, name=name,
-                        buf=line.out if isinstance(line.out, Buffer) else None)
-        if name is not None:
-            self.nodes[name] = node
-            self.symbols.setdefault(name, node)
-
-    def get_item(self, line: GetItem):
-        name = line.buf.name if isinstance(line.buf, Buffer) else line.buf
-        node = self.add(operator.getitem, (self.nodes[line.src], line.index), name=name,
-                        buf=line.buf if isinstance(line.buf, Buffer) else None)
+    def bind_value(self, name: str, node) -> None:
+        """``name`` (a result) is ``node``, for later arguments and, for a scalar, sizes."""
         self.nodes[name] = node
         self.symbols.setdefault(name, node)
 
-    def define_symbol(self, line: DefineSymbol):
-        self.symbols[line.symbol.name] = self.expr(line.expr)
+    def bind_symbol(self, symbol: sympy.Symbol, value) -> None:
+        """Size symbol ``symbol`` has ``value`` (an FX node or an int) from here on."""
+        self.symbols[symbol.name] = value
 
-    def free(self, line: Free):
-        self.add(free, (self.nodes[line.buf.name],))
+    def free(self, buf: Buffer) -> torch.fx.Node:
+        """A ``fxwrap.runtime.free(buf)`` node (kept by dead-code elimination)."""
+        return self.add(free, (self.node(buf),))
 
-    def comment(self, line: Comment):
-        self.pending_comments.append(line.text)
+    def comment(self, text: str) -> None:
+        """``text`` goes to ``meta["comment"]`` of the next node a line adds."""
+        self.pending_comments.append(text)
 
-    def ret(self, line: Return):
-        self.graph.output(tuple(self.arg(v) if v is not None else None for v in line.values))
+    def unknown(self, line: Line):
+        raise UnknownLine(f"no FX conversion for line {line!r}: a Line subclass converts itself "
+                          f"through to_fx(converter)")
 
 
 class _FxSizeArithmetic(SizeArithmetic):

@@ -24,7 +24,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from fxwrap.runtime.guards import (
     InputGuard, OtherInputSpec, SizeCondition, SizeInputSpec, SymbolBinding, TensorInputSpec,
 )
-from fxwrap.wrapper_ir.lines import Buffer, CallKernel, SizeInput, View, buffers_read
+from fxwrap.wrapper_ir.lines import Buffer, SizeInput
 
 _PRINTER = PythonPrinter()
 _EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "int": int}
@@ -68,10 +68,11 @@ def read_by_kernels(lines: Sequence) -> set[str]:
     root: dict[str, str] = {}
     used: set[str] = set()
     for line in lines:
-        if isinstance(line, View):
-            root[line.buf.name] = root.get(line.base.name, line.base.name)
-        elif isinstance(line, CallKernel):
-            used |= {root.get(b.name, b.name) for b in buffers_read(line)}
+        base = line.view_base
+        if base is not None:
+            root.update((b.name, root.get(base.name, base.name)) for b in line.defines())
+        elif line.binds_device:
+            used |= {root.get(b.name, b.name) for b in line.reads()}
     return used
 
 

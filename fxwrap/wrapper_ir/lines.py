@@ -12,11 +12,17 @@ A program computing ``torch.relu(x @ w) + 1`` on the CPU, extern-only, prints as
         free(buf1)
         return (buf2,)
 
-Every line is a frozen, hashable dataclass.  ``wrapper_ir.fx`` turns the list into
-a ``torch.fx.GraphModule`` and ``wrapper_ir.printer`` into the text above.
+Every line is a frozen, hashable dataclass that carries its own behaviour (see
+``Line``): what it reads, writes and defines, its text (``to_source``) and its FX
+nodes (``to_fx``).  ``wrapper_ir.fx`` turns the list into a ``torch.fx.GraphModule``
+and ``wrapper_ir.printer`` into the text above by asking each line; no pass switches
+on a line's type, so a new line type is one class.  This module imports no pass: the
+printer and the converter are passed in, and a line calls back into them.
 """
 from __future__ import annotations
 
+import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +77,125 @@ class SizeInput:
 
 @dataclass(frozen=True)
 class Line:
-    """Base of every Wrapper IR line."""
+    """Base of every Wrapper IR line: a frozen record that carries its own behaviour.
+
+    Passes ask a line, never its type.  A new kind of line is one subclass that
+    overrides what differs from these defaults (a line that touches no buffer and
+    has no text or FX form has nothing to override but ``to_source`` / ``to_fx``):
+
+    * ``reads()``: the existing buffers it uses (reads, or writes into), in order;
+      ``writes()``: those whose contents it changes; ``defines()``: the buffers it
+      brings into existence; ``defines_values()`` / ``defines_symbols()``: the names
+      of the other values it introduces (tuple or scalar results, host sizes);
+      ``size_exprs()``: the size expressions whose values it needs.
+    * ``to_source(printer)``: its text in ``Program.code()``, built with the
+      printer's ``fmt`` / ``call`` / ``op_name`` (``wrapper_ir/printer.py``).
+    * ``to_fx(converter)``: adds its FX nodes through the converter's ``add``,
+      ``arg``, ``node``, ``bind`` ... (``wrapper_ir/fx.py``), the way Inductor's
+      ``WrapperLine.codegen_fx`` does.
+    * The memory planner's, scheduler's and guards' questions, as class
+      attributes and small methods below (``allocates``, ``view_base``,
+      ``alias_of`` ...).
+
+    The defaults describe a line that touches nothing: it reads, writes and defines
+    no buffer, and is a barrier to moving kernels across it.  With no
+    ``to_source`` or ``to_fx`` of its own, printing or converting it is an error
+    that names it.
+    """
+
+    #: The buffers it defines get storage the program allocated itself, of known
+    #: size: the memory planner may hand that storage on once they are dead.
+    allocates = False
+    #: The buffers it reads leave the program (its outputs): never freed.
+    returns_reads = False
+    #: It says something about the next line (provenance): dropped with it.
+    annotates_next = False
+    #: It runs code compiled for one device, so every buffer it reads must be on
+    #: that device (an extern call dispatches on its arguments' own devices).
+    binds_device = False
+    #: A fused kernel may not move up across it (the scheduler's hoisting).
+    fusion_barrier = True
+
+    def reads(self) -> list[Buffer]:
+        """Existing buffers the line uses (reads, or writes into), in order."""
+        return []
+
+    def writes(self) -> list[Buffer]:
+        """Buffers whose contents the line changes (a kernel's output and in-out
+        arguments, an extern's ``out=`` and mutated arguments, its result)."""
+        return []
+
+    def defines(self) -> list[Buffer]:
+        """Buffers the line brings into existence."""
+        return []
+
+    def defines_values(self) -> list[str]:
+        """Names of the non-buffer values it introduces (a tuple or a scalar result),
+        which later lines use as plain strings (``GetItem.src``, arguments)."""
+        return []
+
+    def defines_symbols(self) -> list[sympy.Symbol]:
+        """Size symbols it gives a value to."""
+        return []
+
+    def size_exprs(self) -> list[sympy.Expr]:
+        """Size expressions whose values the line needs (not those it defines)."""
+        return []
+
+    @property
+    def view_base(self) -> Buffer | None:
+        """For a line that only reinterprets existing storage (``View``): the buffer
+        owning it.  Such a line computes nothing; unread, it is dropped."""
+        return None
+
+    def alias_of(self, producers: Mapping[str, "Line"]) -> Buffer | None:
+        """The buffer whose storage the buffer it defines shares (a view, or an op
+        result that aliases an argument), or None when it has storage of its own.
+        ``producers``: the line that defined each value name so far."""
+        return self.view_base
+
+    def result_alias(self, index: int) -> Buffer | None:
+        """The argument buffer that result ``index`` of the value it defines aliases."""
+        return None
+
+    @property
+    def may_return_alias(self) -> bool:
+        """Its result may alias any buffer it reads (storage it reads is never reused)."""
+        return False
+
+    @property
+    def is_device_check(self) -> bool:
+        """A check of its arguments that changes nothing and, on an accelerator, asserts
+        on the device without reading back (``check_index_bounds``)."""
+        return False
+
+    def host_readback(self) -> str | None:
+        """Why the line needs a device value on the host (which a captured CUDA graph
+        cannot replay), or None."""
+        return None
+
+    @property
+    def label(self) -> str:
+        """How messages name the line."""
+        return type(self).__name__
+
+    def to_source(self, printer) -> str:
+        """Its text in the printed program (``wrapper_ir.printer.Printer``)."""
+        return printer.unknown(self)
+
+    def to_fx(self, converter) -> None:
+        """Add its FX nodes to ``converter`` (``wrapper_ir.fx.FxConverter``)."""
+        converter.unknown(self)
+
+
+def _layout_exprs(buf: Buffer) -> list[sympy.Expr]:
+    return [*buf.size, *buf.stride, buf.offset]
+
+
+def _exprs_in(value) -> list[sympy.Expr]:
+    if isinstance(value, (list, tuple)):
+        return [e for v in value for e in _exprs_in(v)]
+    return [value] if isinstance(value, sympy.Expr) else []
 
 
 @dataclass(frozen=True)
@@ -80,6 +204,26 @@ class Allocate(Line):
 
     buf: Buffer
 
+    allocates = True
+    fusion_barrier = False
+
+    def defines(self):
+        return [self.buf]
+
+    def size_exprs(self):
+        return _layout_exprs(self.buf)
+
+    def to_source(self, printer):
+        b = self.buf
+        return (f"{b.name} = empty_strided({printer.fmt(b.size)}, {printer.fmt(b.stride)}, "
+                f"dtype={b.dtype}, device={printer.fmt(b.device)})")
+
+    def to_fx(self, converter):
+        b = self.buf
+        converter.bind(b, converter.add(
+            torch.empty_strided, (converter.sizes(b.size), converter.sizes(b.stride)),
+            {"dtype": b.dtype, "device": b.device}, name=b.name, buf=b))
+
 
 @dataclass(frozen=True)
 class Reuse(Line):
@@ -87,6 +231,43 @@ class Reuse(Line):
 
     old: Buffer
     new: Buffer
+
+    allocates = True
+
+    @property
+    def same_layout(self) -> bool:
+        o, n = self.old, self.new
+        return (o.size, o.stride, o.offset, o.dtype) == (n.size, n.stride, n.offset, n.dtype)
+
+    def reads(self):
+        return [self.old]
+
+    def defines(self):
+        return [self.new]
+
+    def size_exprs(self):
+        return _layout_exprs(self.new)
+
+    def to_source(self, printer):
+        n = self.new
+        if self.same_layout:
+            return f"{n.name} = {self.old.name}  # reuse"
+        return (f"{n.name} = as_strided({self.old.name}, {printer.fmt(n.size)}, "
+                f"{printer.fmt(n.stride)}, {printer.fmt(n.offset)})  # reuse")
+
+    def to_fx(self, converter):
+        old, new = self.old, self.new
+        if old.dtype != new.dtype or old.device != new.device:
+            raise NotImplementedError(
+                f"{self!r}: reuse across dtypes or devices ({old.dtype} on {old.device} -> "
+                f"{new.dtype} on {new.device}) has no FX form; reuse only same-dtype storage")
+        if self.same_layout:
+            converter.bind(new, converter.node(old))
+            return
+        converter.bind(new, converter.add(
+            torch.as_strided, (converter.node(old), converter.sizes(new.size),
+                               converter.sizes(new.stride), converter.expr(new.offset)),
+            name=new.name, buf=new))
 
 
 @dataclass(frozen=True)
@@ -99,9 +280,36 @@ class View(Line):
     buf: Buffer
     base: Buffer
 
+    fusion_barrier = False
+
     @property
     def name(self) -> str:
         return self.buf.name
+
+    @property
+    def view_base(self):
+        return self.base
+
+    def reads(self):
+        return [self.base]
+
+    def defines(self):
+        return [self.buf]
+
+    def size_exprs(self):
+        return _layout_exprs(self.buf)
+
+    def to_source(self, printer):
+        b = self.buf
+        return (f"{b.name} = as_strided({self.base.name}, {printer.fmt(b.size)}, "
+                f"{printer.fmt(b.stride)}, {printer.fmt(b.offset)})  # view")
+
+    def to_fx(self, converter):
+        b = self.buf
+        converter.bind(b, converter.add(
+            torch.as_strided, (converter.node(self.base), converter.sizes(b.size),
+                               converter.sizes(b.stride), converter.expr(b.offset)),
+            name=b.name, buf=b))
 
 
 @dataclass(frozen=True)
@@ -109,6 +317,13 @@ class DefineKernel(Line):
     """``# kernel fxwrap_pointwise_0 defined``: source and signature of a kernel."""
 
     kernel: Any  # fxwrap.runtime.Kernel
+
+    def to_source(self, printer):
+        k = self.kernel
+        return f"# kernel {k.name} ({k.target}): " + ", ".join(f"{a.name}:{a.role}" for a in k.signature)
+
+    def to_fx(self, converter):
+        converter.kernels.append(self.kernel)
 
 
 @dataclass(frozen=True)
@@ -118,6 +333,31 @@ class CallKernel(Line):
     kernel: Any
     args: tuple
     grid: tuple = ()
+
+    binds_device = True
+
+    @property
+    def label(self):
+        return f"kernel {self.kernel.name}"
+
+    def reads(self):
+        return buffers_in(self.args)
+
+    def writes(self):
+        return [value for arg, value in zip(self.kernel.signature, self.args)
+                if getattr(arg, "role", "input") in ("output", "inout") and isinstance(value, Buffer)]
+
+    def size_exprs(self):
+        return _exprs_in(self.args)
+
+    def to_source(self, printer):
+        grid = f"  # grid={printer.fmt(tuple(self.grid))}" if self.grid else ""
+        return f"{self.kernel.name}({printer.call(self.args, ())}){grid}"
+
+    def to_fx(self, converter):
+        if self.kernel not in converter.kernels:
+            converter.kernels.append(self.kernel)
+        converter.add(self.kernel, converter.arg(tuple(self.args)), name=self.kernel.name)
 
 
 @dataclass(frozen=True)
@@ -135,9 +375,108 @@ class CallExtern(Line):
     kwargs: tuple[tuple[str, Any], ...] = ()
     out: Buffer | str | None = None
 
+    fusion_barrier = False
+
     @property
     def kwargs_dict(self) -> dict[str, Any]:
         return dict(self.kwargs)
+
+    @property
+    def label(self):
+        return str(self.op)
+
+    @property
+    def out_name(self) -> str | None:
+        return self.out.name if isinstance(self.out, Buffer) else self.out
+
+    def reads(self):
+        return buffers_in(self.args) + buffers_in([v for _, v in self.kwargs])
+
+    def writes(self):
+        """Its result, and the arguments its schema marks written (``Tensor(a!)``); every
+        buffer it reads when the op has no schema (not an ATen overload): kernels reading
+        them stay after it (a bounds check before the kernel it guards)."""
+        written = [self.out] if isinstance(self.out, Buffer) else []
+        if not isinstance(self.op, torch._ops.OpOverload):
+            return written + self.reads()
+        kwargs = dict(self.kwargs)
+        for i, arg in enumerate(self.op._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = self.args[i] if i < len(self.args) and not arg.kwarg_only else kwargs.get(arg.name)
+            written += buffers_in(value)
+        return written
+
+    def defines(self):
+        return [self.out] if isinstance(self.out, Buffer) else []
+
+    def defines_values(self):
+        return [self.out] if isinstance(self.out, str) else []
+
+    def size_exprs(self):
+        return _exprs_in((self.args, tuple(v for _, v in self.kwargs)))
+
+    def alias_of(self, producers):
+        return self.result_alias(0) if isinstance(self.out, Buffer) else None
+
+    def result_alias(self, index):
+        return _aliased_argument(self.op, index, self.args)
+
+    @property
+    def may_return_alias(self):
+        return self.out is not None
+
+    @property
+    def is_device_check(self):
+        return bool(getattr(self.op, "is_device_check", False))
+
+    def host_readback(self):
+        schema = getattr(self.op, "_schema", None)
+        if schema is None:  # a Python callable: safe only where it says so
+            if self.is_device_check:
+                return None
+            return f"{self.label} is not an ATen op (it may read a value back to the CPU)"
+        returns = [str(r.type) for r in schema.returns]
+        if returns and "Tensor" not in "".join(returns) and \
+                not schema.name.split("::")[-1].startswith(_METADATA_READS):
+            return f"{self.op} reads a value back to the CPU"
+        return None
+
+    def to_source(self, printer):
+        call = f"{printer.op_name(self.op)}({printer.call(self.args, self.kwargs)})"
+        return call if self.out is None else f"{self.out_name} = {call}"
+
+    def to_fx(self, converter):
+        name = self.out_name
+        node = converter.add(self.op, converter.arg(tuple(self.args)),
+                             {k: converter.arg(v) for k, v in self.kwargs}, name=name,
+                             buf=self.out if isinstance(self.out, Buffer) else None)
+        if name is not None:
+            converter.bind_value(name, node)
+
+
+#: ATen ops that read a tensor's metadata, not its data (no read back from the device)
+_METADATA_READS = ("sym_size", "sym_stride", "sym_storage_offset", "sym_numel")
+
+
+def _aliased_argument(op, ret_index: int, args: tuple) -> Buffer | None:
+    """The argument buffer that result ``ret_index`` of ``op`` aliases, per its schema."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return None
+    returns = schema.returns
+    ret = returns[0] if len(returns) == 1 else returns[ret_index] if ret_index < len(returns) else None
+    if ret is None or ret.alias_info is None:
+        return None
+    wanted = ret.alias_info.before_set
+    for i, arg in enumerate(schema.arguments[:len(args)]):
+        info = arg.alias_info
+        # ``Tensor(a)[]`` results (split, unbind) carry their set on the elements, which
+        # the Python schema does not show; their source is the ``Tensor(a -> *)`` argument.
+        if info is not None and (info.before_set == wanted if wanted else "*" in info.after_set):
+            found = buffers_in(args[i])
+            return found[0] if found else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -148,6 +487,32 @@ class GetItem(Line):
     src: str
     index: int
 
+    fusion_barrier = False
+
+    @property
+    def out_name(self) -> str:
+        return self.buf.name if isinstance(self.buf, Buffer) else self.buf
+
+    def defines(self):
+        return [self.buf] if isinstance(self.buf, Buffer) else []
+
+    def defines_values(self):
+        return [self.buf] if isinstance(self.buf, str) else []
+
+    def alias_of(self, producers):
+        source = producers.get(self.src)
+        if not isinstance(self.buf, Buffer) or source is None:
+            return None
+        return source.result_alias(self.index)
+
+    def to_source(self, printer):
+        return f"{self.out_name} = {self.src}[{self.index}]"
+
+    def to_fx(self, converter):
+        node = converter.add(operator.getitem, (converter.node(self.src), self.index), name=self.out_name,
+                             buf=self.buf if isinstance(self.buf, Buffer) else None)
+        converter.bind_value(self.out_name, node)
+
 
 @dataclass(frozen=True)
 class DefineSymbol(Line):
@@ -156,6 +521,23 @@ class DefineSymbol(Line):
     symbol: sympy.Symbol
     expr: sympy.Expr
 
+    fusion_barrier = False
+
+    def defines_symbols(self):
+        return [self.symbol]
+
+    def size_exprs(self):
+        return [self.expr]
+
+    def host_readback(self):
+        return "a size depends on data (read back to the CPU)"
+
+    def to_source(self, printer):
+        return f"{self.symbol} = {self.expr}"
+
+    def to_fx(self, converter):
+        converter.bind_symbol(self.symbol, converter.expr(self.expr))
+
 
 @dataclass(frozen=True)
 class Free(Line):
@@ -163,12 +545,30 @@ class Free(Line):
 
     buf: Buffer
 
+    def reads(self):
+        return [self.buf]
+
+    def to_source(self, printer):
+        return f"free({self.buf.name})"
+
+    def to_fx(self, converter):
+        converter.free(self.buf)
+
 
 @dataclass(frozen=True)
 class Comment(Line):
     """``# mm: aten.mm.default``: provenance of the next line."""
 
     text: str
+
+    annotates_next = True
+    fusion_barrier = False
+
+    def to_source(self, printer):
+        return f"# {self.text}"
+
+    def to_fx(self, converter):
+        converter.comment(self.text)
 
 
 @dataclass(frozen=True)
@@ -179,6 +579,20 @@ class Return(Line):
     """
 
     values: tuple = field(default=())
+
+    returns_reads = True
+
+    def reads(self):
+        return buffers_in(self.values)
+
+    def size_exprs(self):
+        return _exprs_in(self.values)
+
+    def to_source(self, printer):
+        return f"return {printer.fmt(tuple(self.values))}"
+
+    def to_fx(self, converter):
+        converter.graph.output(tuple(converter.arg(v) if v is not None else None for v in self.values))
 
 
 def buffers_in(value) -> list[Buffer]:
@@ -197,32 +611,10 @@ def buffers_in(value) -> list[Buffer]:
 
 
 def buffers_read(line: Line) -> list[Buffer]:
-    """Buffers a line uses (reads or writes into an existing buffer)."""
-    if isinstance(line, CallExtern):
-        return buffers_in(line.args) + buffers_in([v for _, v in line.kwargs])
-    if isinstance(line, CallKernel):
-        return buffers_in(line.args)
-    if isinstance(line, View):
-        return [line.base]
-    if isinstance(line, Reuse):
-        return [line.old]
-    if isinstance(line, Free):
-        return [line.buf]
-    if isinstance(line, Return):
-        return buffers_in(line.values)
-    return []
+    """Buffers a line uses (reads or writes into an existing buffer): ``line.reads()``."""
+    return line.reads()
 
 
 def buffers_defined(line: Line) -> list[Buffer]:
-    """Buffers a line brings into existence."""
-    if isinstance(line, Allocate):
-        return [line.buf]
-    if isinstance(line, Reuse):
-        return [line.new]
-    if isinstance(line, View):
-        return [line.buf]
-    if isinstance(line, CallExtern) and isinstance(line.out, Buffer):
-        return [line.out]
-    if isinstance(line, GetItem) and isinstance(line.buf, Buffer):
-        return [line.buf]
-    return []
+    """Buffers a line brings into existence: ``line.defines()``."""
+    return line.defines()

@@ -9,18 +9,16 @@
         buf1 = as_strided(buf0, (16, s0), (1, 16), 0)  # view
         return (buf1,)
 
-The text is a pure function of the lines: the same program prints the same
-bytes.
+Each line prints itself (``Line.to_source(printer)``) with the ``Printer``'s
+helpers; the text is a pure function of the lines: the same program prints the
+same bytes.
 """
 from __future__ import annotations
 
 import sympy
 import torch
 
-from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, CallKernel, Comment, DefineKernel, DefineSymbol, Free,
-    GetItem, Line, Return, Reuse, View,
-)
+from fxwrap.wrapper_ir.lines import Buffer, Line
 
 
 def fmt(value, names=frozenset()) -> str:
@@ -59,62 +57,46 @@ def _call(args, kwargs, names=frozenset()) -> str:
 
 def value_names(lines: list[Line]) -> frozenset[str]:
     """Names of the non-buffer values lines define (tuple and scalar results)."""
-    found = set()
-    for line in lines:
-        if isinstance(line, CallExtern) and isinstance(line.out, str):
-            found.add(line.out)
-        elif isinstance(line, GetItem) and isinstance(line.buf, str):
-            found.add(line.buf)
-    return frozenset(found)
+    return frozenset(name for line in lines for name in line.defines_values())
 
 
-def line_source(line: Line, names=frozenset()) -> str:
-    """One line of the program as Python text.
+class Printer:
+    """What a line's ``to_source(printer)`` builds its text with.
 
     ``names`` are the string values that name program values (``value_names``);
     any other string argument prints as a literal.
     """
-    if isinstance(line, Allocate):
-        b = line.buf
-        return (f"{b.name} = empty_strided({fmt(b.size)}, {fmt(b.stride)}, dtype={b.dtype}, "
-                f"device={fmt(b.device)})")
-    if isinstance(line, Reuse):
-        n = line.new
-        o = line.old
-        if (o.size, o.stride, o.offset, o.dtype) == (n.size, n.stride, n.offset, n.dtype):
-            return f"{n.name} = {line.old.name}  # reuse"
-        return f"{n.name} = as_strided({line.old.name}, {fmt(n.size)}, {fmt(n.stride)}, {fmt(n.offset)})  # reuse"
-    if isinstance(line, View):
-        b = line.buf
-        return f"{b.name} = as_strided({line.base.name}, {fmt(b.size)}, {fmt(b.stride)}, {fmt(b.offset)})  # view"
-    if isinstance(line, DefineKernel):
-        k = line.kernel
-        return f"# kernel {k.name} ({k.target}): " + ", ".join(f"{a.name}:{a.role}" for a in k.signature)
-    if isinstance(line, CallKernel):
-        grid = f"  # grid={fmt(tuple(line.grid))}" if line.grid else ""
-        return f"{line.kernel.name}({_call(line.args, (), names)}){grid}"
-    if isinstance(line, CallExtern):
-        call = f"{op_name(line.op)}({_call(line.args, line.kwargs, names)})"
-        if line.out is None:
-            return call
-        return f"{line.out.name if isinstance(line.out, Buffer) else line.out} = {call}"
-    if isinstance(line, GetItem):
-        name = line.buf.name if isinstance(line.buf, Buffer) else line.buf
-        return f"{name} = {line.src}[{line.index}]"
-    if isinstance(line, DefineSymbol):
-        return f"{line.symbol} = {line.expr}"
-    if isinstance(line, Free):
-        return f"free({line.buf.name})"
-    if isinstance(line, Comment):
-        return f"# {line.text}"
-    if isinstance(line, Return):
-        return f"return {fmt(tuple(line.values), names)}"
-    raise TypeError(f"no printed form for line {line!r}")
+
+    def __init__(self, names=frozenset()):
+        self.names = names
+
+    def fmt(self, value) -> str:
+        """``value`` (a buffer, size, dtype, device, op, nested tuple ...) as Python text."""
+        return fmt(value, self.names)
+
+    def call(self, args, kwargs=()) -> str:
+        """The argument list ``a, b, k=v`` of a call."""
+        return _call(args, kwargs, self.names)
+
+    op_name = staticmethod(op_name)
+
+    def unknown(self, line: Line):
+        raise TypeError(f"no printed form for line {line!r}: a Line subclass prints itself "
+                        f"through to_source(printer)")
+
+
+def line_source(line: Line, names=frozenset()) -> str:
+    """One line of the program as Python text: ``line.to_source(Printer(names))``.
+
+    ``names`` are the string values that name program values (``value_names``);
+    any other string argument prints as a literal.
+    """
+    return line.to_source(Printer(names))
 
 
 def program_source(inputs, lines: list[Line], name: str = "forward") -> str:
     """The whole program as a Python function."""
     head = f"def {name}({', '.join(i.name for i in inputs)}):"
-    names = value_names(lines)
-    body = [f"    {line_source(line, names)}" for line in lines]
+    printer = Printer(value_names(lines))
+    body = [f"    {line.to_source(printer)}" for line in lines]
     return "\n".join([head, *body]) + "\n"

@@ -90,3 +90,18 @@ def test_cudagraphs_mode_needs_a_cuda_target():
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="no mode 'turbo'"):
         fxwrap.Backend("cpu", {"mode": "turbo"})
+
+
+def test_index_checks_stay_capturable_and_other_python_calls_do_not():
+    """Embedding and indexing put ``check_index_bounds`` (a Python function, no ATen
+    schema) before their kernels; on a GPU it asserts on the device, so the program may
+    still be captured.  Any other Python callable may read back: not captured."""
+    from fxwrap.runtime.checks import check_index_bounds
+
+    x, idx, out = _buf("arg0"), _buf("arg1"), _buf("buf0")
+    checked = [CallExtern(check_index_bounds, (idx, 8, 0, False), (), None),
+               Allocate(out), CallExtern(aten.relu.out, (x,), (("out", out),)), Return((out,))]
+    assert graph_safety(_program([x, idx], checked)) is None
+    other = [CallExtern(print, (x,), (), None)] + checked
+    reason = graph_safety(_program([x, idx], other))
+    assert reason is not None and "not an ATen op" in reason, reason
