@@ -34,7 +34,7 @@ import torch.fx
 from fxwrap.core import extern
 from fxwrap.core.symbolic import evaluate, is_non_overlapping_and_dense, simplest, to_expr
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Comment, GetItem, Line, Return, SizeInput, View,
+    Allocate, Buffer, CallExtern, Comment, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
 )
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -116,7 +116,7 @@ class _Builder:
     # -- size symbols -------------------------------------------------------
     def storage_offset_of(self, base: Buffer) -> sympy.Symbol:
         """A symbol holding ``base``'s storage offset, read when the program runs."""
-        sym = sympy.Symbol(f"{base.name}_offset", integer=True, nonnegative=True)
+        sym = storage_offset_symbol(base)
         if sym not in self.bound:
             self.emit(CallExtern(aten.sym_storage_offset.default, (base,), (), sym.name))
             self.bound.add(sym)

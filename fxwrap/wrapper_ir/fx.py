@@ -207,9 +207,22 @@ class FxConverter:
                 self._attach_comments(self._last_node())
         if self.pending_comments and self._last_node() is not None:
             self._attach_comments(self._last_node())  # comments after the last node-producing line
+        self._drop_unread_metadata()
         gm = FxwrapGraphModule(root, self.graph, class_name="FxwrapProgram")
         gm._fxwrap_kernels = tuple(self.kernels)
         return gm
+
+    def _drop_unread_metadata(self) -> None:
+        """Erase size/stride/offset reads nothing uses (a view at its base's own offset
+        is ``as_strided(base, size, stride)``, which keeps that offset): each costs an ATen
+        call per run."""
+        for node in reversed(list(self.graph.nodes)):
+            if node.op == "call_function" and node.target in _METADATA_READS and not node.users:
+                comment = node.meta.get("comment")
+                if comment is not None:  # it says what the next node does
+                    after = node.next.meta.get("comment")
+                    node.next.meta["comment"] = comment if after is None else f"{comment}\n{after}"
+                self.graph.erase_node(node)
 
     def _add_input_guard(self, root: torch.nn.Module) -> None:
         """``check_inputs(self._fxwrap_input_guard, *placeholders)`` as the first node."""
@@ -312,6 +325,10 @@ class FxConverter:
     def unknown(self, line: Line):
         raise UnknownLine(f"no FX conversion for line {line!r}: a Line subclass converts itself "
                           f"through to_fx(converter)")
+
+
+_METADATA_READS = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                             torch.ops.aten.sym_storage_offset.default, torch.ops.aten.sym_numel.default})
 
 
 class _FxSizeArithmetic(SizeArithmetic):

@@ -63,6 +63,12 @@ class Buffer:
         return Buffer(name, self.size, self.stride, self.dtype, self.device, self.offset)
 
 
+def storage_offset_symbol(buf: "Buffer") -> sympy.Symbol:
+    """The symbol a program reads ``buf``'s storage offset into when it runs
+    (``buf0_offset = aten.sym_storage_offset.default(buf0)``)."""
+    return sympy.Symbol(f"{buf.name}_offset", integer=True, nonnegative=True)
+
+
 @dataclass(frozen=True)
 class SizeInput:
     """A size symbol that the program takes as an input (``s0``), with its hint."""
@@ -306,10 +312,10 @@ class View(Line):
 
     def to_fx(self, converter):
         b = self.buf
-        converter.bind(b, converter.add(
-            torch.as_strided, (converter.node(self.base), converter.sizes(b.size),
-                               converter.sizes(b.stride), converter.expr(b.offset)),
-            name=b.name, buf=b))
+        args = (converter.node(self.base), converter.sizes(b.size), converter.sizes(b.stride))
+        if b.offset != storage_offset_symbol(self.base):  # else as_strided keeps the base's offset
+            args += (converter.expr(b.offset),)
+        converter.bind(b, converter.add(torch.as_strided, args, name=b.name, buf=b))
 
 
 @dataclass(frozen=True)
