@@ -99,6 +99,38 @@ def _cast(x: Op, dtype: torch.dtype) -> Op:
     return x if x.dtype == dtype else Op(OpCode.CAST, dtype, (x,))
 
 
+def _div16(code: OpCode, dtype: torch.dtype, a: Op, b: Op) -> Op:
+    """bf16/fp16 ``truncdiv``/``floordiv`` of float32 operands as eager's vectorized
+    kernels compute them: the float32 algorithm with every intermediate rounded to
+    ``dtype`` (``R``)::
+
+        truncdiv: trunc(R(a / b))
+        floordiv: b == 0 ? R(a / b) : d == 0 ? copysign(0, R(a / b)) : f, where
+                  m = fmod(a, b); d = R(R(a - m) / b), less 1 (rounded) where m != 0 and
+                  m, b differ in sign; f = floor(d), plus 1 (rounded) where R(d - f) > 0.5
+    """
+    f32 = torch.float32
+
+    def op(name, *src):
+        return Op(name, torch.bool if OpCode.of(name) in BOOL_RESULT else f32, src)
+
+    def r(x):
+        return Op(OpCode.CAST, f32, (Op(OpCode.CAST, dtype, (x,)),))
+
+    q = r(op("truediv", a, b))
+    if code == OpCode.TRUNCDIV:
+        return op("trunc", q)
+    zero, one, half = Op.const(0.0, f32), Op.const(1.0, f32), Op.const(0.5, f32)
+    m = op("fmod", a, b)
+    d = r(op("truediv", r(op("sub", a, m)), b))
+    adjust = op("logical_and", op("ne", m, zero), op("ne", op("lt", b, zero), op("lt", m, zero)))
+    d = op("where", adjust, r(op("sub", d, one)), d)
+    f = op("floor", d)
+    f = op("where", op("gt", r(op("sub", d, f)), half), r(op("add", f, one)), f)
+    f = op("where", op("eq", d, zero), op("copysign", zero, q), f)
+    return op("where", op("eq", b, zero), q, f)
+
+
 class _Legalizer:
     def __init__(self, kernel: ScheduledKernel, numerics: Numerics):
         self.n = numerics
@@ -138,6 +170,8 @@ class _Legalizer:
             src = tuple(self._to(s, compute) for s in node.src)
         if compute == node.dtype:
             return None if src == node.src else node.replace(src=src)
+        if code in (OpCode.TRUNCDIV, OpCode.FLOORDIV) and node.dtype in LOW_PRECISION:
+            return self._from(_div16(code, node.dtype, *src), node.dtype)
         # computed in ``compute``, then rounded to (held as) its own dtype
         return self._from(Op(code, compute, src, node.arg), node.dtype)
 
