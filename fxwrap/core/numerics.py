@@ -190,6 +190,21 @@ class _Legalizer:
         return _cast(x, want)
 
 
+def illegal(code, dtype: torch.dtype, arg_dtypes) -> str | None:
+    """Why an op ``code`` of ``dtype`` over operands of ``arg_dtypes`` is not legal IR (an
+    emitter's check), or None: computed in a 16-bit dtype, or over operands not of its
+    compute dtype (a comparison: of one dtype; ``where``: a bool condition)."""
+    code = OpCode.of(code)
+    if code in LEAVES or code == OpCode.CAST:
+        return None
+    compute = arg_dtypes[-1] if code in BOOL_RESULT else dtype
+    want = [torch.bool, compute, compute] if code == OpCode.WHERE else [compute] * len(arg_dtypes)
+    if compute in LOW_PRECISION or list(arg_dtypes) != want:
+        return (f"op {code} ({dtype}) over {[str(d) for d in arg_dtypes]} is not legalized: run "
+                "fxwrap.core.numerics.legalize(kernel, numerics) before rendering (the kernel builder does)")
+    return None
+
+
 def legalize(kernel: ScheduledKernel, numerics: Numerics = DEFAULT) -> ScheduledKernel:
     """``kernel`` with every value legalized (see the module docstring); the kernel
     itself when nothing changes."""

@@ -50,7 +50,7 @@ import torch
 
 from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, ScheduledKernel, acc_key,
                             is_indirect, is_loop_var, load_buffer, load_index, load_mask, value_deps, walk)
-from fxwrap.core.numerics import LOW_PRECISION, compute_dtype
+from fxwrap.core.numerics import compute_dtype, illegal
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
                                   kernel_signature)
@@ -430,7 +430,8 @@ class CStyleEmitter(KernelEmitter):
             raise EmitError(f"op {name!r} ({op.dtype}) has no rendering on target {self.target_name}; "
                             f"add it to {type(self).__name__}.code_for_op")
         dtype = arg_dtypes[-1] if name in BOOL_RESULT else op.dtype  # comparisons: the operands' type
-        _check_legal(op, arg_dtypes, dtype, self.target_name)
+        if (why := illegal(name, op.dtype, arg_dtypes)) is not None:
+            raise EmitError(f"{why} (target {self.target_name})")
         return fn(*args, dtype=dtype)
 
     # ------------------------------------------------------------------ index printer
@@ -438,16 +439,6 @@ class CStyleEmitter(KernelEmitter):
         """A sympy integer expression as ``index_type`` C arithmetic."""
         text = _CIndexPrinter(self).expr(sympy.sympify(expr))
         return text[1:-1] if _outer_parens(text) else text
-
-
-def _check_legal(op: Op, arg_dtypes: list[torch.dtype], dtype: torch.dtype, target: str) -> None:
-    """Raise unless ``op`` is computed in ``dtype`` over operands of it (``where``: a bool
-    condition), as ``fxwrap.core.numerics.legalize`` leaves every op."""
-    want = [torch.bool, dtype, dtype] if op.op == OpCode.WHERE else [dtype] * len(arg_dtypes)
-    if dtype in LOW_PRECISION or list(arg_dtypes) != want:
-        raise EmitError(f"op {op.op} ({op.dtype}) over {[str(d) for d in arg_dtypes]} is not legalized for "
-                        f"target {target}: run fxwrap.core.numerics.legalize(kernel, numerics) before "
-                        "rendering (the kernel builder does)")
 
 
 class _CIndexPrinter(SympyIndexPrinter):

@@ -20,7 +20,7 @@ import math
 import torch
 
 from fxwrap.core.ir import BINARY, BOOL_RESULT, UNARY
-from fxwrap.core.numerics import LOW_PRECISION, compute_dtype
+from fxwrap.core.numerics import compute_dtype, illegal
 
 
 class OpError(EmitError):
@@ -250,12 +250,9 @@ class OpRenderer:
         they already have the dtype the op is computed in (a comparison: its operands')."""
         if name == "cast":
             return cast(args[0], arg_dtypes[0], dtype)
+        if (why := illegal(name, dtype, arg_dtypes)) is not None:
+            raise OpError(f"{why} (target {self.target_name})")
         cdt = arg_dtypes[-1] if name in BOOL_RESULT else dtype
-        want = [torch.bool, cdt, cdt] if name == "where" else [cdt] * len(arg_dtypes)
-        if cdt in LOW_PRECISION or list(arg_dtypes) != want:
-            raise OpError(f"op {name!r} ({dtype}) over {[str(d) for d in arg_dtypes]} is not legalized for "
-                          f"target {self.target_name}: run fxwrap.core.numerics.legalize(kernel, numerics) "
-                          "before rendering (the kernel builder does)")
         expr = self._render(name, cdt, args)
         if "libdevice." in expr:
             self.uses_libdevice = True
