@@ -194,7 +194,10 @@ def illegal(code, dtype: torch.dtype, arg_dtypes) -> str | None:
     """Why an op ``code`` of ``dtype`` over operands of ``arg_dtypes`` is not legal IR (an
     emitter's check), or None: computed in a 16-bit dtype, or over operands not of its
     compute dtype (a comparison: of one dtype; ``where``: a bool condition)."""
-    code = OpCode.of(code)
+    try:
+        code = OpCode.of(code)
+    except ValueError:  # no loop-IR op: the emitter's own error names it
+        return None
     if code in LEAVES or code == OpCode.CAST:
         return None
     compute = arg_dtypes[-1] if code in BOOL_RESULT else dtype
