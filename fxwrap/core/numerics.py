@@ -14,7 +14,10 @@ for the whole kernel) so that afterwards:
 
 * an arithmetic node's dtype is its compute dtype, and its operands have that dtype
   (a comparison or logical op: both operands of their promoted compute dtype; ``where``:
-  a bool condition and branches of the result's dtype);
+  a bool condition and branches of the result's dtype); the one 16-bit arithmetic left
+  is an op exact in that type (``EXACT_16BIT``: ``where``, ``maximum``, ``neg``...)
+  over operands of it, which needs no rounding (a ``cat`` of bf16 tensors stays a
+  ``where.bf16``);
 * a 16-bit value is rounded where eager rounds: each bf16/fp16 op becomes the float32
   op followed by ``cast.bf16`` (the rounding), read back by ``cast.f32``;
 * a ``cast`` is one conversion, PyTorch's (``c10::convert``: ``double -> bf16`` rounds
@@ -51,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxwrap.core.ir import BOOL_RESULT, LEAVES, Op, OpCode, ScheduledKernel, Store, rewrite
+from fxwrap.core.ir import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, Store, rewrite
 
 LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
 """Float dtypes no target computes in: held as float32 values rounded to their precision."""
@@ -164,6 +167,10 @@ class _Legalizer:
             src = tuple(self._to(s, compute) for s in node.src)
             return None if src == node.src else node.replace(src=src)
         compute = n.compute_dtype(node.dtype)
+        if node.dtype in LOW_PRECISION and code in EXACT_16BIT and \
+                all(s.dtype == node.dtype for s in node.src[code == OpCode.WHERE:]):
+            # exact in the 16-bit type (where, maximum, neg...): no rounding to make explicit
+            compute = node.dtype
         if code == OpCode.WHERE:
             src = (self._to(node.src[0], torch.bool),) + tuple(self._to(s, compute) for s in node.src[1:])
         else:
@@ -202,7 +209,7 @@ def illegal(code, dtype: torch.dtype, arg_dtypes) -> str | None:
         return None
     compute = arg_dtypes[-1] if code in BOOL_RESULT else dtype
     want = [torch.bool, compute, compute] if code == OpCode.WHERE else [compute] * len(arg_dtypes)
-    if compute in LOW_PRECISION or list(arg_dtypes) != want:
+    if (compute in LOW_PRECISION and code not in EXACT_16BIT) or list(arg_dtypes) != want:
         return (f"op {code} ({dtype}) over {[str(d) for d in arg_dtypes]} is not legalized: run "
                 "fxwrap.core.numerics.legalize(kernel, numerics) before rendering (the kernel builder does)")
     return None

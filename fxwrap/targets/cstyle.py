@@ -429,7 +429,7 @@ class CStyleEmitter(KernelEmitter):
         if fn is None:
             raise EmitError(f"op {name!r} ({op.dtype}) has no rendering on target {self.target_name}; "
                             f"add it to {type(self).__name__}.code_for_op")
-        dtype = arg_dtypes[-1] if name in BOOL_RESULT else op.dtype  # comparisons: the operands' type
+        dtype = compute_dtype(arg_dtypes[-1] if name in BOOL_RESULT else op.dtype)  # comparisons: the operands' type
         if (why := illegal(name, op.dtype, arg_dtypes)) is not None:
             raise EmitError(f"{why} (target {self.target_name})")
         return fn(*args, dtype=dtype)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.core.ir import BOOL_RESULT, LEAVES, Op, OpCode, ScheduledKernel, Store, format_ssa, walk, xvar
+from fxwrap.core.ir import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, Store, format_ssa, walk, xvar
 from fxwrap.core.numerics import DEFAULT, LOW_PRECISION, Numerics, legalize, numerics_for
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.targets.reference.emitter import ReferenceLauncher
@@ -52,7 +52,10 @@ def assert_legal(k: ScheduledKernel, numerics: Numerics = DEFAULT) -> None:
             continue
         dts = [s.dtype for s in node.src]
         compute = dts[-1] if node.op in BOOL_RESULT else node.dtype
-        assert compute not in LOW_PRECISION and numerics.compute_dtype(compute) == compute, node
+        if compute in LOW_PRECISION:  # only ops exact in the 16-bit type stay in it
+            assert node.op in EXACT_16BIT, node
+        else:
+            assert numerics.compute_dtype(compute) == compute, node
         want = [BOOL, compute, compute] if node.op == OpCode.WHERE else [compute] * len(dts)
         assert dts == want, node
 
@@ -64,6 +67,16 @@ def test_bf16_add_is_computed_in_float32_and_rounded_back():
                         "%3 = cast.f32 %2", "%4 = add.f32 %1 %3", "%5 = cast.bf16 %4"]
     assert_legal(got)
     assert legalize(got) is got  # legal IR is left as it is (the same object)
+
+
+def test_exact_16bit_ops_stay_in_their_type():
+    """A ``cat``/``pad`` of bf16 (``where`` over masked loads) needs no rounding: unchanged."""
+    a, b, m = ld("a", BF16), ld("b", BF16), ld("m", BOOL)
+    k = kernel({"a": BF16, "b": BF16, "m": BOOL},
+               {"o": (op("where", BF16, m, op("maximum", BF16, a, op("neg", BF16, b)), b), BF16)})
+    assert legalize(k) is k
+    mixed = kernel({"a": BF16, "c": F32}, {"o": (op("maximum", BF16, a, ld("c", F32)), BF16)})
+    assert ssa(legalize(mixed))[-2:] == ["%3 = maximum.f32 %1 %2", "%4 = cast.bf16 %3"]
 
 
 def test_chain_rounds_after_every_16bit_op_like_eager():

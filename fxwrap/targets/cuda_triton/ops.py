@@ -252,7 +252,7 @@ class OpRenderer:
             return cast(args[0], arg_dtypes[0], dtype)
         if (why := illegal(name, dtype, arg_dtypes)) is not None:
             raise OpError(f"{why} (target {self.target_name})")
-        cdt = arg_dtypes[-1] if name in BOOL_RESULT else dtype
+        cdt = compute_dtype(arg_dtypes[-1] if name in BOOL_RESULT else dtype)
         expr = self._render(name, cdt, args)
         if "libdevice." in expr:
             self.uses_libdevice = True
