@@ -78,7 +78,8 @@ scheduler's load substitution and re-indexing are rules).
 
 Reductions (``Reduction.kind``): ``sum prod max min any all argmax argmin welford``.
 bf16/fp16 values are loaded and stored in their type and computed in float32 (the
-lowerings insert the casts).
+lowerings insert the casts; ``fxwrap.core.numerics.legalize`` makes sure of it for every
+kernel before emission).
 """
 from __future__ import annotations
 

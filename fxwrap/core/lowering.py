@@ -27,19 +27,12 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from fxwrap.core.ir import Op, OpCode, load_mask, result_dtype, rewrite
+from fxwrap.core.numerics import compute_dtype  # bf16/fp16 compute in float32 (rules import it from here)
 from fxwrap.core.symbolic import to_expr
 from fxwrap.wrapper_ir.lines import Buffer
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """bf16/fp16 compute in float32."""
-    return torch.float32 if dtype in _LOW_PRECISION else dtype
-
 
 class Loops:
     """A lazily computed tensor: ``size``, ``dtype``, and ``fn(index) -> Op``.

@@ -27,6 +27,7 @@ import torch
 
 from fxwrap.core.capture import default_decompositions, kernel_decompositions
 from fxwrap.core.lowering import LoweringTable
+from fxwrap.core.numerics import Numerics, numerics_for
 from fxwrap.targets.base import KernelEmitter, Target
 
 if TYPE_CHECKING:
@@ -165,6 +166,12 @@ class CompileSession:
         if supported is not None:
             dtypes &= set(supported)
         return frozenset(dtypes)
+
+    @property
+    def numerics(self) -> Numerics:
+        """What this target's kernels compute in (``fxwrap.core.numerics``): the dtypes of
+        ``kernel_dtypes`` but bf16/fp16; every kernel is legalized for it before emission."""
+        return numerics_for(self.kernel_dtypes)
 
     def decompositions(self, options: CompileOptions | None = None) -> dict:
         """The decomposition table a graph for this target is captured with: PyTorch's

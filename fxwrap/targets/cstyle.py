@@ -30,9 +30,12 @@ where everything they use exists) as::
 Value conventions shared by every C-family target:
 
 * one ``const`` local per distinct ``Op`` (equal Ops are one local: CSE for free);
-* a local holds the *compute* type of its dtype: bf16 and fp16 values live in float,
-  always rounded to their own precision (loads convert, every op whose dtype is bf16
-  or fp16 is rounded once, stores convert back to the 16-bit storage type);
+* the kernel arrives legalized (``fxwrap.core.numerics``): every op is in the dtype it
+  is computed in, over operands of that dtype, and every rounding to bf16/fp16 is a
+  ``cast``; the emitter renders ops and casts as given, nothing implicit;
+* a local holds its dtype's ``compute_dtype``: a bf16/fp16 value lives in a float,
+  rounded to its precision (loads convert, a ``cast`` to bf16/fp16 rounds, stores
+  convert back to the 16-bit storage type);
 * index arithmetic is ``index_type`` (``int64_t``); size symbols are kernel params.
 """
 from __future__ import annotations
@@ -45,9 +48,10 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.core.ir import (BOOL_RESULT, EXACT_16BIT, REDUCTIONS, Op, OpCode, ScheduledKernel, acc_key,
-                            is_indirect, is_loop_var, load_buffer, load_index, load_mask, value_deps, walk, rvar, xvar)
 from fxwrap.core.errors import EmitError
+from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, ScheduledKernel, acc_key, is_indirect,
+                            is_loop_var, load_buffer, load_index, load_mask, rvar, value_deps, walk, xvar)
+from fxwrap.core.numerics import compute_dtype, illegal
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
                                   kernel_signature)
@@ -143,7 +147,7 @@ class CStyleEmitter(KernelEmitter):
         torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
         torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
     }
-    # 16-bit floats: computed in float32; (storage -> float, float -> storage, round)
+    # 16-bit floats, held in float locals: (storage -> float, float -> storage, round)
     half_types: dict[torch.dtype, tuple[str, str, str]] = {
         torch.bfloat16: ("fx_bf16_to_float", "fx_float_to_bf16", "fx_bf16_round"),
         torch.float16: ("fx_half_to_float", "fx_float_to_half", "fx_half_round"),
@@ -154,9 +158,6 @@ class CStyleEmitter(KernelEmitter):
         super().__init__(target)
 
     # ------------------------------------------------------------------ types
-    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return torch.float32 if dtype in self.half_types else dtype
-
     def storage_type(self, dtype: torch.dtype) -> str:
         try:
             return self.type_names[dtype]
@@ -166,8 +167,8 @@ class CStyleEmitter(KernelEmitter):
                             "or let the lowering fall back to ATen") from None
 
     def ctype(self, dtype: torch.dtype) -> str:
-        """The C type a local of ``dtype`` is computed in."""
-        return self.storage_type(self.compute_dtype(dtype))
+        """The C type a local of ``dtype`` is held in (bf16/fp16: float)."""
+        return self.storage_type(compute_dtype(dtype))
 
     @property
     def target_name(self) -> str:
@@ -366,7 +367,7 @@ class CStyleEmitter(KernelEmitter):
                 return self.nan
             if math.isinf(v):
                 return self.infinity if v > 0 else f"-{self.infinity}"
-            if self.compute_dtype(dtype) == torch.float32:
+            if compute_dtype(dtype) == torch.float32:
                 return self._float32_literal(v)
             text = repr(v)
             return text if any(c in text for c in ".en") else text + ".0"
@@ -393,15 +394,16 @@ class CStyleEmitter(KernelEmitter):
         return str(v) if -(2 ** 31) <= v < 2 ** 31 else f"{v}LL"
 
     def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
-        """``x`` (a value of ``src``'s compute type) as ``dst``'s compute type, PyTorch style."""
+        """``x`` (a local of ``src``) as a local of ``dst``, converted as PyTorch does
+        (``c10::convert``); a ``cast`` to bf16/fp16 is the rounding."""
         if src == dst:
             return x
-        cdst = self.compute_dtype(dst)
+        cdst = compute_dtype(dst)
         if dst == torch.bool:
             return f"({x} != 0)"
         if dst in self.half_types:
             # torch goes through float: double -> float -> bf16 rounds twice, like c10
-            inner = x if self.compute_dtype(src) == torch.float32 else f"static_cast<float>({x})"
+            inner = x if compute_dtype(src) == torch.float32 else f"static_cast<float>({x})"
             return f"{self.half_types[dst][2]}({inner})"
         if src.is_floating_point and not cdst.is_floating_point:
             # float -> integer truncates; through int64 like c10 (defined for unsigned targets)
@@ -413,7 +415,8 @@ class CStyleEmitter(KernelEmitter):
         return f"static_cast<{self.ctype(dst)}>({x})"
 
     def render_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
-        """The C expression of ``op`` over already-rendered argument locals."""
+        """The C expression of ``op`` over already-rendered argument locals; the kernel is
+        legalized, so the operands already have the dtype ``op`` is computed in."""
         name = op.op
         if name == OpCode.CAST:
             return self.render_cast(args[0], arg_dtypes[0], op.dtype)
@@ -421,36 +424,10 @@ class CStyleEmitter(KernelEmitter):
         if fn is None:
             raise EmitError(f"op {name!r} ({op.dtype}) has no rendering on target {self.target_name}; "
                             f"add it to {type(self).__name__}.code_for_op")
-        if name in BOOL_RESULT and len(args) == 2:
-            # comparisons and logical ops compare in the operands' common type
-            a_dt, b_dt = arg_dtypes
-            if a_dt != b_dt:
-                common = torch.promote_types(a_dt, b_dt)
-                args = [self.render_cast(a, d, common) for a, d in zip(args, arg_dtypes)]
-            dtype = self.compute_dtype(torch.promote_types(a_dt, b_dt))
-        elif name in BOOL_RESULT:
-            dtype = self.compute_dtype(arg_dtypes[0])
-        elif name == OpCode.WHERE:
-            args = [self.render_cast(args[0], arg_dtypes[0], torch.bool)] + [
-                self.render_cast(a, d, op.dtype) for a, d in zip(args[1:], arg_dtypes[1:])]
-            dtype = self.compute_dtype(op.dtype)
-        else:
-            args = [self.render_cast(a, d, op.dtype) for a, d in zip(args, arg_dtypes)]
-            dtype = self.compute_dtype(op.dtype)
-        if name in ("truncdiv", "floordiv") and op.dtype in self.half_types:
-            # eager's vectorized bf16/fp16 kernels round the intermediates of these
-            # to the 16-bit type (its 1-element scalar path does not; we follow the former)
-            rnd = self.half_types[op.dtype][2]
-            if name == "truncdiv":
-                return self.code_for_op["trunc"](f"{rnd}({args[0]} / {args[1]})", dtype=dtype)
-            return self.floordiv16(args[0], args[1], rnd)
-        expr = fn(*args, dtype=dtype)
-        if op.dtype in self.half_types and name not in EXACT_16BIT:
-            expr = f"{self.half_types[op.dtype][2]}({expr})"
-        return expr
-
-    def floordiv16(self, a: str, b: str, rnd: str) -> str:
-        return f"fx_floordiv16<{rnd}>({a}, {b})"
+        dtype = compute_dtype(arg_dtypes[-1] if name in BOOL_RESULT else op.dtype)  # comparisons: the operands' type
+        if (why := illegal(name, op.dtype, arg_dtypes)) is not None:
+            raise EmitError(f"{why} (target {self.target_name})")
+        return fn(*args, dtype=dtype)
 
     # ------------------------------------------------------------------ index printer
     def render_index(self, expr) -> str:

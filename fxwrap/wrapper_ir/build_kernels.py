@@ -24,6 +24,7 @@ from fxwrap.core import extern
 from fxwrap.core.errors import EmitError
 from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast
+from fxwrap.core.numerics import legalize
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
@@ -320,6 +321,7 @@ class KernelBuilder(build._Builder):
         needed = referenced_outside(items, buffers_read)
         inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
         emitter = self.session.new_emitter(self.out.hints)  # example sizes (autotuning of symbolic kernels)
+        numerics = self.session.numerics
         lines: list[Line] = []
         loads: list = []  # (Kernel, KernelSource), bound together at the end
         count = 0
@@ -330,6 +332,7 @@ class KernelBuilder(build._Builder):
             keep = needed[id(item)]
             kind = "reduction" if item.reductions else "pointwise"
             sk = to_kernel(item, f"fxwrap_{kind}_{count}", keep, self.buffers, inputs)
+            sk = legalize(sk, numerics)  # explicit compute dtypes, casts and 16-bit rounding
             count += 1
             if not sk.stores:
                 continue

@@ -11,6 +11,7 @@ import sympy
 import torch
 
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
+from fxwrap.core.numerics import legalize
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +41,7 @@ def emitter() -> CppEmitter:
 def build(k: ScheduledKernel):
     """Render and load ``k``; returns ``(launcher, source)``."""
     em = emitter()
-    src = em.render(k)
+    src = em.render(legalize(k))  # explicit compute dtypes and 16-bit rounding, as the kernel builder does
     return em.load(src), src
 
 

@@ -14,6 +14,7 @@ import torch
 
 import fxwrap
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
+from fxwrap.core.numerics import legalize
 from fxwrap.targets.cuda_triton import plugin as triton_plugin
 from fxwrap.wrapper_ir.lines import Buffer
 
@@ -78,7 +79,7 @@ def build(k: ScheduledKernel, hints=None):
     """Render and load ``k``; returns ``(launcher, source)``."""
     em = emitter()
     em.size_hints = dict(hints or {})
-    src = em.render(k)
+    src = em.render(legalize(k))  # explicit compute dtypes and 16-bit rounding, as the kernel builder does
     return em.load(src), src
 
 

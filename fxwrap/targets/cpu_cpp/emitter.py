@@ -271,7 +271,7 @@ class _Red:
             self.fields = {0: (0, self.acc_dtype), 1: (1, self.acc_dtype), 2: (2, torch.int64)}
         else:  # pragma: no cover - CStyleEmitter.check rejects it first
             raise EmitError(f"reduction kind {kind!r}")
-        self.flushable = kind == "sum" and em.compute_dtype(self.acc_dtype).is_floating_point
+        self.flushable = kind == "sum" and self.acc_dtype.is_floating_point
 
     def names(self, tag: str) -> list[str]:
         return [f"{self.base}_{tag}{i}" for i in range(len(self.states))]

@@ -1,14 +1,15 @@
 """Loop-IR ops, casts and constants as Triton expressions, and the helper functions
 a kernel module defines (only those a kernel uses, in a fixed order).
 
-Value conventions (as in ``targets/cstyle.py``): a local holds the *compute* type of
-its dtype, bf16/fp16 live in float32 and every 16-bit op result is rounded to its
-own precision once; float64 math goes through libdevice::
+Value conventions (as in ``targets/cstyle.py``): the kernel arrives legalized
+(``fxwrap.core.numerics``: every op in the dtype it is computed in, over operands of
+that dtype; every rounding to bf16/fp16 a ``cast``); a local holds its dtype's
+``compute_dtype`` (bf16/fp16 live in float32); float64 math goes through libdevice::
 
     >>> r = OpRenderer(); r.op("exp", torch.float32, ["tmp0"], [torch.float32])
     'tl.exp(tmp0)'
-    >>> r.op("tanh", torch.bfloat16, ["tmp0"], [torch.bfloat16])
-    'fx_round_bf16(libdevice.tanh(tmp0))'
+    >>> r.op("cast", torch.bfloat16, ["tmp1"], [torch.float32])
+    'fx_round_bf16(tmp1)'
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import math
 
 import torch
 
-from fxwrap.core.ir import BINARY, BOOL_RESULT, EXACT_16BIT, UNARY
+from fxwrap.core.ir import BINARY, BOOL_RESULT, UNARY
+from fxwrap.core.numerics import compute_dtype, illegal
 
 
 class OpError(EmitError):
@@ -171,8 +173,6 @@ for _name in ("expm1 log10 log1p tan asin acos atan sinh cosh tanh asinh acosh a
     _FLOAT_UNARY[_name] = (f"libdevice.{_name}({{0}})",) * 2
 _FLOAT_UNARY["round"] = ("libdevice.nearbyint({0})",) * 2
 
-# ops whose 16-bit results are exact (no re-rounding)
-
 
 def const_literal(value, dtype: torch.dtype) -> str:
     """A scalar constant of ``dtype``'s compute type: ``tl.full([], 2.0, tl.float32)``."""
@@ -194,10 +194,6 @@ def const_literal(value, dtype: torch.dtype) -> str:
     if dtype.is_complex or dtype not in TL_TYPES:
         raise OpError(f"constant {value!r} of dtype {dtype} has no Triton type")
     return f"tl.full([], {int(value)}, {TL_TYPES[dtype]})"
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in HALF else dtype
 
 
 def tl_type(dtype: torch.dtype, target: str = "triton") -> str:
@@ -250,27 +246,16 @@ class OpRenderer:
         return name
 
     def op(self, name: str, dtype: torch.dtype, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        """``name`` over argument locals of ``arg_dtypes``; the kernel is legalized, so
+        they already have the dtype the op is computed in (a comparison: its operands')."""
         if name == "cast":
             return cast(args[0], arg_dtypes[0], dtype)
-        if name in BOOL_RESULT and len(args) == 2:
-            a_dt, b_dt = arg_dtypes
-            common = torch.promote_types(a_dt, b_dt)
-            args = [cast(a, d, common) for a, d in zip(args, arg_dtypes)]
-            cdt = compute_dtype(common)
-        elif name in BOOL_RESULT:
-            cdt = compute_dtype(arg_dtypes[0])
-        elif name == "where":
-            args = [cast(args[0], arg_dtypes[0], torch.bool)] + [
-                cast(a, d, dtype) for a, d in zip(args[1:], arg_dtypes[1:])]
-            cdt = compute_dtype(dtype)
-        else:
-            args = [cast(a, d, dtype) for a, d in zip(args, arg_dtypes)]
-            cdt = compute_dtype(dtype)
+        if (why := illegal(name, dtype, arg_dtypes)) is not None:
+            raise OpError(f"{why} (target {self.target_name})")
+        cdt = compute_dtype(arg_dtypes[-1] if name in BOOL_RESULT else dtype)
         expr = self._render(name, cdt, args)
         if "libdevice." in expr:
             self.uses_libdevice = True
-        if dtype in HALF and name not in EXACT_16BIT and name not in BOOL_RESULT:
-            expr = round16(expr, dtype)
         return expr
 
     def _render(self, name: str, t: torch.dtype, a: list[str]) -> str:

@@ -22,7 +22,9 @@ Where the kernel runs is the target's option ``execute``: ``"mps"`` (default,
 
 Metal has no double: float64 buffers are not renderable (the kernel builder keeps
 such ops as ATen extern calls, see ``supported_dtypes``); float64 *scalars* inside a
-float kernel (Python constants) are computed in float, as Metal can only do.
+float kernel (Python constants) are computed in float, as Metal can only do: the
+session's ``numerics`` lacks float64, so ``fxwrap.core.numerics.legalize`` turns them
+into float32 values before this emitter sees them.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import sympy
 import torch
 
 from fxwrap.core.ir import ScheduledKernel
+from fxwrap.core.numerics import compute_dtype
 from fxwrap.core.symbolic import python_source
 from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, _Names
 from fxwrap.targets.mps_metal.prelude import PRELUDE
@@ -90,20 +93,12 @@ class MetalEmitter(CStyleEmitter):
     default_threadgroup_size = {"mps": 256, "shim": 32}  # shim: OS threads per team
 
     # ------------------------------------------------------------------ types
-    def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        if dtype == torch.float64:  # a Python float scalar: Metal computes it in float
-            return torch.float32
-        return super().compute_dtype(dtype)
-
     def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
-        csrc, cdst = self.compute_dtype(src), self.compute_dtype(dst)
+        csrc, cdst = compute_dtype(src), compute_dtype(dst)
         if src != dst and csrc.is_floating_point and not cdst.is_floating_point and dst != torch.bool:
             inner = f"static_cast<long>({x})"  # float -> integer truncates through int64, like c10
             return inner if cdst == torch.int64 else f"static_cast<{self.ctype(cdst)}>({inner})"
         return super().render_cast(x, src, dst)
-
-    def floordiv16(self, a: str, b: str, rnd: str) -> str:
-        return f"fx_floordiv16({a}, {b}, {1 if rnd == 'fx_bf16_round' else 0})"
 
     def symbol_name(self, sym: sympy.Symbol) -> str:
         if sym.name in self.reserved_names:

@@ -1,5 +1,10 @@
 """Loop IR evaluated with torch: the ``reference`` target's emitter.
 
+It runs the kernel as the kernel builder hands it over, legalized
+(``fxwrap.core.numerics``): every op over operands of the dtype it is computed in, every
+rounding to bf16/fp16 a ``cast``; torch computes each op in exactly that dtype and
+nothing is converted implicitly, so the reference checks the pass.
+
 A kernel's source is its loop IR, one line per distinct value (``format_ssa``), so
 its size grows with the number of values, not with the size of their tree::
 
@@ -17,6 +22,7 @@ import torch
 
 from fxwrap.core.ir import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, load_buffer, load_mask, rvar,
                             walk, xvar)
+from fxwrap.core.numerics import illegal
 from fxwrap.core.symbolic import SizeArithmetic, evaluate_with
 from fxwrap.targets.base import KernelEmitter, KernelSource
 
@@ -183,6 +189,8 @@ class ReferenceLauncher:
         vals: dict[Op, object] = {}
         nr = len(self.k.reduction_ranges)
         for node in walk(root):
+            if (why := illegal(node.op, node.dtype, [c.dtype for c in node.src])) is not None:
+                raise NotImplementedError(f"reference target: {why}")
             a = [vals[c] for c in node.src]
             if node.op == OpCode.LOAD:
                 vals[node] = self.load(node, a, tensors, env)
@@ -204,9 +212,12 @@ class ReferenceLauncher:
                 vals[node] = _BINARY[node.op](torch.as_tensor(a[0]), torch.as_tensor(a[1]))
             else:
                 raise NotImplementedError(f"reference target: op {node.op}")
-            if node.op not in (OpCode.CAST, OpCode.ACC) and isinstance(vals[node], torch.Tensor) \
-                    and vals[node].dtype != node.dtype and vals[node].dtype.is_floating_point == node.dtype.is_floating_point:
-                vals[node] = vals[node].to(node.dtype)
+            got = vals[node]
+            if isinstance(got, torch.Tensor) and got.dtype != node.dtype and node.op != OpCode.ACC:
+                # the IR is legalized (fxwrap.core.numerics): each op, computed by torch over
+                # operands of its compute dtype, gives that dtype; nothing is converted here
+                raise NotImplementedError(f"reference target: {node.op}.{node.dtype} computed {got.dtype} "
+                                          "(the kernel is not legalized)")
         return vals[root]
 
 
