@@ -49,7 +49,7 @@ import sympy
 import torch
 
 from fxwrap.core.errors import EmitError
-from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, ScheduledKernel, acc_key, is_indirect,
+from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, ScheduledKernel, acc_key, is_indirect,
                             is_loop_var, load_buffer, load_index, load_mask, rvar, value_deps, walk, xvar)
 from fxwrap.core.numerics import compute_dtype, illegal
 from fxwrap.runtime.kernel import KernelArg
@@ -180,7 +180,7 @@ class CStyleEmitter(KernelEmitter):
         self.check(kernel)
         cname = self.function_name(kernel)
         sig = self.signature(kernel)
-        body = self.render_body(kernel, _Names())
+        body = self.render_body(kernel, LocalNames())
         text = "\n".join([
             *self.header_comment(kernel),
             *self.headers,
@@ -201,7 +201,7 @@ class CStyleEmitter(KernelEmitter):
     def launch_metadata(self, kernel: ScheduledKernel) -> dict:
         return {}
 
-    def render_body(self, kernel: ScheduledKernel, names: "_Names") -> list[str]:
+    def render_body(self, kernel: ScheduledKernel, names: "LocalNames") -> list[str]:
         """Grid targets: one thread per element of ``ranges`` (no reductions)."""
         if self.thread_index is None:
             raise EmitError(f"{type(self).__name__} must implement render_body or set thread_index")
@@ -285,7 +285,7 @@ class CStyleEmitter(KernelEmitter):
     def numel(self, ranges) -> str:
         return self.render_index(sympy.Mul(*[sympy.sympify(r) for r in ranges])) if ranges else "1"
 
-    def decompose(self, linear: str, vars_, ranges, names: "_Names") -> list[str]:
+    def decompose(self, linear: str, vars_, ranges, names: "LocalNames") -> list[str]:
         """Row-major ``linear`` index -> one ``const`` per var (last var fastest)."""
         it = self.index_type
         if not vars_:
@@ -532,7 +532,7 @@ def _outer_parens(text: str) -> bool:
     return True
 
 
-class _Names:
+class LocalNames:
     """Fresh, deterministic local names for one kernel."""
 
     def __init__(self):
@@ -555,7 +555,7 @@ class Scope:
     build inner code first, then append it to the outer scope's text.
     """
 
-    def __init__(self, emitter: CStyleEmitter, names: _Names, parent: "Scope | None",
+    def __init__(self, emitter: CStyleEmitter, names: LocalNames, parent: "Scope | None",
                  declares=(), kernel: ScheduledKernel | None = None):
         self.emitter = emitter
         self.names = names
@@ -657,3 +657,88 @@ class Scope:
         raise EmitError(f"kernel {home.kernel_name}: acc {key} is read before reduction "
                         f"{key[0]!r} has a result (or the field does not exist)")
 
+
+def append_block(lines: list[str], head: str, body: list[str]) -> None:
+    """Append ``head { body }`` to ``lines``, the body indented."""
+    lines.append(head + " {")
+    lines.extend("  " + ln if ln else ln for ln in body)
+    lines.append("}")
+
+
+class ReductionAccumulator:
+    """One reduction's accumulator state and its update / combine statements in C-family
+    source (``fx_sum_upd<float>(rd0_a0, tmp3);``); the C++ emitter uses it as it is, the Metal
+    emitter subclasses it with Metal types and SIMD-group combines."""
+
+    def __init__(self, em: "CStyleEmitter", k: int, red: Reduction):
+        self.em, self.k, self.red, self.kind = em, k, red, red.kind
+        self.base = f"rd{k}"
+        vdt = red.value.dtype
+        kind = red.kind
+        if kind in ("any", "all"):
+            self.acc_dtype = torch.bool
+        elif kind in ("argmax", "argmin"):
+            self.acc_dtype = vdt
+        else:
+            self.acc_dtype = red.dtype
+        T = em.ctype(self.acc_dtype)
+        self.T = T
+        inits = {"sum": "0", "prod": "1", "max": f"fx_lowest<{T}>()", "min": f"fx_highest<{T}>()",
+                 "any": "false", "all": "true"}
+        if kind in inits:
+            self.states = [(T, inits[kind])]
+            self.fields = {0: (0, self.acc_dtype)}
+        elif kind in ("argmax", "argmin"):
+            self.states = [(T, f"{T}(0)"), ("int64_t", "-1")]
+            self.fields = {0: (1, torch.int64), 1: (0, self.acc_dtype)}
+        elif kind == "welford":
+            self.states = [(T, "0"), (T, "0"), ("int64_t", "0")]
+            self.fields = {0: (0, self.acc_dtype), 1: (1, self.acc_dtype), 2: (2, torch.int64)}
+        else:  # pragma: no cover - CStyleEmitter.check rejects it first
+            raise EmitError(f"reduction kind {kind!r}")
+        self.flushable = kind == "sum" and self.acc_dtype.is_floating_point
+
+    def names(self, tag: str) -> list[str]:
+        return [f"{self.base}_{tag}{i}" for i in range(len(self.states))]
+
+    def value(self, scope: Scope) -> str:
+        v = scope.value(self.red.value)
+        if self.kind in ("any", "all", "argmax", "argmin"):
+            return v
+        return self.em.render_cast(v, self.red.value.dtype, self.acc_dtype)
+
+    def value_type(self) -> str:
+        return self.em.ctype(self.red.value.dtype)
+
+    def upd(self, st: list[str], v: str, idx: str) -> str:
+        T, kind = self.T, self.kind
+        if kind in ("sum", "prod", "max", "min"):
+            return f"fx_{kind}_upd<{T}>({st[0]}, {v});"
+        if kind in ("any", "all"):
+            return f"fx_{kind}_upd<{self.value_type()}>({st[0]}, {v});"
+        if kind in ("argmax", "argmin"):
+            return f"fx_{kind}_upd<{T}>({st[0]}, {st[1]}, {v}, {idx});"
+        return f"fx_welford_upd<{T}>({st[0]}, {st[1]}, {st[2]}, {v});"
+
+    def cmb(self, a: list[str], b: list[str]) -> str:
+        T, kind = self.T, self.kind
+        if kind in ("sum", "prod", "max", "min"):
+            return f"fx_{kind}_upd<{T}>({a[0]}, {b[0]});"
+        if kind == "any":
+            return f"{a[0]} = {a[0]} || {b[0]};"
+        if kind == "all":
+            return f"{a[0]} = {a[0]} && {b[0]};"
+        if kind in ("argmax", "argmin"):
+            return f"fx_{kind}_upd<{T}>({a[0]}, {a[1]}, {b[0]}, {b[1]});"
+        return f"fx_welford_cmb<{T}>({a[0]}, {a[1]}, {a[2]}, {b[0]}, {b[1]}, {b[2]});"
+
+    def finish(self, st: list[str]) -> list[str]:
+        """Round 16-bit float results to their dtype (in place)."""
+        if self.acc_dtype not in self.em.half_types or self.kind in ("argmax", "argmin"):
+            return []
+        rnd = self.em.half_types[self.acc_dtype][2]
+        return [f"{s} = {rnd}({s});" for s, (t, _) in zip(st, self.states) if t != "int64_t"]
+
+    def bind(self, scope: Scope, exprs: list[str]) -> None:
+        for field, (i, dtype) in self.fields.items():
+            scope.bind_acc(self.red.name, field, exprs[i], dtype)

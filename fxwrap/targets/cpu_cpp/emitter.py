@@ -43,10 +43,11 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, OpCode, Reduction, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
+from fxwrap.core.ir import Op, OpCode, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
-from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, _Names
+from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope,
+                                   append_block)
 
 
 class CppEmitter(CStyleEmitter):
@@ -102,7 +103,7 @@ class CppEmitter(CStyleEmitter):
         return super().render_const(value, dtype)
 
     # ------------------------------------------------------------------ body
-    def render_body(self, kernel: ScheduledKernel, names: _Names) -> list[str]:
+    def render_body(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
         if kernel.reductions:
             return _ReductionCode(self, kernel, names).render()
         # no reductions: every var (x, then r if any) is a pointwise loop
@@ -118,7 +119,7 @@ class CppEmitter(CStyleEmitter):
             return "" if int(work) >= self.parallel_min_work else None
         return f"{self.render_index(work)} >= {self.parallel_min_work}"
 
-    def parallel_for(self, names: _Names, cond: str | None, loops, body: list[str]) -> list[str]:
+    def parallel_for(self, names: LocalNames, cond: str | None, loops, body: list[str]) -> list[str]:
         """A loop nest (``loops``: ``(var, start, stop, step)``, outermost first) around
         ``body``, collapsed into one ``omp parallel for`` when ``cond`` says so.
 
@@ -146,8 +147,8 @@ class CppEmitter(CStyleEmitter):
         params = ", ".join(f"const {it} {v}" for v, *_ in loops)
         call = [f"{fn}({', '.join(v for v, *_ in loops)});"]
         lines = [f"auto {fn} = [=]({params}) {{", *("  " + ln if ln else ln for ln in body), "};"]
-        _block(lines, f"if ({cond})", nest(call, pragma=True))
-        _block(lines, "else", nest(call, pragma=False))
+        append_block(lines, f"if ({cond})", nest(call, pragma=True))
+        append_block(lines, "else", nest(call, pragma=False))
         return lines
 
     def pointwise(self, kernel, names, vars_, ranges) -> list[str]:
@@ -177,7 +178,7 @@ class CppEmitter(CStyleEmitter):
             start, stop = "0", ir
         if simd:
             inner_lines.append("#pragma omp simd")
-        _block(inner_lines, f"for ({it} {iv} = {start}; {iv} < {stop}; ++{iv})", body)
+        append_block(inner_lines, f"for ({it} {iv} = {start}; {iv} < {stop}; ++{iv})", body)
         return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
 
     # ------------------------------------------------------------------ load
@@ -236,93 +237,10 @@ def _operand(text: str) -> str:
     return t if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+(LL|ULL)?", t) else f"({t})"
 
 
-def _block(lines: list[str], head: str, body: list[str]) -> None:
-    lines.append(head + " {")
-    lines.extend("  " + ln if ln else ln for ln in body)
-    lines.append("}")
-
-
-class _Red:
-    """One reduction's accumulator state and its update/combine statements."""
-
-    def __init__(self, em: CppEmitter, k: int, red: Reduction):
-        self.em, self.k, self.red, self.kind = em, k, red, red.kind
-        self.base = f"rd{k}"
-        vdt = red.value.dtype
-        kind = red.kind
-        if kind in ("any", "all"):
-            self.acc_dtype = torch.bool
-        elif kind in ("argmax", "argmin"):
-            self.acc_dtype = vdt
-        else:
-            self.acc_dtype = red.dtype
-        T = em.ctype(self.acc_dtype)
-        self.T = T
-        inits = {"sum": "0", "prod": "1", "max": f"fx_lowest<{T}>()", "min": f"fx_highest<{T}>()",
-                 "any": "false", "all": "true"}
-        if kind in inits:
-            self.states = [(T, inits[kind])]
-            self.fields = {0: (0, self.acc_dtype)}
-        elif kind in ("argmax", "argmin"):
-            self.states = [(T, f"{T}(0)"), ("int64_t", "-1")]
-            self.fields = {0: (1, torch.int64), 1: (0, self.acc_dtype)}
-        elif kind == "welford":
-            self.states = [(T, "0"), (T, "0"), ("int64_t", "0")]
-            self.fields = {0: (0, self.acc_dtype), 1: (1, self.acc_dtype), 2: (2, torch.int64)}
-        else:  # pragma: no cover - CStyleEmitter.check rejects it first
-            raise EmitError(f"reduction kind {kind!r}")
-        self.flushable = kind == "sum" and self.acc_dtype.is_floating_point
-
-    def names(self, tag: str) -> list[str]:
-        return [f"{self.base}_{tag}{i}" for i in range(len(self.states))]
-
-    def value(self, scope: Scope) -> str:
-        v = scope.value(self.red.value)
-        if self.kind in ("any", "all", "argmax", "argmin"):
-            return v
-        return self.em.render_cast(v, self.red.value.dtype, self.acc_dtype)
-
-    def value_type(self) -> str:
-        return self.em.ctype(self.red.value.dtype)
-
-    def upd(self, st: list[str], v: str, idx: str) -> str:
-        T, kind = self.T, self.kind
-        if kind in ("sum", "prod", "max", "min"):
-            return f"fx_{kind}_upd<{T}>({st[0]}, {v});"
-        if kind in ("any", "all"):
-            return f"fx_{kind}_upd<{self.value_type()}>({st[0]}, {v});"
-        if kind in ("argmax", "argmin"):
-            return f"fx_{kind}_upd<{T}>({st[0]}, {st[1]}, {v}, {idx});"
-        return f"fx_welford_upd<{T}>({st[0]}, {st[1]}, {st[2]}, {v});"
-
-    def cmb(self, a: list[str], b: list[str]) -> str:
-        T, kind = self.T, self.kind
-        if kind in ("sum", "prod", "max", "min"):
-            return f"fx_{kind}_upd<{T}>({a[0]}, {b[0]});"
-        if kind == "any":
-            return f"{a[0]} = {a[0]} || {b[0]};"
-        if kind == "all":
-            return f"{a[0]} = {a[0]} && {b[0]};"
-        if kind in ("argmax", "argmin"):
-            return f"fx_{kind}_upd<{T}>({a[0]}, {a[1]}, {b[0]}, {b[1]});"
-        return f"fx_welford_cmb<{T}>({a[0]}, {a[1]}, {a[2]}, {b[0]}, {b[1]}, {b[2]});"
-
-    def finish(self, st: list[str]) -> list[str]:
-        """Round 16-bit float results to their dtype (in place)."""
-        if self.acc_dtype not in self.em.half_types or self.kind in ("argmax", "argmin"):
-            return []
-        rnd = self.em.half_types[self.acc_dtype][2]
-        return [f"{s} = {rnd}({s});" for s, (t, _) in zip(st, self.states) if t != "int64_t"]
-
-    def bind(self, scope: Scope, exprs: list[str]) -> None:
-        for field, (i, dtype) in self.fields.items():
-            scope.bind_acc(self.red.name, field, exprs[i], dtype)
-
-
 class _ReductionCode:
     """Renders one reduction kernel (row or column tiling, split or not)."""
 
-    def __init__(self, em: CppEmitter, kernel: ScheduledKernel, names: _Names):
+    def __init__(self, em: CppEmitter, kernel: ScheduledKernel, names: LocalNames):
         self.em, self.k, self.names = em, kernel, names
         self.it = em.index_type
         self.xv = em.xvars(kernel)
@@ -331,7 +249,7 @@ class _ReductionCode:
         self.rr = [sympy.sympify(r) for r in kernel.reduction_ranges]
         if not self.rv:
             raise EmitError(f"kernel {kernel.name} has reductions but no reduction_ranges")
-        self.reds = [_Red(em, i, r) for i, r in enumerate(kernel.reductions)]
+        self.reds = [ReductionAccumulator(em, i, r) for i, r in enumerate(kernel.reductions)]
         by_name = {r.red.name: r for r in self.reds}
         if len(by_name) != len(self.reds):
             raise EmitError(f"kernel {kernel.name}: two reductions share a name")
@@ -382,8 +300,8 @@ class _ReductionCode:
                 for st, v in self.stash]
 
     # -- analysis --------------------------------------------------------------
-    def _passes(self, by_name) -> list[list[_Red]]:
-        passes: list[list[_Red]] = []
+    def _passes(self, by_name) -> list[list[ReductionAccumulator]]:
+        passes: list[list[ReductionAccumulator]] = []
         for r in self.reds:
             reads = {acc_key(n)[0] for n in walk(r.red.value) if n.op == OpCode.ACC}
             for name in reads:
@@ -458,8 +376,8 @@ class _ReductionCode:
         whole = self.whole(fn)
         split = self.split(fn, "nchunks")
         lines = fn.lines + [f"const {self.it} nchunks = {nchunks};"]
-        _block(lines, "if (nchunks <= 1)", whole)
-        _block(lines, "else", split)
+        append_block(lines, "if (nchunks <= 1)", whole)
+        append_block(lines, "else", split)
         return lines
 
     # -- no split: one task per row (or column tile) does every pass --------------
@@ -495,7 +413,7 @@ class _ReductionCode:
         chunk_range = ["const int64_t chunk = task % " + nch + ";",
                        "const int64_t rstart = chunk * chunk_size;",
                        f"const int64_t rend = fx_imin(rstart + chunk_size, {rnumel});"]
-        done: list[_Red] = []
+        done: list[ReductionAccumulator] = []
         for p in self.passes:
             task = [f"const {it} tile = task / {nch};"] + chunk_range
             if self.column:
@@ -517,11 +435,11 @@ class _ReductionCode:
             for r in done:
                 r.bind(row, [f"{f}[xindex]" for f in r.names("F")])
             stores = self.em.render_stores(self.k, self.x_stores, row)
-            _block(lines, f"for ({it} xindex = 0; xindex < {xnumel}; ++xindex)",
+            append_block(lines, f"for ({it} xindex = 0; xindex < {xnumel}; ++xindex)",
                    self.em.decompose("xindex", self.xv, self.xr, self.names) + stores)
         return lines
 
-    def combine(self, p: list[_Red], nch: str, xnumel: str) -> list[str]:
+    def combine(self, p: list[ReductionAccumulator], nch: str, xnumel: str) -> list[str]:
         """Per output: fold the chunk partials in chunk order into the final arrays."""
         it, em = self.it, self.em
         body: list[str] = []
@@ -596,7 +514,7 @@ class _ReductionCode:
             count = f"fx_imin({rlast} - {last}_start, {_operand(re_)} - {rbase})"
         return lines, f"{last}_start", count
 
-    def row_pass(self, row: Scope, p: list[_Red], rs: str, re_: str, stash: bool = False):
+    def row_pass(self, row: Scope, p: list[ReductionAccumulator], rs: str, re_: str, stash: bool = False):
         it, L = self.it, self.em.reduction_lanes
         last = self.rv[-1].name
         flush = [r for r in p if r.flushable]
@@ -648,13 +566,13 @@ class _ReductionCode:
         seg_body.append(f"{it} rj = 0;")
         blk: list[str] = []
         blk.append("#pragma omp simd")
-        _block(blk, f"for ({it} lane = 0; lane < {L}; ++lane)", lane_body)
+        append_block(blk, f"for ({it} lane = 0; lane < {L}; ++lane)", lane_body)
         blk += self.flush_partials(flush, p[0].base, "l", "int lane", L)
-        _block(seg_body, f"for (; rj + {L} <= rcount; rj += {L})", blk)
-        _block(seg_body, "for (; rj < rcount; ++rj)", tail_body)
+        append_block(seg_body, f"for (; rj + {L} <= rcount; rj += {L})", blk)
+        append_block(seg_body, "for (; rj < rcount; ++rj)", tail_body)
         seg_body.append("rbase += rcount;")
         code = list(pre)
-        _block(code, f"for ({it} rbase = {rs}; rbase < {re_}; )", seg_body)
+        append_block(code, f"for ({it} rbase = {rs}; rbase < {re_}; )", seg_body)
         # fold lanes (outer flushed lanes first), then the tail, in a fixed order
         fold: list[str] = []
         for r in p:
@@ -686,10 +604,10 @@ class _ReductionCode:
         seg.flush_into(seg_body)
         if all(_stride(st.index, last) == 1 for st in self.r_stores):
             seg_body.append("#pragma omp simd")
-        _block(seg_body, f"for ({it} rj = 0; rj < rcount; ++rj)", body)
+        append_block(seg_body, f"for ({it} rj = 0; rj < rcount; ++rj)", body)
         seg_body.append("rbase += rcount;")
         code: list[str] = []
-        _block(code, f"for ({it} rbase = {rs}; rbase < {re_}; )", seg_body)
+        append_block(code, f"for ({it} rbase = {rs}; rbase < {re_}; )", seg_body)
         return code
 
     # -- column tiling ------------------------------------------------------------
@@ -710,13 +628,13 @@ class _ReductionCode:
             passes = [passes] if passes else []
         xfull = f"xo * {xl_range} + xbase + xj"
 
-        def bind_all(scope: Scope, done: list[_Red]) -> None:
+        def bind_all(scope: Scope, done: list[ReductionAccumulator]) -> None:
             for r in bound:
                 r.bind(scope, [f"{f}[{xfull}]" for f in r.names("F")])
             for r in done:
                 r.bind(scope, [f"{f}[xj]" for f in r.names("f")])
 
-        done: list[_Red] = []
+        done: list[ReductionAccumulator] = []
         for p in passes:
             code = self.col_pass(outer, p, rs, re_, lambda s, d=list(done): bind_all(s, d),
                                  final=partial is None)
@@ -738,7 +656,7 @@ class _ReductionCode:
             body = [f"const {it} {xlast} = xbase + xj;"]
             body += self.em.render_stores(self.k, self.x_stores, inner)
             outer.flush_into(out)
-            _block(out, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
+            append_block(out, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
         return out
 
     def flush_partials(self, flush, counter: str, tag: str, decl: str, bound) -> list[str]:
@@ -755,7 +673,7 @@ class _ReductionCode:
     def r_all(self, rindex: str) -> list[str]:
         return self.em.decompose(rindex, self.rv, self.rr, self.names)
 
-    def col_pass(self, outer: Scope, p: list[_Red], rs: str, re_: str, bind,
+    def col_pass(self, outer: Scope, p: list[ReductionAccumulator], rs: str, re_: str, bind,
                  final: bool) -> list[str]:
         it, cb = self.it, self.em.col_block
         xlast = self.xv[-1].name
@@ -783,9 +701,9 @@ class _ReductionCode:
         rbody = self.r_all("rindex")
         rscope.flush_into(rbody)
         rbody.append("#pragma omp simd")
-        _block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
+        append_block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
         rbody += self.flush_partials(flush, p[0].base, "c", f"{it} xj", "xcount")
-        _block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
+        append_block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
         fold: list[str] = []
         for r in p:
             a = r.names("a")
@@ -795,7 +713,7 @@ class _ReductionCode:
             fold.append(r.cmb(a, [f"{c}[xj]" for c in r.names("c")]))
             fold += r.finish(a) if final else []
             fold += [f"{f}[xj] = {x};" for f, x in zip(r.names("f"), a)]
-        _block(code, f"for ({it} xj = 0; xj < xcount; ++xj)", fold)
+        append_block(code, f"for ({it} xj = 0; xj < xcount; ++xj)", fold)
         return code
 
     def col_epilogue(self, outer: Scope, rs: str, re_: str, bind) -> list[str]:
@@ -810,7 +728,7 @@ class _ReductionCode:
         rscope.flush_into(rbody)
         if all(_stride(st.index, xlast) == 1 for st in self.r_stores):
             rbody.append("#pragma omp simd")
-        _block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
+        append_block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
         code: list[str] = []
-        _block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
+        append_block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
         return code

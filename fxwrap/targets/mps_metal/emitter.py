@@ -34,7 +34,7 @@ import torch
 from fxwrap.core.ir import ScheduledKernel
 from fxwrap.core.numerics import compute_dtype
 from fxwrap.core.symbolic import python_source
-from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, _Names
+from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, LocalNames
 from fxwrap.targets.mps_metal.prelude import PRELUDE
 
 
@@ -122,7 +122,7 @@ class MetalEmitter(CStyleEmitter):
         return f"{super().size_param(name, index)} [[buffer({index})]]"
 
     # ------------------------------------------------------------------ body
-    def render_body(self, kernel: ScheduledKernel, names: _Names) -> list[str]:
+    def render_body(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
         if kernel.reductions:
             from fxwrap.targets.mps_metal.reduction import MetalReduction
             return MetalReduction(self, kernel, names).render()

@@ -34,17 +34,10 @@ from __future__ import annotations
 import sympy
 
 from fxwrap.core.ir import REDUCTIONS, OpCode, Reduction, ScheduledKernel, acc_key, split_stores, walk
-from fxwrap.targets.cpu_cpp.emitter import _Red
-from fxwrap.targets.cstyle import EmitError, Scope, _Names
+from fxwrap.targets.cstyle import EmitError, LocalNames, ReductionAccumulator, Scope, append_block
 
 
-def _block(lines: list[str], head: str, body: list[str]) -> None:
-    lines.append(head + " {")
-    lines.extend("  " + ln if ln else ln for ln in body)
-    lines.append("}")
-
-
-class MetalRed(_Red):
+class MetalRed(ReductionAccumulator):
     """One reduction's per-thread state: the C++ target's update / combine statements
     (``fx_*_upd`` / ``fx_*_cmb`` exist in both preludes), Metal types, SIMD statements."""
 
@@ -82,14 +75,14 @@ class MetalRed(_Red):
                 for t, x, y in zip(self.types(), o, a)]
         body.append(self.cmb(a, o))
         lines: list[str] = []
-        _block(lines, f"for (ushort fx_off = {width // 2}; fx_off > 0; fx_off >>= 1)", body)
+        append_block(lines, f"for (ushort fx_off = {width // 2}; fx_off > 0; fx_off >>= 1)", body)
         return lines
 
 
 class MetalReduction:
     """Renders the body of one reduction kernel (threadgroup per row)."""
 
-    def __init__(self, em, kernel: ScheduledKernel, names: _Names):
+    def __init__(self, em, kernel: ScheduledKernel, names: LocalNames):
         self.em, self.k, self.names = em, kernel, names
         self.xv, self.rv = em.xvars(kernel), em.rvars(kernel)
         self.xr = [sympy.sympify(r) for r in kernel.ranges]
@@ -143,11 +136,11 @@ class MetalReduction:
             row.flush_into(out)
             for r in p:
                 out += r.decls("a")
-            _block(out, head, body)
+            append_block(out, head, body)
             for r in p:
                 out += r.simd(width)
                 shm, acc = r.names("shm"), r.names("a")
-                _block(out, "if (fx_lane == 0)", [f"{s}[fx_simd] = {a};" for s, a in zip(shm, acc)])
+                append_block(out, "if (fx_lane == 0)", [f"{s}[fx_simd] = {a};" for s, a in zip(shm, acc)])
             out.append(em.barrier)
             for r in p:
                 out += r.decls("f")
@@ -159,9 +152,9 @@ class MetalReduction:
             rscope, body, head = self.strided_loop(row)
             body += em.render_stores(self.k, self.r_stores, rscope)
             row.flush_into(out)
-            _block(out, head, body)
+            append_block(out, head, body)
         if self.x_stores:
             stores = em.render_stores(self.k, self.x_stores, Scope(em, self.names, row))
             row.flush_into(out)
-            _block(out, "if (fx_tid == 0)", stores)
+            append_block(out, "if (fx_tid == 0)", stores)
         return fn.lines + out
