@@ -69,8 +69,7 @@ from the buffer's data pointer:
   nothing is read and the load's value is 0 (``cat``, ``constant_pad_nd``: a value
   defined piecewise over the output index is a ``where`` over masked loads).
 
-``load_buffer(op)`` / ``load_index(op)`` / ``load_mask(op)`` read those fields;
-``index_symbols(index)`` gives the symbols an index (direct or indirect) uses.
+``load_buffer(op)`` / ``load_index(op)`` / ``load_mask(op)`` read those fields.
 
 Passes are ``rewrite(root, rule)``: bottom-up over the DAG, each distinct node once,
 ``rule`` seeing a node whose operands are already rewritten (``masked``, the
@@ -553,19 +552,6 @@ def direct_indices(root: Op) -> list:
             out.append(node.arg)
         elif node.op == OpCode.LOAD and node.arg[1] is not None:
             out.append(node.arg[1])
-    return out
-
-
-def index_symbols(index) -> set[sympy.Symbol]:
-    """Every sympy symbol (loop variables, size symbols) an index uses.
-
-    For an indirect index: those of the ``index`` and ``load`` nodes it is made of.
-    """
-    if not is_indirect(index):
-        return set(sympy.sympify(index).free_symbols)
-    out: set[sympy.Symbol] = set()
-    for expr in direct_indices(index):
-        out |= expr.free_symbols
     return out
 
 

@@ -235,6 +235,3 @@ def legalize(kernel: ScheduledKernel, numerics: Numerics = DEFAULT) -> Scheduled
     return dataclasses.replace(kernel, reductions=reductions, stores=stores)
 
 
-def is_legal(kernel: ScheduledKernel, numerics: Numerics = DEFAULT) -> bool:
-    """True when ``legalize`` would leave ``kernel`` as it is."""
-    return legalize(kernel, numerics) is kernel

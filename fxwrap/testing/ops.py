@@ -61,10 +61,6 @@ class OpCase:
     tolerance: dict | None = field(default=None)
     out_dtype: torch.dtype | None = None  # casts: the dtype they produce
 
-    def involves(self, dtype: torch.dtype) -> bool:
-        """Whether ``dtype`` is the case's input dtype or the dtype it casts to."""
-        return dtype in (self.dtype, self.out_dtype)
-
     @property
     def id(self) -> str:
         """``"sin[float32]"``: the pytest id of the case."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sympy
-import torch
 from torch.utils._sympy.printers import PythonPrinter
 
 from fxwrap.runtime.guards import (
@@ -168,13 +167,3 @@ def _conditions(shape_env, known: set[str], hints: dict[str, int]) -> list[SizeC
     return list(conditions.values())
 
 
-def fake_shape_env(fakes) -> object | None:
-    """The ShapeEnv behind the first symbolic FakeTensor or SymInt in ``fakes``."""
-    for value in fakes:
-        if isinstance(value, torch.SymInt):
-            return value.node.shape_env
-        if isinstance(value, torch.Tensor):
-            for x in (*value.shape, *value.stride(), value.storage_offset()):
-                if isinstance(x, torch.SymInt):
-                    return x.node.shape_env
-    return None

@@ -59,8 +59,6 @@ class Buffer:
         """Bytes of storage the layout spans (what an allocation needs)."""
         return storage_elements(self.size, self.stride, self.offset) * self.dtype.itemsize
 
-    def renamed(self, name: str) -> "Buffer":
-        return Buffer(name, self.size, self.stride, self.dtype, self.device, self.offset)
 
 
 def storage_offset_symbol(buf: "Buffer") -> sympy.Symbol:
@@ -382,10 +380,6 @@ class CallExtern(Line):
     out: Buffer | str | None = None
 
     fusion_barrier = False
-
-    @property
-    def kwargs_dict(self) -> dict[str, Any]:
-        return dict(self.kwargs)
 
     @property
     def label(self):

@@ -258,7 +258,6 @@ class _ReductionCode:
         self.xnumel = sympy.Mul(*self.xr) if self.xr else sympy.Integer(1)
         self.rnumel = sympy.Mul(*self.rr)
         self.column = self._is_column()
-        self.need_ridx = any(r.kind in ("argmax", "argmin") for r in self.reds)
         self.stash = self._stash()
 
     _HEAVY = frozenset("exp exp2 expm1 log log2 log10 log1p erf erfc tanh sigmoid pow sin cos "

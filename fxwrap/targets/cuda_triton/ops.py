@@ -239,7 +239,6 @@ class OpRenderer:
     def __init__(self, target_name: str = "triton"):
         self.target_name = target_name
         self.helpers: set[str] = set()
-        self.uses_libdevice = False
 
     def _need(self, name: str) -> str:
         self.helpers.add(name)
@@ -253,10 +252,7 @@ class OpRenderer:
         if (why := illegal(name, dtype, arg_dtypes)) is not None:
             raise OpError(f"{why} (target {self.target_name})")
         cdt = compute_dtype(arg_dtypes[-1] if name in BOOL_RESULT else dtype)
-        expr = self._render(name, cdt, args)
-        if "libdevice." in expr:
-            self.uses_libdevice = True
-        return expr
+        return self._render(name, cdt, args)
 
     def _render(self, name: str, t: torch.dtype, a: list[str]) -> str:
         is_f = t.is_floating_point

@@ -139,7 +139,6 @@ class ReferenceLauncher:
 
     def reduce(self, kind, v, dtype, nr, shape):
         v = torch.as_tensor(v).expand(shape)
-        dims = tuple(range(len(shape) - nr, len(shape)))
         flat = v.reshape(*shape[:len(shape) - nr], -1)
         if kind == "sum":
             return (flat.to(dtype).sum(-1, keepdim=True),)
@@ -163,7 +162,6 @@ class ReferenceLauncher:
             m2 = ((f - mean) ** 2).sum(-1, keepdim=True)
             return (mean.to(dtype), m2.to(dtype), torch.full_like(mean, f.shape[-1]).to(dtype))
         raise NotImplementedError(f"reference target: reduction {kind}")
-        _ = dims
 
     @staticmethod
     def load(node: Op, operands, tensors, env):
