@@ -1,0 +1,13 @@
+"""The conformance kit (``fxwrap.testing``) on the ``cuda`` target: Triton kernels on
+a GPU, compared with eager on the CPU.  Without a GPU this module is skipped (the
+``triton-interpret`` run of the kit is in tests/conformance)."""
+import pytest
+import torch
+
+from fxwrap.testing import ConformanceSuite
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+class TestCudaConformance(ConformanceSuite):
+    target = "cuda"
