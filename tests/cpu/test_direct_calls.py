@@ -22,7 +22,8 @@ def _inputs(name: str):
     }[name]
 
 
-_MATMULS = sorted((op for op in DIRECT_CALLS if not op._schema.name.startswith("aten::sym_")), key=str)
+_MATMULS = sorted((op for op in DIRECT_CALLS if isinstance(op, torch._ops.OpOverload)
+                   and not op._schema.name.startswith("aten::sym_")), key=str)
 
 
 @pytest.mark.parametrize("op", _MATMULS, ids=str)
@@ -48,7 +49,21 @@ def test_metadata_reads_equal_the_aten_overloads():
         for d in range(t.dim()):
             assert DIRECT_CALLS[aten.sym_size.int](t, d) == aten.sym_size.int(t, d)
             assert DIRECT_CALLS[aten.sym_stride.int](t, d) == aten.sym_stride.int(t, d)
-    assert len(_MATMULS) + 3 == len(DIRECT_CALLS)
+    assert len(_MATMULS) + 4 == len(DIRECT_CALLS)  # + the three reads and as_strided
+
+
+def test_views_equal_as_strided():
+    """The runner's views (no storage bounds check) equal ``torch.as_strided``: same
+    storage, sizes, strides and offset, with and without an offset argument."""
+    view_of = DIRECT_CALLS[torch.as_strided]
+    storage = torch.randn(300)
+    for base in (storage, storage[7:], storage[3:250].view(13, 19)[2:]):
+        for size, stride, offset in (((4, 5), (5, 1), None), ((5, 4), (1, 5), 11), ((3, 2, 2), (1, 3, 17), 40)):
+            args = (base, size, stride) if offset is None else (base, size, stride, offset)
+            got, want = view_of(*args), torch.as_strided(*args)
+            assert (got.data_ptr(), got.shape, got.stride(), got.storage_offset()) == \
+                (want.data_ptr(), want.shape, want.stride(), want.storage_offset())
+            assert torch.equal(got, want)
 
 
 def test_view_offsets_are_read_directly_and_right():
