@@ -7,8 +7,6 @@ Importable by name (``import shared_helpers``) from any test: ``tests/`` is on
 """
 from __future__ import annotations
 
-import os
-import random
 
 import sympy
 import torch
@@ -16,24 +14,10 @@ import torch._dynamo
 
 import fxwrap
 from fxwrap.core.ir import Op, ScheduledKernel
+from fxwrap.testing.suite import fresh_state  # noqa: F401  (the folders' conftest.py register it)
 from fxwrap.wrapper_ir.lines import Buffer
 
 CPU = torch.device("cpu")
-
-
-def fresh_state(request):
-    """A fresh dynamo cache and a fresh random seed per test (shown on failure).
-
-    A generator for a folder's ``conftest.py`` to register:
-    ``fresh_state = pytest.fixture(autouse=True)(shared_helpers.fresh_state)``.
-    """
-    torch._dynamo.reset()
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    random.seed(seed)
-    print(f"seed {seed} for {request.node.nodeid}")
-    yield
-    torch._dynamo.reset()
 
 
 def random_input(layout: str, dtype=torch.float32, shape=(37, 65), scale=1.0, device=None):

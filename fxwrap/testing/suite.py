@@ -148,6 +148,19 @@ def resolve_target_name(suite: type, config) -> str:
     return name
 
 
+def fresh_state(request):
+    """A fresh dynamo cache and a fresh random seed per test, the seed printed (pytest shows
+    it on failure).  A generator to register as an autouse fixture:
+    ``fresh_state = pytest.fixture(autouse=True)(fxwrap.testing.suite.fresh_state)``."""
+    torch._dynamo.reset()
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    random.seed(seed)
+    print(f"seed {seed} for {request.node.nodeid}")
+    yield
+    torch._dynamo.reset()
+
+
 class ConformanceSuite:
     """The conformance kit's tests; subclass it as ``Test...`` with ``target = "<name>"``.
 
@@ -190,14 +203,7 @@ class ConformanceSuite:
 
     @pytest.fixture(autouse=True)
     def _fresh_state(self, request):
-        """A fresh dynamo cache and a fresh random seed per test (printed: shown on failure)."""
-        torch._dynamo.reset()
-        seed = int.from_bytes(os.urandom(4), "little")
-        torch.manual_seed(seed)
-        random.seed(seed)
-        print(f"seed {seed} for {request.node.nodeid}")
-        yield
-        torch._dynamo.reset()
+        yield from fresh_state(request)
 
     @pytest.fixture
     def target_name(self, request) -> str:

@@ -119,9 +119,11 @@ def _overwrite(ctx, base, mask: Op, value_at):
     """``where(mask, value_at(i), base[i])``: ``base`` with the places ``mask`` selects
     replaced; ``value_at`` is only read where ``mask`` holds."""
     base_loops, out = as_loops(base), ctx.out_dtype
-    return Loops(ctx.out_size, out, ctx.device,
-                 lambda i: Op("where", out, (mask(i), masked(cast(value_at(i), out), mask(i)),
-                                              cast(base_loops(i), out))))
+
+    def fn(i):
+        inside = mask(i)
+        return Op("where", out, (inside, masked(cast(value_at(i), out), inside), cast(base_loops(i), out)))
+    return Loops(ctx.out_size, out, ctx.device, fn)
 
 
 @register(aten.slice_scatter.default)
