@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_key,
+from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_buffer,
+                            load_key,
                             rewrite, rvar, walk, xvar)
 from fxwrap.core.symbolic import simplify_index
 
@@ -53,6 +54,28 @@ class Job:
     def trailing(self) -> bool:
         rank, dims = self.dims_key if self.dims_key else (0, ())
         return tuple(dims) == tuple(range(rank - len(dims), rank))
+
+
+# A lazy value read by several consumers is inlined into each of them; past these
+# sizes it is stored once instead (by the kernel that first needs it).  Without the
+# limit, a residual stream ``x = x + f(x)`` repeated over L layers is recomputed from
+# all L + 1 of its terms by every reader: O(L^2) loads.
+SHARED_VALUE_MAX_LOADS = 4    # distinct buffers the inlined value reads
+SHARED_VALUE_MAX_OPS = 40     # nodes of its expression
+
+
+def worth_storing(value: Op, readers: int) -> bool:
+    """Whether a lazy value with ``readers`` consumers should be stored once rather
+    than inlined into each: it reads more than ``SHARED_VALUE_MAX_LOADS`` buffers or
+    has more than ``SHARED_VALUE_MAX_OPS`` nodes.  ``value`` is the value at one
+    index (``loops(xs)``)."""
+    if readers < 2:
+        return False
+    nodes = walk(value)
+    if len(nodes) > SHARED_VALUE_MAX_OPS:
+        return True
+    buffers = {load_buffer(n) for n in nodes if n.op == OpCode.LOAD}
+    return len(buffers) > SHARED_VALUE_MAX_LOADS
 
 
 def substitute(op: Op, table: dict) -> Op:
@@ -104,6 +127,8 @@ class Group:
         if self.reductions:
             if not (job.outer == self.outer + self.reduced and self.trailing) and job.outer != self.outer:
                 return False
+            if len(job.outer) > len(self.outer):
+                job = _as_epilogue(job, len(self.outer))  # indexed as ``add`` will index it
         elif job.outer != self.outer:
             return False
         stored = {s.buffer for s in self.stores}

@@ -25,7 +25,7 @@ from fxwrap.core.errors import EmitError
 from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast
 from fxwrap.core.numerics import legalize
-from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
+from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel, worth_storing
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
@@ -175,7 +175,15 @@ class KernelBuilder(build._Builder):
         if src_fake.storage_offset() != 0 or not is_non_overlapping_and_dense(size, stride):
             return None
         base = self.value(source)
-        if (self.roots.get(base.name) is not base or tuple(base.stride) != to_exprs(src_fake.stride())
+        # ``base`` may itself be a view (a chain ``stack -> flatten -> transpose``): what
+        # must hold is that the chain's root buffer holds its traced node's elements in
+        # the traced layout at offset 0, so every view of that storage is ``as_strided``
+        # of it with its own traced strides and offset.
+        root = self.roots.get(base.name)
+        root_fake = self.out.fake_values.get(root.name) if root is not None else None
+        if (not isinstance(root_fake, torch.Tensor) or root_fake.storage_offset() != 0
+                or StorageWeakRef(root_fake.untyped_storage()) != StorageWeakRef(fake.untyped_storage())
+                or root.name in self.traced_offsets or tuple(root.stride) != to_exprs(root_fake.stride())
                 or not self._as_strided_view((base,), fake)):
             return None
         self.view(node, (base,), fake)
@@ -257,6 +265,7 @@ class KernelBuilder(build._Builder):
     def call_function(self, node):
         rule = self.lowerings.lookup(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if rule is not None and node.name not in self.extern_nodes and self._all_on_device(node):
+            self._store_shared_values(node)
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
             kwargs = {k: self.rule_value(v) for k, v in node.kwargs.items()}
@@ -274,6 +283,16 @@ class KernelBuilder(build._Builder):
                     self.view_of[node] = source
                 return
         super().call_function(node)
+
+    def _store_shared_values(self, node) -> None:
+        """Realize each lazy argument of ``node`` that several nodes read and that is
+        too costly to inline into each of them (``scheduler.worth_storing``)."""
+        for arg in node.all_input_nodes:
+            loops = self.env.get(arg)
+            if isinstance(loops, Loops) and len(arg.users) > 1:
+                value = loops(tuple(xvar(i) for i in range(len(loops.size))))
+                if worth_storing(value, len(arg.users)):
+                    self.realize(arg, loops)
 
     def _device_of(self, node):
         val = node.meta.get("val")

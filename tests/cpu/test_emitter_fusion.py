@@ -289,3 +289,58 @@ def test_zero_and_negative_zero_constants_stay_two_values():
     for g, w in zip(got, fn(x)):
         torch.testing.assert_close(g, w)
         assert torch.equal(torch.signbit(g), torch.signbit(w))
+
+
+# ---------------------------------------------------------------- shared lazy values
+def _kernel_reads(programs) -> list[int]:
+    """For each kernel launch, how many distinct inputs it reads."""
+    counts = []
+    for p in programs:
+        for n in p.graph_module.graph.nodes:
+            if n.op == "call_function" and isinstance(n.target, fxwrap.Kernel):
+                counts.append(sum(a.role == "input" for a in n.target.signature))
+    return counts
+
+
+def _rms(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_residual_stream_is_stored_not_recomputed(dynamic):
+    """``x = x + f(norm(x))`` over many layers: the residual sum is stored once its
+    inlined form reads many buffers, so no kernel re-reads every earlier layer's output
+    (before: the last norm read all ``layers + 1`` terms); the normalizing epilogue stays
+    in the kernel that stores the residual."""
+    layers = 8
+    ws = [torch.randn(32, 32) / 6 for _ in range(layers)]
+    gains = [torch.rand(32) + 0.5 for _ in range(layers)]
+
+    def net(x):
+        for w, g in zip(ws, gains):
+            x = x + _rms(x, g) @ w
+        return _rms(x, gains[0])
+
+    c, programs = compiled(net, dynamic)
+    for rows in (24, 17) if dynamic else (24,):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(c(x), net(x), rtol=1e-4, atol=1e-4)
+    reads = _kernel_reads(programs[:1])
+    assert max(reads) <= 7, reads  # 5 shared terms + the gain + one stored value at most
+    assert len(reads) <= layers + 1, reads  # one norm kernel per layer + the last
+
+
+def test_view_chain_of_a_stored_value_is_a_view():
+    """Rotary embedding's ``stack(...).flatten(-2).transpose(1, 2)`` read by an extern
+    (SDPA): the stacked values are stored once, in the stack's layout, and the
+    transposed flatten is a view of that storage (before: a second kernel stored the
+    same values again in the transposed layout)."""
+    def rotate(q, cos, sin):
+        x1, x2 = q[..., ::2], q[..., 1::2]
+        s = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2).transpose(1, 2)
+        return F.scaled_dot_product_attention(s, s, s)
+
+    c, programs = compiled(rotate, False)
+    q, cos, sin = torch.randn(2, 8, 3, 8), torch.randn(8, 1, 4), torch.randn(8, 1, 4)
+    torch.testing.assert_close(c(q, cos, sin), rotate(q, cos, sin), rtol=1e-5, atol=1e-5)
+    assert kernels(programs[:1]) == 1
