@@ -261,9 +261,16 @@ def fuse(items: list) -> list:
     since: list = []  # lines after the current group
     for item in items:
         if isinstance(item, Job):
-            if current is not None and current.accepts(item) and _can_hoist(item, since, roots):
-                current.add(item)
-                continue
+            if current is not None and current.accepts(item):
+                if not _can_hoist(item, since, roots):
+                    lifted = _liftable(item, since, current)
+                    if lifted and _can_hoist(item, [ln for ln in since if ln not in lifted], roots):
+                        at = next(i for i, x in enumerate(out) if x is current)
+                        out[:] = [*out[:at], *lifted, *(x for x in out[at:] if x not in lifted)]
+                        since = [ln for ln in since if ln not in lifted]
+                if _can_hoist(item, since, roots):
+                    current.add(item)
+                    continue
             current = Group(item.outer, item.reduced, item.dims_key)
             current.add(item)
             out.append(current)
@@ -280,6 +287,37 @@ def fuse(items: list) -> list:
 
 def _is_barrier(line) -> bool:
     return line.fusion_barrier
+
+
+def _names_defined(line) -> set[str]:
+    return {*(b.name for b in line.defines()), *line.defines_values(), *(s.name for s in line.defines_symbols())}
+
+
+def _names_used(line) -> set[str]:
+    return {*(b.name for b in line.reads()),
+            *(s.name for e in line.size_exprs() for s in sympy.sympify(e).free_symbols)}
+
+
+def _liftable(job: Job, lines: list, group: Group) -> list:
+    """The lines among ``lines`` (emitted after ``group``) that define what ``job``
+    reads, with the lines they need in turn, when every one of them is
+    ``metadata_only`` and none uses a buffer the group stores: moved above the group,
+    they let ``job`` join it (an epilogue reading a view of a saved activation that
+    the backward graph takes after the reduction).  Empty when that is not so."""
+    ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
+    wanted = {b for op in ops for b, _ in loads_of(op)} | {s.buffer for s in job.stores}
+    exprs = [*job.outer, *job.reduced, *(s.index for s in job.stores)]
+    exprs += [e for op in ops for e in direct_indices(op)]
+    wanted |= {s.name for e in exprs for s in sympy.sympify(e).free_symbols}
+    stored = {s.buffer for s in group.stores}
+    chosen: list = []
+    for line in reversed(lines):  # a definer comes before its users
+        if _names_defined(line) & wanted:
+            if not line.metadata_only or _names_used(line) & stored:
+                return []
+            chosen.append(line)
+            wanted |= _names_used(line)
+    return list(reversed(chosen))
 
 
 def _can_hoist(job: Job, lines: list, roots: dict) -> bool:

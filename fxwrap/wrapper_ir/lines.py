@@ -119,6 +119,10 @@ class Line:
     binds_device = False
     #: A fused kernel may not move up across it (the scheduler's hoisting).
     fusion_barrier = True
+    #: It only reads metadata (a view, a size or storage-offset read): it computes
+    #: nothing and writes nothing, so it may move up to wherever its operands exist
+    #: (the scheduler lifts such a line above a kernel that needs what it defines).
+    metadata_only = False
 
     def reads(self) -> list[Buffer]:
         """Existing buffers the line uses (reads, or writes into), in order."""
@@ -285,6 +289,7 @@ class View(Line):
     base: Buffer
 
     fusion_barrier = False
+    metadata_only = True
 
     @property
     def name(self) -> str:
@@ -429,6 +434,11 @@ class CallExtern(Line):
     @property
     def is_device_check(self):
         return bool(getattr(self.op, "is_device_check", False))
+
+    @property
+    def metadata_only(self):
+        schema = getattr(self.op, "_schema", None)
+        return schema is not None and schema.name.split("::")[-1].startswith(_METADATA_READS)
 
     def host_readback(self):
         schema = getattr(self.op, "_schema", None)

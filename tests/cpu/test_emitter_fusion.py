@@ -344,3 +344,29 @@ def test_view_chain_of_a_stored_value_is_a_view():
     q, cos, sin = torch.randn(2, 8, 3, 8), torch.randn(8, 1, 4), torch.randn(8, 1, 4)
     torch.testing.assert_close(c(q, cos, sin), rotate(q, cos, sin), rtol=1e-5, atol=1e-5)
     assert kernels(programs[:1]) == 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_norm_backward_epilogue_joins_across_a_view_of_a_saved_activation(dynamic):
+    """RMSNorm's backward: the input gradient is a row reduction and an epilogue that
+    reads the saved ``rsqrt`` through a view emitted after the reduction.  The view
+    (metadata only) moves above the reduction so the epilogue joins it: two kernels
+    (the weight gradient's column sum, and the row reduction with its epilogue)."""
+    weight = torch.nn.Parameter(torch.rand(32) + 0.5)
+
+    def step(x, g):
+        y = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * weight
+        return (y * g).sum()
+
+    c, programs = compiled(step, dynamic)
+    for rows in (16, 13) if dynamic else (16,):
+        x, g = torch.randn(4, rows, 32), torch.randn(4, rows, 32)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        c(xa, g).backward()
+        got_w, weight.grad = weight.grad, None
+        step(xb, g).backward()
+        torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got_w, weight.grad, rtol=1e-4, atol=1e-5)
+        weight.grad = None
+    backward = [p for p in programs if p.kind == "backward"]
+    assert backward and all(kernels([p]) == 2 for p in backward), [kernels([p]) for p in backward]
