@@ -243,12 +243,19 @@ def _rename_acc(op: Op, old: str, new: str) -> Op:
     return rewrite(op, {OpCode.ACC: lambda acc: acc.replace(arg=(new, *acc.arg[1:])) if acc.arg[0] == old else None})
 
 
+#: How many earlier groups a job may join, the most recent first (each further one
+#: costs a hoisting check per job).
+FUSION_WINDOW = 4
+
+
 def fuse(items: list) -> list:
     """Program items (lines and Jobs, in order) -> lines and Groups, in order.
 
-    A job joins the last group when the group accepts it and the job can move up
-    over the lines emitted since the group (``_can_hoist``); otherwise it starts a
-    new group where it stands.
+    A job joins one of the last ``FUSION_WINDOW`` groups (the most recent that works)
+    when the group accepts it and the job can move up over everything emitted since
+    that group (``_can_hoist``: lines and later groups), after lifting the
+    metadata-only lines it needs above the group (``_liftable``); otherwise it starts
+    a new group where it stands.  A barrier line closes every open group.
     """
     roots: dict[str, str] = {}
     for item in items:
@@ -257,32 +264,47 @@ def fuse(items: list) -> list:
             for buf in item.defines():
                 roots[buf.name] = roots.get(base.name, base.name)
     out: list = []
-    current: Group | None = None
-    since: list = []  # lines after the current group
+    open_groups: list[Group] = []
     for item in items:
-        if isinstance(item, Job):
-            if current is not None and current.accepts(item):
-                if not _can_hoist(item, since, roots):
-                    lifted = _liftable(item, since, current)
-                    if lifted and _can_hoist(item, [ln for ln in since if ln not in lifted], roots):
-                        at = next(i for i, x in enumerate(out) if x is current)
-                        out[:] = [*out[:at], *lifted, *(x for x in out[at:] if x not in lifted)]
-                        since = [ln for ln in since if ln not in lifted]
-                if _can_hoist(item, since, roots):
-                    current.add(item)
-                    continue
-            current = Group(item.outer, item.reduced, item.dims_key)
-            current.add(item)
-            out.append(current)
-            since = []
-        else:
+        if not isinstance(item, Job):
             out.append(item)
-            if current is not None:
-                if _is_barrier(item):
-                    current, since = None, []
-                else:
-                    since.append(item)
+            if _is_barrier(item):
+                open_groups = []
+            continue
+        if not any(_join(group, item, out, roots) for group in reversed(open_groups)):
+            group = Group(item.outer, item.reduced, item.dims_key)
+            group.add(item)
+            out.append(group)
+            open_groups = [*open_groups, group][-FUSION_WINDOW:]
     return out
+
+
+def _join(group: Group, job: Job, out: list, roots: dict) -> bool:
+    """Add ``job`` to ``group`` (an item of ``out``) if it accepts it and the job can
+    move up to it; lifts the metadata-only lines that make the move possible."""
+    if not group.accepts(job):
+        return False
+    at = next(i for i, x in enumerate(out) if x is group)
+    since = out[at + 1:]
+    if not _can_hoist(job, since, roots):
+        lifted = _liftable(job, since, group)
+        rest = [x for x in since if not any(x is ln for ln in lifted)]
+        if not lifted or not _can_hoist(job, rest, roots):
+            return False
+        out[at:] = [*lifted, group, *rest]
+    group.add(job)
+    return True
+
+
+def _footprint(item) -> tuple[set, set, set, set]:
+    """``(buffers defined, buffers used, buffers written, other names defined)`` of a
+    line or of a group (which reads what it loads and writes what it stores)."""
+    if isinstance(item, Group):
+        ops = [r.value for r in item.reductions] + [s.value for s in item.stores]
+        writes = {s.buffer for s in item.stores}
+        return set(), {b for op in ops for b, _ in loads_of(op)} | writes, writes, set()
+    return ({b.name for b in item.defines()}, {b.name for b in item.reads()}, {b.name for b in item.writes()},
+            {*item.defines_values(), *(s.name for s in item.defines_symbols())})
 
 
 def _is_barrier(line) -> bool:
@@ -298,20 +320,30 @@ def _names_used(line) -> set[str]:
             *(s.name for e in line.size_exprs() for s in sympy.sympify(e).free_symbols)}
 
 
-def _liftable(job: Job, lines: list, group: Group) -> list:
-    """The lines among ``lines`` (emitted after ``group``) that define what ``job``
-    reads, with the lines they need in turn, when every one of them is
-    ``metadata_only`` and none uses a buffer the group stores: moved above the group,
-    they let ``job`` join it (an epilogue reading a view of a saved activation that
-    the backward graph takes after the reduction).  Empty when that is not so."""
+def _job_names(job: Job) -> tuple[set[str], set[str], set[str]]:
+    """``(buffers read, buffers written, symbol names used)`` by ``job``."""
     ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
-    wanted = {b for op in ops for b, _ in loads_of(op)} | {s.buffer for s in job.stores}
+    reads = {b for op in ops for b, _ in loads_of(op)}
+    writes = {s.buffer for s in job.stores}
     exprs = [*job.outer, *job.reduced, *(s.index for s in job.stores)]
-    exprs += [e for op in ops for e in direct_indices(op)]
-    wanted |= {s.name for e in exprs for s in sympy.sympify(e).free_symbols}
-    stored = {s.buffer for s in group.stores}
+    exprs += [e for op in ops for e in direct_indices(op)]  # direct loads, index values
+    return reads, writes, {s.name for e in exprs for s in sympy.sympify(e).free_symbols}
+
+
+def _liftable(job: Job, items: list, group: Group) -> list:
+    """The lines among ``items`` (emitted after ``group``) that define what ``job``
+    reads, with the lines they need in turn, when every one of them is
+    ``metadata_only`` and none uses a buffer a group among them (or ``group``)
+    stores: moved above the group, they let ``job`` join it (an epilogue reading a
+    view of a saved activation that the backward graph takes after the reduction).
+    Empty when that is not so."""
+    reads, writes, syms = _job_names(job)
+    wanted = reads | writes | syms
+    stored = {s.buffer for g in (group, *items) if isinstance(g, Group) for s in g.stores}
     chosen: list = []
-    for line in reversed(lines):  # a definer comes before its users
+    for line in reversed(items):  # a definer comes before its users
+        if isinstance(line, Group):
+            continue
         if _names_defined(line) & wanted:
             if not line.metadata_only or _names_used(line) & stored:
                 return []
@@ -320,28 +352,24 @@ def _liftable(job: Job, lines: list, group: Group) -> list:
     return list(reversed(chosen))
 
 
-def _can_hoist(job: Job, lines: list, roots: dict) -> bool:
-    """May ``job`` run before ``lines`` (that is, at the place of the group before them)?"""
-    if not lines:
+def _can_hoist(job: Job, items: list, roots: dict) -> bool:
+    """May ``job`` run before ``items`` (lines and groups; that is, at the place of the
+    group before them)?"""
+    if not items:
         return True
-    ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
-    reads = {b for op in ops for b, _ in loads_of(op)}
-    writes = {s.buffer for s in job.stores}
+    reads, writes, syms = _job_names(job)
     root = lambda n: roots.get(n, n)  # noqa: E731
     read_roots = {root(b) for b in reads}
     write_roots = {root(b) for b in writes}
-    exprs = [*job.outer, *job.reduced, *(s.index for s in job.stores)]
-    exprs += [e for op in ops for e in direct_indices(op)]  # direct loads, index values
-    syms = {s.name for e in exprs for s in sympy.sympify(e).free_symbols}
-    for line in lines:
-        defined = {b.name for b in line.defines()}
+    for item in items:
+        defined, used, written, names = _footprint(item)
         if defined & (reads | writes):
             return False
-        if {root(b.name) for b in line.reads()} & write_roots:
+        if {root(b) for b in used} & write_roots:
             return False
-        if {root(b.name) for b in line.writes()} & (read_roots | write_roots):
+        if {root(b) for b in written} & (read_roots | write_roots):
             return False
-        if {*line.defines_values(), *(s.name for s in line.defines_symbols())} & syms:
+        if names & syms:
             return False
     return True
 
