@@ -33,7 +33,11 @@ def test_reductions_run_in_threadgroups(threadgroup_size, dtype):
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, equal_nan=True, **tol)
     reds = [k for k in kernels(programs) if k.launch["kind"] == "reduction"]
-    assert len(reds) >= 10
+    assert len(reds) >= 3  # rows, columns and the whole tensor (fused: several reductions per kernel)
+    externs = [n.target for p in programs for n in p.graph_module.graph.nodes
+               if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and n.target.__name__.split(".")[0] not in ("sym_size", "sym_stride", "sym_storage_offset")]
+    assert not externs, externs  # every reduction ran in a kernel
     for k in reds:
         assert k.launch["threadgroup_size"] == threadgroup_size
         assert k._launcher.shim.team_size == threadgroup_size > 1
