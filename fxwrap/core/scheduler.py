@@ -266,6 +266,8 @@ def fuse(items: list) -> list:
     out: list = []
     open_groups: list[Group] = []
     for item in items:
+        if isinstance(item, Job):
+            item = _squeezed(item)
         if not isinstance(item, Job):
             out.append(item)
             if _is_barrier(item):
@@ -277,6 +279,18 @@ def fuse(items: list) -> list:
             out.append(group)
             open_groups = [*open_groups, group][-FUSION_WINDOW:]
     return out
+
+
+def _squeezed(job: Job) -> Job:
+    """A pointwise job over sizes with some 1s, over the other sizes only (a per-row
+    value stored as ``(rows, 1)`` iterates like the reduction over ``rows`` it follows)."""
+    keep = [i for i, n in enumerate(job.outer) if sympy.sympify(n) != 1]
+    if job.reductions or job.reduced or len(keep) == len(job.outer):
+        return job
+    mapping = {xvar(i): (xvar(keep.index(i)) if i in keep else sympy.Integer(0)) for i in range(len(job.outer))}
+    stores = [Store(s.buffer, sympy.expand(sympy.sympify(s.index).xreplace(mapping)), subs_index(s.value, mapping))
+              for s in job.stores]
+    return Job(tuple(job.outer[i] for i in keep), (), (), [], stores, job.origins)
 
 
 def _join(group: Group, job: Job, out: list, roots: dict) -> bool:
