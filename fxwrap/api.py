@@ -120,7 +120,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if session.generates_kernels and options.kernels:
         built = KernelBuilder(gm, session).run()
     else:
-        built = build_lines(gm, target.name)
+        built = build_lines(gm, target.name, reuse=options.reuse, wrapper_passes=session.wrapper_passes)
     plan = plan_memory(built.lines, built.hints, reuse=options.reuse)
     lines = plan.lines
     for wrapper_pass in session.wrapper_passes:
