@@ -197,3 +197,29 @@ def test_cond_is_no_cuda_graph():
     line = next(line for line in program.lines if isinstance(line, Conditional))
     assert "predicate" in line.host_readback()
     assert line.reads()[0] is line.predicate and len(line.programs) == 2
+
+
+def transposed_loop(x):
+    def cond_fn(t, n):
+        return n < 3
+
+    def body_fn(t, n):
+        return (t * 2).cos() + t.sum(1, keepdim=True), n + 1
+    return while_loop(cond_fn, body_fn, (x.t() * 1.0, torch.zeros((), dtype=torch.int64)))
+
+
+@pytest.mark.parametrize("options", TARGETS)
+def test_while_loop_carries_values_in_their_own_layout(options):
+    """A carried value laid out column-major stays so: the body writes each result straight
+    into the layout it takes it in (one kernel, no copy), so iterations chain as they are."""
+    from fxwrap.wrapper_ir.control_flow import WhileLoop
+    from fxwrap.wrapper_ir.lines import Return
+    compiled = compile_fxwrap(transposed_loop, "torch.compile", False, **options)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(compiled(x), transposed_loop(x), rtol=1e-5, atol=1e-6)
+    line = next(line for line in compiled.programs[0].lines if isinstance(line, WhileLoop))
+    body = line.body_program
+    returned = next(line for line in body.lines if isinstance(line, Return)).values
+    assert [tuple(b.stride) for b in returned] == [tuple(i.stride) for i in body.inputs[:2]]
+    assert tuple(body.inputs[0].stride) == (1, 6)
+    assert len(nested_kernels(compiled.programs[0])["while_loop_body_graph_0"]) == 2
