@@ -14,6 +14,7 @@ from torch._higher_order_ops.while_loop import while_loop
 
 import fxwrap
 from fxwrap.runtime.kernel import Kernel
+from fxwrap.wrapper_ir.lines import SizeInput
 from models_helpers import DYNAMIC, compile_fxwrap
 
 
@@ -223,3 +224,29 @@ def test_while_loop_carries_values_in_their_own_layout(options):
     assert [tuple(b.stride) for b in returned] == [tuple(i.stride) for i in body.inputs[:2]]
     assert tuple(body.inputs[0].stride) == (1, 6)
     assert len(nested_kernels(compiled.programs[0])["while_loop_body_graph_0"]) == 2
+
+
+def scaled_loop(x, w):
+    def cond_fn(t, n):
+        return n < 4
+
+    def body_fn(t, n):
+        return (t * w).sin() + t.mean(), n + 1
+    return while_loop(cond_fn, body_fn, (x.clone(), torch.zeros((), dtype=torch.int64)))
+
+
+def body_inputs(program):
+    from fxwrap.wrapper_ir.control_flow import WhileLoop
+    return next(line for line in program.lines if isinstance(line, WhileLoop)).body_program.inputs
+
+
+@pytest.mark.parametrize("options", TARGETS)
+def test_while_loop_dynamic(options):
+    """dynamic=True: the sizes are operands of the nested programs like the tensors."""
+    compiled = compile_fxwrap(scaled_loop, "torch.compile", True, **options)
+    for n in (5, 7):
+        x, w = torch.randn(n, 3), torch.randn(3)
+        torch.testing.assert_close(compiled(x, w), scaled_loop(x, w), rtol=1e-5, atol=1e-6)
+    program = compiled.programs[0]
+    assert any(isinstance(i, SizeInput) for i in body_inputs(program))
+    assert_subgraphs_have_kernels(program, ["while_loop_cond_graph_0", "while_loop_body_graph_0"])
