@@ -186,6 +186,12 @@ class WhileLoop(_NestedLine):
         return "while_loop"
 
     @property
+    def may_return_alias(self):
+        """With no iteration the op returns the carried inputs (torch 2.13 clones them; older
+        releases may return them as they are): their storage is never handed on after the line."""
+        return True
+
+    @property
     def operands(self):
         return (*self.carried, *self.additional)
 
