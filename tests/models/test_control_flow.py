@@ -198,6 +198,12 @@ def test_cond_is_no_cuda_graph():
     line = next(line for line in program.lines if isinstance(line, Conditional))
     assert "predicate" in line.host_readback()
     assert line.reads()[0] is line.predicate and len(line.programs) == 2
+    # the predicate and operands stay live across the whole line: freed after it, never before
+    from fxwrap.wrapper_ir.lines import Free
+    at = program.lines.index(line)
+    frees = {ln.buf.name: i for i, ln in enumerate(program.lines) if isinstance(ln, Free)}
+    assert frees[line.predicate.name] > at
+    assert all(frees.get(b.name, len(program.lines)) > at for b in line.reads())
 
 
 def transposed_loop(x):
