@@ -32,7 +32,8 @@ _EXPORTS: dict[str, str] = {
     "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
     "CStyleEmitter": "fxwrap.targets.cstyle",
 }
-_SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines"}
+_SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines",
+                                "control_flow": "fxwrap.wrapper_ir.control_flow"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
@@ -69,4 +70,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.cpu_cpp.emitter import CppEmitter  # noqa: F401
     from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
-    from fxwrap.wrapper_ir import lines  # noqa: F401
+    from fxwrap.wrapper_ir import control_flow, lines  # noqa: F401

@@ -25,7 +25,7 @@ from fxwrap.core.capture import capture_backend
 from fxwrap.core.layout import channels_last_convolutions
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.plugins.manager import get_plugin_manager
-from fxwrap.plugins.session import CompileOptions, CompileSession
+from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
 from fxwrap.runtime.cudagraphs import CudaGraphRunner
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
@@ -120,7 +120,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if session.generates_kernels and options.kernels:
         built = KernelBuilder(gm, session).run()
     else:
-        built = build_lines(gm, target.name)
+        built = build_lines(gm, target.name, reuse=options.reuse, wrapper_passes=session.wrapper_passes)
     plan = plan_memory(built.lines, built.hints, reuse=options.reuse)
     lines = plan.lines
     for wrapper_pass in session.wrapper_passes:
@@ -129,7 +129,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     runner = target.wrapper(target).compile_graph(graph_module)
     program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants,
                       built.hints)
-    if options.mode == "cudagraphs":
+    if options.cuda_graphs and target.device_type == "cuda":
         program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program",
                                          synchronize=target.device.synchronize)
     if _log_enabled("wrapper"):
@@ -169,7 +169,10 @@ class Backend:
     Metal kernels on CPU tensors through the C++ shim), ``mode`` (``"default"``, or
     ``"cudagraphs"``: CUDA targets record each program into a CUDA graph and replay
     it, see ``fxwrap.runtime.cudagraphs``; ``torch.compile(mode="reduce-overhead")``
-    means the same).
+    means the same; ``"max-autotune"``: more candidate configs per kernel, timed by the
+    Triton emitter, plus CUDA graphs on CUDA targets; ``"max-autotune-no-cudagraphs"``:
+    the configs alone; the C++ and Metal emitters have no tunable choices, so there
+    max-autotune changes nothing).
     """
 
     def __init__(self, target: str | Target | None = None, options: dict | None = None):
@@ -191,8 +194,8 @@ class Backend:
         target = resolve_target(options.target, example_inputs)
         if options.execute:
             target = resolve_target(f"{target.name}_{options.execute}")
-        if options.mode == "cudagraphs" and target.device_type != "cuda":
-            raise ValueError(f"fxwrap mode 'cudagraphs' needs a CUDA target, not target {target.name!r} "
+        if options.cuda_graphs_required and target.device_type != "cuda":
+            raise ValueError(f"fxwrap mode {options.mode!r} needs a CUDA target, not target {target.name!r} "
                              f"(device type {target.device_type!r}); drop the mode or compile for cuda")
         session = get_plugin_manager().session(target).configured(options)
 
@@ -223,11 +226,12 @@ def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
                    mode: str | None = None):
     """``torch.compile(model, backend="fxwrap", options={...})`` lands here."""
     options = dict(options or {})
-    if mode in ("reduce-overhead", "cudagraphs"):
-        options.setdefault("mode", "cudagraphs")
-    elif mode not in (None, "default"):
-        raise ValueError(f"fxwrap has no mode {mode!r}; modes: 'default', 'reduce-overhead' "
-                         "(CUDA graphs), or options={'mode': 'cudagraphs'}")
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"fxwrap has no mode {mode!r}; valid modes: {', '.join(map(repr, MODES))} "
+                         "('reduce-overhead': CUDA graphs; 'max-autotune': more candidate configs per "
+                         "kernel, and CUDA graphs on CUDA; 'max-autotune-no-cudagraphs': more configs only)")
+    if mode not in (None, "default"):
+        options.setdefault("mode", mode)
     return Backend(options=options)(gm, example_inputs)
 
 

@@ -33,7 +33,11 @@ from fxwrap.targets.base import KernelEmitter, Target
 if TYPE_CHECKING:
     from fxwrap.plugins.manager import PluginManager
 
-MODES = ("default", "cudagraphs")
+#: ``mode``: fxwrap's own ``"cudagraphs"`` and Inductor's names (``torch.compile(mode=...)``):
+#: ``"reduce-overhead"`` is CUDA graphs; ``"max-autotune"`` a wider set of candidate configs per
+#: kernel (the Triton emitter times them all) and CUDA graphs on CUDA targets;
+#: ``"max-autotune-no-cudagraphs"`` the wider autotuning alone
+MODES = ("default", "cudagraphs", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DECOMPOSITION_MODES = ("core", "none")
 PARTITIONS = ("default", "min_cut")
 
@@ -56,7 +60,9 @@ class CompileOptions:
     reuse in the memory plan), ``decompositions`` (``"core"`` or ``"none"``),
     ``kernels`` (generate kernels where the target can; False: every op an extern),
     ``execute`` (run the target's kernels another way: the target named
-    ``f"{target}_{execute}"``), ``mode`` (``"default"`` or ``"cudagraphs"``),
+    ``f"{target}_{execute}"``), ``mode`` (one of ``MODES``: ``"default"``, ``"cudagraphs"``
+    or Inductor's ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``;
+    see ``cuda_graphs`` and ``max_autotune``),
     ``partition`` (how a training graph is split into forward and backward:
     ``"default"`` saves every value the backward needs; ``"min_cut"``, AOTAutograd's
     min-cut rematerialization, recomputes cheap pointwise values in the backward instead
@@ -82,7 +88,7 @@ class CompileOptions:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"fxwrap has no mode {self.mode!r}; modes: {list(MODES)}")
+            raise ValueError(f"fxwrap has no mode {self.mode!r}; valid modes: {', '.join(map(repr, MODES))}")
         if self.decompositions not in DECOMPOSITION_MODES:
             raise ValueError(f"fxwrap option decompositions={self.decompositions!r} is not one of "
                              f"{list(DECOMPOSITION_MODES)}")
@@ -90,6 +96,25 @@ class CompileOptions:
             raise ValueError(f"fxwrap option partition={self.partition!r} is not one of {list(PARTITIONS)}")
         if self.on_program is not None and not callable(self.on_program):
             raise TypeError(f"fxwrap option on_program must be callable, got {self.on_program!r}")
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Record each program into a CUDA graph and replay it, on CUDA targets:
+        ``"cudagraphs"``, ``"reduce-overhead"``, ``"max-autotune"`` (on other targets the
+        last two compile without graphs, as Inductor's do)."""
+        return self.mode in ("cudagraphs", "reduce-overhead", "max-autotune")
+
+    @property
+    def cuda_graphs_required(self) -> bool:
+        """fxwrap's own ``"cudagraphs"``: an error on a target without CUDA.  Inductor's names
+        (``"reduce-overhead"``, ``"max-autotune"``) compile on any target, with CUDA graphs
+        where the target is CUDA, as Inductor does."""
+        return self.mode == "cudagraphs"
+
+    @property
+    def max_autotune(self) -> bool:
+        """Emitters try a wider set of candidate configs per kernel (``KernelEmitter.max_autotune``)."""
+        return self.mode in ("max-autotune", "max-autotune-no-cudagraphs")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -195,6 +220,7 @@ class CompileSession:
         """A kernel emitter for one graph; ``size_hints`` (``{symbol: int}``) are its example sizes."""
         emitter = self.target.emitter(self.target)
         emitter.size_hints = dict(size_hints or {})
+        emitter.max_autotune = self.options.max_autotune
         return emitter
 
     def __repr__(self) -> str:

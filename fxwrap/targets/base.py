@@ -121,10 +121,14 @@ class KernelEmitter:
 
     ``load_threads``: how many ``load`` calls of one program fxwrap may run at once
     (loading usually waits on a compiler subprocess); 1 loads them one after another.
+    ``max_autotune``: the session's ``mode="max-autotune"``, for emitters that tune.
     """
 
     language: str = ""
     load_threads: int = 1
+    #: set by the compile session from ``mode="max-autotune"``: an emitter with tunable
+    #: choices tries a wider set of candidates (the Triton emitter: more configs per kernel)
+    max_autotune: bool = False
 
     def __init__(self, target: "Target"):
         self.target = target

@@ -32,7 +32,8 @@ import torch
 import torch.fx
 
 from fxwrap.core import extern
-from fxwrap.core.symbolic import evaluate, is_non_overlapping_and_dense, simplest, to_expr
+from fxwrap.wrapper_ir import build_control_flow
+from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, simplest, to_expr
 from fxwrap.wrapper_ir.lines import (
     Allocate, Buffer, CallExtern, Comment, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
 )
@@ -87,6 +88,24 @@ class _Builder:
         # stored at another offset (a lazy view of a larger tensor, stored on its own)
         self.traced_offsets: dict[str, sympy.Expr] = {}
         self.bound: set[sympy.Symbol] = set()  # symbols the program has a value for so far
+        # a nested program (a cond branch, a loop body): one entry per result, the layout
+        # (a Buffer) it must be returned in, or None (any layout); None: the top program
+        self.output_layouts: tuple | None = None
+        self.returned_roots: set[str] = set()  # storages a nested program returns so far
+        self.kernel_prefix = "fxwrap"  # kernels are named f"{kernel_prefix}_pointwise_0"
+        self.reuse = True  # storage reuse in the memory plans of nested programs
+        self.wrapper_passes: tuple = ()  # what nested programs' lines go through, as the top program's
+
+    def nested_builder(self, gm: torch.fx.GraphModule, name: str, output_layouts: tuple) -> "_Builder":
+        """A builder of this kind, for subgraph ``gm`` (attribute ``name``) of a control-flow op."""
+        sub = self._new_builder(gm)
+        sub.output_layouts = tuple(output_layouts)
+        sub.kernel_prefix = f"{self.kernel_prefix}_{name}"
+        sub.reuse, sub.wrapper_passes = self.reuse, self.wrapper_passes
+        return sub
+
+    def _new_builder(self, gm: torch.fx.GraphModule) -> "_Builder":
+        return _Builder(gm, self.target_name)
 
     # -- naming -------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -180,9 +199,9 @@ class _Builder:
             if node.op == "get_attr":
                 tensor = getattr(self.gm, node.target)
                 if isinstance(tensor, torch.fx.GraphModule):
-                    # The subgraph of a higher-order op (torch.cond's branches): a
-                    # constant of the program, passed to the op by name.
-                    self.out.constants[node.target] = tensor
+                    # The subgraph of a higher-order op (torch.cond's branches): compiled
+                    # into a nested program (build_control_flow), or, where the op stays an
+                    # extern call, a constant of the program passed to the op by name.
                     self.env[node] = node.target
                     continue
                 if not isinstance(tensor, torch.Tensor):
@@ -196,12 +215,54 @@ class _Builder:
                 self.call_function(node)
             elif node.op == "output":
                 values = node.args[0]
-                self.emit(Return(tuple(self.value(v) for v in values)))
+                if isinstance(values, torch.fx.Node):  # a while_loop condition returns its bool itself
+                    self.emit(Return((self.output_value(values, 0),), bare=True))
+                else:
+                    self.emit(Return(tuple(self.output_value(v, i) for i, v in enumerate(values))))
             else:
                 raise UnsupportedNode(f"node {node.format_node()}: op {node.op!r} is not supported "
                                       f"on target {self.target_name}")
         _check_symbols_defined(self.out.inputs, self.out.lines, self.target_name)
         return self.out
+
+    # -- results of nested programs ------------------------------------------
+    def output_value(self, arg, index: int):
+        """Result ``index`` of the program.  In a nested program (``output_layouts`` set) it
+        is a buffer of its own, never an input's, a constant's or another result's storage
+        (a control-flow op's results are fresh tensors), in the layout asked for: a copy
+        where the value is not."""
+        if self.output_layouts is None:
+            return self.value(arg)
+        layout = self.output_layouts[index]
+        value = self.value(arg)
+        if not isinstance(value, Buffer):
+            raise UnsupportedNode(f"a nested program's result {arg} is a {type(value).__name__}, not a "
+                                  f"tensor (target {self.target_name})")
+        root = self.roots[value.name].name
+        inputs = {b.name for b in self.out.inputs if isinstance(b, Buffer)}
+        fits = layout is None or (tuple(value.size), tuple(value.stride), value.dtype) == \
+            (tuple(layout.size), tuple(layout.stride), layout.dtype)
+        if fits and root not in inputs and root not in self.out.constants and root not in self.returned_roots:
+            self.returned_roots.add(root)
+            return value
+        dst = self.fresh_buffer_like(layout if layout is not None else value)
+        self.copy_into(dst, value, arg)
+        self.returned_roots.add(dst.name)
+        return dst
+
+    def fresh_buffer_like(self, layout: Buffer) -> Buffer:
+        """A new buffer of ``layout``'s size, dtype and device, with its strides where they
+        are dense, else row-major ones, at offset 0."""
+        stride = layout.stride if _is_dense(layout, self.out.hints) else contiguous_strides(layout.size)
+        buf = Buffer(self.fresh(), tuple(layout.size), tuple(stride), layout.dtype, layout.device)
+        self.roots[buf.name] = buf
+        return buf
+
+    def copy_into(self, dst: Buffer, src: Buffer, origin=None) -> None:
+        """``dst`` (new, unallocated) gets ``src``'s values: here an allocation and ``aten.copy_``;
+        the kernel builder makes it a copy kernel."""
+        self.emit(Allocate(dst))
+        self.emit(CallExtern(aten.copy_.default, (dst, src), (), None))
 
     def placeholder(self, node: torch.fx.Node, index: int) -> None:
         val = node.meta.get("val")
@@ -269,6 +330,12 @@ class _Builder:
                 f"node {node.name}: {target} is not an ATen op; fxwrap lowers ATen/prims graphs "
                 f"(target {self.target_name}). Register a lowering with the fxwrap_lowerings hook "
                 "or keep this call outside the compiled region.")
+        if target in build_control_flow.CONTROL_FLOW_OPS and build_control_flow.build(self, node):
+            return
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            for arg in node.all_input_nodes:  # its subgraphs, passed as they are
+                if arg.op == "get_attr" and isinstance(getattr(self.gm, arg.target), torch.fx.GraphModule):
+                    self.out.constants[arg.target] = getattr(self.gm, arg.target)
         self.emit(Comment(f"{node.name}: {target}"))
         args = self.value(node.args)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
@@ -521,6 +588,11 @@ def _flatten(value):
         yield value
 
 
-def build_lines(gm: torch.fx.GraphModule, target_name: str = "cpu") -> BuiltProgram:
-    """Lines for an ATen graph; every op an extern call or a view (see module doc)."""
-    return _Builder(gm, target_name).run()
+def build_lines(gm: torch.fx.GraphModule, target_name: str = "cpu", reuse: bool = True,
+                wrapper_passes=()) -> BuiltProgram:
+    """Lines for an ATen graph; every op an extern call or a view (see module doc).
+    ``reuse`` and ``wrapper_passes``: how the nested programs of control-flow ops are
+    planned, as the caller plans the top program."""
+    builder = _Builder(gm, target_name)
+    builder.reuse, builder.wrapper_passes = reuse, tuple(wrapper_passes)
+    return builder.run()

@@ -23,7 +23,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxwrap.core import extern
 from fxwrap.core.errors import EmitError
 from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
-from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast
+from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast, loads
 from fxwrap.core.numerics import legalize
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel, worth_storing
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
@@ -94,6 +94,31 @@ class KernelBuilder(build._Builder):
         self.buffers: dict[str, Buffer] = {}
         self.acc_counter = 0
         self.view_of: dict[torch.fx.Node, torch.fx.Node] = {}  # lazy view node -> its lazy source
+        self.reuse = session.options.reuse
+        self.wrapper_passes = tuple(session.wrapper_passes)
+
+    def _new_builder(self, gm):
+        return KernelBuilder(gm, self.session)
+
+    # -- results of nested programs (a cond branch, a loop body) -------------------
+    def output_value(self, arg, index):
+        layout = self.output_layouts[index] if self.output_layouts is not None else None
+        lazy = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if layout is not None and isinstance(lazy, Loops) and arg not in self.view_of:
+            # computed straight into the layout the result must have: no copy
+            dst = self.fresh_buffer_like(layout)
+            self.pointwise_job(dst, lazy, [arg.name])
+            self.returned_roots.add(dst.name)
+            return dst
+        return super().output_value(arg, index)
+
+    def fresh_buffer_like(self, layout):
+        buf = super().fresh_buffer_like(layout)
+        self.buffers[buf.name] = buf
+        return buf
+
+    def copy_into(self, dst, src, origin=None):
+        self.pointwise_job(dst, loads(src), [origin.name if isinstance(origin, torch.fx.Node) else src.name])
 
     # lines go to the item list; kernels are made at the end
     def emit(self, line: Line) -> None:
@@ -333,6 +358,8 @@ class KernelBuilder(build._Builder):
                          "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
                 extern |= new
                 builder = KernelBuilder(self.gm, self.session, extern_nodes=extern)
+                builder.output_layouts, builder.kernel_prefix = self.output_layouts, self.kernel_prefix
+                builder.reuse, builder.wrapper_passes = self.reuse, self.wrapper_passes
 
     def _run_once(self):
         built = super().run()
@@ -350,7 +377,7 @@ class KernelBuilder(build._Builder):
                 continue
             keep = needed[id(item)]
             kind = "reduction" if item.reductions else "pointwise"
-            sk = to_kernel(item, f"fxwrap_{kind}_{count}", keep, self.buffers, inputs)
+            sk = to_kernel(item, f"{self.kernel_prefix}_{kind}_{count}", keep, self.buffers, inputs)
             sk = legalize(sk, numerics)  # explicit compute dtypes, casts and 16-bit rounding
             count += 1
             if not sk.stores:

@@ -188,7 +188,7 @@ class FxConverter:
             else:
                 self.nodes[inp.name] = node
                 node.meta["val"] = self.fake(inp)
-        root = torch.nn.Module()
+        root = self.root = torch.nn.Module()
         if self.guard:
             self._add_input_guard(root)
         for name, tensor in self.constants.items():
@@ -317,6 +317,15 @@ class FxConverter:
     def free(self, buf: Buffer) -> torch.fx.Node:
         """A ``fxwrap.runtime.free(buf)`` node (kept by dead-code elimination)."""
         return self.add(free, (self.node(buf),))
+
+    def subprogram(self, program) -> torch.fx.Node:
+        """A ``get_attr`` node of nested program ``program`` (``control_flow.NestedProgram``),
+        converted to a GraphModule of its own (its own input check, kernels and frees)
+        and added to the root as submodule ``program.name``."""
+        gm = FxConverter(program.inputs, program.lines, program.constants, program.fake_values,
+                         self.guard).convert()
+        self.root.add_module(program.name, gm)
+        return self.graph.get_attr(program.name)
 
     def comment(self, text: str) -> None:
         """``text`` goes to ``meta["comment"]`` of the next node a line adds."""

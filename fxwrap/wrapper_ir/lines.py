@@ -586,9 +586,12 @@ class Return(Line):
     """``return (buf2, s0)``: the program's outputs.
 
     Each value is a ``Buffer``, a sympy size expression, a python scalar or None.
+    ``bare``: the program returns its one value itself, not a tuple (``return buf0``:
+    a ``while_loop`` condition, which must return a 0-dim bool tensor).
     """
 
     values: tuple = field(default=())
+    bare: bool = False
 
     returns_reads = True
 
@@ -599,10 +602,13 @@ class Return(Line):
         return _exprs_in(self.values)
 
     def to_source(self, printer):
+        if self.bare:
+            return f"return {printer.fmt(self.values[0])}"
         return f"return {printer.fmt(tuple(self.values))}"
 
     def to_fx(self, converter):
-        converter.graph.output(tuple(converter.arg(v) if v is not None else None for v in self.values))
+        values = tuple(converter.arg(v) if v is not None else None for v in self.values)
+        converter.graph.output(values[0] if self.bare else values)
 
 
 def buffers_in(value) -> list[Buffer]:

@@ -80,6 +80,10 @@ class Printer:
 
     op_name = staticmethod(op_name)
 
+    def nested(self, program) -> str:
+        """A nested program (``control_flow.NestedProgram``) as a ``def`` block of its own."""
+        return program_source(program.inputs, list(program.lines), program.name)
+
     def unknown(self, line: Line):
         raise TypeError(f"no printed form for line {line!r}: a Line subclass prints itself "
                         f"through to_source(printer)")
@@ -98,5 +102,6 @@ def program_source(inputs, lines: list[Line], name: str = "forward") -> str:
     """The whole program as a Python function."""
     head = f"def {name}({', '.join(i.name for i in inputs)}):"
     printer = Printer(value_names(lines))
-    body = [f"    {line.to_source(printer)}" for line in lines]
+    body = ["    " + text if text else text
+            for line in lines for text in line.to_source(printer).split("\n")]
     return "\n".join([head, *body]) + "\n"

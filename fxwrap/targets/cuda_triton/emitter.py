@@ -168,7 +168,7 @@ class TritonEmitter(KernelEmitter):
                                       f"of {sorted(REDUCTIONS)} (target {self.target_name})")
         for buf in (*kernel.inputs, *kernel.outputs):
             O.tl_type(buf.dtype, self.target_name)
-        plan = Planner(self.interpret, self.size_hints).plan(kernel)
+        plan = Planner(self.interpret, self.size_hints, self.max_autotune).plan(kernel)
         writer = KernelWriter(kernel, plan, self.target_name)
         fname = self.function_name(kernel)
         ptrs = [f"in_ptr{i}" for i in range(len(kernel.inputs))]

@@ -119,11 +119,52 @@ class Planner:
     split_min_rows_rnumel = 1 << 16  # a row split pays for its second launch from here on
     split_kinds = frozenset("sum prod max min any all".split())
 
-    def __init__(self, interpret: bool, hints: dict | None = None):
+    # mode="max-autotune": every candidate kept, each widened by its neighbours (half and
+    # double the innermost block, half and double num_warps), at most this many in all
+    max_autotune_configs = 12
+    max_block_elements = 1 << 14   # a widened tile holds at most this many elements
+
+    def __init__(self, interpret: bool, hints: dict | None = None, max_autotune: bool = False):
         self.interpret = interpret
         self.hints = dict(hints or {})
+        self.max_autotune = max_autotune
+        if max_autotune:  # every reduction candidate kept, small reductions included
+            self.max_configs = self.max_autotune_configs
+            self.small_reduction = 0
 
     def plan(self, kernel: ScheduledKernel) -> Plan:
+        """The kernel's plan; under ``max_autotune`` with the widened candidate set
+        (the default candidates first, so the first config is the same in both modes)."""
+        plan = self._plan(kernel)
+        if self.max_autotune:
+            plan.configs = self.widened(plan)
+        return plan
+
+    def widened(self, plan: Plan) -> list[dict]:
+        """``plan.configs`` and, after them, each one's neighbours: its innermost free block
+        (``XBLOCK``; not a persistent reduction's fixed RBLOCK, not NSPLIT) halved and
+        doubled, and num_warps halved and doubled (1 to 16), within ``max_block_elements``."""
+        out = [dict(c) for c in plan.configs]
+        free = [b for b in plan.block_names if b not in ("NSPLIT",)]
+        if plan.rblock is not None:
+            free = [b for b in free if b != "RBLOCK"]
+        block = "XBLOCK" if "XBLOCK" in free else (free[-1] if free else None)
+        for cfg in list(plan.configs):
+            neighbours = []
+            if block is not None and block in cfg:
+                neighbours += [{**cfg, block: max(1, cfg[block] // 2)}, {**cfg, block: cfg[block] * 2}]
+            warps = cfg.get("num_warps", 4)
+            neighbours += [{**cfg, "num_warps": max(1, warps // 2)}, {**cfg, "num_warps": min(16, warps * 2)}]
+            for n in neighbours:
+                elements = 1
+                for b in plan.block_names:
+                    if b != "NSPLIT":
+                        elements *= n.get(b, plan.rblock if b == "RBLOCK" and plan.rblock else 1)
+                if n not in out and elements <= self.max_block_elements:
+                    out.append(n)
+        return out[:max(self.max_autotune_configs, len(plan.configs))]
+
+    def _plan(self, kernel: ScheduledKernel) -> Plan:
         buffers = {b.name: b for b in (*kernel.inputs, *kernel.outputs)}
         idt = index_dtype(kernel)
         xv = [xvar(i) for i in range(len(kernel.ranges))]
