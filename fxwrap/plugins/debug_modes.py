@@ -139,14 +139,16 @@ class CheckNanPass:
             floating = _unique(b for b in buffers if b.dtype.is_floating_point or b.dtype.is_complex)
             if not floating:
                 return None
-            return CheckFinite(floating, launch.label, provenance(launch), self.target, self.check_inf)
+            written = {b.name for b in launch.writes()}
+            inputs = tuple(dict.fromkeys(b.name for b in launch.reads() if b.name not in written))
+            return CheckFinite(floating, launch.label, provenance(launch), self.target, self.check_inf, inputs)
         return _insert_after_launches(lines, make)
 
 
 @dataclass(frozen=True)
 class PrintValuesPass:
     """``options={"print_values": True}`` (every buffer a launch writes) or a list of names: a
-    buffer name (``"buf3"``), a kernel's name (``"fxwrap_pointwise_0"``), an ATen node or op
+    buffer name (``"buf3"``; a view's name prints the buffer it views), a kernel's name (``"fxwrap_pointwise_0"``), an ATen node or op
     name that the launch's provenance mentions (``"exp"``, ``"aten.exp"``,
     ``"aten.exp.default"``), or a user function / file name appearing in it."""
 
@@ -164,9 +166,20 @@ class PrintValuesPass:
         return False
 
     def __call__(self, lines: list[Line]) -> list[Line]:
+        selector = self
+        if self.selection is not None:  # a view chosen by name: print the buffer it views
+            bases = {b.name: line.view_base.name for line in lines if line.view_base is not None
+                     for b in line.defines()}
+            wanted = list(self.selection)
+            for name in self.selection:
+                while name in bases:
+                    name = bases[name]
+                    wanted.append(name)
+            selector = PrintValuesPass(tuple(dict.fromkeys(wanted)))
+
         def make(launch, buffers):
             origins = provenance(launch)
-            chosen = _unique(b for b in buffers if self.selects(launch, b, origins))
+            chosen = _unique(b for b in buffers if selector.selects(launch, b, origins))
             return PrintValues(chosen, launch.label, origins) if chosen else None
         return _insert_after_launches(lines, make)
 

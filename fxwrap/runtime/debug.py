@@ -5,7 +5,7 @@ With ``check_nan`` every kernel and extern launch is followed by a check of the 
 it wrote::
 
     fxwrap_pointwise_0(arg0, buf0)
-    check_finite('kernel fxwrap_pointwise_0', 'log1p: aten.log1p.default', 'cpu', True, ('buf0',), buf0)
+    check_finite('kernel fxwrap_pointwise_0', 'log1p: aten.log1p.default', 'cpu', True, ('buf0',), ('arg0',), buf0)
 
 which raises ``NonFiniteValueError`` naming the launch, what it computes, the output and
 how many NaN/Inf values it holds.  On an accelerator the check reads a flag back to the
@@ -45,13 +45,15 @@ def _counts(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 @torch.fx.node.has_side_effect
-def check_finite(launch: str, origins: str, target: str, check_inf: bool, names: tuple, *tensors):
+def check_finite(launch: str, origins: str, target: str, check_inf: bool, names: tuple, inputs: tuple,
+                 *tensors):
     """Raise ``NonFiniteValueError`` when a tensor of ``tensors`` (the buffers ``names``
-    that ``launch`` wrote) holds NaN, or Inf when ``check_inf``; else return None."""
+    that ``launch`` wrote, from the buffers ``inputs``) holds NaN, or Inf when
+    ``check_inf``; else return None."""
     if any(isinstance(t, torch.fx.Proxy) for t in tensors):  # FX re-tracing on unpickle
         proxy = next(t for t in tensors if isinstance(t, torch.fx.Proxy))
         return proxy.tracer.create_proxy("call_function", check_finite,
-                                         (launch, origins, target, check_inf, names, *tensors), {})
+                                         (launch, origins, target, check_inf, names, inputs, *tensors), {})
     for index, (name, tensor) in enumerate(zip(names, tensors)):
         if not isinstance(tensor, torch.Tensor) or not (tensor.is_floating_point() or tensor.is_complex()):
             continue
@@ -62,13 +64,14 @@ def check_finite(launch: str, origins: str, target: str, check_inf: bool, names:
         found = " and ".join(part for part in (f"{nan} NaN" if nan else "", f"{inf} Inf" if inf else "")
                              if part)
         which = f"output {index + 1} of {len(names)}" if len(names) > 1 else "its output"
+        selection = [*inputs, launch.split()[-1]]
         message = (f"fxwrap check_nan: {launch} (target {target}) wrote {found} into {which} {name} "
                    f"(shape {tuple(tensor.shape)}, {tensor.dtype}, {tensor.numel()} values): the first "
                    f"launch of this call to write a non-finite value.\n"
                    f"  it computes: {origins or '(no ATen origin recorded)'}\n"
-                   "  Every launch before it wrote finite values, so either this op's lowering or kernel is "
-                   "wrong, or it is given values it overflows on (check its inputs with "
-                   f"options={{'print_values': [{name!r}, ...]}}).")
+                   f"  Every launch before it wrote finite values{' (its inputs ' + ', '.join(inputs) + ')' if inputs else ''}: "
+                   "either its lowering or kernel is wrong, or it overflows on its inputs' values; see them "
+                   f"with options={{'print_values': {selection!r}}}.")
         raise NonFiniteValueError(message, launch, origins, name, nan, inf)
     return None
 

@@ -32,6 +32,7 @@ class CheckFinite(Line):
     origins: str
     target: str
     check_inf: bool = True
+    inputs: tuple[str, ...] = ()  # the buffers the launch read (named in the error)
 
     fusion_barrier = True
 
@@ -52,7 +53,8 @@ class CheckFinite(Line):
     def to_fx(self, converter):
         converter.add(debug.check_finite,
                       (self.launch, self.origins, self.target, self.check_inf,
-                       tuple(b.name for b in self.buffers), *(converter.node(b) for b in self.buffers)),
+                       tuple(b.name for b in self.buffers), self.inputs,
+                       *(converter.node(b) for b in self.buffers)),
                       name="check_finite")
 
 
