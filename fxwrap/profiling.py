@@ -40,8 +40,8 @@ from fxwrap.api import Program, lower
 from fxwrap.plugins.debug_modes import provenance
 from fxwrap.runtime.kernel import Kernel
 
-#: targets a program calls to manage memory, sizes and checks: not launches
-_BOOKKEEPING_MODULES = ("fxwrap.runtime",)
+#: what a program calls to manage memory, sizes, checks and device context: not launches
+_BOOKKEEPING_MODULES = ("fxwrap.",)  # runtime helpers, direct calls, target prologues
 _BOOKKEEPING = frozenset({torch.empty_strided, torch.as_strided, torch.ops.aten.sym_size.int,
                           torch.ops.aten.sym_stride.int, torch.ops.aten.sym_storage_offset.default,
                           torch.ops.aten.sym_numel.default})
