@@ -13,8 +13,7 @@ host: one synchronization per written buffer (a debug mode, not for timing runs)
 
 With ``print_values`` the chosen buffers are summarized on stdout, one line each::
 
-    [fxwrap.values] buf0 = exp(arg0)  from kernel fxwrap_pointwise_0 (exp: aten.exp.default):
-        shape=(8, 16) dtype=torch.float32 min=0.0412 max=23.7 mean=1.62 norm=25.9 nan=0 inf=0
+    [fxwrap.values] buf0 from kernel fxwrap_pointwise_0 (from: exp): shape=(16, 8) dtype=torch.float32 min=0.0412 max=23.7 mean=1.62 norm=25.9 nan=0 inf=0
 
 Imports only torch (the runtime layer).
 """
