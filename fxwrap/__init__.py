@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "Backend": "fxwrap.api", "Program": "fxwrap.api", "TrainingPrograms": "fxwrap.api",
     "compile": "fxwrap.api", "lower": "fxwrap.api",
     "MemoryPlan": "fxwrap.core.memory",
+    "ProfileReport": "fxwrap.profiling", "profile": "fxwrap.profiling",
     "EmitError": "fxwrap.core.errors",
     "hookimpl": "fxwrap.plugins.hookspecs", "hookspec": "fxwrap.plugins.hookspecs",
     "PluginError": "fxwrap.plugins.manager", "PluginManager": "fxwrap.plugins.manager",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.core.errors import EmitError  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
     from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401
+    from fxwrap.profiling import ProfileReport, profile  # noqa: F401
     from fxwrap.plugins.manager import (  # noqa: F401
         PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
     )

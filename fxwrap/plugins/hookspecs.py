@@ -107,18 +107,24 @@ def fxwrap_decompositions(target):
 
 
 @hookspec
-def fxwrap_wrapper_passes(target):
+def fxwrap_wrapper_passes(target, options):
     """Passes over the Wrapper IR line list of every program compiled for ``target``.
 
-    When: called once per target per plugin manager, when fxwrap builds the compile
-    session for ``target``; the passes then run on every compiled graph (inference,
-    forward, backward), after memory planning and before the lines become a GraphModule.
-    Arguments: ``target``, the ``Target`` being compiled for.
+    When: called once per target and set of options per plugin manager, when fxwrap
+    builds the compile session for them (``PluginManager.session(target)``, then
+    ``session.configured(options)`` for each other set of options); the passes then run
+    on every compiled graph (inference, forward, backward), after memory planning and
+    before the lines become a GraphModule.
+    Arguments: ``target``, the ``Target`` being compiled for; ``options``, the
+    ``CompileOptions`` of the compile (a pass that an option turns on, such as fxwrap's
+    own ``check_nan``, reads it here).  An implementation may leave ``options`` out of
+    its signature.
     Returns: a list of callables ``pass(lines: list[Line]) -> list[Line]`` (empty
     or None for none).  A pass must return a valid program: every buffer it uses
     defined before, ``Free`` after the last use, the ``Return`` last.
     firstresult: no, passes of all plugins run, in plugin load order, each
-    plugin's in its list's order.
+    plugin's in its list's order; fxwrap's debug modes (``fxwrap.plugins.debug_modes``,
+    written on this hook) run after every installed plugin's.
 
     Example::
 
@@ -128,4 +134,9 @@ def fxwrap_wrapper_passes(target):
         @hookimpl
         def fxwrap_wrapper_passes(target):
             return [drop_comments]
+
+        # a pass one option turns on: fxwrap.plugins.debug_modes
+        @hookimpl
+        def fxwrap_wrapper_passes(target, options):
+            return [CheckNanPass(target.name)] if options.check_nan else []
     """

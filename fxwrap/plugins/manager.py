@@ -62,7 +62,8 @@ import pluggy
 import fxwrap.core.rules  # noqa: F401  (registers fxwrap's default lowering rules)
 from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable
 from fxwrap.plugins import hookspecs
-from fxwrap.plugins.session import CompileSession
+from fxwrap.plugins import debug_modes
+from fxwrap.plugins.session import CompileOptions, CompileSession
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.targets.base import DeviceInterface, KernelEmitter, KernelSource, Target, WrapperCodegen
 
@@ -143,6 +144,7 @@ class PluginManager:
         self.targets: dict[str, Target] = {}
         self.owner: dict[str, str] = {}  # target name -> plugin description
         self.plugins: list[tuple[str, str]] = []  # (plugin name, description), load order
+        self.builtin_plugins: list[tuple[str, str]] = []  # fxwrap's own, after every installed one
         self._loaded = False
         self._error: PluginError | None = None
         self._sessions: dict[Target, CompileSession] = {}
@@ -158,6 +160,7 @@ class PluginManager:
             try:
                 for ep in self.discover():
                     self._load_one(ep)
+                self._register_builtin(debug_modes, debug_modes.PLUGIN_NAME)
             except PluginError as exc:
                 self._error = exc
                 raise
@@ -206,6 +209,13 @@ class PluginManager:
                 self.targets[t.name] = t
                 self.owner[t.name] = who
 
+    def _register_builtin(self, plugin, name: str) -> None:
+        """Register one of fxwrap's own plugins (after every entry point, so its passes run
+        last).  It is not listed in ``plugins``: those are the installed ones."""
+        if self.pm.get_plugin(name) is None:
+            self.pm.register(plugin, name=name)
+        self.builtin_plugins.append((name, f"fxwrap's built-in plugin {plugin.__name__}"))
+
     @staticmethod
     def _check_names(who: str, plugin) -> None:
         """Every ``fxwrap_*`` function is a known hook marked ``@fxwrap.hookimpl`` (pluggy
@@ -245,7 +255,7 @@ class PluginManager:
         """
         implementers = {impl.plugin_name for impl in getattr(self.pm.hook, hook).get_hookimpls()}
         out = []
-        for name, who in self.plugins:
+        for name, who in [*self.plugins, *self.builtin_plugins]:
             if name not in implementers or (only is not None and name != only):
                 continue
             try:
@@ -301,11 +311,13 @@ class PluginManager:
                     table[op], source[op] = fn, who
         return table
 
-    def wrapper_passes(self, target: Target) -> list[Callable]:
-        """Every plugin's passes for ``target``, in load order."""
+    def wrapper_passes(self, target: Target, options: CompileOptions | None = None) -> list[Callable]:
+        """Every plugin's passes for ``target`` compiled with ``options`` (default: the
+        default ``CompileOptions``), in load order, then fxwrap's debug modes'."""
         self.load()
         passes: list[Callable] = []
-        for who, group in self._results("fxwrap_wrapper_passes", target=target):
+        options = CompileOptions() if options is None else options
+        for who, group in self._results("fxwrap_wrapper_passes", target=target, options=options):
             if group is None:
                 continue
             if not isinstance(group, (list, tuple)) or not all(callable(p) for p in group):

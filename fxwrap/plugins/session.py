@@ -69,7 +69,11 @@ class CompileOptions:
     of saving them, as Inductor does -- not the default yet: on the H200 it cut the
     Llama-style decoder's bf16 training kernels 376 -> 343 and GPU time 4%, but raised
     the GPT-style decoder's peak memory 1297 -> 1547 MiB, BENCHMARKS.md), ``on_program``
-    (a callable receiving every compiled ``Program``)::
+    (a callable receiving every compiled ``Program``), and the debug modes
+    (``fxwrap.plugins.debug_modes``, docs/debugging.md): ``check_nan`` (True: raise at the first
+    kernel or extern that writes NaN or Inf; ``"nan"``: NaN only) and ``print_values`` (True:
+    print a summary of every buffer a launch writes; a list of buffer, kernel or ATen op
+    names: of those)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -85,8 +89,28 @@ class CompileOptions:
     mode: str = "default"
     partition: str = "default"
     on_program: Callable | None = field(default=None, compare=False)
+    check_nan: bool | str = False
+    print_values: bool | tuple[str, ...] = False
 
     def __post_init__(self):
+        if self.check_nan not in (True, False, "nan"):
+            raise ValueError(f"fxwrap option check_nan={self.check_nan!r} is not one of True, False, 'nan' "
+                             "(NaN only, Inf allowed)")
+        selection = self.print_values
+        if isinstance(selection, str):
+            selection = (selection,)
+        if isinstance(selection, (list, tuple)):
+            if not all(isinstance(name, str) for name in selection):
+                raise TypeError(f"fxwrap option print_values={self.print_values!r}: give True or a list of "
+                                "buffer, kernel or ATen op names (strings)")
+            object.__setattr__(self, "print_values", tuple(selection))  # hashable: sessions are keyed by it
+        elif selection not in (True, False):
+            raise TypeError(f"fxwrap option print_values={self.print_values!r}: give True or a list of "
+                            "buffer, kernel or ATen op names")
+        if self.mode == "cudagraphs" and (self.check_nan or self.print_values):
+            raise ValueError("fxwrap debug modes check_nan and print_values read values back to the CPU after "
+                             "every launch, which a CUDA graph cannot replay: drop mode='cudagraphs' (or "
+                             "torch.compile's mode='reduce-overhead') while debugging")
         if self.mode not in MODES:
             raise ValueError(f"fxwrap has no mode {self.mode!r}; valid modes: {', '.join(map(repr, MODES))}")
         if self.decompositions not in DECOMPOSITION_MODES:
@@ -164,9 +188,16 @@ class CompileSession:
         """This session with ``options``: the same lowering table, passes and caches."""
         if options == self.options and options.on_program is self.options.on_program:
             return self
+        shared = self._shared
+        with shared.lock:
+            passes = shared.wrapper_passes.get(options)
+            if passes is None:  # the hook, once per set of options (check_nan adds a pass)
+                passes = self.wrapper_passes if options == self.options else \
+                    self.manager.wrapper_passes(self.target, options)
+                shared.wrapper_passes[options] = passes
         other = CompileSession(self.manager, self.target, self.lowerings, self.plugin_decompositions,
-                               self.wrapper_passes, options)
-        other._shared = self._shared
+                               passes, options)
+        other._shared = shared
         return other
 
     @property
@@ -236,3 +267,4 @@ class _SharedState:
         self.lock = threading.Lock()
         self.capabilities: dict | None = None
         self.decompositions: dict = {}
+        self.wrapper_passes: dict[CompileOptions, list] = {}  # options -> the hook's passes

@@ -7,6 +7,11 @@ In a GraphModule produced by fxwrap a launch reads::
 
 A consumer finds every launch with ``isinstance(node.target, fxwrap.Kernel)`` and
 reads ``name``, ``source``, ``target`` (device type), ``signature`` and ``launch``.
+
+Under ``torch.profiler`` each launch is a ``record_function`` range named after the
+kernel (``fxwrap_pointwise_0``), on every target; with no profiler running a launch
+pays one read of ``torch.autograd.profiler._is_profiler_enabled`` (a module flag the
+Python profilers set; measured: docs/debugging.md).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch.autograd.profiler as _autograd_profiler
 import torch.fx
 
 ROLES = ("input", "output", "inout", "size")
@@ -74,6 +80,9 @@ class Kernel:
         return self.key
 
     def __call__(self, *args):
+        if _autograd_profiler._is_profiler_enabled:  # a profiler is on: name the launch in its trace
+            with _autograd_profiler.record_function(self.name):
+                return self._launcher(*args)
         return self._launcher(*args)
 
     # Every kernel hashes alike and equals ``_ANY_KERNEL`` (below), the one entry FX's
