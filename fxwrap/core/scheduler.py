@@ -47,7 +47,8 @@ class Job:
     dims_key: tuple = ()  # reductions: (input rank, reduced dims)
     reductions: list[Reduction] = field(default_factory=list)
     stores: list[Store] = field(default_factory=list)
-    origins: list[str] = field(default_factory=list)
+    origins: list = field(default_factory=list)  # provenance.Origin of every ATen node it computes
+    roots: list[str] = field(default_factory=list)  # the ATen nodes whose values it stores
 
     @property
     def trailing(self) -> bool:
@@ -79,39 +80,51 @@ class Group:
     dims_key: tuple = ()
     reductions: list[Reduction] = field(default_factory=list)
     stores: list[Store] = field(default_factory=list)
-    origins: list[str] = field(default_factory=list)
+    origins: list = field(default_factory=list)  # provenance.Origin, as Job.origins
+    roots: list[str] = field(default_factory=list)
+    started_because: str = ""  # why its first job did not join the kernel before (the fusion log)
     values: dict = field(default_factory=dict)  # (buffer, index) -> stored value
     row_stores: set = field(default_factory=set)  # buffers stored once per row
 
     def accepts(self, job: Job) -> bool:
+        return self.refusal(job) is None
+
+    def refusal(self, job: Job) -> str | None:
+        """Why ``job`` may not join this group (None: it may), for the fusion log."""
         if self.writes_what_it_reads(job):
-            return False
+            return "it writes a buffer the kernel reads"
         if job.reductions and not self.reductions and self.stores:
-            return self.prologue_mapping(job) is not None
+            if self.prologue_mapping(job) is None:
+                return "no mapping of the pointwise kernel's loops onto the reduction's (x, r) ranges"
+            return None
         if job.reductions:
             if self.reductions or not self.stores:
                 same = (job.outer, job.reduced, job.dims_key) == (self.outer, self.reduced, self.dims_key)
                 if not self.reductions:
-                    return False
+                    return "an empty kernel"
                 if not same:
-                    return False
+                    return (f"reduction over other ranges ({tuple(job.outer)} x {tuple(job.reduced)} vs "
+                            f"{tuple(self.outer)} x {tuple(self.reduced)})")
                 # a reduction may not read what this group stores, unless it can take
                 # the stored value itself (a reduction result at its row)
                 stored = {s.buffer for s in self.stores}
-                return not any(key[0] in stored and key not in self.values
-                               for r in job.reductions for key in loads_of(r.value))
-            return False
+                if any(key[0] in stored and key not in self.values
+                       for r in job.reductions for key in loads_of(r.value)):
+                    return "the reduction reads a value the kernel stores, at another index"
+                return None
+            return "a reduction after a reduction kernel's epilogue"
         if self.reductions:
             if not (job.outer == self.outer + self.reduced and self.trailing) and job.outer != self.outer:
-                return False
+                return (f"pointwise ranges {tuple(job.outer)} are neither the reduction's rows "
+                        f"{tuple(self.outer)} nor its full ranges")
         elif job.outer != self.outer:
-            return False
+            return f"other loop ranges ({tuple(job.outer)} vs {tuple(self.outer)})"
         stored = {s.buffer for s in self.stores}
         for s in job.stores:
             for key in loads_of(s.value):
                 if key[0] in stored and key not in self.values:
-                    return False
-        return True
+                    return f"it reads {key[0]}, which the kernel stores, at another index"
+        return None
 
     @property
     def trailing(self) -> bool:
@@ -175,6 +188,7 @@ class Group:
 
     def add(self, job: Job) -> None:
         self.origins.extend(o for o in job.origins if o not in self.origins)
+        self.roots.extend(r for r in job.roots if r not in self.roots)
         if job.reductions and not self.reductions and self.stores:
             self.take_as_prologue(job)
         if self.reductions and not job.reductions and len(job.outer) > len(self.outer):
@@ -210,7 +224,7 @@ def _as_epilogue(job: Job, n_outer: int) -> Job:
     mapping = {xvar(n_outer + i): rvar(i) for i in range(len(job.outer) - n_outer)}
     stores = [Store(s.buffer, sympy.sympify(s.index).xreplace(mapping), subs_index(s.value, mapping))
               for s in job.stores]
-    return Job(job.outer, job.reduced, job.dims_key, job.reductions, stores, job.origins)
+    return Job(job.outer, job.reduced, job.dims_key, job.reductions, stores, job.origins, job.roots)
 
 
 def _rename_acc(op: Op, old: str, new: str) -> Op:
@@ -234,17 +248,27 @@ def fuse(items: list) -> list:
     out: list = []
     current: Group | None = None
     since: list = []  # lines after the current group
+    barrier: str | None = None  # the line that ended the last group
     for item in items:
         if isinstance(item, Job):
-            if current is not None and current.accepts(item) and _can_hoist(item, since, roots):
-                current.add(item)
-                continue
-            current = Group(item.outer, item.reduced, item.dims_key)
+            if current is None:
+                reason = f"after {barrier}" if barrier else "first kernel"
+            else:
+                reason = current.refusal(item)
+                if reason is None and not _can_hoist(item, since, roots):
+                    reason = "it cannot move up across " + ", ".join(line.label for line in since)
+                if reason is None:
+                    current.add(item)
+                    continue
+                reason = f"not fused into the kernel of {', '.join(current.roots)}: {reason}"
+            current = Group(item.outer, item.reduced, item.dims_key, started_because=reason)
             current.add(item)
             out.append(current)
             since = []
         else:
             out.append(item)
+            if _is_barrier(item):
+                barrier = item.label
             if current is not None:
                 if _is_barrier(item):
                     current, since = None, []

@@ -8,11 +8,11 @@ Given the ATen graph of ``lambda x, w: torch.relu(x @ w)``::
 
 ``build_lines`` gives::
 
-    # mm: aten.mm.default
     buf0 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
+    # mm (model.py:3 in f)
     aten.mm.out(arg0, arg1, out=buf0)
-    # relu: aten.relu.default
     buf1 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
+    # relu (model.py:3 in f)
     aten.relu.out(buf0, out=buf1)
     return (buf1,)
 
@@ -34,8 +34,9 @@ import torch.fx
 from fxwrap.core import extern
 from fxwrap.core.symbolic import evaluate, is_non_overlapping_and_dense, simplest, to_expr
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Comment, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
+    Allocate, Buffer, CallExtern, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
 )
+from fxwrap.wrapper_ir.provenance import Origin, origin_of
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 aten = torch.ops.aten
@@ -87,6 +88,8 @@ class _Builder:
         # stored at another offset (a lazy view of a larger tensor, stored on its own)
         self.traced_offsets: dict[str, sympy.Expr] = {}
         self.bound: set[sympy.Symbol] = set()  # symbols the program has a value for so far
+        self.current: torch.fx.Node | None = None  # the ATen node being lowered
+        self._origins: dict[torch.fx.Node, Origin] = {}
 
     # -- naming -------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -111,7 +114,20 @@ class _Builder:
         return arg
 
     def emit(self, line: Line) -> None:
-        self.out.lines.append(line)
+        self.out.lines.append(self.labelled(line))
+
+    def origin_of(self, node: torch.fx.Node) -> Origin:
+        """The provenance of ATen node ``node`` (``provenance.origin_of``, once per node)."""
+        found = self._origins.get(node)
+        if found is None:
+            found = self._origins[node] = origin_of(node)
+        return found
+
+    def labelled(self, line: Line) -> Line:
+        """``line`` computing the node being lowered, where it is a call (``Line.with_origins``)."""
+        if self.current is None:
+            return line
+        return line.with_origins((self.origin_of(self.current),))
 
     # -- size symbols -------------------------------------------------------
     def storage_offset_of(self, base: Buffer) -> sympy.Symbol:
@@ -193,7 +209,9 @@ class _Builder:
                 self.out.constants[buf.name] = tensor
                 self.env[node] = buf
             elif node.op == "call_function":
+                self.current = node
                 self.call_function(node)
+                self.current = None
             elif node.op == "output":
                 values = node.args[0]
                 self.emit(Return(tuple(self.value(v) for v in values)))
@@ -256,7 +274,6 @@ class _Builder:
                 # Host scalar arithmetic that is not a size expression (a backward
                 # graph's ``1.0 / (s0 * 16 / 16)`` for a mean): the same Python call at
                 # run time, on the program's values.
-                self.emit(Comment(f"{node.name}: {getattr(target, '__name__', target)}"))
                 name = self._scalar_name(val)
                 args = self.value(node.args)
                 kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
@@ -269,7 +286,6 @@ class _Builder:
                 f"node {node.name}: {target} is not an ATen op; fxwrap lowers ATen/prims graphs "
                 f"(target {self.target_name}). Register a lowering with the fxwrap_lowerings hook "
                 "or keep this call outside the compiled region.")
-        self.emit(Comment(f"{node.name}: {target}"))
         args = self.value(node.args)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
         if extern.is_view(target) and isinstance(val, torch.Tensor) and self._as_strided_view(args, val):

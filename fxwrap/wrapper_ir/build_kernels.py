@@ -12,7 +12,9 @@ target's emitter renders and loads; the rest stay ``CallExtern``.  For
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import operator
 
 import sympy
 import torch
@@ -30,6 +32,7 @@ from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlappin
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
 from fxwrap.wrapper_ir.lines import Allocate, Buffer, View, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
+from fxwrap.wrapper_ir.provenance import Origin
 
 log = logging.getLogger("fxwrap")
 
@@ -94,9 +97,14 @@ class KernelBuilder(build._Builder):
         self.buffers: dict[str, Buffer] = {}
         self.acc_counter = 0
         self.view_of: dict[torch.fx.Node, torch.fx.Node] = {}  # lazy view node -> its lazy source
+        # provenance: every ATen node a lazy value computes (itself and what it inlines)
+        self.lazy_origins: dict[torch.fx.Node, tuple[Origin, ...]] = {}
+        self.node_named = {n.name: n for n in gm.graph.nodes}
+        self.position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
 
     # lines go to the item list; kernels are made at the end
     def emit(self, line: Line) -> None:
+        line = self.labelled(line)
         for buf in buffers_defined(line):
             self.buffers[buf.name] = buf
         self.items.append(line)
@@ -156,6 +164,33 @@ class KernelBuilder(build._Builder):
         self.env[node] = buf
         return buf
 
+    # -- provenance -----------------------------------------------------------
+    def in_program_order(self, origins) -> tuple[Origin, ...]:
+        unique = {o.node: o for o in origins}
+        return tuple(sorted(unique.values(), key=lambda o: self.position.get(o.node, -1)))
+
+    def inlined_origins(self, node: torch.fx.Node) -> tuple[Origin, ...]:
+        """The origins of the lazy values ``node`` reads (inlined into whatever computes it)."""
+        found: list[Origin] = []
+        for arg in node.all_input_nodes:
+            value = self.env.get(arg)
+            if isinstance(value, Loops) or (isinstance(value, tuple) and any(isinstance(v, Loops) for v in value)):
+                found += self.lazy_origins.get(arg, ())
+        return tuple(found)
+
+    def computed_by(self, node: torch.fx.Node) -> tuple[Origin, ...]:
+        """Every ATen node a value of ``node`` computes: itself and the lazy values it inlines."""
+        known = self.lazy_origins.get(node)
+        if known is not None:
+            return known
+        own = (self.origin_of(node),) if isinstance(node.target, torch._ops.OpOverload) else ()
+        return self.in_program_order(self.inlined_origins(node) + own)
+
+    def job_origins(self, names) -> dict:
+        """A job's ``origins`` and ``roots`` for the ATen nodes (by name) whose values it stores."""
+        origins = [o for name in names for o in self.computed_by(self.node_named[name])]
+        return {"origins": list(self.in_program_order(origins)), "roots": list(names)}
+
     def _realize_as_view(self, node: torch.fx.Node) -> Buffer | None:
         """A view (``permute``, ``view``, ``slice``...) of a lazy value, needed in memory:
         the source is stored once in its own traced layout and the view is a ``View``
@@ -198,7 +233,7 @@ class KernelBuilder(build._Builder):
         index = sympy.expand(sum((x * st for x, st, n in zip(xs, base.stride, base.size) if n != 1),
                                  sympy.Integer(0)))
         self.items.append(Job(tuple(base.size), stores=[Store(base.name, index, cast(loops(xs), base.dtype))],
-                              origins=[node.name]))
+                              **self.job_origins([node.name])))
         view = Buffer(self.fresh(), buf.size, buf.stride, buf.dtype, buf.device)
         self.buffers[view.name] = view
         self.roots[view.name] = base
@@ -211,7 +246,7 @@ class KernelBuilder(build._Builder):
         xs = tuple(xvar(i) for i in range(len(buf.size)))
         index = sympy.expand(sum((x * s for x, s, n in zip(xs, buf.stride, buf.size) if n != 1), sympy.Integer(0)))
         self.items.append(Job(tuple(buf.size), stores=[Store(buf.name, index, cast(loops(xs), buf.dtype))],
-                              origins=list(origins)))
+                              **self.job_origins(origins)))
 
     def reduction(self, ctx, loops, dims, keepdim, kind, acc_dtype, finish, field):
         rank = len(loops.size)
@@ -250,11 +285,15 @@ class KernelBuilder(build._Builder):
         self.items.append(Job(outer, reduced, (rank, tuple(dims)),
                               reductions=[Reduction(name, kind, value, acc_dtype)],
                               stores=[Store(out.name, store_index, cast(result, out.dtype))],
-                              origins=[ctx.node.name]))
+                              **self.job_origins([ctx.node.name])))
         return Stored(out)
 
     # -- nodes ----------------------------------------------------------------
     def call_function(self, node):
+        if node.target is operator.getitem:  # one result of a lazy multi-output value
+            super().call_function(node)
+            self.lazy_origins[node] = self.in_program_order(self.inlined_origins(node))
+            return
         rule = self.lowerings.lookup(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if rule is not None and node.name not in self.extern_nodes and self._all_on_device(node):
             ctx = _Ctx(node, self._device_of(node), self)
@@ -268,6 +307,7 @@ class KernelBuilder(build._Builder):
                 ctx.checkpoint.restore()  # the extern call below starts from the state before the rule
             if result is not None:
                 self.env[node] = _unwrap(result)
+                self.lazy_origins[node] = self.computed_by(node)
                 source = node.args[0] if node.args else None
                 if (extern.is_view(node.target) and isinstance(self.env[node], Loops)
                         and isinstance(source, torch.fx.Node) and isinstance(self.env.get(source), Loops)):
@@ -332,6 +372,7 @@ class KernelBuilder(build._Builder):
             keep = needed[id(item)]
             kind = "reduction" if item.reductions else "pointwise"
             sk = to_kernel(item, f"fxwrap_{kind}_{count}", keep, self.buffers, inputs)
+            sk = dataclasses.replace(sk, origins=self.in_program_order(sk.origins))
             sk = legalize(sk, numerics)  # explicit compute dtypes, casts and 16-bit rounding
             count += 1
             if not sk.stores:
@@ -342,7 +383,7 @@ class KernelBuilder(build._Builder):
             try:
                 source = emitter.render(sk)
             except EmitError as exc:
-                raise _RenderFailed(item.origins, exc) from exc
+                raise _RenderFailed(item.roots, exc) from exc
             signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
                               + [KernelArg(b.name, "output") for b in sk.outputs]
                               + [KernelArg(s.name, "size") for s in sk.size_symbols])
@@ -350,7 +391,7 @@ class KernelBuilder(build._Builder):
                             loader=self.session.kernel_loader)
             loads.append((kernel, source))
             lines.append(DefineKernel(kernel))
-            lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols)))
+            lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols), origins=sk.origins))
         _load_all(emitter, loads)
         built.lines = lines
         return built

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
 import torch
 
 from fxwrap.core.symbolic import storage_elements, to_expr, to_exprs
+from fxwrap.wrapper_ir.provenance import Origin
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,15 @@ class Line:
         """Add its FX nodes to ``converter`` (``wrapper_ir.fx.FxConverter``)."""
         converter.unknown(self)
 
+    #: The ATen nodes it computes (``provenance.Origin``): kernel and extern calls only;
+    #: memory-planning lines compute nothing and carry none.
+    origins = ()
+
+    def with_origins(self, origins: tuple[Origin, ...]) -> "Line":
+        """This line computing ``origins``, where it is a line that computes (a call
+        without origins yet); any other line as it is."""
+        return self
+
 
 def _layout_exprs(buf: Buffer) -> list[sympy.Expr]:
     return [*buf.size, *buf.stride, buf.offset]
@@ -332,11 +342,17 @@ class DefineKernel(Line):
 
 @dataclass(frozen=True)
 class CallKernel(Line):
-    """``fxwrap_pointwise_0(buf0, arg1, s0)``: launch; writes its output args."""
+    """``fxwrap_pointwise_0(buf0, arg1, s0)``: launch; writes its output args.
+
+    ``origins``: every ATen node the kernel computes, in program order; printed above
+    the call (``# exp, mm, relu (model.py:12 in forward, fc)``) and kept in
+    ``meta["fxwrap_origins"]`` of its FX node.
+    """
 
     kernel: Any
     args: tuple
     grid: tuple = ()
+    origins: tuple[Origin, ...] = field(default=(), compare=False)
 
     binds_device = True
 
@@ -354,14 +370,18 @@ class CallKernel(Line):
     def size_exprs(self):
         return _exprs_in(self.args)
 
+    def with_origins(self, origins):
+        return self if self.origins else replace(self, origins=tuple(origins))
+
     def to_source(self, printer):
         grid = f"  # grid={printer.fmt(tuple(self.grid))}" if self.grid else ""
-        return f"{self.kernel.name}({printer.call(self.args, ())}){grid}"
+        return printer.provenance(self.origins, f"{self.kernel.name}({printer.call(self.args, ())}){grid}")
 
     def to_fx(self, converter):
         if self.kernel not in converter.kernels:
             converter.kernels.append(self.kernel)
-        converter.add(self.kernel, converter.arg(tuple(self.args)), name=self.kernel.name)
+        node = converter.add(self.kernel, converter.arg(tuple(self.args)), name=self.kernel.name)
+        converter.provenance(node, self.origins)
 
 
 @dataclass(frozen=True)
@@ -378,8 +398,14 @@ class CallExtern(Line):
     args: tuple
     kwargs: tuple[tuple[str, Any], ...] = ()
     out: Buffer | str | None = None
+    origins: tuple[Origin, ...] = field(default=(), compare=False)  # the ATen node it computes
 
     fusion_barrier = False
+
+    def with_origins(self, origins):
+        if self.origins or self.op in _METADATA_OPS:  # a size read computes no op of the program
+            return self
+        return replace(self, origins=tuple(origins))
 
     @property
     def label(self):
@@ -444,19 +470,22 @@ class CallExtern(Line):
 
     def to_source(self, printer):
         call = f"{printer.op_name(self.op)}({printer.call(self.args, self.kwargs)})"
-        return call if self.out is None else f"{self.out_name} = {call}"
+        return printer.provenance(self.origins, call if self.out is None else f"{self.out_name} = {call}")
 
     def to_fx(self, converter):
         name = self.out_name
         node = converter.add(self.op, converter.arg(tuple(self.args)),
                              {k: converter.arg(v) for k, v in self.kwargs}, name=name,
                              buf=self.out if isinstance(self.out, Buffer) else None)
+        converter.provenance(node, self.origins)
         if name is not None:
             converter.bind_value(name, node)
 
 
 #: ATen ops that read a tensor's metadata, not its data (no read back from the device)
 _METADATA_READS = ("sym_size", "sym_stride", "sym_storage_offset", "sym_numel")
+_METADATA_OPS = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                           torch.ops.aten.sym_storage_offset.default, torch.ops.aten.sym_numel.default})
 
 
 def _aliased_argument(op, ret_index: int, args: tuple) -> Buffer | None:

@@ -3,8 +3,8 @@
 ::
 
     def forward(arg0, arg1, s0):
-        # mm: aten.mm.default
         buf0 = empty_strided((s0, 16), (16, 1), dtype=torch.float32, device='cpu')
+        # mm (model.py:12 in forward, fc)
         aten.mm.out(arg0, arg1, out=buf0)
         buf1 = as_strided(buf0, (16, s0), (1, 16), 0)  # view
         return (buf1,)
@@ -19,6 +19,7 @@ import sympy
 import torch
 
 from fxwrap.wrapper_ir.lines import Buffer, Line
+from fxwrap.wrapper_ir.provenance import describe
 
 
 def fmt(value, names=frozenset()) -> str:
@@ -80,6 +81,12 @@ class Printer:
 
     op_name = staticmethod(op_name)
 
+    @staticmethod
+    def provenance(origins, text: str) -> str:
+        """``text`` under a comment naming the ATen nodes it computes (``provenance.describe``):
+        ``# exp, mm (model.py:12 in forward, fc)`` then ``aten.mm.out(...)``."""
+        return f"# {describe(origins)}\n{text}" if origins else text
+
     def unknown(self, line: Line):
         raise TypeError(f"no printed form for line {line!r}: a Line subclass prints itself "
                         f"through to_source(printer)")
@@ -98,5 +105,5 @@ def program_source(inputs, lines: list[Line], name: str = "forward") -> str:
     """The whole program as a Python function."""
     head = f"def {name}({', '.join(i.name for i in inputs)}):"
     printer = Printer(value_names(lines))
-    body = [f"    {line.to_source(printer)}" for line in lines]
+    body = [f"    {text}" for line in lines for text in line.to_source(printer).split("\n")]
     return "\n".join([head, *body]) + "\n"

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("fxwrap.runtime",)),
     ("symbolic", ("fxwrap.core.symbolic",)),
     ("loop IR", ("fxwrap.core.ir",)),
-    ("lines", ("fxwrap.wrapper_ir.lines",)),
+    ("lines", ("fxwrap.wrapper_ir.lines", "fxwrap.wrapper_ir.provenance")),
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",
                   "fxwrap.core.lowering", "fxwrap.core.numerics", "fxwrap.core.rules")),
     ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.memory")),

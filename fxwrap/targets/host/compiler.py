@@ -57,6 +57,15 @@ def host_fingerprint() -> str:
     return "\n".join(parts)
 
 
+def without_header(source: str) -> str:
+    """``source`` less the ``//`` comment lines it opens with."""
+    lines = source.split("\n")
+    start = 0
+    while start < len(lines) and lines[start].startswith("//"):
+        start += 1
+    return "\n".join(lines[start:])
+
+
 class CppCompiler:
     """Compiles kernel sources to shared objects through a ``KernelCache``."""
 
@@ -70,8 +79,11 @@ class CppCompiler:
         return _version(self.cxx)
 
     def key(self, source: str, extra_flags=()) -> str:
+        """sha256 of the source without its opening comment lines (the kernel header:
+        name and provenance, ``targets.base.kernel_header``), the flags, the compiler
+        and the host: one binary for the same kernel from any source line."""
         h = hashlib.sha256()
-        for part in (source, " ".join(self.flags + tuple(extra_flags)), self.cxx, self.version,
+        for part in (without_header(source), " ".join(self.flags + tuple(extra_flags)), self.cxx, self.version,
                      host_fingerprint()):
             h.update(part.encode())
             h.update(b"\0")
