@@ -18,6 +18,7 @@ gives a session with other options that shares all of that.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -63,7 +64,8 @@ class CompileOptions:
     of saving them, as Inductor does -- not the default yet: on the H200 it cut the
     Llama-style decoder's bf16 training kernels 376 -> 343 and GPU time 4%, but raised
     the GPT-style decoder's peak memory 1297 -> 1547 MiB, BENCHMARKS.md), ``on_program``
-    (a callable receiving every compiled ``Program``)::
+    (a callable receiving every compiled ``Program``), ``debug_dir`` (write a debug dump of
+    every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -79,6 +81,7 @@ class CompileOptions:
     mode: str = "default"
     partition: str = "default"
     on_program: Callable | None = field(default=None, compare=False)
+    debug_dir: str | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -88,6 +91,8 @@ class CompileOptions:
                              f"{list(DECOMPOSITION_MODES)}")
         if self.partition not in PARTITIONS:
             raise ValueError(f"fxwrap option partition={self.partition!r} is not one of {list(PARTITIONS)}")
+        if self.debug_dir is not None and not isinstance(self.debug_dir, (str, os.PathLike)):
+            raise TypeError(f"fxwrap option debug_dir must be a folder path, got {self.debug_dir!r}")
         if self.on_program is not None and not callable(self.on_program):
             raise TypeError(f"fxwrap option on_program must be callable, got {self.on_program!r}")
 

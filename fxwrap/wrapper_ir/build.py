@@ -56,6 +56,8 @@ class BuiltProgram:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     fake_values: dict[str, Any] = field(default_factory=dict)
     symbol_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
+    #: the kernels made, in program order (``build_kernels.KernelRecord``): the debug dump's
+    kernels: list = field(default_factory=list)
 
     @property
     def hints(self) -> dict[sympy.Symbol, int]:

@@ -24,15 +24,17 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxwrap.core import extern
 from fxwrap.core.errors import EmitError
-from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
+from fxwrap.core import logs
+from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, format_kernel, rvar, xvar
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast
 from fxwrap.core.numerics import legalize
+from fxwrap.core.progress import Progress
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
 from fxwrap.wrapper_ir.lines import Allocate, Buffer, View, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
-from fxwrap.wrapper_ir.provenance import Origin
+from fxwrap.wrapper_ir.provenance import Origin, describe
 
 log = logging.getLogger("fxwrap")
 
@@ -77,6 +79,17 @@ class _Checkpoint:
                               for k, v in state.items()})
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelRecord:
+    """One kernel the builder made: its loop IR, its source, the ATen nodes whose values
+    it stores (``roots``) and why it did not join the kernel before it (``started_because``)."""
+
+    scheduled: ScheduledKernel
+    source: object  # targets.base.KernelSource
+    roots: tuple[str, ...]
+    started_because: str
+
+
 class KernelBuilder(build._Builder):
     """The extern builder plus lowering rules, jobs and fusion, for one graph.
 
@@ -85,8 +98,11 @@ class KernelBuilder(build._Builder):
     (``session.kernel_dtypes``) and the emitter (``session.new_emitter(size_hints)``).
     """
 
-    def __init__(self, gm, session, extern_nodes=frozenset()):
+    def __init__(self, gm, session, extern_nodes=frozenset(), timer: logs.PhaseTimer | None = None,
+                 label: str = "program"):
         super().__init__(gm, session.target.name)
+        self.timer = timer if timer is not None else logs.PhaseTimer(label)
+        self.label = label
         self.session = session
         self.target = session.target
         self.lowerings = session.lowerings
@@ -350,17 +366,30 @@ class KernelBuilder(build._Builder):
                 new = set(failed.nodes) - extern
                 if not new:
                     raise failed.error
-                log.info("fxwrap: target %s cannot render the kernel of %s (%s); they run as ATen "
-                         "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
+                logs.logger("schedule").info(
+                    "fxwrap: target %s cannot render the kernel of %s (%s); they run as ATen "
+                    "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
                 extern |= new
-                builder = KernelBuilder(self.gm, self.session, extern_nodes=extern)
+                builder = KernelBuilder(self.gm, self.session, extern_nodes=extern, timer=self.timer,
+                                        label=self.label)
 
     def _run_once(self):
-        built = super().run()
-        items = fuse(self.items)
-        needed = referenced_outside(items, buffers_read)
+        with self.timer.phase("lowering"):
+            built = super().run()
+        with self.timer.phase("schedule"):
+            items = fuse(self.items)
+            needed = referenced_outside(items, buffers_read)
+        with self.timer.phase("render"):
+            lines, loads = self._render(items, needed, built)
+        with self.timer.phase("compile kernels"):
+            _load_all(self._emitter, loads, self.label)
+        built.lines = lines
+        return built
+
+    def _render(self, items, needed, built):
         inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
         emitter = self.session.new_emitter(self.out.hints)  # example sizes (autotuning of symbolic kernels)
+        self._emitter = emitter
         numerics = self.session.numerics
         lines: list[Line] = []
         loads: list = []  # (Kernel, KernelSource), bound together at the end
@@ -392,21 +421,39 @@ class KernelBuilder(build._Builder):
             loads.append((kernel, source))
             lines.append(DefineKernel(kernel))
             lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols), origins=sk.origins))
-        _load_all(emitter, loads)
-        built.lines = lines
-        return built
+            built.kernels.append(KernelRecord(sk, source, tuple(item.roots), item.started_because))
+            _log_kernel(sk, source, item)
+        return lines, loads
 
 
-def _load_all(emitter, loads: list) -> None:
+def _log_kernel(sk: ScheduledKernel, source, group: Group) -> None:
+    """The schedule, lowering and kernels stages' records of one kernel (when enabled)."""
+    if logs.enabled("schedule"):
+        logs.logger("schedule").debug("%s <- %s\n  stores the values of %s\n  a new kernel: %s", sk.name,
+                                      describe(sk.origins), ", ".join(group.roots), group.started_because)
+    if logs.enabled("lowering"):
+        logs.logger("lowering").debug("%s", format_kernel(sk))
+    if logs.enabled("kernels"):
+        logs.logger("kernels").debug("%s (%s):\n%s", sk.name, source.language, source.text)
+
+
+def _load_all(emitter, loads: list, label: str = "program") -> None:
     """Bind every kernel's launcher; ``emitter.load_threads`` of them at once (loading
-    waits on compiler subprocesses: Triton's ptxas, g++)."""
+    waits on compiler subprocesses: Triton's ptxas, g++), with a progress bar on a
+    terminal when there are more than a handful."""
     threads = min(int(getattr(emitter, "load_threads", 1) or 1), len(loads))
-    if threads > 1:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-load") as pool:
-            launchers = list(pool.map(lambda ks: emitter.load(ks[1]), loads))
-    else:
-        launchers = [emitter.load(source) for _, source in loads]
+    with Progress(len(loads), label) as progress:
+        def load(ks):
+            launcher = emitter.load(ks[1])
+            progress.advance()
+            return launcher
+
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-load") as pool:
+                launchers = list(pool.map(load, loads))
+        else:
+            launchers = [load(ks) for ks in loads]
     for (kernel, _), launcher in zip(loads, launchers):
         kernel.bind(launcher)
 
