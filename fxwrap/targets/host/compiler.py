@@ -18,6 +18,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from fxwrap.core import logs
 from fxwrap.targets.host.cache import KernelCache, default_cache_dir
 
 # -fwrapv: integer overflow wraps like eager PyTorch; -ffp-contract=off: no fused
@@ -55,6 +56,11 @@ def host_fingerprint() -> str:
     except OSError:
         parts.append(platform.processor())
     return "\n".join(parts)
+
+
+def _kernel_title(source: str) -> str:
+    first = source.split("\n", 1)[0]
+    return first[2:].strip() if first.startswith("//") else "no header"
 
 
 def without_header(source: str) -> str:
@@ -105,6 +111,10 @@ class CppCompiler:
                 raise CompileError(f"{self.cxx} failed (exit {proc.returncode}) on the kernel saved "
                                    f"at {keep}\ncommand: {shlex.join(cmd)}\n{proc.stderr[-8000:]}")
 
+        if logs.enabled("cache"):
+            hit = self.cache.lookup(key) is not None
+            logs.logger("cache").debug("%s %s (%s)", "hit" if hit else "miss, compiling", self.cache.path(key),
+                                       _kernel_title(source))
         return self.cache.get_or_build(key, source, build)
 
 
