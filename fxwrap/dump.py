@@ -35,7 +35,7 @@ from fxwrap.core.capture import aten_graph_text
 from fxwrap.core.ir import format_kernel
 from fxwrap.core.memory import describe_plan, storage_lifetimes
 from fxwrap.wrapper_ir.fx import annotated_code
-from fxwrap.wrapper_ir.provenance import describe, header_lines, origin_of
+from fxwrap.wrapper_ir.provenance import describe, origin_of
 
 ENV = "FXWRAP_DEBUG_DIR"
 _EXTENSIONS = {"c++": "cpp", "cpp": "cpp", "metal": "metal", "triton": "py", "python": "py", "loop-ir": "txt"}
@@ -127,7 +127,8 @@ def schedule_text(program, built) -> str:
                     f"- computes: {describe(line.origins)}",
                     f"- stores the values of: {', '.join(record.roots)}",
                     f"- a kernel of its own: {record.started_because}", "", "```"]
-            out += header_lines(line.origins) + ["```", ""]
+            out += [f"{o.node} {o.target}  {o.location} in {o.function}  [{o.module_path or ''}]"
+                    for o in line.origins] + ["```", ""]
         else:
             out += [f"## extern {line.label}", "", f"- computes: {describe(line.origins)}", ""]
     return "\n".join(out)

@@ -96,8 +96,8 @@ def kernel_header(kernel, comment: str, title_suffix: str = "") -> list[str]:
     ``comment`` (``//``, ``#``)::
 
         // fxwrap kernel fxwrap_pointwise_0
-        // from: mul, erf, add, mul_1
-        //   mul aten.mul.Tensor  model.py:41 in forward  [layers.0.mlp.act]
+        // from: mul, erf, add (aten.mul.Tensor, aten.erf.default, aten.add.Tensor)
+        //   model.py:41 in forward [layers.0.mlp.act]
         ...
 
     Nothing but comments: the caches key kernels on the source without this header
@@ -105,11 +105,7 @@ def kernel_header(kernel, comment: str, title_suffix: str = "") -> list[str]:
     same kernel from another source line is the same binary."""
     c = comment
     lines = [f"{c} fxwrap kernel {kernel.name}{title_suffix}"]
-    if kernel.origins:
-        lines.append(f"{c} from: " + ", ".join(o.node for o in kernel.origins))
-        lines += [f"{c}   {text}" for text in header_lines(kernel.origins)]
-    else:
-        lines.append(f"{c} from: (no ATen origin recorded)")
+    lines += [f"{c} {text}" for text in header_lines(kernel.origins)]
     for i, buf in enumerate(kernel.inputs):
         lines.append(f"{c} in_ptr{i}: {describe_buffer(buf)}")
     for i, buf in enumerate(kernel.outputs):

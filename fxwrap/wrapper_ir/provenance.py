@@ -103,6 +103,15 @@ def origin_of(node) -> Origin:
                   meta.get("stack_trace"))
 
 
+def as_origin(item) -> Origin:
+    """An ``Origin``, or one made from the text ``"mul_3: aten.mul.Tensor"`` (a hand-made
+    ``ScheduledKernel``'s origins)."""
+    if isinstance(item, Origin):
+        return item
+    node, _, target = str(item).partition(":")
+    return Origin(node.strip(), target.strip())
+
+
 def _unique(items: Iterable) -> list:
     return list(dict.fromkeys(i for i in items if i is not None))
 
@@ -114,6 +123,7 @@ def describe(origins: tuple[Origin, ...]) -> str:
     of each; ``+N`` says how many more)."""
     if not origins:
         return "(no ATen origin recorded)"
+    origins = tuple(as_origin(o) for o in origins)
     names = ", ".join(_unique(o.node for o in origins))
     places = _unique(f"{o.location} in {o.function}" if o.function else o.location for o in origins)
     modules = _unique(o.module_path or None for o in origins)
@@ -126,14 +136,25 @@ def _at_most(items: list[str], n: int) -> list[str]:
 
 
 def header_lines(origins: tuple[Origin, ...]) -> list[str]:
-    """One line per origin, for a kernel's source header:
-    ``mul_3 aten.mul.Tensor  model.py:41 in forward  [layers.0.mlp]``."""
-    out = []
+    """The provenance lines of a kernel's source header: the nodes and their ops, then
+    each source place (location, function, module), with the nodes from it when there
+    is more than one place::
+
+        from: mul, erf, add, mul_1 (aten.mul.Tensor, aten.erf.default, aten.add.Tensor)
+          mul, erf, add: model.py:41 in forward [layers.0.mlp.act]
+          mul_1: model.py:42 in forward
+    """
+    if not origins:
+        return ["from: (no ATen origin recorded)"]
+    origins = tuple(as_origin(o) for o in origins)
+    ops = ", ".join(_unique(o.target or None for o in origins))
+    lines = [f"from: {', '.join(_unique(o.node for o in origins))}" + (f" ({ops})" if ops else "")]
+    places: dict[tuple, list[str]] = {}
     for o in origins:
-        text = f"{o.node} {o.target}"
-        if o.location:
-            text += f"  {o.location}" + (f" in {o.function}" if o.function else "")
-        if o.module_path:
-            text += f"  [{o.module_path}]"
-        out.append(text)
-    return out
+        if o.location or o.module_path:
+            places.setdefault((o.location, o.function, o.module_path), []).append(o.node)
+    for (location, function, module), nodes in places.items():
+        text = (location or "") + (f" in {function}" if location and function else "")
+        text += f" [{module}]" if module else ""
+        lines.append(f"  {', '.join(nodes)}: {text.strip()}" if len(places) > 1 else f"  {text.strip()}")
+    return lines

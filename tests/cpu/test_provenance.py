@@ -117,8 +117,8 @@ def test_fused_program_names_its_aten_nodes_and_this_line(monkeypatch, target):
     comment = "//" if target == "cpu" else "#"
     source = by_first["relu"].kernel.source
     header = source[:source.index("ranges")]
-    assert f"{comment} from: relu, mul" in header
-    assert f"relu aten.relu.default  {HERE}:{EXP_MM_RELU_LINE} in <lambda>" in header
+    assert f"{comment} from: relu, mul (aten.relu.default, aten.mul.Tensor)\n" in header
+    assert f"{comment}   {HERE}:{EXP_MM_RELU_LINE} in <lambda>\n" in header
     # program.code() and the FX code print the origins right above their call
     code = program.code()
     assert f"# relu, mul ({HERE}:{EXP_MM_RELU_LINE} in <lambda>)\n    {by_first['relu'].kernel.name}(" in code
