@@ -225,7 +225,7 @@ class TritonEmitter(KernelEmitter):
         if self.autotune and len(configs) > 1:
             self._tune(source, kernel, configs)
         elif logs.enabled("autotune"):
-            why = ("one config" if len(configs) < 2 else "the interpreter times nothing" if self.interpret
+            why = ("the interpreter times nothing" if self.interpret else "one config" if len(configs) < 2
                    else "autotuning is off")
             logs.logger("autotune").debug("%s: %s, config %s (not tuned: %s)", kernel.name, plan.kind,
                                           dict(configs[0]), why)
