@@ -113,7 +113,7 @@ class Line:
     allocates = False
     #: The buffers it reads leave the program (its outputs): never freed.
     returns_reads = False
-    #: It says something about the next line (provenance): dropped with it.
+    #: It says something about the next line (a ``Comment``): dropped with it.
     annotates_next = False
     #: It runs code compiled for one device, so every buffer it reads must be on
     #: that device (an extern call dispatches on its arguments' own devices).
@@ -586,7 +586,9 @@ class Free(Line):
 
 @dataclass(frozen=True)
 class Comment(Line):
-    """``# mm: aten.mm.default``: provenance of the next line."""
+    """``# idx: every index of buf3 in range for dim 0``: a note about the next line.
+
+    Provenance is not a comment: it is the ``origins`` of the call it belongs to."""
 
     text: str
 
