@@ -64,7 +64,10 @@ def _kernel_title(source: str) -> str:
 
 
 def without_header(source: str) -> str:
-    """``source`` less the ``//`` comment lines it opens with."""
+    """``source`` less the kernel header it opens with (``targets.base.kernel_header``: the
+    ``//`` lines from ``// fxwrap kernel ...`` on); any other source as it is."""
+    if not source.startswith("// fxwrap kernel "):
+        return source
     lines = source.split("\n")
     start = 0
     while start < len(lines) and lines[start].startswith("//"):
