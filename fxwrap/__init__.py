@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "CpuDevice": "fxwrap.targets.host.device",
     "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
     "CStyleEmitter": "fxwrap.targets.cstyle",
+    "Origin": "fxwrap.wrapper_ir.provenance",
 }
 _SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines"}
 
@@ -70,3 +71,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
     from fxwrap.wrapper_ir import lines  # noqa: F401
+    from fxwrap.wrapper_ir.provenance import Origin  # noqa: F401
