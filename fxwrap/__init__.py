@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "CpuDevice": "fxwrap.targets.host.device",
     "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
     "CStyleEmitter": "fxwrap.targets.cstyle",
+    "Origin": "fxwrap.wrapper_ir.provenance",
 }
 _SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines",
                                 "control_flow": "fxwrap.wrapper_ir.control_flow"}
@@ -73,3 +74,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
     from fxwrap.wrapper_ir import control_flow, lines  # noqa: F401
+    from fxwrap.wrapper_ir.provenance import Origin  # noqa: F401

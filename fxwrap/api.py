@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,9 +20,11 @@ from typing import Any
 import torch
 
 from fxwrap.arguments import ArgumentMap, OutputMap
+from fxwrap.core import logs
 from fxwrap.core.capture import capture_backend
 from fxwrap.core.layout import channels_last_convolutions
-from fxwrap.core.memory import MemoryPlan, plan_memory
+from fxwrap.core.memory import MemoryPlan, describe_plan, plan_memory
+from fxwrap.dump import ProgramDump
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
 from fxwrap.runtime.cudagraphs import CudaGraphRunner
@@ -31,7 +32,7 @@ from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
 from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
-from fxwrap.wrapper_ir.fx import input_guard_of, to_graph_module
+from fxwrap.wrapper_ir.fx import annotated_code, input_guard_of, to_graph_module
 from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
 from fxwrap.wrapper_ir.printer import program_source
 
@@ -96,10 +97,6 @@ class Program:
         return outputs if self.outputs is None else self.outputs(outputs, args)
 
 
-def _log_enabled(what: str) -> bool:
-    return what in os.environ.get("FXWRAP_LOG", "").split(",")
-
-
 def compile_session(target: Target, options: CompileOptions | dict | None = None) -> CompileSession:
     """The process-wide plugin manager's session for ``target``, with ``options``."""
     if not isinstance(options, CompileOptions):
@@ -113,29 +110,44 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
 
     ``target``: a ``Target`` (compiled with the process-wide plugin manager's session
     for it, and ``options``) or a ``CompileSession`` (with its own options)."""
+    logs.configure()
     session = target if isinstance(target, CompileSession) else compile_session(target, options)
     target, options = session.target, session.options
+    dump = ProgramDump.start(options.debug_dir, gm, kind)  # None unless a debug dump was asked for
+    timer = logs.PhaseTimer(f"{kind} program")
     if kind == "inference" and session.capabilities.get("convolution_layout") == "channels_last":
-        channels_last_convolutions(gm)
+        with timer.phase("layout"):
+            channels_last_convolutions(gm)
     if session.generates_kernels and options.kernels:
-        built = KernelBuilder(gm, session).run()
+        built = KernelBuilder(gm, session, timer=timer, label=f"{kind} program").run()
     else:
-        built = build_lines(gm, target.name, reuse=options.reuse, wrapper_passes=session.wrapper_passes)
-    plan = plan_memory(built.lines, built.hints, reuse=options.reuse)
+        with timer.phase("lowering"):
+            built = build_lines(gm, target.name, reuse=options.reuse, wrapper_passes=session.wrapper_passes)
+    with timer.phase("memory plan"):
+        plan = plan_memory(built.lines, built.hints, reuse=options.reuse)
     lines = plan.lines
-    for wrapper_pass in session.wrapper_passes:
-        lines = list(wrapper_pass(lines))
-    graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
-    runner = target.wrapper(target).compile_graph(graph_module)
+    if logs.enabled("memory"):
+        logs.logger("memory").debug("%s program: %s", kind, describe_plan(plan, built.hints))
+    with timer.phase("wrapper passes"):
+        for wrapper_pass in session.wrapper_passes:
+            lines = list(wrapper_pass(lines))
+    with timer.phase("fx"):
+        graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
+    with timer.phase("wrapper"):
+        runner = target.wrapper(target).compile_graph(graph_module)
     program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants,
                       built.hints)
     if options.cuda_graphs and target.device_type == "cuda":
         program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program",
                                          synchronize=target.device.synchronize)
-    if _log_enabled("wrapper"):
-        log.warning("fxwrap %s program (target %s):\n%s", kind, target.name, program.code())
-    if _log_enabled("fx"):
-        log.warning("fxwrap %s GraphModule:\n%s", kind, graph_module.code)
+    if logs.enabled("wrapper"):
+        logs.logger("wrapper").debug("%s program (target %s):\n%s", kind, target.name, program.code())
+    if logs.enabled("fx"):
+        logs.logger("fx").debug("%s GraphModule:\n%s", kind, annotated_code(graph_module))
+    if logs.enabled("timing"):
+        logs.logger("timing").debug("%s", timer.summary())
+    if dump is not None:
+        dump.write(program, built, timer)
     return program
 
 
@@ -176,6 +188,7 @@ class Backend:
     """
 
     def __init__(self, target: str | Target | None = None, options: dict | None = None):
+        logs.configure()  # an unknown FXWRAP_LOG stage fails here, before dynamo traces anything
         self.options = CompileOptions.from_dict(options, target=target)  # checked now, not at compile
         self.example_inputs: list | None = None  # lower() sets [] to keep dynamo's example inputs
         self.input_names: list[str | None] = []  # lower(): the function local each input came from

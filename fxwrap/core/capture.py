@@ -22,6 +22,8 @@ from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
+from fxwrap.core import logs
+
 aten = torch.ops.aten
 
 # Decompositions fxwrap does not take from the core table: they are slower or
@@ -73,6 +75,12 @@ def _kernel_decompositions() -> dict:
     ])
 
 
+def aten_graph_text(gm: torch.fx.GraphModule) -> str:
+    """An ATen graph as readable Python, each group of nodes under the user's source line
+    it came from (``# File: model.py:12 in forward, code: ...``): ``print_readable``."""
+    return gm.print_readable(print_output=False)
+
+
 def capture_backend(compile_graph: Callable, decompositions: dict, partition: str = "default") -> Callable:
     """A dynamo backend that hands every ATen graph AOTAutograd makes to ``compile_graph``.
 
@@ -84,6 +92,8 @@ def capture_backend(compile_graph: Callable, decompositions: dict, partition: st
 
     def compiler(kind: str):
         def compile_boxed(gm: torch.fx.GraphModule, example_inputs):
+            if logs.enabled("capture"):
+                logs.logger("capture").debug("%s ATen graph:\n%s", kind, aten_graph_text(gm))
             return make_boxed_func(compile_graph(gm, example_inputs, kind))
         return compile_boxed
 

@@ -393,7 +393,8 @@ class ScheduledKernel:
 
     ``inputs``/``outputs`` are the buffers (``fxwrap.lines.Buffer``) the kernel
     reads and writes, in argument order; ``size_symbols`` follow them as scalar
-    arguments.  ``origins`` are the ATen nodes it came from.
+    arguments.  ``origins`` are the ATen nodes it computes, in program order
+    (``fxwrap.wrapper_ir.provenance.Origin``s, set by the kernel builder).
     """
 
     name: str
@@ -508,6 +509,25 @@ def format_ssa(roots: Sequence[Op], names: dict[Op, str] | None = None) -> list[
         else:
             lines.append(f"{head} {' '.join(names[c] for c in node.src)}")
     return lines
+
+
+def format_kernel(kernel: ScheduledKernel) -> str:
+    """A scheduled kernel's loop IR as text (the ``lowering`` log, the debug dump)::
+
+        fxwrap_pointwise_0: ranges=(4, 8) reduction_ranges=()
+          %0 = load.f32 arg0[8*x0 + x1]
+          %1 = exp.f32 %0
+          buf0[8*x0 + x1] = %1
+    """
+    names: dict[Op, str] = {}
+    lines = [f"{kernel.name}: ranges={tuple(kernel.ranges)} reduction_ranges={tuple(kernel.reduction_ranges)}"]
+    for r in kernel.reductions:
+        lines += [f"  {t}" for t in format_ssa([r.value], names)]
+        lines.append(f"  {r.name} = {r.kind}.{_dtype_name(r.dtype)}({names[r.value]})")
+    for st in kernel.stores:
+        lines += [f"  {t}" for t in format_ssa([st.value], names)]
+        lines.append(f"  {st.buffer}[{st.index}] = {names[st.value]}")
+    return "\n".join(lines)
 
 
 def load_buffer(load: Op) -> str:

@@ -295,3 +295,48 @@ def _fits(old: Buffer, new: Buffer, old_bytes: int, new_bytes: int) -> bool:
     if old.storage_bytes.free_symbols or new.storage_bytes.free_symbols:
         return sympy.simplify(old.storage_bytes - new.storage_bytes) == 0
     return old_bytes >= new_bytes
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """One storage of a planned program: the buffers that hold it in turn (``Reuse``
+    hands it on), the line indices it is live over (inclusive) and its bytes (at the
+    size hints); ``returned``: it leaves the program (live to the end)."""
+
+    names: tuple[str, ...]
+    start: int
+    end: int
+    nbytes: int
+    returned: bool = False
+
+
+def storage_lifetimes(lines: list[Line], hints: Mapping[sympy.Symbol, int] | None = None) -> list[Lifetime]:
+    """The storages of planned ``lines`` (``MemoryPlan.lines``), in order of allocation:
+    what the debug dump draws (buffer lifetimes on x, bytes on y)."""
+    owned, _ = _storages(lines, dict(hints or {}))
+    continues: dict[str, str] = {}  # storage handed on by a Reuse -> the storage it came from
+    for line in lines:
+        if isinstance(line, Reuse):
+            continues[line.new.name] = continues.get(line.old.name, line.old.name)
+    chains: dict[str, list[_Storage]] = {}
+    for name, storage in owned.items():
+        chains.setdefault(continues.get(name, name), []).append(storage)
+    out = []
+    n = len(lines)
+    for chain in chains.values():
+        out.append(Lifetime(tuple(s.root.name for s in chain), min(s.defined_at for s in chain),
+                            max(s.end(n) for s in chain), max(s.nbytes for s in chain),
+                            any(not s.freeable for s in chain)))
+    return sorted(out, key=lambda life: (life.start, life.names))
+
+
+def describe_plan(plan: MemoryPlan, hints: Mapping[sympy.Symbol, int] | None = None) -> str:
+    """The memory plan in a few lines (the ``memory`` log): the peaks, and each storage's
+    buffers, bytes and the lines it is live over."""
+    lives = storage_lifetimes(plan.lines, hints)
+    frees = sum(isinstance(line, Free) for line in plan.lines)
+    head = (f"peak {plan.peak_bytes} B (frees only {plan.peak_bytes_frees_only} B, unplanned "
+            f"{plan.peak_bytes_unplanned} B); {len(lives)} storages, {frees} frees, {plan.reused} reused")
+    rows = [f"  {' -> '.join(life.names)}: {life.nbytes} B, lines {life.start}..{life.end}"
+            + (" (returned)" if life.returned else "") for life in lives]
+    return "\n".join([head, *rows])

@@ -48,7 +48,8 @@ class Job:
     dims_key: tuple = ()  # reductions: (input rank, reduced dims)
     reductions: list[Reduction] = field(default_factory=list)
     stores: list[Store] = field(default_factory=list)
-    origins: list[str] = field(default_factory=list)
+    origins: list = field(default_factory=list)  # provenance.Origin of every ATen node it computes
+    roots: list[str] = field(default_factory=list)  # the ATen nodes whose values it stores
 
     @property
     def trailing(self) -> bool:
@@ -102,41 +103,53 @@ class Group:
     dims_key: tuple = ()
     reductions: list[Reduction] = field(default_factory=list)
     stores: list[Store] = field(default_factory=list)
-    origins: list[str] = field(default_factory=list)
+    origins: list = field(default_factory=list)  # provenance.Origin, as Job.origins
+    roots: list[str] = field(default_factory=list)
+    started_because: str = ""  # why its first job did not join the kernel before (the fusion log)
     values: dict = field(default_factory=dict)  # (buffer, index) -> stored value
     row_stores: set = field(default_factory=set)  # buffers stored once per row
 
     def accepts(self, job: Job) -> bool:
+        return self.refusal(job) is None
+
+    def refusal(self, job: Job) -> str | None:
+        """Why ``job`` may not join this group (None: it may), for the fusion log."""
         if self.writes_what_it_reads(job):
-            return False
+            return "it writes a buffer the kernel reads"
         if job.reductions and not self.reductions and self.stores:
-            return self.prologue_mapping(job) is not None
+            if self.prologue_mapping(job) is None:
+                return "no mapping of the pointwise kernel's loops onto the reduction's (x, r) ranges"
+            return None
         if job.reductions:
             if self.reductions or not self.stores:
                 same = (job.outer, job.reduced, job.dims_key) == (self.outer, self.reduced, self.dims_key)
                 if not self.reductions:
-                    return False
+                    return "an empty kernel"
                 if not same:
-                    return False
+                    return (f"reduction over other ranges ({tuple(job.outer)} x {tuple(job.reduced)} vs "
+                            f"{tuple(self.outer)} x {tuple(self.reduced)})")
                 # a reduction may not read what this group stores, unless it can take
                 # the stored value itself (a reduction result at its row)
                 stored = {s.buffer for s in self.stores}
-                return not any(key[0] in stored and key not in self.values
-                               for r in job.reductions for key in loads_of(r.value))
-            return False
+                if any(key[0] in stored and key not in self.values
+                       for r in job.reductions for key in loads_of(r.value)):
+                    return "the reduction reads a value the kernel stores, at another index"
+                return None
+            return "a reduction after a reduction kernel's epilogue"
         if self.reductions:
             if not (job.outer == self.outer + self.reduced and self.trailing) and job.outer != self.outer:
-                return False
+                return (f"pointwise ranges {tuple(job.outer)} are neither the reduction's rows "
+                        f"{tuple(self.outer)} nor its full ranges")
             if len(job.outer) > len(self.outer):
                 job = _as_epilogue(job, len(self.outer))  # indexed as ``add`` will index it
         elif job.outer != self.outer:
-            return False
+            return f"other loop ranges ({tuple(job.outer)} vs {tuple(self.outer)})"
         stored = {s.buffer for s in self.stores}
         for s in job.stores:
             for key in loads_of(s.value):
                 if key[0] in stored and key not in self.values:
-                    return False
-        return True
+                    return f"it reads {key[0]}, which the kernel stores, at another index"
+        return None
 
     @property
     def trailing(self) -> bool:
@@ -200,6 +213,7 @@ class Group:
 
     def add(self, job: Job) -> None:
         self.origins.extend(o for o in job.origins if o not in self.origins)
+        self.roots.extend(r for r in job.roots if r not in self.roots)
         if job.reductions and not self.reductions and self.stores:
             self.take_as_prologue(job)
         if self.reductions and not job.reductions and len(job.outer) > len(self.outer):
@@ -235,7 +249,7 @@ def _as_epilogue(job: Job, n_outer: int) -> Job:
     mapping = {xvar(n_outer + i): rvar(i) for i in range(len(job.outer) - n_outer)}
     stores = [Store(s.buffer, sympy.sympify(s.index).xreplace(mapping), subs_index(s.value, mapping))
               for s in job.stores]
-    return Job(job.outer, job.reduced, job.dims_key, job.reductions, stores, job.origins)
+    return Job(job.outer, job.reduced, job.dims_key, job.reductions, stores, job.origins, job.roots)
 
 
 def _rename_acc(op: Op, old: str, new: str) -> Op:
@@ -265,16 +279,24 @@ def fuse(items: list) -> list:
                 roots[buf.name] = roots.get(base.name, base.name)
     out: list = []
     open_groups: list[Group] = []
+    barrier: str | None = None  # the line that closed the open groups
     for item in items:
         if isinstance(item, Job):
             item = _squeezed(item)
         if not isinstance(item, Job):
             out.append(item)
             if _is_barrier(item):
-                open_groups = []
+                open_groups, barrier = [], item.label
             continue
-        if not any(_join(group, item, out, roots) for group in reversed(open_groups)):
-            group = Group(item.outer, item.reduced, item.dims_key)
+        reason = f"after {barrier}" if barrier else "first kernel"
+        for group in reversed(open_groups):
+            refused = _join(group, item, out, roots)
+            if refused is None:
+                break
+            if group is open_groups[-1]:
+                reason = f"not fused into the kernel of {', '.join(group.roots)}: {refused}"
+        else:
+            group = Group(item.outer, item.reduced, item.dims_key, started_because=reason)
             group.add(item)
             out.append(group)
             open_groups = [*open_groups, group][-FUSION_WINDOW:]
@@ -290,24 +312,30 @@ def _squeezed(job: Job) -> Job:
     mapping = {xvar(i): (xvar(keep.index(i)) if i in keep else sympy.Integer(0)) for i in range(len(job.outer))}
     stores = [Store(s.buffer, sympy.expand(sympy.sympify(s.index).xreplace(mapping)), subs_index(s.value, mapping))
               for s in job.stores]
-    return Job(tuple(job.outer[i] for i in keep), (), (), [], stores, job.origins)
+    return dataclasses.replace(job, outer=tuple(job.outer[i] for i in keep), stores=stores)
 
 
-def _join(group: Group, job: Job, out: list, roots: dict) -> bool:
+def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
     """Add ``job`` to ``group`` (an item of ``out``) if it accepts it and the job can
-    move up to it; lifts the metadata-only lines that make the move possible."""
-    if not group.accepts(job):
-        return False
+    move up to it, lifting the metadata-only lines that make the move possible: None;
+    otherwise why not (the fusion log)."""
+    refused = group.refusal(job)
+    if refused is not None:
+        return refused
     at = next(i for i, x in enumerate(out) if x is group)
     since = out[at + 1:]
     if not _can_hoist(job, since, roots):
         lifted = _liftable(job, since, group)
         rest = [x for x in since if not any(x is ln for ln in lifted)]
         if not lifted or not _can_hoist(job, rest, roots):
-            return False
+            return "it cannot move up across " + ", ".join(_label(x) for x in since)
         out[at:] = [*lifted, group, *rest]
     group.add(job)
-    return True
+    return None
+
+
+def _label(item) -> str:
+    return f"the kernel of {', '.join(item.roots)}" if isinstance(item, Group) else item.label
 
 
 def _footprint(item) -> tuple[set, set, set, set]:

@@ -18,6 +18,7 @@ gives a session with other options that shares all of that.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -73,7 +74,8 @@ class CompileOptions:
     (``fxwrap.plugins.debug_modes``, docs/debugging.md): ``check_nan`` (True: raise at the first
     kernel or extern that writes NaN or Inf; ``"nan"``: NaN only) and ``print_values`` (True:
     print a summary of every buffer a launch writes; a list of buffer, kernel or ATen op
-    names: of those)::
+    names: of those), ``debug_dir`` (write a debug dump of
+    every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -91,6 +93,7 @@ class CompileOptions:
     on_program: Callable | None = field(default=None, compare=False)
     check_nan: bool | str = False
     print_values: bool | tuple[str, ...] = False
+    debug_dir: str | None = None
 
     def __post_init__(self):
         if self.check_nan not in (True, False, "nan"):
@@ -118,6 +121,8 @@ class CompileOptions:
                              f"{list(DECOMPOSITION_MODES)}")
         if self.partition not in PARTITIONS:
             raise ValueError(f"fxwrap option partition={self.partition!r} is not one of {list(PARTITIONS)}")
+        if self.debug_dir is not None and not isinstance(self.debug_dir, (str, os.PathLike)):
+            raise TypeError(f"fxwrap option debug_dir must be a folder path, got {self.debug_dir!r}")
         if self.on_program is not None and not callable(self.on_program):
             raise TypeError(f"fxwrap option on_program must be callable, got {self.on_program!r}")
 

@@ -21,6 +21,7 @@ import torch
 
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import KernelArg
+from fxwrap.wrapper_ir.provenance import header_lines
 
 
 class DeviceInterface:
@@ -90,12 +91,21 @@ def kernel_signature(kernel) -> tuple[KernelArg, ...]:
 
 
 def kernel_header(kernel, comment: str, title_suffix: str = "") -> list[str]:
-    """The comment lines that open a rendered kernel (name, ATen origins, buffers,
-    ranges, reductions), each starting with ``comment`` (``//``, ``#``)."""
+    """The comment lines that open a rendered kernel (name, ATen origins with their
+    source lines and modules, buffers, ranges, reductions), each starting with
+    ``comment`` (``//``, ``#``)::
+
+        // fxwrap kernel fxwrap_pointwise_0
+        // from: mul, erf, add (aten.mul.Tensor, aten.erf.default, aten.add.Tensor)
+        //   model.py:41 in forward [layers.0.mlp.act]
+        ...
+
+    Nothing but comments: the caches key kernels on the source without this header
+    (``host.compiler.CppCompiler.key``, the Triton emitter's ``body_digest``), so the
+    same kernel from another source line is the same binary."""
     c = comment
     lines = [f"{c} fxwrap kernel {kernel.name}{title_suffix}"]
-    origins = ", ".join(kernel.origins) if kernel.origins else "(no ATen origin recorded)"
-    lines.append(f"{c} from: {origins}")
+    lines += [f"{c} {text}" for text in header_lines(kernel.origins)]
     for i, buf in enumerate(kernel.inputs):
         lines.append(f"{c} in_ptr{i}: {describe_buffer(buf)}")
     for i, buf in enumerate(kernel.outputs):

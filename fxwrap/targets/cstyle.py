@@ -12,7 +12,8 @@ A kernel over a contiguous ``(s0, 64)`` float tensor computing ``relu(x) * 2``::
         stores=(Store("buf1", 64*x0 + x1, Op("mul", f32, (Op("maximum", f32, (
             Op.load("arg0", 64*x0 + x1, f32), Op.const(0.0, f32))),
             Op.const(2.0, f32)))),),
-        origins=("relu: aten.relu.default", "mul: aten.mul.Tensor"))
+        origins=(Origin("relu", "aten.relu.default", "model.py:7", "forward"),
+                 Origin("mul", "aten.mul.Tensor", "model.py:7", "forward")))
 
 renders (``CppEmitter``; loop-invariant values are hoisted to the outermost level
 where everything they use exists) as::

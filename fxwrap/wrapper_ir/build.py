@@ -8,11 +8,11 @@ Given the ATen graph of ``lambda x, w: torch.relu(x @ w)``::
 
 ``build_lines`` gives::
 
-    # mm: aten.mm.default
     buf0 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
+    # mm (model.py:3 in f)
     aten.mm.out(arg0, arg1, out=buf0)
-    # relu: aten.relu.default
     buf1 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
+    # relu (model.py:3 in f)
     aten.relu.out(buf0, out=buf1)
     return (buf1,)
 
@@ -35,8 +35,9 @@ from fxwrap.core import extern
 from fxwrap.wrapper_ir import build_control_flow
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, simplest, to_expr
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Comment, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
+    Allocate, Buffer, CallExtern, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
 )
+from fxwrap.wrapper_ir.provenance import Origin, origin_of
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 aten = torch.ops.aten
@@ -56,6 +57,8 @@ class BuiltProgram:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     fake_values: dict[str, Any] = field(default_factory=dict)
     symbol_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
+    #: the kernels made, in program order (``build_kernels.KernelRecord``): the debug dump's
+    kernels: list = field(default_factory=list)
 
     @property
     def hints(self) -> dict[sympy.Symbol, int]:
@@ -95,6 +98,8 @@ class _Builder:
         self.kernel_prefix = "fxwrap"  # kernels are named f"{kernel_prefix}_pointwise_0"
         self.reuse = True  # storage reuse in the memory plans of nested programs
         self.wrapper_passes: tuple = ()  # what nested programs' lines go through, as the top program's
+        self.current: torch.fx.Node | None = None  # the ATen node being lowered
+        self._origins: dict[torch.fx.Node, Origin] = {}
 
     def nested_builder(self, gm: torch.fx.GraphModule, name: str, output_layouts: tuple) -> "_Builder":
         """A builder of this kind, for subgraph ``gm`` (attribute ``name``) of a control-flow op."""
@@ -130,7 +135,20 @@ class _Builder:
         return arg
 
     def emit(self, line: Line) -> None:
-        self.out.lines.append(line)
+        self.out.lines.append(self.labelled(line))
+
+    def origin_of(self, node: torch.fx.Node) -> Origin:
+        """The provenance of ATen node ``node`` (``provenance.origin_of``, once per node)."""
+        found = self._origins.get(node)
+        if found is None:
+            found = self._origins[node] = origin_of(node)
+        return found
+
+    def labelled(self, line: Line) -> Line:
+        """``line`` computing the node being lowered, where it is a call (``Line.with_origins``)."""
+        if self.current is None:
+            return line
+        return line.with_origins((self.origin_of(self.current),))
 
     # -- size symbols -------------------------------------------------------
     def storage_offset_of(self, base: Buffer) -> sympy.Symbol:
@@ -212,7 +230,9 @@ class _Builder:
                 self.out.constants[buf.name] = tensor
                 self.env[node] = buf
             elif node.op == "call_function":
+                self.current = node
                 self.call_function(node)
+                self.current = None
             elif node.op == "output":
                 values = node.args[0]
                 if isinstance(values, torch.fx.Node):  # a while_loop condition returns its bool itself
@@ -317,7 +337,6 @@ class _Builder:
                 # Host scalar arithmetic that is not a size expression (a backward
                 # graph's ``1.0 / (s0 * 16 / 16)`` for a mean): the same Python call at
                 # run time, on the program's values.
-                self.emit(Comment(f"{node.name}: {getattr(target, '__name__', target)}"))
                 name = self._scalar_name(val)
                 args = self.value(node.args)
                 kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
@@ -336,7 +355,6 @@ class _Builder:
             for arg in node.all_input_nodes:  # its subgraphs, passed as they are
                 if arg.op == "get_attr" and isinstance(getattr(self.gm, arg.target), torch.fx.GraphModule):
                     self.out.constants[arg.target] = getattr(self.gm, arg.target)
-        self.emit(Comment(f"{node.name}: {target}"))
         args = self.value(node.args)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
         if extern.is_view(target) and isinstance(val, torch.Tensor) and self._as_strided_view(args, val):

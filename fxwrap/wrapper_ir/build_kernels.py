@@ -12,7 +12,9 @@ target's emitter renders and loads; the rest stay ``CallExtern``.  For
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import operator
 
 import sympy
 import torch
@@ -22,14 +24,17 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxwrap.core import extern
 from fxwrap.core.errors import EmitError
-from fxwrap.core.ir import Op, Reduction, Store, rvar, xvar
+from fxwrap.core import logs
+from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, format_kernel, rvar, xvar
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast, loads
 from fxwrap.core.numerics import legalize
+from fxwrap.core.progress import Progress
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel, worth_storing
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
 from fxwrap.wrapper_ir.lines import Allocate, Buffer, View, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
+from fxwrap.wrapper_ir.provenance import Origin, describe
 
 log = logging.getLogger("fxwrap")
 
@@ -74,6 +79,17 @@ class _Checkpoint:
                               for k, v in state.items()})
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelRecord:
+    """One kernel the builder made: its loop IR, its source, the ATen nodes whose values
+    it stores (``roots``) and why it did not join the kernel before it (``started_because``)."""
+
+    scheduled: ScheduledKernel
+    source: object  # targets.base.KernelSource
+    roots: tuple[str, ...]
+    started_because: str
+
+
 class KernelBuilder(build._Builder):
     """The extern builder plus lowering rules, jobs and fusion, for one graph.
 
@@ -82,8 +98,11 @@ class KernelBuilder(build._Builder):
     (``session.kernel_dtypes``) and the emitter (``session.new_emitter(size_hints)``).
     """
 
-    def __init__(self, gm, session, extern_nodes=frozenset()):
+    def __init__(self, gm, session, extern_nodes=frozenset(), timer: logs.PhaseTimer | None = None,
+                 label: str = "program"):
         super().__init__(gm, session.target.name)
+        self.timer = timer if timer is not None else logs.PhaseTimer(label)
+        self.label = label
         self.session = session
         self.target = session.target
         self.lowerings = session.lowerings
@@ -94,6 +113,10 @@ class KernelBuilder(build._Builder):
         self.buffers: dict[str, Buffer] = {}
         self.acc_counter = 0
         self.view_of: dict[torch.fx.Node, torch.fx.Node] = {}  # lazy view node -> its lazy source
+        # provenance: every ATen node a lazy value computes (itself and what it inlines)
+        self.lazy_origins: dict[torch.fx.Node, tuple[Origin, ...]] = {}
+        self.node_named = {n.name: n for n in gm.graph.nodes}
+        self.position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
         self.reuse = session.options.reuse
         self.wrapper_passes = tuple(session.wrapper_passes)
 
@@ -118,10 +141,11 @@ class KernelBuilder(build._Builder):
         return buf
 
     def copy_into(self, dst, src, origin=None):
-        self.pointwise_job(dst, loads(src), [origin.name if isinstance(origin, torch.fx.Node) else src.name])
+        self.pointwise_job(dst, loads(src), [origin.name] if isinstance(origin, torch.fx.Node) else [])
 
     # lines go to the item list; kernels are made at the end
     def emit(self, line: Line) -> None:
+        line = self.labelled(line)
         for buf in buffers_defined(line):
             self.buffers[buf.name] = buf
         self.items.append(line)
@@ -181,6 +205,33 @@ class KernelBuilder(build._Builder):
         self.env[node] = buf
         return buf
 
+    # -- provenance -----------------------------------------------------------
+    def in_program_order(self, origins) -> tuple[Origin, ...]:
+        unique = {o.node: o for o in origins}
+        return tuple(sorted(unique.values(), key=lambda o: self.position.get(o.node, -1)))
+
+    def inlined_origins(self, node: torch.fx.Node) -> tuple[Origin, ...]:
+        """The origins of the lazy values ``node`` reads (inlined into whatever computes it)."""
+        found: list[Origin] = []
+        for arg in node.all_input_nodes:
+            value = self.env.get(arg)
+            if isinstance(value, Loops) or (isinstance(value, tuple) and any(isinstance(v, Loops) for v in value)):
+                found += self.lazy_origins.get(arg, ())
+        return tuple(found)
+
+    def computed_by(self, node: torch.fx.Node) -> tuple[Origin, ...]:
+        """Every ATen node a value of ``node`` computes: itself and the lazy values it inlines."""
+        known = self.lazy_origins.get(node)
+        if known is not None:
+            return known
+        own = (self.origin_of(node),) if isinstance(node.target, torch._ops.OpOverload) else ()
+        return self.in_program_order(self.inlined_origins(node) + own)
+
+    def job_origins(self, names) -> dict:
+        """A job's ``origins`` and ``roots`` for the ATen nodes (by name) whose values it stores."""
+        origins = [o for name in names for o in self.computed_by(self.node_named[name])]
+        return {"origins": list(self.in_program_order(origins)), "roots": list(names)}
+
     def _realize_as_view(self, node: torch.fx.Node) -> Buffer | None:
         """A view (``permute``, ``view``, ``slice``...) of a lazy value, needed in memory:
         the source is stored once in its own traced layout and the view is a ``View``
@@ -231,7 +282,7 @@ class KernelBuilder(build._Builder):
         index = sympy.expand(sum((x * st for x, st, n in zip(xs, base.stride, base.size) if n != 1),
                                  sympy.Integer(0)))
         self.items.append(Job(tuple(base.size), stores=[Store(base.name, index, cast(loops(xs), base.dtype))],
-                              origins=[node.name]))
+                              **self.job_origins([node.name])))
         view = Buffer(self.fresh(), buf.size, buf.stride, buf.dtype, buf.device)
         self.buffers[view.name] = view
         self.roots[view.name] = base
@@ -244,7 +295,7 @@ class KernelBuilder(build._Builder):
         xs = tuple(xvar(i) for i in range(len(buf.size)))
         index = sympy.expand(sum((x * s for x, s, n in zip(xs, buf.stride, buf.size) if n != 1), sympy.Integer(0)))
         self.items.append(Job(tuple(buf.size), stores=[Store(buf.name, index, cast(loops(xs), buf.dtype))],
-                              origins=list(origins)))
+                              **self.job_origins(origins)))
 
     def reduction(self, ctx, loops, dims, keepdim, kind, acc_dtype, finish, field):
         rank = len(loops.size)
@@ -283,11 +334,15 @@ class KernelBuilder(build._Builder):
         self.items.append(Job(outer, reduced, (rank, tuple(dims)),
                               reductions=[Reduction(name, kind, value, acc_dtype)],
                               stores=[Store(out.name, store_index, cast(result, out.dtype))],
-                              origins=[ctx.node.name]))
+                              **self.job_origins([ctx.node.name])))
         return Stored(out)
 
     # -- nodes ----------------------------------------------------------------
     def call_function(self, node):
+        if node.target is operator.getitem:  # one result of a lazy multi-output value
+            super().call_function(node)
+            self.lazy_origins[node] = self.in_program_order(self.inlined_origins(node))
+            return
         rule = self.lowerings.lookup(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if rule is not None and node.name not in self.extern_nodes and self._all_on_device(node):
             self._store_shared_values(node)
@@ -302,6 +357,7 @@ class KernelBuilder(build._Builder):
                 ctx.checkpoint.restore()  # the extern call below starts from the state before the rule
             if result is not None:
                 self.env[node] = _unwrap(result)
+                self.lazy_origins[node] = self.computed_by(node)
                 source = node.args[0] if node.args else None
                 if (extern.is_view(node.target) and isinstance(self.env[node], Loops)
                         and isinstance(source, torch.fx.Node) and isinstance(self.env.get(source), Loops)):
@@ -354,19 +410,32 @@ class KernelBuilder(build._Builder):
                 new = set(failed.nodes) - extern
                 if not new:
                     raise failed.error
-                log.info("fxwrap: target %s cannot render the kernel of %s (%s); they run as ATen "
-                         "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
+                logs.logger("schedule").info(
+                    "fxwrap: target %s cannot render the kernel of %s (%s); they run as ATen "
+                    "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
                 extern |= new
-                builder = KernelBuilder(self.gm, self.session, extern_nodes=extern)
+                builder = KernelBuilder(self.gm, self.session, extern_nodes=extern, timer=self.timer,
+                                        label=self.label)
                 builder.output_layouts, builder.kernel_prefix = self.output_layouts, self.kernel_prefix
                 builder.reuse, builder.wrapper_passes = self.reuse, self.wrapper_passes
 
     def _run_once(self):
-        built = super().run()
-        items = fuse(self.items)
-        needed = referenced_outside(items, buffers_read)
+        with self.timer.phase("lowering"):
+            built = super().run()
+        with self.timer.phase("schedule"):
+            items = fuse(self.items)
+            needed = referenced_outside(items, buffers_read)
+        with self.timer.phase("render"):
+            lines, loads = self._render(items, needed, built)
+        with self.timer.phase("compile kernels"):
+            _load_all(self._emitter, loads, self.label)
+        built.lines = lines
+        return built
+
+    def _render(self, items, needed, built):
         inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
         emitter = self.session.new_emitter(self.out.hints)  # example sizes (autotuning of symbolic kernels)
+        self._emitter = emitter
         numerics = self.session.numerics
         lines: list[Line] = []
         loads: list = []  # (Kernel, KernelSource), bound together at the end
@@ -378,6 +447,7 @@ class KernelBuilder(build._Builder):
             keep = needed[id(item)]
             kind = "reduction" if item.reductions else "pointwise"
             sk = to_kernel(item, f"{self.kernel_prefix}_{kind}_{count}", keep, self.buffers, inputs)
+            sk = dataclasses.replace(sk, origins=self.in_program_order(sk.origins))
             sk = legalize(sk, numerics)  # explicit compute dtypes, casts and 16-bit rounding
             count += 1
             if not sk.stores:
@@ -388,7 +458,7 @@ class KernelBuilder(build._Builder):
             try:
                 source = emitter.render(sk)
             except EmitError as exc:
-                raise _RenderFailed(item.origins, exc) from exc
+                raise _RenderFailed(item.roots, exc) from exc
             signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
                               + [KernelArg(b.name, "output") for b in sk.outputs]
                               + [KernelArg(s.name, "size") for s in sk.size_symbols])
@@ -396,22 +466,40 @@ class KernelBuilder(build._Builder):
                             loader=self.session.kernel_loader)
             loads.append((kernel, source))
             lines.append(DefineKernel(kernel))
-            lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols)))
-        _load_all(emitter, loads)
-        built.lines = lines
-        return built
+            lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols), origins=sk.origins))
+            built.kernels.append(KernelRecord(sk, source, tuple(item.roots), item.started_because))
+            _log_kernel(sk, source, item)
+        return lines, loads
 
 
-def _load_all(emitter, loads: list) -> None:
+def _log_kernel(sk: ScheduledKernel, source, group: Group) -> None:
+    """The schedule, lowering and kernels stages' records of one kernel (when enabled)."""
+    if logs.enabled("schedule"):
+        logs.logger("schedule").debug("%s <- %s\n  stores the values of %s\n  a new kernel: %s", sk.name,
+                                      describe(sk.origins), ", ".join(group.roots), group.started_because)
+    if logs.enabled("lowering"):
+        logs.logger("lowering").debug("%s", format_kernel(sk))
+    if logs.enabled("kernels"):
+        logs.logger("kernels").debug("%s (%s):\n%s", sk.name, source.language, source.text)
+
+
+def _load_all(emitter, loads: list, label: str = "program") -> None:
     """Bind every kernel's launcher; ``emitter.load_threads`` of them at once (loading
-    waits on compiler subprocesses: Triton's ptxas, g++)."""
+    waits on compiler subprocesses: Triton's ptxas, g++), with a progress bar on a
+    terminal when there are more than a handful."""
     threads = min(int(getattr(emitter, "load_threads", 1) or 1), len(loads))
-    if threads > 1:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-load") as pool:
-            launchers = list(pool.map(lambda ks: emitter.load(ks[1]), loads))
-    else:
-        launchers = [emitter.load(source) for _, source in loads]
+    with Progress(len(loads), label) as progress:
+        def load(ks):
+            launcher = emitter.load(ks[1])
+            progress.advance()
+            return launcher
+
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-load") as pool:
+                launchers = list(pool.map(load, loads))
+        else:
+            launchers = [load(ks) for ks in loads]
     for (kernel, _), launcher in zip(loads, launchers):
         kernel.bind(launcher)
 

@@ -24,12 +24,12 @@ from fxwrap.wrapper_ir.lines import Buffer, Line
 class CheckFinite(Line):
     """``check_finite(buf0, buf1)``: raise if a buffer that ``launch`` wrote holds NaN
     (or Inf, with ``check_inf``).  ``launch`` is the launch's label (``"kernel
-    fxwrap_pointwise_0"``, ``"aten.mm.default"``), ``origins`` what it computes
+    fxwrap_pointwise_0"``, ``"aten.mm.default"``), ``described`` what it computes
     (ATen nodes and source lines), ``target`` the target's name."""
 
     buffers: tuple[Buffer, ...]
     launch: str
-    origins: str
+    described: str
     target: str
     check_inf: bool = True
     inputs: tuple[str, ...] = ()  # the buffers the launch read (named in the error)
@@ -48,11 +48,11 @@ class CheckFinite(Line):
 
     def to_source(self, printer):
         names = ", ".join(b.name for b in self.buffers)
-        return f"check_finite({names})  # after {self.launch}" + (f": {self.origins}" if self.origins else "")
+        return f"check_finite({names})  # after {self.launch}" + (f": {self.described}" if self.described else "")
 
     def to_fx(self, converter):
         converter.add(debug.check_finite,
-                      (self.launch, self.origins, self.target, self.check_inf,
+                      (self.launch, self.described, self.target, self.check_inf,
                        tuple(b.name for b in self.buffers), self.inputs,
                        *(converter.node(b) for b in self.buffers)),
                       name="check_finite")
@@ -61,11 +61,11 @@ class CheckFinite(Line):
 @dataclass(frozen=True)
 class PrintValues(Line):
     """``print_values(buf0)``: print a summary of each buffer (shape, dtype, min/max/mean/norm,
-    NaN/Inf counts) that ``launch`` wrote, with its provenance ``origins``."""
+    NaN/Inf counts) that ``launch`` wrote, with its provenance ``described``."""
 
     buffers: tuple[Buffer, ...]
     launch: str
-    origins: str
+    described: str
 
     fusion_barrier = True
 
@@ -81,10 +81,10 @@ class PrintValues(Line):
 
     def to_source(self, printer):
         names = ", ".join(b.name for b in self.buffers)
-        return f"print_values({names})  # after {self.launch}" + (f": {self.origins}" if self.origins else "")
+        return f"print_values({names})  # after {self.launch}" + (f": {self.described}" if self.described else "")
 
     def to_fx(self, converter):
         converter.add(debug.print_values,
-                      (self.launch, self.origins, tuple(b.name for b in self.buffers),
+                      (self.launch, self.described, tuple(b.name for b in self.buffers),
                        *(converter.node(b) for b in self.buffers)),
                       name="print_values")

@@ -49,6 +49,7 @@ from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.memory import free
 from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
 from fxwrap.wrapper_ir.guards import build_input_guard
+from fxwrap.wrapper_ir.provenance import describe
 
 #: the GraphModule attribute holding its ``InputGuard`` (``fxwrap.runtime.guards``)
 INPUT_GUARD_ATTR = "_fxwrap_input_guard"
@@ -331,6 +332,17 @@ class FxConverter:
         """``text`` goes to ``meta["comment"]`` of the next node a line adds."""
         self.pending_comments.append(text)
 
+    def provenance(self, node: torch.fx.Node, origins) -> None:
+        """``node`` computes ``origins`` (``provenance.Origin``s): ``meta["fxwrap_origins"]``,
+        and the user's ``stack_trace`` of the last one that has one (what
+        ``gm.print_readable()`` shows as ``# File: model.py:12 in forward, code: ...``)."""
+        if not origins:
+            return
+        node.meta["fxwrap_origins"] = tuple(origins)
+        trace = next((o.stack_trace for o in reversed(origins) if o.stack_trace), None)
+        if trace is not None:
+            node.meta["stack_trace"] = trace
+
     def unknown(self, line: Line):
         raise UnknownLine(f"no FX conversion for line {line!r}: a Line subclass converts itself "
                           f"through to_fx(converter)")
@@ -495,6 +507,26 @@ def _attr(module: torch.nn.Module, path: str):
     return module
 
 
+def annotated_code(gm: torch.fx.GraphModule) -> str:
+    """``gm.code`` with a comment naming the ATen nodes, source lines and modules
+    (``provenance.describe``) above the line of every node that has
+    ``meta["fxwrap_origins"]``::
+
+        # exp, mm (model.py:12 in forward, fc)
+        mm_out = torch.ops.aten.mm.out(buf0, arg1, out = buf1)
+    """
+    described = {n.name: describe(n.meta["fxwrap_origins"]) for n in gm.graph.nodes
+                 if n.meta.get("fxwrap_origins")}
+    out = []
+    for line in gm.code.split("\n"):
+        stripped = line.lstrip()
+        name = stripped.split(" = ", 1)[0] if " = " in stripped else None
+        if name in described:
+            out.append(f"{line[:len(line) - len(stripped)]}# {described.pop(name)}")
+        out.append(line)
+    return "\n".join(out)
+
+
 def _graph_state(gm: torch.fx.GraphModule) -> dict:
     names: dict[sympy.Symbol, sympy.Symbol] = {}  # ShapeEnv symbol -> size-input name
     for node in gm.graph.nodes:
@@ -509,6 +541,8 @@ def _graph_state(gm: torch.fx.GraphModule) -> dict:
         meta = {"val": _encode_val(node.meta["val"], names)} if "val" in node.meta else {}
         meta.update({k: v for k, v in node.meta.items()
                      if k != "val" and isinstance(v, (str, int, float, bool))})
+        if node.meta.get("fxwrap_origins"):
+            meta["fxwrap_origins"] = tuple(node.meta["fxwrap_origins"])
         records.append((node.op, node.name, _encode(node.target, names), _encode(node.args, names),
                         _encode(dict(node.kwargs), names), meta))
     return {"class_name": type(gm).__name__, "records": records, "attrs": attrs,

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
 import torch
 
 from fxwrap.core.symbolic import storage_elements, to_expr, to_exprs
+from fxwrap.wrapper_ir.provenance import Origin
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class Line:
     allocates = False
     #: The buffers it reads leave the program (its outputs): never freed.
     returns_reads = False
-    #: It says something about the next line (provenance): dropped with it.
+    #: It says something about the next line (a ``Comment``): dropped with it.
     annotates_next = False
     #: It runs code compiled for one device, so every buffer it reads must be on
     #: that device (an extern call dispatches on its arguments' own devices).
@@ -194,6 +195,15 @@ class Line:
     def to_fx(self, converter) -> None:
         """Add its FX nodes to ``converter`` (``wrapper_ir.fx.FxConverter``)."""
         converter.unknown(self)
+
+    #: The ATen nodes it computes (``provenance.Origin``): kernel and extern calls only;
+    #: memory-planning lines compute nothing and carry none.
+    origins = ()
+
+    def with_origins(self, origins: tuple[Origin, ...]) -> "Line":
+        """This line computing ``origins``, where it is a line that computes (a call
+        without origins yet); any other line as it is."""
+        return self
 
 
 def _layout_exprs(buf: Buffer) -> list[sympy.Expr]:
@@ -337,11 +347,17 @@ class DefineKernel(Line):
 
 @dataclass(frozen=True)
 class CallKernel(Line):
-    """``fxwrap_pointwise_0(buf0, arg1, s0)``: launch; writes its output args."""
+    """``fxwrap_pointwise_0(buf0, arg1, s0)``: launch; writes its output args.
+
+    ``origins``: every ATen node the kernel computes, in program order; printed above
+    the call (``# exp, mm, relu (model.py:12 in forward, fc)``) and kept in
+    ``meta["fxwrap_origins"]`` of its FX node.
+    """
 
     kernel: Any
     args: tuple
     grid: tuple = ()
+    origins: tuple[Origin, ...] = field(default=(), compare=False)
 
     binds_device = True
 
@@ -359,14 +375,18 @@ class CallKernel(Line):
     def size_exprs(self):
         return _exprs_in(self.args)
 
+    def with_origins(self, origins):
+        return self if self.origins else replace(self, origins=tuple(origins))
+
     def to_source(self, printer):
         grid = f"  # grid={printer.fmt(tuple(self.grid))}" if self.grid else ""
-        return f"{self.kernel.name}({printer.call(self.args, ())}){grid}"
+        return printer.provenance(self.origins, f"{self.kernel.name}({printer.call(self.args, ())}){grid}")
 
     def to_fx(self, converter):
         if self.kernel not in converter.kernels:
             converter.kernels.append(self.kernel)
-        converter.add(self.kernel, converter.arg(tuple(self.args)), name=self.kernel.name)
+        node = converter.add(self.kernel, converter.arg(tuple(self.args)), name=self.kernel.name)
+        converter.provenance(node, self.origins)
 
 
 @dataclass(frozen=True)
@@ -383,8 +403,14 @@ class CallExtern(Line):
     args: tuple
     kwargs: tuple[tuple[str, Any], ...] = ()
     out: Buffer | str | None = None
+    origins: tuple[Origin, ...] = field(default=(), compare=False)  # the ATen node it computes
 
     fusion_barrier = False
+
+    def with_origins(self, origins):
+        if self.origins or self.op in _METADATA_OPS:  # a size read computes no op of the program
+            return self
+        return replace(self, origins=tuple(origins))
 
     @property
     def label(self):
@@ -454,19 +480,22 @@ class CallExtern(Line):
 
     def to_source(self, printer):
         call = f"{printer.op_name(self.op)}({printer.call(self.args, self.kwargs)})"
-        return call if self.out is None else f"{self.out_name} = {call}"
+        return printer.provenance(self.origins, call if self.out is None else f"{self.out_name} = {call}")
 
     def to_fx(self, converter):
         name = self.out_name
         node = converter.add(self.op, converter.arg(tuple(self.args)),
                              {k: converter.arg(v) for k, v in self.kwargs}, name=name,
                              buf=self.out if isinstance(self.out, Buffer) else None)
+        converter.provenance(node, self.origins)
         if name is not None:
             converter.bind_value(name, node)
 
 
 #: ATen ops that read a tensor's metadata, not its data (no read back from the device)
 _METADATA_READS = ("sym_size", "sym_stride", "sym_storage_offset", "sym_numel")
+_METADATA_OPS = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                           torch.ops.aten.sym_storage_offset.default, torch.ops.aten.sym_numel.default})
 
 
 def _aliased_argument(op, ret_index: int, args: tuple) -> Buffer | None:
@@ -567,7 +596,9 @@ class Free(Line):
 
 @dataclass(frozen=True)
 class Comment(Line):
-    """``# mm: aten.mm.default``: provenance of the next line."""
+    """``# idx: every index of buf3 in range for dim 0``: a note about the next line.
+
+    Provenance is not a comment: it is the ``origins`` of the call it belongs to."""
 
     text: str
 

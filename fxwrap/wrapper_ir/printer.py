@@ -3,8 +3,8 @@
 ::
 
     def forward(arg0, arg1, s0):
-        # mm: aten.mm.default
         buf0 = empty_strided((s0, 16), (16, 1), dtype=torch.float32, device='cpu')
+        # mm (model.py:12 in forward, fc)
         aten.mm.out(arg0, arg1, out=buf0)
         buf1 = as_strided(buf0, (16, s0), (1, 16), 0)  # view
         return (buf1,)
@@ -19,6 +19,7 @@ import sympy
 import torch
 
 from fxwrap.wrapper_ir.lines import Buffer, Line
+from fxwrap.wrapper_ir.provenance import describe
 
 
 def fmt(value, names=frozenset()) -> str:
@@ -83,6 +84,12 @@ class Printer:
     def nested(self, program) -> str:
         """A nested program (``control_flow.NestedProgram``) as a ``def`` block of its own."""
         return program_source(program.inputs, list(program.lines), program.name)
+
+    @staticmethod
+    def provenance(origins, text: str) -> str:
+        """``text`` under a comment naming the ATen nodes it computes (``provenance.describe``):
+        ``# exp, mm (model.py:12 in forward, fc)`` then ``aten.mm.out(...)``."""
+        return f"# {describe(origins)}\n{text}" if origins else text
 
     def unknown(self, line: Line):
         raise TypeError(f"no printed form for line {line!r}: a Line subclass prints itself "

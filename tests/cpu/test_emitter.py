@@ -468,7 +468,8 @@ def test_render_is_deterministic_across_processes():
     k = softmax_kernel(column=False)
     a, b = em.render(k), CppEmitter().render(k)
     assert a.text == b.text and a.signature == b.signature and a.launch == b.launch
-    assert a.text.startswith("// fxwrap kernel softmax_row\n// from: softmax: aten._softmax.default")
+    assert a.text.startswith("// fxwrap kernel softmax_row\n"
+                             "// from: softmax, logsumexp (aten._softmax.default, aten.logsumexp.default)\n")
     code = textwrap.dedent("""
         import sys; sys.path.insert(0, %r)
         from test_emitter_reductions import softmax_kernel

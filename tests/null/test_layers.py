@@ -24,9 +24,10 @@ PACKAGE = Path(fxwrap.__file__).parent
 # lowest first; a module belongs to the last layer with a matching prefix
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("fxwrap.runtime",)),
+    ("logs", ("fxwrap.core.logs", "fxwrap.core.progress")),
     ("symbolic", ("fxwrap.core.symbolic",)),
     ("loop IR", ("fxwrap.core.ir",)),
-    ("lines", ("fxwrap.wrapper_ir.lines", "fxwrap.wrapper_ir.control_flow")),
+    ("lines", ("fxwrap.wrapper_ir.lines", "fxwrap.wrapper_ir.control_flow", "fxwrap.wrapper_ir.provenance")),
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",
                   "fxwrap.core.lowering", "fxwrap.core.numerics", "fxwrap.core.rules")),
     ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.memory")),
@@ -36,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("hook specs", ("fxwrap.plugins.hookspecs",)),
     ("targets", ("fxwrap.targets",)),
     ("plugins", ("fxwrap.plugins",)),
-    ("api", ("fxwrap.arguments", "fxwrap.api", "fxwrap.profiling", "fxwrap.cli", "fxwrap.__main__", "fxwrap")),
+    ("api", ("fxwrap.arguments", "fxwrap.dump", "fxwrap.api", "fxwrap.profiling", "fxwrap.cli", "fxwrap.__main__", "fxwrap")),
     ("testing", ("fxwrap.testing",)),
 ]
 # modules every target may import; anything else under fxwrap.targets belongs to one target

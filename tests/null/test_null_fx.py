@@ -189,9 +189,23 @@ def _check_comments(gm, lines):
     assert carried == [text for _, text in comments]
 
 
+def _check_origins(gm, lines):
+    """Every call line's origins sit on the node it produces, and on no other node."""
+    labelled = {}
+    for j, line in enumerate(lines):
+        if isinstance(line, (CallKernel, CallExtern)) and line.origins:
+            node = _main_node(gm, lines, j)
+            assert node.meta.get("fxwrap_origins") == line.origins, (node.format_node(), line)
+            labelled[node] = line
+    assert labelled
+    for node in gm.graph.nodes:
+        if node not in labelled:
+            assert "fxwrap_origins" not in node.meta, node.format_node()
+
+
 @pytest.mark.parametrize("name,mode", CASES, ids=IDS)
-def test_comments_land_on_the_next_lines_node(programs, name, mode):
-    _check_comments(programs[name, mode].graph_module, programs[name, mode].lines)
+def test_origins_land_on_the_calls_node(programs, name, mode):
+    _check_origins(programs[name, mode].graph_module, programs[name, mode].lines)
 
 
 def test_consecutive_and_trailing_comments_are_kept():

@@ -51,7 +51,8 @@ def _structure(gm):
                    expr(val.storage_offset()), val.dtype, val.device)
         elif isinstance(val, torch.SymInt):
             val = expr(val)
-        rows.append((n.op, n.name, str(n.target), str(n.args), str(n.kwargs), n.meta.get("comment"), val))
+        rows.append((n.op, n.name, str(n.target), str(n.args), str(n.kwargs), n.meta.get("comment"),
+                     n.meta.get("fxwrap_origins"), n.meta.get("stack_trace"), val))
     return rows
 
 
@@ -65,7 +66,9 @@ def test_extern_only_program_round_trips():
     loaded = pickle.loads(pickle.dumps(gm))
     assert _structure(loaded) == _structure(gm)
     assert loaded.code == gm.code
-    assert all("comment" in n.meta for n in loaded.graph.nodes if n.target is torch.empty_strided)
+    calls = [n for n in loaded.graph.nodes if isinstance(n.target, torch._ops.OpOverload) and "out" in n.kwargs]
+    assert calls and all(n.meta["fxwrap_origins"] for n in calls)  # provenance survives the round trip
+    assert not any("fxwrap_origins" in n.meta for n in loaded.graph.nodes if n.target is torch.empty_strided)
     assert type(loaded).__name__ == "FxwrapProgram"
     allocs = [n for n in loaded.graph.nodes if n.target is torch.empty_strided]
     assert allocs and all(isinstance(n.meta["val"], FakeTensor) for n in allocs)

@@ -11,13 +11,12 @@ Under the interpreter there is nothing to time: the planner's one config is used
 """
 from __future__ import annotations
 
-import logging
 
 import torch
 
+from fxwrap.core import logs
 from fxwrap.core.symbolic import evaluate, storage_elements
 
-log = logging.getLogger("fxwrap")
 
 
 def config_key(cfg) -> str:
@@ -68,9 +67,11 @@ def choose(make_launcher, kernel, hints: dict, configs: list, device, device_int
             launcher = make_launcher(cfg)
             t = _time(launcher, args, device, device_interface)
         except Exception as e:  # a config that does not fit (shared memory, registers)
-            log.debug("fxwrap autotune: %s config %s failed: %s", kernel.name, config_key(cfg), e)
+            logs.logger("autotune").debug("%s config %s failed: %s", kernel.name, config_key(cfg), e)
             continue
         timings[config_key(cfg)] = round(t, 5)
         if t < best_t:
             best, best_t = cfg, t
+    if logs.enabled("autotune"):
+        logs.logger("autotune").debug("%s: chose %s of %s (ms)", kernel.name, config_key(best), timings)
     return best, timings

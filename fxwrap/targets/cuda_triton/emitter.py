@@ -57,6 +57,7 @@ from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, k
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
+from fxwrap.core import logs
 from fxwrap.targets.cuda_triton.printer import IndexPrinter
 from fxwrap.targets.cuda_triton.tiling import Planner
 
@@ -223,6 +224,11 @@ class TritonEmitter(KernelEmitter):
         source = KernelSource(kernel.name, text, self.language, self.signature(kernel), launch)
         if self.autotune and len(configs) > 1:
             self._tune(source, kernel, configs)
+        elif logs.enabled("autotune"):
+            why = ("the interpreter times nothing" if self.interpret else "one config" if len(configs) < 2
+                   else "autotuning is off")
+            logs.logger("autotune").debug("%s: %s, config %s (not tuned: %s)", kernel.name, plan.kind,
+                                          dict(configs[0]), why)
         return source
 
     @staticmethod
@@ -332,6 +338,9 @@ class TritonEmitter(KernelEmitter):
         key = _launch_key(text, launch, device)
         with _CACHE_LOCK:
             hit = _LAUNCHERS.get(key)
+        if logs.enabled("cache"):
+            logs.logger("cache").debug("%s: %s", launch["symbol"], "in-process launcher hit (same body)"
+                                       if hit is not None else "miss, loading the module")
         if hit is not None:
             return hit
         if launch.get("plan") == "split-outer":

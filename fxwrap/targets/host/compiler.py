@@ -18,6 +18,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from fxwrap.core import logs
 from fxwrap.targets.host.cache import KernelCache, default_cache_dir
 
 # -fwrapv: integer overflow wraps like eager PyTorch; -ffp-contract=off: no fused
@@ -57,6 +58,23 @@ def host_fingerprint() -> str:
     return "\n".join(parts)
 
 
+def _kernel_title(source: str) -> str:
+    first = source.split("\n", 1)[0]
+    return first[2:].strip() if first.startswith("//") else "no header"
+
+
+def without_header(source: str) -> str:
+    """``source`` less the kernel header it opens with (``targets.base.kernel_header``: the
+    ``//`` lines from ``// fxwrap kernel ...`` on); any other source as it is."""
+    if not source.startswith("// fxwrap kernel "):
+        return source
+    lines = source.split("\n")
+    start = 0
+    while start < len(lines) and lines[start].startswith("//"):
+        start += 1
+    return "\n".join(lines[start:])
+
+
 class CppCompiler:
     """Compiles kernel sources to shared objects through a ``KernelCache``."""
 
@@ -70,8 +88,11 @@ class CppCompiler:
         return _version(self.cxx)
 
     def key(self, source: str, extra_flags=()) -> str:
+        """sha256 of the source without its opening comment lines (the kernel header:
+        name and provenance, ``targets.base.kernel_header``), the flags, the compiler
+        and the host: one binary for the same kernel from any source line."""
         h = hashlib.sha256()
-        for part in (source, " ".join(self.flags + tuple(extra_flags)), self.cxx, self.version,
+        for part in (without_header(source), " ".join(self.flags + tuple(extra_flags)), self.cxx, self.version,
                      host_fingerprint()):
             h.update(part.encode())
             h.update(b"\0")
@@ -93,6 +114,10 @@ class CppCompiler:
                 raise CompileError(f"{self.cxx} failed (exit {proc.returncode}) on the kernel saved "
                                    f"at {keep}\ncommand: {shlex.join(cmd)}\n{proc.stderr[-8000:]}")
 
+        if logs.enabled("cache"):
+            hit = self.cache.lookup(key) is not None
+            logs.logger("cache").debug("%s %s (%s)", "hit" if hit else "miss, compiling", self.cache.path(key),
+                                       _kernel_title(source))
         return self.cache.get_or_build(key, source, build)
 
 

@@ -36,6 +36,7 @@ from fxwrap.core.numerics import compute_dtype
 from fxwrap.core.symbolic import python_source
 from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, LocalNames
 from fxwrap.targets.mps_metal.prelude import PRELUDE
+from fxwrap.wrapper_ir.provenance import describe
 
 
 def _metal_ops() -> dict:
@@ -151,7 +152,7 @@ class MetalEmitter(CStyleEmitter):
                             f"of the SIMD width {self.simd_width}")
         limit = self.device_capabilities.get("max_threads_per_threadgroup")
         if limit is not None and tg > limit:
-            origins = ", ".join(kernel.origins) or "no ATen origin"
+            origins = describe(kernel.origins)
             raise EmitError(f"kernel {kernel.name} ({origins}): threadgroup_size {tg} of target "
                             f"{self.target_name} exceeds its device's "
                             f"max_threads_per_threadgroup {limit} (DeviceInterface.capabilities()); "

@@ -24,7 +24,7 @@ from fxwrap.core.ir import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, lo
                             walk, xvar)
 from fxwrap.core.numerics import illegal
 from fxwrap.core.symbolic import SizeArithmetic, evaluate_with
-from fxwrap.targets.base import KernelEmitter, KernelSource
+from fxwrap.targets.base import KernelEmitter, KernelSource, kernel_header
 
 _UNARY = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
@@ -226,7 +226,7 @@ class ReferenceEmitter(KernelEmitter):
 
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         names: dict[Op, str] = {}
-        lines = [f"# {kernel.name} from {', '.join(kernel.origins)}",
+        lines = [*kernel_header(kernel, "#"),
                  f"ranges={kernel.ranges} reduction_ranges={kernel.reduction_ranges}"]
         for r in kernel.reductions:
             lines += format_ssa([r.value], names)

@@ -1,4 +1,7 @@
-"""A wrapper pass that drops every Comment line, for every target."""
+"""A wrapper pass that drops every comment, for every target: the Comment lines and the
+provenance (``origins``) of the kernel and extern calls."""
+import dataclasses
+
 from fxwrap import hookimpl
 from fxwrap.wrapper_ir.lines import Comment
 
@@ -6,7 +9,8 @@ calls = []  # targets the pass ran for
 
 
 def drop_comments(lines):
-    return [line for line in lines if not isinstance(line, Comment)]
+    return [dataclasses.replace(line, origins=()) if line.origins else line
+            for line in lines if not isinstance(line, Comment)]
 
 
 @hookimpl
