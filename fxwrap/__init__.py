@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "Backend": "fxwrap.api", "Program": "fxwrap.api", "TrainingPrograms": "fxwrap.api",
     "compile": "fxwrap.api", "lower": "fxwrap.api",
+    "load": "fxwrap.artifacts", "LoadedProgram": "fxwrap.artifacts",
+    "LoadedTrainingPrograms": "fxwrap.artifacts", "ProgramFileError": "fxwrap.artifacts",
     "MemoryPlan": "fxwrap.core.memory",
     "EmitError": "fxwrap.core.errors",
     "hookimpl": "fxwrap.plugins.hookspecs", "hookspec": "fxwrap.plugins.hookspecs",
@@ -54,6 +56,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.api import Backend, Program, TrainingPrograms, compile, lower  # noqa: F401
+    from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
     from fxwrap.core.errors import EmitError  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
     from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401

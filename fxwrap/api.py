@@ -26,6 +26,7 @@ from fxwrap.core.layout import channels_last_convolutions
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import CompileOptions, CompileSession
+from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.cudagraphs import CudaGraphRunner
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
@@ -78,6 +79,20 @@ class Program:
         """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's)."""
         return self.runner(*graph_inputs)
 
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the program to ``path``: one file that ``fxwrap.load(path)`` runs without
+        the compiler (``fxwrap.artifacts``)."""
+        from fxwrap.artifacts import save
+        save(self, path)
+
+    def __reduce__(self):
+        # pickle stores what save() writes; pickle.loads gives a LoadedProgram
+        from fxwrap.artifacts import dumps, loads
+        return (loads, (dumps(self),))
+
+    def __copy__(self) -> "Program":
+        return replace(self)
+
     def run(self, *args):
         """Run with the lowered function's own positional arguments (``lower`` programs):
         ``fxwrap.lower(f, x, w).run(x2, w2)``; parameters and sizes are filled in, and the
@@ -115,6 +130,12 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     for it, and ``options``) or a ``CompileSession`` (with its own options)."""
     session = target if isinstance(target, CompileSession) else compile_session(target, options)
     target, options = session.target, session.options
+    cache = key = None
+    if cache_enabled(options):
+        cache, key = ProgramCache(), program_key(gm, session, kind)
+        program = cache.load(key, session)
+        if program is not None:
+            return program
     if kind == "inference" and session.capabilities.get("convolution_layout") == "channels_last":
         channels_last_convolutions(gm)
     if session.generates_kernels and options.kernels:
@@ -126,10 +147,20 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     for wrapper_pass in session.wrapper_passes:
         lines = list(wrapper_pass(lines))
     graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
+    program = finish_program(Program(kind, target, built.inputs, lines, graph_module, plan, None, built.constants,
+                                     built.hints), session)
+    if cache is not None:
+        cache.store(key, program)
+    return program
+
+
+def finish_program(program: Program, session: CompileSession) -> Program:
+    """Give ``program`` (compiled, or loaded from the program cache) its runner: the
+    target's wrapper of its GraphModule, recorded into CUDA graphs under mode="cudagraphs"."""
+    target, kind, graph_module = session.target, program.kind, program.graph_module
     runner = target.wrapper(target).compile_graph(graph_module)
-    program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants,
-                      built.hints)
-    if options.mode == "cudagraphs":
+    program.runner = runner
+    if session.options.mode == "cudagraphs":
         program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program",
                                          synchronize=target.device.synchronize)
     if _log_enabled("wrapper"):
@@ -243,6 +274,15 @@ class TrainingPrograms:
 
     forward: Program
     backward: Program
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Both programs in one file; ``fxwrap.load(path)`` gives a ``LoadedTrainingPrograms``."""
+        from fxwrap.artifacts import save
+        save(self, path)
+
+    def __reduce__(self):
+        from fxwrap.artifacts import dumps, loads
+        return (loads, (dumps(self),))
 
 
 def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,

@@ -62,8 +62,10 @@ class CompileOptions:
     min-cut rematerialization, recomputes cheap pointwise values in the backward instead
     of saving them, as Inductor does -- not the default yet: on the H200 it cut the
     Llama-style decoder's bf16 training kernels 376 -> 343 and GPU time 4%, but raised
-    the GPT-style decoder's peak memory 1297 -> 1547 MiB, BENCHMARKS.md), ``on_program``
-    (a callable receiving every compiled ``Program``)::
+    the GPT-style decoder's peak memory 1297 -> 1547 MiB, BENCHMARKS.md), ``cache``
+    (the whole-program cache across processes, ``fxwrap.program_cache``; also off with
+    ``FXWRAP_PROGRAM_CACHE=0``), ``on_program`` (a callable receiving every compiled
+    ``Program``)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -78,6 +80,7 @@ class CompileOptions:
     execute: str | None = None
     mode: str = "default"
     partition: str = "default"
+    cache: bool = True
     on_program: Callable | None = field(default=None, compare=False)
 
     def __post_init__(self):

@@ -135,6 +135,14 @@ class KernelEmitter:
     def load(self, source: KernelSource) -> Callable:
         raise NotImplementedError(f"{type(self).__name__} cannot load kernels yet")
 
+    def saved_loader(self, kernel) -> Callable | None:
+        """What ``program.save`` stores as the loader of ``kernel`` (an ``fxwrap.Kernel``
+        this emitter built): a picklable ``loader(kernel) -> launcher`` that carries what
+        the kernel needs to run (its binary) and imports no compiler module, or None: the
+        saved kernel keeps the compiler's loader and is compiled again from its source
+        when a loaded program first launches it (through the plugin manager)."""
+        return None
+
 
 class WrapperCodegen:
     """Turns the program's GraphModule into what runs; subclass to run it your way.

@@ -36,7 +36,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("hook specs", ("fxwrap.plugins.hookspecs",)),
     ("targets", ("fxwrap.targets",)),
     ("plugins", ("fxwrap.plugins",)),
-    ("api", ("fxwrap.arguments", "fxwrap.api", "fxwrap.cli", "fxwrap.__main__", "fxwrap")),
+    ("api", ("fxwrap.arguments", "fxwrap.api", "fxwrap.artifacts", "fxwrap.program_cache", "fxwrap.cli",
+             "fxwrap.__main__", "fxwrap")),
     ("testing", ("fxwrap.testing",)),
 ]
 # modules every target may import; anything else under fxwrap.targets belongs to one target
