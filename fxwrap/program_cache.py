@@ -97,7 +97,9 @@ def _shape_env_state(gm: torch.fx.GraphModule) -> object:
         if env is not None:
             return (sorted(str(g.expr) for g in env.guards),
                     sorted((str(k), str(v)) for k, v in env.var_to_range.items()),
-                    sorted((str(k), str(v)) for k, v in env.var_to_val.items()))
+                    # the example sizes (hints); backed_var_to_val from torch 2.13, var_to_val before
+                    sorted((str(k), str(v)) for k, v in
+                           (getattr(env, "backed_var_to_val", None) or env.var_to_val).items()))
     return None
 
 
