@@ -235,9 +235,11 @@ def dumps(obj) -> bytes:
               "torch_version": torch.__version__, "target": first["target"].name,
               "device_type": first["target"].device_type, "contents": contents, "runtime_versions": runtimes}
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr(HEADER, json.dumps(header, indent=1, sort_keys=True))
-        archive.writestr(PAYLOAD, payload)
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in ((HEADER, json.dumps(header, indent=1, sort_keys=True).encode()), (PAYLOAD, payload)):
+            member = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # no clock: same program, same bytes
+            member.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(member, data)
     return buffer.getvalue()
 
 

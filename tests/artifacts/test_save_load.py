@@ -122,6 +122,14 @@ def test_pickle_of_a_program_is_the_saved_file(tmp_path):
     assert isinstance(pickle.loads(pickle.dumps(pair)), fxwrap.LoadedTrainingPrograms)
 
 
+def test_the_same_program_saves_to_the_same_bytes(tmp_path):
+    program = fxwrap.lower(mlp_block, *_inputs())
+    program.save(tmp_path / "a.fxwrap")
+    program.save(tmp_path / "b.fxwrap")
+    assert (tmp_path / "a.fxwrap").read_bytes() == (tmp_path / "b.fxwrap").read_bytes()
+    assert pickle.dumps(program) == pickle.dumps(program)
+
+
 def test_a_loaded_program_is_guarded(tmp_path):
     x, w = _inputs()
     path = tmp_path / "p.fxwrap"
