@@ -99,7 +99,7 @@ def _shape_env_state(gm: torch.fx.GraphModule) -> object:
                     sorted((str(k), str(v)) for k, v in env.var_to_range.items()),
                     # the example sizes (hints); backed_var_to_val from torch 2.13, var_to_val before
                     sorted((str(k), str(v)) for k, v in
-                           (getattr(env, "backed_var_to_val", None) or env.var_to_val).items()))
+                           (env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val).items()))
     return None
 
 
