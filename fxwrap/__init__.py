@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "Backend": "fxwrap.api", "Program": "fxwrap.api", "TrainingPrograms": "fxwrap.api",
     "compile": "fxwrap.api", "lower": "fxwrap.api",
+    "load": "fxwrap.artifacts", "LoadedProgram": "fxwrap.artifacts",
+    "LoadedTrainingPrograms": "fxwrap.artifacts", "ProgramFileError": "fxwrap.artifacts",
     "MemoryPlan": "fxwrap.core.memory",
     "ProfileReport": "fxwrap.profiling", "profile": "fxwrap.profiling",
     "EmitError": "fxwrap.core.errors",
@@ -32,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     "CpuDevice": "fxwrap.targets.host.device",
     "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
     "CStyleEmitter": "fxwrap.targets.cstyle",
-    "Origin": "fxwrap.wrapper_ir.provenance",
+    "Origin": "fxwrap.runtime.provenance",
 }
 _SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines",
                                 "control_flow": "fxwrap.wrapper_ir.control_flow"}
@@ -57,6 +59,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.api import Backend, Program, TrainingPrograms, compile, lower  # noqa: F401
+    from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
     from fxwrap.core.errors import EmitError  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
     from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401
@@ -74,4 +77,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
     from fxwrap.wrapper_ir import control_flow, lines  # noqa: F401
-    from fxwrap.wrapper_ir.provenance import Origin  # noqa: F401
+    from fxwrap.runtime.provenance import Origin  # noqa: F401

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,6 +28,7 @@ from fxwrap.core.memory import MemoryPlan, describe_plan, plan_memory
 from fxwrap.dump import ProgramDump
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
+from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.cudagraphs import CudaGraphRunner
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
@@ -79,6 +81,20 @@ class Program:
         """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's)."""
         return self.runner(*graph_inputs)
 
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the program to ``path``: one file that ``fxwrap.load(path)`` runs without
+        the compiler (``fxwrap.artifacts``)."""
+        from fxwrap.artifacts import save
+        save(self, path)
+
+    def __reduce__(self):
+        # pickle stores what save() writes; pickle.loads gives a LoadedProgram
+        from fxwrap.artifacts import dumps, loads
+        return (loads, (dumps(self),))
+
+    def __copy__(self) -> "Program":
+        return replace(self)
+
     def run(self, *args):
         """Run with the lowered function's own positional arguments (``lower`` programs):
         ``fxwrap.lower(f, x, w).run(x2, w2)``; parameters and sizes are filled in, and the
@@ -109,10 +125,18 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     """ATen graph -> Wrapper IR -> memory plan -> GraphModule -> target's runner.
 
     ``target``: a ``Target`` (compiled with the process-wide plugin manager's session
-    for it, and ``options``) or a ``CompileSession`` (with its own options)."""
+    for it, and ``options``) or a ``CompileSession`` (with its own options).  With the
+    whole-program cache on (``options.cache``), a program saved by an earlier process
+    for the same graph, options, target and versions is loaded instead."""
     logs.configure()
     session = target if isinstance(target, CompileSession) else compile_session(target, options)
     target, options = session.target, session.options
+    cache = key = None
+    if cache_enabled(options):
+        cache, key = ProgramCache(), program_key(gm, session, kind)
+        program = cache.load(key, session)
+        if program is not None:
+            return program
     dump = ProgramDump.start(options.debug_dir, gm, kind)  # None unless a debug dump was asked for
     timer = logs.PhaseTimer(f"{kind} program")
     if kind == "inference" and session.capabilities.get("convolution_layout") == "channels_last":
@@ -134,12 +158,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     with timer.phase("fx"):
         graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
     with timer.phase("wrapper"):
-        runner = target.wrapper(target).compile_graph(graph_module)
-    program = Program(kind, target, built.inputs, lines, graph_module, plan, runner, built.constants,
-                      built.hints)
-    if options.cuda_graphs and target.device_type == "cuda":
-        program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program",
-                                         synchronize=target.device.synchronize)
+        program = finish_program(Program(kind, target, built.inputs, lines, graph_module, plan, None,
+                                         built.constants, built.hints), session)
     if logs.enabled("wrapper"):
         logs.logger("wrapper").debug("%s program (target %s):\n%s", kind, target.name, program.code())
     if logs.enabled("fx"):
@@ -148,6 +168,21 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         logs.logger("timing").debug("%s", timer.summary())
     if dump is not None:
         dump.write(program, built, timer)
+    if cache is not None:
+        cache.store(key, program)
+    return program
+
+
+def finish_program(program: Program, session: CompileSession) -> Program:
+    """Give ``program`` (compiled, or loaded from the program cache) its runner: the
+    target's wrapper of its GraphModule, recorded into CUDA graphs where the options
+    ask for them (``cuda_graphs``: mode "cudagraphs", "reduce-overhead", "max-autotune")."""
+    target, kind, graph_module = session.target, program.kind, program.graph_module
+    runner = target.wrapper(target).compile_graph(graph_module)
+    program.runner = runner
+    if session.options.cuda_graphs and target.device_type == "cuda":
+        program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program",
+                                         synchronize=target.device.synchronize)
     return program
 
 
@@ -260,6 +295,15 @@ class TrainingPrograms:
 
     forward: Program
     backward: Program
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Both programs in one file; ``fxwrap.load(path)`` gives a ``LoadedTrainingPrograms``."""
+        from fxwrap.artifacts import save
+        save(self, path)
+
+    def __reduce__(self):
+        from fxwrap.artifacts import dumps, loads
+        return (loads, (dumps(self),))
 
 
 def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,

@@ -23,12 +23,16 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import sympy
 import torch
 
 from fxwrap.runtime.guards import InputMismatchError
-from fxwrap.wrapper_ir.lines import Buffer, SizeInput
+
+if TYPE_CHECKING:
+    import sympy
+
+    from fxwrap.wrapper_ir.lines import Buffer, SizeInput
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class ArgumentMap:
         name of the function's local that dynamo read (``input_names``, one per dynamo
         input).  None when the program's inputs are not dynamo's (a backward program) or
         a value is unknown."""
+        from fxwrap.wrapper_ir.lines import Buffer, SizeInput  # the compiler's types; loading needs neither
+
         if len(graph_inputs) != len(dynamo_inputs):
             return None
         parameters = parameter_names(fn, len(fn_args))
@@ -174,6 +180,8 @@ def parameter_names(fn, count: int) -> tuple[str, ...]:
 
 def _size_source(symbol: sympy.Symbol, graph_inputs, sources):
     """``("size", symbol, j, dim)`` for the first argument tensor with ``symbol`` as a dim."""
+    from fxwrap.wrapper_ir.lines import Buffer
+
     for graph_input, source in zip(graph_inputs, sources):
         if isinstance(graph_input, Buffer) and source[0] == "arg":
             for dim, n in enumerate(graph_input.size):
@@ -219,6 +227,15 @@ class OutputMap:
                 sources.append(("value", leaf))
         return cls(spec, tuple(sources))
 
+    def __reduce__(self):
+        # the spec pickles as pytree's own text form where it has one (a pickled TreeSpec
+        # names pytree's internal classes, some deprecated)
+        try:
+            spec = torch.utils._pytree.treespec_dumps(self.spec)
+        except Exception:  # noqa: BLE001 - a node type pytree cannot serialize: pickle the object
+            spec = self.spec
+        return (_output_map, (spec, self.leaves))
+
     def __call__(self, graph_outputs: Sequence, args: Sequence):
         values = [graph_outputs[s[1]] if s[0] == "out" else args[s[1]] if s[0] == "arg" else s[1]
                   for s in self.leaves]
@@ -228,3 +245,10 @@ class OutputMap:
 def _alias_key(t: torch.Tensor) -> tuple:
     """Two tensors with this key view the same elements of the same storage."""
     return (t.untyped_storage().data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+
+
+def _output_map(spec, leaves) -> OutputMap:
+    """Unpickles an ``OutputMap`` (see ``OutputMap.__reduce__``)."""
+    if isinstance(spec, str):
+        spec = torch.utils._pytree.treespec_loads(spec)
+    return OutputMap(spec, leaves)

@@ -35,7 +35,7 @@ from fxwrap.core.capture import aten_graph_text
 from fxwrap.core.ir import format_kernel
 from fxwrap.core.memory import describe_plan, storage_lifetimes
 from fxwrap.wrapper_ir.fx import annotated_code
-from fxwrap.wrapper_ir.provenance import describe, origin_of
+from fxwrap.runtime.provenance import describe, origin_of
 
 ENV = "FXWRAP_DEBUG_DIR"
 _EXTENSIONS = {"c++": "cpp", "cpp": "cpp", "metal": "metal", "triton": "py", "python": "py", "loop-ir": "txt"}

@@ -1,5 +1,7 @@
 """Loaded before any test module: on a machine without CUDA, Triton runs in its CPU
-interpreter for the whole session.
+interpreter for the whole session; the whole-program cache (``fxwrap.program_cache``)
+is off, so that every test compiles what it checks (``tests/artifacts`` turns it on
+where it tests it).
 
 Triton reads ``TRITON_INTERPRET`` when ``triton.language`` is first imported, and
 importing torch's compile stack (which any test module does) may import it; so the
@@ -11,3 +13,4 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("FXWRAP_PROGRAM_CACHE", "0")

@@ -394,7 +394,7 @@ class ScheduledKernel:
     ``inputs``/``outputs`` are the buffers (``fxwrap.lines.Buffer``) the kernel
     reads and writes, in argument order; ``size_symbols`` follow them as scalar
     arguments.  ``origins`` are the ATen nodes it computes, in program order
-    (``fxwrap.wrapper_ir.provenance.Origin``s, set by the kernel builder).
+    (``fxwrap.runtime.provenance.Origin``s, set by the kernel builder).
     """
 
     name: str

@@ -39,7 +39,7 @@ PLUGIN_NAME = "fxwrap-debug-modes"
 # -- provenance: the one place the debug modes and fxwrap.profile read it ----------------
 
 def _describe_origins(origins) -> str:
-    """``origins`` (``Origin`` records of ``fxwrap.wrapper_ir.provenance``) as one line."""
+    """``origins`` (``Origin`` records of ``fxwrap.runtime.provenance``) as one line."""
     parts = []
     for o in origins:
         text = f"{getattr(o, 'node', '?')}: {getattr(o, 'target', '?')}"

@@ -70,7 +70,8 @@ class CompileOptions:
     of saving them, as Inductor does -- not the default yet: on the H200 it cut the
     Llama-style decoder's bf16 training kernels 376 -> 343 and GPU time 4%, but raised
     the GPT-style decoder's peak memory 1297 -> 1547 MiB, BENCHMARKS.md), ``on_program``
-    (a callable receiving every compiled ``Program``), and the debug modes
+    (a callable receiving every compiled ``Program``), ``cache`` (the whole-program cache across
+    processes, ``fxwrap.program_cache``; also off with ``FXWRAP_PROGRAM_CACHE=0``), the debug modes
     (``fxwrap.plugins.debug_modes``, docs/debugging.md): ``check_nan`` (True: raise at the first
     kernel or extern that writes NaN or Inf; ``"nan"``: NaN only) and ``print_values`` (True:
     print a summary of every buffer a launch writes; a list of buffer, kernel or ATen op
@@ -90,6 +91,7 @@ class CompileOptions:
     execute: str | None = None
     mode: str = "default"
     partition: str = "default"
+    cache: bool = True
     on_program: Callable | None = field(default=None, compare=False)
     check_nan: bool | str = False
     print_values: bool | tuple[str, ...] = False

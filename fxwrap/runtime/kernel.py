@@ -102,6 +102,16 @@ class Kernel:
         self._launcher = self.loader(self)
         return self._launcher(*args)
 
+    def launcher(self) -> Callable:
+        """The launcher calls go to, loaded through ``loader`` now if no call has loaded it
+        yet (saving a program reads the binary a launcher was built from)."""
+        if getattr(self._launcher, "__func__", None) is Kernel._first_call:
+            if self.loader is None:
+                raise RuntimeError(f"kernel {self.name} (target {self.target}) has no loader: "
+                                   "build it with a KernelEmitter or pass loader=")
+            self._launcher = self.loader(self)
+        return self._launcher
+
     def bind(self, launcher: Callable) -> None:
         """Pre-bind the launcher (done at compile time by emitters)."""
         self._launcher = launcher

@@ -21,7 +21,7 @@ import torch
 
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import KernelArg
-from fxwrap.wrapper_ir.provenance import header_lines
+from fxwrap.runtime.provenance import header_lines
 
 
 class DeviceInterface:
@@ -148,6 +148,14 @@ class KernelEmitter:
 
     def load(self, source: KernelSource) -> Callable:
         raise NotImplementedError(f"{type(self).__name__} cannot load kernels yet")
+
+    def saved_loader(self, kernel) -> Callable | None:
+        """What ``program.save`` stores as the loader of ``kernel`` (an ``fxwrap.Kernel``
+        this emitter built): a picklable ``loader(kernel) -> launcher`` that carries what
+        the kernel needs to run (its binary) and imports no compiler module, or None: the
+        saved kernel keeps the compiler's loader and is compiled again from its source
+        when a loaded program first launches it (through the plugin manager)."""
+        return None
 
 
 class WrapperCodegen:

@@ -150,14 +150,17 @@ def resolve_target_name(suite: type, config) -> str:
 
 def fresh_state(request):
     """A fresh dynamo cache and a fresh random seed per test, the seed printed (pytest shows
-    it on failure).  A generator to register as an autouse fixture:
+    it on failure), and the whole-program cache off (each check compiles what it checks).
+    A generator to register as an autouse fixture:
     ``fresh_state = pytest.fixture(autouse=True)(fxwrap.testing.suite.fresh_state)``."""
     torch._dynamo.reset()
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     random.seed(seed)
     print(f"seed {seed} for {request.node.nodeid}")
-    yield
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FXWRAP_PROGRAM_CACHE", "0")
+        yield
     torch._dynamo.reset()
 
 

@@ -37,7 +37,7 @@ from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlappin
 from fxwrap.wrapper_ir.lines import (
     Allocate, Buffer, CallExtern, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
 )
-from fxwrap.wrapper_ir.provenance import Origin, origin_of
+from fxwrap.runtime.provenance import Origin, origin_of
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 aten = torch.ops.aten

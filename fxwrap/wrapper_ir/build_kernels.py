@@ -34,7 +34,7 @@ from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlappin
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
 from fxwrap.wrapper_ir.lines import Allocate, Buffer, View, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
-from fxwrap.wrapper_ir.provenance import Origin, describe
+from fxwrap.runtime.provenance import Origin, describe
 
 log = logging.getLogger("fxwrap")
 

@@ -44,12 +44,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from fxwrap.core.symbolic import SizeArithmetic, evaluate_with
+from fxwrap.runtime.graph_records import NodeRef, OpRef, attribute, decode, encode
 from fxwrap.runtime.guards import check_inputs
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.memory import free
 from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
 from fxwrap.wrapper_ir.guards import build_input_guard
-from fxwrap.wrapper_ir.provenance import describe
+from fxwrap.runtime.provenance import describe
 
 #: the GraphModule attribute holding its ``InputGuard`` (``fxwrap.runtime.guards``)
 INPUT_GUARD_ATTR = "_fxwrap_input_guard"
@@ -402,20 +403,9 @@ def input_guard_of(gm: torch.fx.GraphModule):
 # ``meta["val"]`` pickles as a layout over the graph's size-input names and is
 # rebuilt as FakeTensors (over a fresh ShapeEnv when symbolic) on load.
 
-@dataclass(frozen=True)
-class _NodeRef:
-    name: str
-
-
-@dataclass(frozen=True)
-class _OpRef:
-    namespace: str
-    op: str
-    overload: str | None  # None: the OpOverloadPacket
-
-    def resolve(self):
-        packet = getattr(getattr(torch.ops, self.namespace), self.op)
-        return packet if self.overload is None else getattr(packet, self.overload)
+# nodes and operators pickle as ``fxwrap.runtime.graph_records`` encodes them (the old
+# names stay for programs pickled before that module existed)
+_NodeRef, _OpRef = NodeRef, OpRef
 
 
 @dataclass(frozen=True)
@@ -434,39 +424,11 @@ class _SymSpec:
 
 
 def _encode(value, names):
-    if isinstance(value, torch.fx.Node):
-        return _NodeRef(value.name)
-    if isinstance(value, torch._ops.OpOverload):
-        return _OpRef(value.namespace, value._schema.name.split("::")[-1], value._overloadname)
-    if isinstance(value, torch._ops.OpOverloadPacket):
-        return _OpRef(value._qualified_op_name.split("::")[0], value.__name__, None)
-    if isinstance(value, torch._ops.HigherOrderOperator):  # torch.ops.higher_order.cond
-        return _OpRef("higher_order", value.name(), None)
-    if isinstance(value, tuple):
-        return tuple(_encode(v, names) for v in value)
-    if isinstance(value, list):
-        return [_encode(v, names) for v in value]
-    if isinstance(value, dict):
-        return {k: _encode(v, names) for k, v in value.items()}
-    if isinstance(value, slice):
-        return slice(_encode(value.start, names), _encode(value.stop, names), _encode(value.step, names))
-    return value
+    return encode(value)
 
 
 def _decode(value, nodes):
-    if isinstance(value, _NodeRef):
-        return nodes[value.name]
-    if isinstance(value, _OpRef):
-        return value.resolve()
-    if isinstance(value, tuple):
-        return tuple(_decode(v, nodes) for v in value)
-    if isinstance(value, list):
-        return [_decode(v, nodes) for v in value]
-    if isinstance(value, dict):
-        return {k: _decode(v, nodes) for k, v in value.items()}
-    if isinstance(value, slice):
-        return slice(_decode(value.start, nodes), _decode(value.stop, nodes), _decode(value.step, nodes))
-    return value
+    return decode(value, nodes)
 
 
 def _sym_expr(value, names):
@@ -501,10 +463,7 @@ def _decode_val(value, symbolic: SymbolicValues):
     return value
 
 
-def _attr(module: torch.nn.Module, path: str):
-    for part in path.split("."):
-        module = getattr(module, part)
-    return module
+_attr = attribute
 
 
 def annotated_code(gm: torch.fx.GraphModule) -> str:

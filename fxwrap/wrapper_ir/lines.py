@@ -30,7 +30,7 @@ import sympy
 import torch
 
 from fxwrap.core.symbolic import storage_elements, to_expr, to_exprs
-from fxwrap.wrapper_ir.provenance import Origin
+from fxwrap.runtime.provenance import Origin
 
 
 @dataclass(frozen=True)

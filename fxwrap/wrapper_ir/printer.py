@@ -19,7 +19,7 @@ import sympy
 import torch
 
 from fxwrap.wrapper_ir.lines import Buffer, Line
-from fxwrap.wrapper_ir.provenance import describe
+from fxwrap.runtime.provenance import describe
 
 
 def fmt(value, names=frozenset()) -> str:

@@ -17,7 +17,7 @@ from fxwrap.runtime.kernel import Kernel
 from fxwrap.testing.suite import fresh_state as _fresh_state
 from fxwrap.wrapper_ir.fx import annotated_code
 from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
-from fxwrap.wrapper_ir.provenance import Origin, describe, module_path, origin_of, user_frame
+from fxwrap.runtime.provenance import Origin, describe, module_path, origin_of, user_frame
 
 fresh_state = pytest.fixture(autouse=True)(_fresh_state)
 

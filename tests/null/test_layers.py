@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("logs", ("fxwrap.core.logs", "fxwrap.core.progress")),
     ("symbolic", ("fxwrap.core.symbolic",)),
     ("loop IR", ("fxwrap.core.ir",)),
-    ("lines", ("fxwrap.wrapper_ir.lines", "fxwrap.wrapper_ir.control_flow", "fxwrap.wrapper_ir.provenance")),
+    ("lines", ("fxwrap.wrapper_ir.lines", "fxwrap.wrapper_ir.control_flow")),
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",
                   "fxwrap.core.lowering", "fxwrap.core.numerics", "fxwrap.core.rules")),
     ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.memory")),
@@ -37,7 +37,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("hook specs", ("fxwrap.plugins.hookspecs",)),
     ("targets", ("fxwrap.targets",)),
     ("plugins", ("fxwrap.plugins",)),
-    ("api", ("fxwrap.arguments", "fxwrap.dump", "fxwrap.api", "fxwrap.profiling", "fxwrap.cli", "fxwrap.__main__", "fxwrap")),
+    ("api", ("fxwrap.arguments", "fxwrap.dump", "fxwrap.api", "fxwrap.artifacts", "fxwrap.program_cache",
+             "fxwrap.profiling", "fxwrap.cli", "fxwrap.__main__", "fxwrap")),
     ("testing", ("fxwrap.testing",)),
 ]
 # modules every target may import; anything else under fxwrap.targets belongs to one target

@@ -189,6 +189,12 @@ class CppEmitter(CStyleEmitter):
                             source.launch["pointers"], len(source.launch["size_symbols"]),
                             compiler=self._compiler)
 
+    def saved_loader(self, kernel) -> Callable:
+        """The kernel's shared object, carried by a ``host.saved.SharedObjectLoader``."""
+        from fxwrap.targets.host.loader import kernel_loader
+        from fxwrap.targets.host.saved import SharedObjectLoader, bind_c_kernel
+        return SharedObjectLoader.of(kernel.launcher().library, bind_c_kernel, kernel_loader)
+
 
 # a size symbol's stand-in when strides are compared to order loops (a guess: only
 # the speed of the loop nest depends on it, never its result)

@@ -329,6 +329,14 @@ class TritonEmitter(KernelEmitter):
             device = torch.device("cuda", launch.get("device_index", torch.cuda.current_device()))
         return self._bind(source.text, launch, device)
 
+    def saved_loader(self, kernel):
+        """``triton-interpret``: the source (``saved.interpreted_loader``); ``cuda``: the
+        cubins and their launch metadata (``saved.CubinLoader``)."""
+        from fxwrap.targets.cuda_triton import saved
+        if kernel.launch.get("interpret", False):
+            return saved.interpreted_loader
+        return saved.cubin_loader_of(kernel)
+
     def _bind(self, text: str, launch: dict, device):
         """A launcher for ``launch["config"]``, shared by every kernel with the same body."""
         from fxwrap.targets.cuda_triton.launcher import SplitLauncher, split_launches

@@ -11,6 +11,7 @@ a wrong binary.
 from __future__ import annotations
 
 import functools
+import logging
 import hashlib
 import os
 import platform
@@ -18,8 +19,11 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from fxwrap.core import logs
 from fxwrap.targets.host.cache import KernelCache, default_cache_dir
+
+# the ``cache`` stage's logger (``fxwrap.core.logs``), by name: a saved program loads this
+# module without the compiler's modules
+_CACHE_LOG = logging.getLogger("fxwrap.cache")
 
 # -fwrapv: integer overflow wraps like eager PyTorch; -ffp-contract=off: no fused
 # multiply-add, every op rounds like its eager kernel; -fno-math-errno: libm calls
@@ -114,9 +118,9 @@ class CppCompiler:
                 raise CompileError(f"{self.cxx} failed (exit {proc.returncode}) on the kernel saved "
                                    f"at {keep}\ncommand: {shlex.join(cmd)}\n{proc.stderr[-8000:]}")
 
-        if logs.enabled("cache"):
+        if _CACHE_LOG.isEnabledFor(logging.DEBUG):
             hit = self.cache.lookup(key) is not None
-            logs.logger("cache").debug("%s %s (%s)", "hit" if hit else "miss, compiling", self.cache.path(key),
+            _CACHE_LOG.debug("%s %s (%s)", "hit" if hit else "miss, compiling", self.cache.path(key),
                                        _kernel_title(source))
         return self.cache.get_or_build(key, source, build)
 

@@ -36,7 +36,7 @@ from fxwrap.core.numerics import compute_dtype
 from fxwrap.core.symbolic import python_source
 from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, LocalNames
 from fxwrap.targets.mps_metal.prelude import PRELUDE
-from fxwrap.wrapper_ir.provenance import describe
+from fxwrap.runtime.provenance import describe
 
 
 def _metal_ops() -> dict:
@@ -187,6 +187,18 @@ class MetalEmitter(CStyleEmitter):
             return shim_launcher(source.text, source.launch)
         from fxwrap.targets.mps_metal.launcher import mps_launcher
         return mps_launcher(source.text, source.launch)
+
+    def saved_loader(self, kernel):
+        """Shim kernels: their shared object (``host.saved.SharedObjectLoader``).  MPS
+        kernels: their Metal source, which ``torch.mps.compile_shader`` (the Metal driver,
+        no fxwrap compiler) builds when the loaded program first launches them."""
+        from fxwrap.targets.mps_metal import shim_runner
+        if kernel.launch.get("execute", self.execute) == "shim":
+            from fxwrap.targets.host.saved import SharedObjectLoader
+            return SharedObjectLoader.of(kernel.launcher().shim.library, shim_runner.bind_shim_kernel,
+                                         shim_runner.kernel_loader)
+        from fxwrap.targets.mps_metal.launcher import kernel_loader
+        return kernel_loader
 
 
 def python_expr(expr) -> str:

@@ -44,3 +44,11 @@ def mps_launcher(source: str, launch: dict) -> Callable:
 
     launch_kernel.library = library
     return launch_kernel
+
+
+def kernel_loader(kernel) -> Callable:
+    """``fxwrap.Kernel`` loader (picklable): ``torch.mps.compile_shader`` of its source."""
+    return mps_launcher(kernel.source, kernel.launch)
+
+
+kernel_loader.fxwrap_saved = True  # needs the Metal driver, no fxwrap compiler

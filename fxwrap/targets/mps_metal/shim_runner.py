@@ -94,10 +94,13 @@ class ShimKernel:
     """
 
     def __init__(self, source: str, symbol: str, pointers: int, sizes: int,
-                 thread_args: Sequence[str]):
+                 thread_args: Sequence[str], library: Path | None = None):
+        """``library``: the shared object already built from this kernel (a saved
+        program's); None compiles the translation unit (cached)."""
         self.symbol, self.pointers, self.sizes = symbol, pointers, sizes
-        tu = translation_unit(source, symbol, pointers, sizes, thread_args)
-        self.library = shim_compiler().compile(tu)
+        if library is None:
+            library = shim_compiler().compile(translation_unit(source, symbol, pointers, sizes, thread_args))
+        self.library = library
         fn = load_library(self.library).fxwrap_shim_entry
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
         fn.restype = ctypes.c_int
@@ -120,10 +123,11 @@ def grid_function(expr: str, size_names: Sequence[str]) -> Callable[..., int]:
     return eval(f"lambda {params}: int({expr})", {"__builtins__": {"int": int, "max": max, "min": min}})  # noqa: S307
 
 
-def shim_launcher(source: str, launch: dict) -> Callable:
-    """A pre-bound launcher ``launch(*tensors, *sizes)`` for an emitted Metal kernel."""
+def shim_launcher(source: str, launch: dict, library: Path | None = None) -> Callable:
+    """A pre-bound launcher ``launch(*tensors, *sizes)`` for an emitted Metal kernel
+    (``library``: its shared object, built already)."""
     pointers, names = launch["pointers"], tuple(launch["size_symbols"])
-    kernel = ShimKernel(source, launch["symbol"], pointers, len(names), launch["thread_args"])
+    kernel = ShimKernel(source, launch["symbol"], pointers, len(names), launch["thread_args"], library)
     numel = grid_function(launch["grid"], names)
     tg = int(launch["threadgroup_size"])
     reduction = launch["kind"] == "reduction"
@@ -138,3 +142,13 @@ def shim_launcher(source: str, launch: dict) -> Callable:
     launch_kernel.shim = kernel
     launch_kernel.threadgroup_size = tg
     return launch_kernel
+
+
+def bind_shim_kernel(library: Path, kernel) -> Callable:
+    """A saved shim kernel's launcher from its shared object (``host.saved``)."""
+    return shim_launcher(kernel.source, kernel.launch, library)
+
+
+def kernel_loader(kernel) -> Callable:
+    """``fxwrap.Kernel`` loader (picklable): compile the kernel's translation unit (cached)."""
+    return shim_launcher(kernel.source, kernel.launch)

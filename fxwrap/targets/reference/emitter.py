@@ -239,3 +239,15 @@ class ReferenceEmitter(KernelEmitter):
 
     def load(self, source: KernelSource):
         return ReferenceLauncher(source.launch["kernel"])
+
+    def saved_loader(self, kernel):
+        """The kernel's loop IR (in its launch metadata) is what the reference target runs."""
+        return kernel_loader
+
+
+def kernel_loader(kernel) -> ReferenceLauncher:
+    """``fxwrap.Kernel`` loader (picklable): evaluate the kernel's loop IR with torch."""
+    return ReferenceLauncher(kernel.launch["kernel"])
+
+
+kernel_loader.fxwrap_saved = True  # imports the loop IR (fxwrap.core.ir, sympy), no dynamo

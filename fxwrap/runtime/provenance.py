@@ -18,7 +18,8 @@ backward) and ``nn_module_stack`` (a backward node has ``fwd_nn_module_stack`` i
 AOTAutograd copies the forward node's stack and trace to the backward nodes it derives
 from it through ``seq_nr``, so a gradient kernel names the forward line it differentiates).
 
-A data module of the lines layer: it imports no other fxwrap module.
+Plain data in the runtime layer (a saved GraphModule carries it in its nodes' meta, and
+loading one must import no compiler module): it imports no other fxwrap module.
 """
 from __future__ import annotations
 

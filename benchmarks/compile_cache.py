@@ -1,0 +1,141 @@
+"""Compile time of the suite models, cold vs warm whole-program cache, each in a new process.
+
+    PYTHONPATH=. python benchmarks/compile_cache.py                        # llama, gpt, convnet, mlp on CPU
+    PYTHONPATH=. python benchmarks/compile_cache.py --models mlp --variants training-fp32
+
+Per model and variant, three fresh processes share one empty ``FXWRAP_CACHE_DIR``:
+
+* ``cold``: nothing cached: dynamo, AOTAutograd, fxwrap's lowering, every kernel compile;
+* ``kernels``: the program cache off (``FXWRAP_PROGRAM_CACHE=0``), the kernel binaries
+  cached (what a second process got before the program cache);
+* ``warm``: the programs come from the program cache.
+
+Each reports the first call's time (compile + one run; for training the forward and the
+backward), split into ``fxwrap`` (inside ``compile_aten_graph``: lowering, or loading
+from the cache), ``aot`` (the rest of the backend call dynamo makes: AOTAutograd's
+tracing with the decompositions, and partitioning), ``run`` (a second call's time:
+what the first call spends running) and ``dynamo`` (the rest: dynamo's bytecode
+tracing, guards).
+``warm/cold`` is the warm first call over the cold one (the issue's bar: <= 10%).
+``--repeat N`` keeps the fastest of N runs of each (machine noise only adds time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = ("llama", "gpt", "convnet", "mlp")
+VARIANTS = ("inference-fp32", "training-fp32")
+
+
+def child(model_name: str, variant: str) -> dict:
+    """One compile in this (fresh) process; returns the times in seconds."""
+    import torch
+
+    sys.path.insert(0, HERE)
+    import suite_models
+
+    import fxwrap.api as api
+
+    spent = {"fxwrap": 0.0, "backend": 0.0}
+    compile_aten_graph, backend_call = api.compile_aten_graph, api.Backend.__call__
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return compile_aten_graph(*args, **kwargs)
+        finally:
+            spent["fxwrap"] += time.perf_counter() - start
+
+    def timed_backend(self, *args, **kwargs):  # dynamo's call of the backend: AOTAutograd + fxwrap
+        start = time.perf_counter()
+        try:
+            return backend_call(self, *args, **kwargs)
+        finally:
+            spent["backend"] += time.perf_counter() - start
+
+    api.compile_aten_graph, api.Backend.__call__ = timed, timed_backend
+    entry = next(m for m in suite_models.MODELS if m.name == model_name)
+    training = variant.startswith("training")
+    torch.manual_seed(0)
+    model, make_inputs, loss_fn = entry.build("cpu", "small")
+    model.train(training)
+    inputs = make_inputs(1)
+    compiled = torch.compile(model, backend="fxwrap")
+
+    def step():
+        if training:
+            loss_fn(compiled(*inputs)).backward()
+        else:
+            with torch.no_grad():
+                compiled(*inputs)
+
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    step()
+    run = time.perf_counter() - start
+    # the backward program is compiled when the first backward runs, outside the backend call
+    inside = min(spent["fxwrap"], spent["backend"])
+    return {"first_s": first, "fxwrap_s": spent["fxwrap"], "run_s": run,
+            "aot_s": max(spent["backend"] - inside, 0.0),
+            "dynamo_s": max(first - spent["backend"] - (spent["fxwrap"] - inside) - run, 0.0),
+            "dynamo_aot_s": max(first - spent["fxwrap"] - run, 0.0)}
+
+
+def _spawn(model: str, variant: str, cache_dir: str, program_cache: bool) -> dict:
+    env = dict(os.environ, FXWRAP_CACHE_DIR=cache_dir, FXWRAP_PROGRAM_CACHE="1" if program_cache else "0",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, __file__, "--child", model, variant], capture_output=True, text=True,
+                         env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{model} {variant} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each (cold, kernels, warm) process this many times, keep the fastest")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child)))
+        return 0
+    header = (f"{'model':<9} {'variant':<15} {'cold s':>7} {'kernels s':>9} {'warm s':>7} {'warm/cold':>9}   "
+              f"warm: {'dynamo':>6} {'aot':>5} {'fxwrap':>6} {'run':>5}   cold: {'fxwrap':>6}")
+    print(header)
+    print("-" * len(header))
+    results = []
+    for model in args.models.split(","):
+        for variant in args.variants.split(","):
+            runs = {"cold": [], "kernels": [], "warm": []}
+            for _ in range(args.repeat):
+                with tempfile.TemporaryDirectory(prefix="fxwrap-compile-cache-") as cache_dir:
+                    runs["cold"].append(_spawn(model, variant, cache_dir, True))
+                    runs["kernels"].append(_spawn(model, variant, cache_dir, False))
+                    runs["warm"].append(_spawn(model, variant, cache_dir, True))
+            cold, kernels, warm = (min(runs[k], key=lambda r: r["first_s"]) for k in ("cold", "kernels", "warm"))
+            ratio = warm["first_s"] / cold["first_s"]
+            results.append({"model": model, "variant": variant, "cold": cold, "kernels": kernels, "warm": warm})
+            print(f"{model:<9} {variant:<15} {cold['first_s']:>7.2f} {kernels['first_s']:>9.2f} "
+                  f"{warm['first_s']:>7.2f} {ratio:>8.0%}    {'':>5} {warm['dynamo_s']:>6.2f} {warm['aot_s']:>5.2f} "
+                  f"{warm['fxwrap_s']:>6.2f} {warm['run_s']:>5.2f}   {'':>5} {cold['fxwrap_s']:>6.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

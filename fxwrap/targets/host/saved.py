@@ -1,0 +1,88 @@
+"""The loader a saved program's host kernels carry: their shared object, as bytes.
+
+``program.save`` replaces the loader of each C++ kernel (``cpu``) and Metal-shim kernel
+(``mps_shim``) with a ``SharedObjectLoader`` holding the ``.so`` the launcher was
+built from; ``fxwrap.load`` then runs it without a compiler::
+
+    SharedObjectLoader(binary=b"\\x7fELF...", host="x86_64\\nmodel name: ...",
+                       bind=bind_c_kernel, rebuild=kernel_loader)
+    loader(kernel)   # writes FXWRAP_CACHE_DIR/saved/3f/3f2a...e1.so (once), dlopens it,
+                     # and binds the kernel's symbol: a launcher, no compile
+
+The binary was built with ``-march=native`` for the host that saved it: on another
+host (a different ``host_fingerprint()``), or when the file cannot be loaded, the
+kernel is compiled again from its source (``rebuild``) with a warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from fxwrap.targets.host.cache import default_cache_dir
+from fxwrap.targets.host.compiler import host_fingerprint
+from fxwrap.targets.host.loader import c_function, load_library, make_launcher
+
+
+def saved_binary_path(binary: bytes) -> Path:
+    """Where a saved shared object is written to be dlopened: by the hash of its bytes,
+    under ``FXWRAP_CACHE_DIR/saved`` (atomically; processes loading the same file share it)."""
+    digest = hashlib.sha256(binary).hexdigest()
+    path = default_cache_dir() / "saved" / digest[:2] / f"{digest}.so"
+    if path.is_file() and path.stat().st_size == len(binary):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{digest}.{os.getpid()}.{secrets.token_hex(6)}.tmp.so")
+    try:
+        tmp.write_bytes(binary)
+        os.replace(tmp, path)
+    finally:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+    return path
+
+
+class SharedObjectLoader:
+    """A kernel loader carrying the kernel's shared object (see the module docstring):
+    ``bind(library_path, kernel) -> launcher`` binds it, ``rebuild(kernel) -> launcher``
+    compiles the kernel's source instead (another host, or a file that does not load)."""
+
+    fxwrap_saved = True  # a saved loader: program files store it as it is
+
+    def __init__(self, binary: bytes, host: str, bind: Callable, rebuild: Callable):
+        self.binary, self.host, self.bind, self.rebuild = binary, host, bind, rebuild
+
+    @classmethod
+    def of(cls, library: str | os.PathLike, bind: Callable, rebuild: Callable) -> "SharedObjectLoader":
+        """The loader of the shared object at ``library``, built on this host."""
+        return cls(Path(library).read_bytes(), host_fingerprint(), bind, rebuild)
+
+    def __call__(self, kernel) -> Callable:
+        if self.host != host_fingerprint():
+            warnings.warn(f"fxwrap: kernel {kernel.name} (target {kernel.target}) of a loaded program was "
+                          "built for another CPU (-march=native); compiling it again from its source",
+                          stacklevel=2)
+            return self.rebuild(kernel)
+        try:
+            return self.bind(saved_binary_path(self.binary), kernel)
+        except OSError as exc:
+            warnings.warn(f"fxwrap: the saved binary of kernel {kernel.name} (target {kernel.target}) "
+                          f"does not load ({exc}); compiling it again from its source", stacklevel=2)
+            return self.rebuild(kernel)
+
+    def __repr__(self) -> str:
+        return f"SharedObjectLoader({len(self.binary)} bytes, bind={self.bind.__name__})"
+
+
+def bind_c_kernel(library: Path, kernel) -> Callable:
+    """A C++ kernel's launcher from its shared object (what ``loader.launcher_for`` binds)."""
+    launch = kernel.launch
+    fn = c_function(load_library(library), launch["symbol"], launch["pointers"], len(launch["size_symbols"]))
+    launcher = make_launcher(fn, launch["pointers"], len(launch["size_symbols"]), name=launch["symbol"])
+    launcher.library = str(library)
+    return launcher

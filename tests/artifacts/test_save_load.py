@@ -1,0 +1,195 @@
+"""``program.save`` / ``fxwrap.load`` / ``pickle``: a saved program runs in a fresh process
+with eager's numbers, imports no compiler module and compiles nothing."""
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import zipfile
+
+import pytest
+import torch
+
+import fxwrap
+from fxwrap.artifacts import HEADER
+
+from artifact_helpers import compile_entries, compiler_modules, load_in_fresh_process
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def mlp_block(x, w):
+    return torch.relu(x @ w) * 2 + x.sum(1, keepdim=True)
+
+
+def two_outputs(x, w):
+    h = torch.tanh(x @ w)
+    return {"h": h, "norm": (h * h).sum(-1).sqrt()}
+
+
+def _inputs(seed: int = 0):
+    g = _gen(seed)
+    return torch.randn(8, 16, generator=g), torch.randn(16, 4, generator=g)
+
+
+# target -> modules its kernels legitimately import when loaded
+TARGETS = {"cpu": (), "triton-interpret": (), "mps_shim": (),
+           # the reference target runs the loop IR itself (fxwrap.core.ir over wrapper_ir.lines'
+    # buffers, sympy sizes), never dynamo
+           "reference": ("sympy", "fxwrap.core", "fxwrap.wrapper_ir.lines", "fxwrap.wrapper_ir",
+                         "fxwrap.targets.reference.emitter")}
+
+
+# Triton's interpreter needs TRITON_INTERPRET=1 from triton's first import on: tests/conftest.py
+# sets it on machines without a GPU only
+INTERPRETER = pytest.mark.skipif(torch.cuda.is_available(), reason="triton-interpret runs where there is no GPU "
+                                 "(tests/conftest.py sets TRITON_INTERPRET=1 only there)")
+
+
+def _targets():
+    return [pytest.param(t, marks=INTERPRETER) if t == "triton-interpret" else t for t in sorted(TARGETS)]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("target", _targets())
+def test_inference_round_trip_in_a_fresh_process(target, dynamic, tmp_path):
+    x, w = _inputs()
+    program = fxwrap.lower(mlp_block, x, w, target=target, dynamic=dynamic)
+    path = tmp_path / "program.fxwrap"
+    program.save(path)
+    x2, w2 = _inputs(1)  # other values than the example
+    report = load_in_fresh_process(path, {"mode": "run", "args": (x2, w2), "expected": mlp_block(x2, w2)}, tmp_path)
+    assert compiler_modules(report["modules"], TARGETS[target]) == []
+    assert compile_entries(report) == []
+    assert len(report["kernels"]) >= 1
+    if target in ("cpu", "mps_shim"):
+        assert set(report["kernels"]) == {"SharedObjectLoader"}
+
+
+def test_a_module_with_parameters_and_a_dict_output(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32))
+    x = torch.randn(4, 16, generator=_gen(2))
+    path = tmp_path / "model.fxwrap"
+    fxwrap.lower(model, x).save(path)
+    x2 = torch.randn(4, 16, generator=_gen(3))
+    with torch.no_grad():
+        expected = model(x2)
+    report = load_in_fresh_process(path, {"mode": "run", "args": (x2,), "expected": expected}, tmp_path)
+    assert compiler_modules(report["modules"]) == []
+
+    w = torch.randn(16, 4, generator=_gen(4))
+    path2 = tmp_path / "dict.fxwrap"
+    fxwrap.lower(two_outputs, x, w).save(path2)
+    report = load_in_fresh_process(path2, {"mode": "run", "args": (x2, w), "expected": two_outputs(x2, w)},
+                                   tmp_path)
+    assert compiler_modules(report["modules"]) == []
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("triton-interpret", marks=INTERPRETER)])
+def test_training_pair_round_trip_in_a_fresh_process(target, tmp_path):
+    """Forward and backward saved together; the loaded pair gives eager's outputs and
+    gradients (forward: primals -> outputs + saved values; backward: saved + tangents)."""
+    x, w = (t.requires_grad_() for t in _inputs())
+    pair = fxwrap.lower(mlp_block, x, w, training=True, target=target)
+    path = tmp_path / "pair.fxwrap"
+    pair.save(path)
+    x2, w2 = (t.requires_grad_() for t in _inputs(5))
+    out = mlp_block(x2, w2)
+    tangent = torch.randn(out.shape, generator=_gen(6))
+    out.backward(tangent)
+    case = {"mode": "training", "args": (x2.detach(), w2.detach()), "expected": [out.detach()],
+            "user_outputs": 1, "tangents": [tangent], "grads": [x2.grad, w2.grad]}
+    report = load_in_fresh_process(path, case, tmp_path)
+    assert compiler_modules(report["modules"]) == []
+    assert compile_entries(report) == []
+
+
+def test_pickle_of_a_program_is_the_saved_file(tmp_path):
+    x, w = _inputs()
+    program = fxwrap.lower(mlp_block, x, w)
+    loaded = pickle.loads(pickle.dumps(program))
+    assert isinstance(loaded, fxwrap.LoadedProgram)
+    x2, w2 = _inputs(7)
+    torch.testing.assert_close(loaded.run(x2, w2), mlp_block(x2, w2))
+    # a loaded program pickles and saves again (its kernels keep their saved binaries)
+    again = pickle.loads(pickle.dumps(loaded))
+    torch.testing.assert_close(again.run(x2, w2), mlp_block(x2, w2))
+    assert [type(k.loader).__name__ for k in again.kernels] == ["SharedObjectLoader"] * len(again.kernels)
+    pair = fxwrap.lower(mlp_block, *(t.requires_grad_() for t in _inputs()), training=True)
+    assert isinstance(pickle.loads(pickle.dumps(pair)), fxwrap.LoadedTrainingPrograms)
+
+
+def test_the_same_program_saves_to_the_same_bytes(tmp_path):
+    program = fxwrap.lower(mlp_block, *_inputs())
+    program.save(tmp_path / "a.fxwrap")
+    program.save(tmp_path / "b.fxwrap")
+    assert (tmp_path / "a.fxwrap").read_bytes() == (tmp_path / "b.fxwrap").read_bytes()
+    assert pickle.dumps(program) == pickle.dumps(program)
+
+
+def test_a_loaded_program_is_guarded(tmp_path):
+    x, w = _inputs()
+    path = tmp_path / "p.fxwrap"
+    fxwrap.lower(mlp_block, x, w).save(path)
+    loaded = fxwrap.load(path)
+    with pytest.raises(fxwrap.InputMismatchError, match="strides"):
+        loaded.run(torch.randn(16, 8).t(), w)
+    with pytest.raises(TypeError, match="takes 2 positional arguments"):
+        loaded.run(x)
+
+
+def _rewrite_header(path, **changes):
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    header = json.loads(members[HEADER])
+    header.update(changes)
+    members[HEADER] = json.dumps(header).encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    path.write_bytes(buffer.getvalue())
+
+
+def test_another_version_or_an_absent_device_is_a_clear_error(tmp_path):
+    path = tmp_path / "p.fxwrap"
+    fxwrap.lower(mlp_block, *_inputs()).save(path)
+    _rewrite_header(path, torch_version="2.11.0")
+    with pytest.raises(fxwrap.ProgramFileError,
+                       match=r"saved by fxwrap .* with torch 2.11.0; this is fxwrap .* with torch .*lower the "
+                             r"function again here"):
+        fxwrap.load(path)
+    fxwrap.lower(mlp_block, *_inputs()).save(path)
+    _rewrite_header(path, fxwrap_version="0.0.1")
+    with pytest.raises(fxwrap.ProgramFileError, match="saved by fxwrap 0.0.1"):
+        fxwrap.load(path)
+    fxwrap.lower(mlp_block, *_inputs()).save(path)
+    _rewrite_header(path, format_version=99)
+    with pytest.raises(fxwrap.ProgramFileError, match="format version 99"):
+        fxwrap.load(path)
+    if not torch.cuda.is_available():
+        fxwrap.lower(mlp_block, *_inputs()).save(path)
+        _rewrite_header(path, target="cuda", device_type="cuda")
+        with pytest.raises(fxwrap.ProgramFileError,
+                           match=r"program for target 'cuda', which runs on cuda devices, and this machine has "
+                                 r"no cuda device \(torch.cuda.is_available\(\) is False\)"):
+            fxwrap.load(path)
+    path.write_bytes(b"not a zip")
+    with pytest.raises(fxwrap.ProgramFileError, match="is not an fxwrap program file"):
+        fxwrap.load(path)
+
+
+def test_a_binary_built_for_another_cpu_is_compiled_again_with_a_warning(tmp_path):
+    x, w = _inputs()
+    program = fxwrap.lower(mlp_block, x, w)
+    data = pickle.dumps(program)
+    loaded = pickle.loads(data)
+    for kernel in loaded.kernels:  # as if another machine had saved it
+        kernel.loader.host = "another cpu"
+    from fxwrap.artifacts import dumps, loads
+    with pytest.warns(UserWarning, match="built for another CPU"):
+        again = loads(dumps(loaded))
+    torch.testing.assert_close(again.run(x, w), mlp_block(x, w))
