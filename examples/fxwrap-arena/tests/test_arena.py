@@ -181,7 +181,8 @@ def test_arena_kernels_have_their_own_flavour():
     kernels = [n.target for p in programs for n in p.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)]
     assert kernels and all("// arena kernel (alignment 64)" in k.source for k in kernels)
     assert any("arena_tanh(" in k.source for k in kernels)
-    assert all(p.runner.last.offsets for p in programs)
+    # the forward's intermediates all fuse away (what it stores is saved for the backward)
+    assert any(p.runner.last.offsets for p in programs)
 
 
 def test_first_fit_random_blocks():
