@@ -49,6 +49,7 @@ import threading
 
 import sympy
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
 from fxwrap.runtime.kernel import KernelArg
@@ -284,7 +285,10 @@ class TritonEmitter(KernelEmitter):
             best, timings = hit
             source.launch["autotune_reused"] = True
         else:
-            with torch.cuda.device(device):
+            # Kernels render inside AOTAutograd's compile, under its fake tensor mode: the
+            # timing inputs must be real tensors (under the fake mode every config failed
+            # with "Cannot access data pointer" and the first was kept, untimed).
+            with torch.cuda.device(device), unset_fake_temporarily():
                 self._bind_concurrently(make, configs, device)
                 best, timings = autotune.choose(make, kernel, hints, configs, device, self.device_interface)
             with _CACHE_LOCK:
