@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import operator
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,9 @@ class LaunchTiming:
 
     @property
     def per_call_s(self) -> float:
+        """The median of its timed calls (robust to the spikes of a shared machine)."""
+        if self.durations_s:
+            return statistics.median(self.durations_s)
         return self.total_s / self.calls if self.calls else 0.0
 
     @property
@@ -282,14 +286,14 @@ def profile(program_or_fn: Program | Callable, *args, warmup: int = 3, iters: in
             program(*graph_inputs)
             interpreter.run(*graph_inputs)
         sync()
-        call_s = 0.0
+        calls = []
         for _ in range(iters):  # interleaved, so that both see the same machine load
             started = time.perf_counter()
             program(*graph_inputs)
             sync()
-            call_s += time.perf_counter() - started
+            calls.append(time.perf_counter() - started)
             interpreter.timed_call(graph_inputs)
-        call_s /= iters
+        call_s = statistics.median(calls)  # as each launch's per-call time: medians
     launches = list(interpreter.rows.values())
     return ProfileReport(launches, call_s, iters, "cuda" if cuda else "cpu", program.kind, program.target.name,
                          interpreter.call_starts)
