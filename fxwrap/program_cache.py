@@ -33,6 +33,7 @@ import pickle
 import platform
 import secrets
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -68,6 +69,34 @@ def package_digest() -> str:
     for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+#: a plugin's package larger than this is keyed by the plugin module's own file only
+PLUGIN_FILES_MAX = 500
+
+
+def plugin_digest(manager) -> str:
+    """sha256 of the sources of every plugin the manager registered outside fxwrap (its
+    module's package directory, ``*.py``): a vendor editing its lowering rules or passes
+    misses the cache, instead of running programs compiled with the old ones."""
+    pm = getattr(manager, "pm", None)
+    files: set[Path] = set()
+    for plugin in (pm.get_plugins() if pm is not None else ()):
+        name = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if not name or name == "fxwrap" or name.startswith("fxwrap.") or path is None:
+            continue  # fxwrap's own files are in package_digest
+        path = Path(path).resolve()
+        package = path.parent if "." in name or path.name == "__init__.py" else None
+        found = sorted(package.rglob("*.py")) if package is not None else [path]
+        files.update(found if len(found) <= PLUGIN_FILES_MAX else [path])
+    h = hashlib.sha256()
+    for path in sorted(files):
+        if "__pycache__" not in path.parts and path.is_file():
+            h.update(str(path).encode())
+            h.update(path.read_bytes())
     return h.hexdigest()
 
 
@@ -140,6 +169,7 @@ def program_key(gm: torch.fx.GraphModule, session, kind: str) -> str:
         else session.capabilities)
     add(host_fingerprint())
     add(getattr(session.manager, "plugins", None))
+    add(plugin_digest(session.manager))
     add(sorted((k, v) for k, v in os.environ.items()
                if (k.startswith("FXWRAP_") and k not in _ENV_IGNORED) or k == "CXX"))
     add((sys.version, platform.machine(), torch.__version__, triton_version(), fxwrap_version(), package_digest()))

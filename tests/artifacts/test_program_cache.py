@@ -162,3 +162,28 @@ def test_concurrent_processes_share_one_entry(tmp_path):
 
 def test_the_key_covers_fxwrap_sources():
     assert len(program_cache.package_digest()) == 64
+
+
+def test_the_key_covers_plugin_sources(tmp_path, monkeypatch):
+    """A vendor editing its plugin (here: a lowering rule's module) misses the cache: the
+    key holds a digest of every registered plugin's package sources."""
+    import importlib
+    import importlib.metadata
+
+    from fxwrap.plugins.manager import PluginManager, installed_entry_points
+
+    package = tmp_path / "vendor_rules"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("SCALE = 2.0\n")
+    (package / "plugin.py").write_text("from fxwrap.plugins.hookspecs import hookimpl\n\n"
+                                       "@hookimpl\ndef fxwrap_decompositions(target):\n    return {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    entry = importlib.metadata.EntryPoint("vendor_rules", "vendor_rules.plugin", group="fxwrap")
+    manager = PluginManager([*installed_entry_points(), entry])
+    manager.load()
+    first = program_cache.plugin_digest(manager)
+    assert first == program_cache.plugin_digest(manager)
+    (package / "helpers.py").write_text("SCALE = 3.0\n")  # a file the plugin's package holds
+    assert program_cache.plugin_digest(manager) != first
