@@ -73,6 +73,7 @@ import torch.nn.functional as F
 from torch._inductor.graph import GraphLowering
 
 import fxwrap
+from fxwrap.runtime.guards import check_inputs
 
 BYTES_FORMULA = "bytes = sum(input tensor bytes) + sum(output tensor bytes); GB/s = bytes / median time / 1e9"
 
@@ -334,7 +335,10 @@ def make_compiled(fn: Callable, variant: Variant, programs: list):
 
 
 # What an fxwrap graph calls that is not an op: allocation, views, free, getitem.
-_BOOKKEEPING = {torch.empty_strided, torch.empty, torch.as_strided, fxwrap.free, operator.getitem}
+# the input guard (fxwrap.runtime.guards.check_inputs, the first node of every program) is
+# bookkeeping too: Inductor's own guards run in dynamo, outside its output code
+_BOOKKEEPING = {torch.empty_strided, torch.empty, torch.as_strided, fxwrap.free, operator.getitem,
+                check_inputs}
 
 
 def _is_bookkeeping(target) -> bool:
