@@ -97,7 +97,9 @@ def test_cpu_runner_calls_torch_mm_and_matches_eager():
     assert all(c == r or DIRECT_CALLS.get(c) is r for c, r in zip(contract, runner))
     x2, w2, b2 = torch.randn(16, 8), torch.randn(8, 8), torch.randn(8)
     got = program.run(x2, w2, b2)
-    torch.testing.assert_close(got, f(x2, w2, b2))
+    # the sum of 128 products (magnitude ~100) is added to every element: fp32 summation
+    # order alone moves the result by ~1e-5 absolute
+    torch.testing.assert_close(got, f(x2, w2, b2), rtol=1e-5, atol=1e-4)
 
 
 def test_graph_without_matrix_products_is_run_as_is():
