@@ -38,7 +38,6 @@ import io
 import json
 import os
 import pickle
-import secrets
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -49,6 +48,7 @@ import torch
 
 from fxwrap.runtime.graph_records import OpRef, graph_module_from_records, graph_records, kernels_of, resolve_op
 from fxwrap.runtime.kernel import Kernel, _rebuild
+from fxwrap.targets.host.cache import write_atomically
 
 FORMAT = "fxwrap-program"
 FORMAT_VERSION = 1
@@ -245,17 +245,7 @@ def dumps(obj) -> bytes:
 
 def save(obj, path: str | os.PathLike) -> None:
     """Write ``obj`` (see ``dumps``) to ``path``, atomically (a temporary file, then ``os.replace``)."""
-    path = Path(path)
-    data = dumps(obj)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
+    write_atomically(Path(path), dumps(obj))
 
 
 # ------------------------------------------------------------------------------ loading

@@ -31,7 +31,6 @@ import logging
 import os
 import pickle
 import platform
-import secrets
 import sys
 import types
 from pathlib import Path
@@ -40,7 +39,7 @@ import torch
 
 from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, fxwrap_version, pickled, triton_version
 from fxwrap.runtime.graph_records import kernels_of
-from fxwrap.targets.host.cache import default_cache_dir
+from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
 
 log = logging.getLogger("fxwrap")
@@ -213,15 +212,7 @@ class ProgramCache:
             return
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{key}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)  # the commit point
-        finally:
-            try:
-                tmp.unlink()
-            except FileNotFoundError:
-                pass
+        write_atomically(path, data)  # the commit point
 
 
 def _program_from_entry(entry: dict, session):

@@ -322,7 +322,7 @@ def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
     refused = group.refusal(job)
     if refused is not None:
         return refused
-    at = next(i for i, x in enumerate(out) if x is group)
+    at = len(out) - 1 - next(i for i, x in enumerate(reversed(out)) if x is group)  # an open group is near the end
     since = out[at + 1:]
     if not _can_hoist(job, since, roots):
         lifted = _liftable(job, since, group)

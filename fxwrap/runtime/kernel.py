@@ -96,11 +96,7 @@ class Kernel:
         if any(isinstance(a, torch.fx.Proxy) for a in args):  # FX re-tracing on unpickle
             tracer = next(a for a in args if isinstance(a, torch.fx.Proxy)).tracer
             return tracer.create_proxy("call_function", self, args, {})
-        if self.loader is None:
-            raise RuntimeError(f"kernel {self.name} (target {self.target}) has no loader: "
-                               "build it with a KernelEmitter or pass loader=")
-        self._launcher = self.loader(self)
-        return self._launcher(*args)
+        return self.launcher()(*args)
 
     def launcher(self) -> Callable:
         """The launcher calls go to, loaded through ``loader`` now if no call has loaded it

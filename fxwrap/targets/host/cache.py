@@ -22,6 +22,21 @@ from pathlib import Path
 STALE_SECONDS = 3600.0
 
 
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a unique temporary file in the same directory
+    and ``os.replace``: a reader sees the old file or the whole new one, never a part."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def default_cache_dir() -> Path:
     root = os.environ.get("FXWRAP_CACHE_DIR")
     return Path(root) if root else Path.home() / ".cache" / "fxwrap"

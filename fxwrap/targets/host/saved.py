@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from fxwrap.targets.host.cache import default_cache_dir
+from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
 from fxwrap.targets.host.loader import c_function, load_library, make_launcher
 
@@ -35,15 +34,7 @@ def saved_binary_path(binary: bytes) -> Path:
     if path.is_file() and path.stat().st_size == len(binary):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{digest}.{os.getpid()}.{secrets.token_hex(6)}.tmp.so")
-    try:
-        tmp.write_bytes(binary)
-        os.replace(tmp, path)
-    finally:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
+    write_atomically(path, binary)
     return path
 
 
