@@ -76,6 +76,23 @@ Passes are ``rewrite(root, rule)``: bottom-up over the DAG, each distinct node o
 scheduler's load substitution and re-indexing are rules).
 
 Reductions (``Reduction.kind``): ``sum prod max min any all argmax argmin welford``.
+
+Scans (``Reduction.kind`` in ``SCANS``: ``cumsum cumprod logcumsumexp cummax cummin``)
+are reductions whose ``acc`` is the running value: read by a store indexed by the r
+var, ``acc`` at ``r0`` is the scan of the row's values at ``0..r0``.  ``torch.cumsum(x * 2,
+1)`` over a contiguous ``(s0, s1)`` float tensor is::
+
+    fxwrap_scan_0: ranges=(s0,) reduction_ranges=(s1,)
+      %0 = load.f32 arg0[s1*x0 + r0]
+      %1 = const.f32 2.0
+      %2 = mul.f32 %0 %1
+      acc0 = cumsum.f32(%2)
+      %3 = acc.f32 acc0[0]
+      buf0[s1*x0 + r0] = %3
+
+``cummax``/``cummin`` have two fields, like ``argmax``: 0 the index (int64), 1 the value.
+A scan kernel holds the scans of one node and the pointwise stores over its
+``(x..., r)`` ranges that read them (its epilogue), nothing else.
 bf16/fp16 values are loaded and stored in their type and computed in float32 (the
 lowerings insert the casts; ``fxwrap.core.numerics.legalize`` makes sure of it for every
 kernel before emission).
@@ -161,6 +178,9 @@ EXACT_16BIT = frozenset(c for c in _CODES.values() if OP_INFO[c].exact_16bit)
 """Ops whose bf16/fp16 result is exact when the operands are: no re-rounding needed."""
 
 REDUCTIONS = frozenset("sum prod max min any all argmax argmin welford".split())
+
+SCANS = frozenset("cumsum cumprod logcumsumexp cummax cummin".split())
+"""Scan kinds of a ``Reduction``: the running value over the row (see ``Reduction``)."""
 
 
 def result_dtype(op, compute: torch.dtype) -> torch.dtype:
@@ -372,6 +392,11 @@ class Reduction:
     value: Op
     dtype: torch.dtype  # the accumulator's dtype
 
+    @property
+    def is_scan(self) -> bool:
+        """A scan (``SCANS``): its ``acc`` is the running value at each ``r``."""
+        return self.kind in SCANS
+
 
 @dataclass(frozen=True)
 class Store:
@@ -410,6 +435,12 @@ class ScheduledKernel:
     @property
     def is_reduction(self) -> bool:
         return bool(self.reductions)
+
+    @property
+    def is_scan(self) -> bool:
+        """A scan kernel: its reductions are scans (``SCANS``), run in the one pass over
+        each row that also makes the stores."""
+        return any(r.is_scan for r in self.reductions)
 
 
 def walk(*roots: Op, skip: Container[Op] = ()) -> list[Op]:

@@ -10,6 +10,9 @@ consecutive jobs into kernels:
   (softmax: max, then sum of exp(x - max));
 * pointwise jobs over those rows (``(outer..., reduced...)`` or ``(outer...)``)
   join as the final pass: the epilogue (softmax's ``exp(x - max) / sum``).
+* a scan (``cumsum``...) starts a kernel of its own; pointwise jobs over its whole
+  ranges (scanned dim last) join it as its epilogue (``cumsum(x) * 2``); its prologue
+  is the lazy value it scans, inlined.
 
 * a reduction over the iteration space of a pointwise group (the same sizes, up
   to an order of the dims) takes that group in as its prologue: the pointwise
@@ -116,6 +119,14 @@ class Group:
         """Why ``job`` may not join this group (None: it may), for the fusion log."""
         if self.writes_what_it_reads(job):
             return "it writes a buffer the kernel reads"
+        if any(r.is_scan for r in job.reductions):
+            return "a scan starts a kernel of its own"
+        if any(r.is_scan for r in self.reductions):
+            if job.reductions:
+                return "a reduction after a scan"
+            if not (job.outer == self.outer + self.reduced and self.trailing):
+                return (f"a scan kernel takes only pointwise work over its whole ranges "
+                        f"{tuple(self.outer) + tuple(self.reduced)} with the scanned dim last, not {tuple(job.outer)}")
         if job.reductions and not self.reductions and self.stores:
             if self.prologue_mapping(job) is None:
                 return "no mapping of the pointwise kernel's loops onto the reduction's (x, r) ranges"

@@ -59,6 +59,9 @@ class _Ctx(LoweringContext):
     def reduction(self, loops: Loops, dims, keepdim, kind, acc_dtype, finish=None, field=0):
         return self.builder.reduction(self, loops, dims, keepdim, kind, acc_dtype, finish, field)
 
+    def scan(self, loops: Loops, dim: int, kind: str, acc_dtype, fields):
+        return self.builder.scan(self, loops, dim, kind, acc_dtype, fields)
+
 
 class _Checkpoint:
     """The builder's whole state at one moment (every container attribute of the
@@ -337,6 +340,37 @@ class KernelBuilder(build._Builder):
                               **self.job_origins([ctx.node.name])))
         return Stored(out)
 
+    def scan(self, ctx, loops, dim, kind, acc_dtype, fields):
+        """A scan job over ``dim`` of ``loops``: one output per entry of ``fields`` (the
+        ``acc`` field it stores, output ``i`` of the node), each at every element."""
+        rank = len(loops.size)
+        if loops.size[dim] == 0:
+            raise Unsupported(f"{kind} over an empty dim")
+        kept = [d for d in range(rank) if d != dim]
+        xs = [xvar(i) for i in range(len(kept))]
+        index = [None] * rank
+        for k, d in enumerate(kept):
+            index[d] = xs[k]
+        index[dim] = rvar(0)
+        value = loops(tuple(index))
+        value = cast(value, acc_dtype)
+        name = f"acc{self.acc_counter}"
+        self.acc_counter += 1
+        vals = ctx.val if isinstance(ctx.val, (tuple, list)) else [ctx.val]
+        stores, results = [], []
+        for out_index, field in enumerate(fields):
+            out = self.new_buffer(vals[out_index])
+            acc = Op.acc(name, field, torch.int64 if kind in ("cummax", "cummin") and field == 0 else acc_dtype)
+            # the scanned dim's term stays even at size 1: a scan's stores are indexed by r
+            store_index = sympy.expand(sum((v * s for d, (v, s, n) in enumerate(zip(index, out.stride, out.size))
+                                            if n != 1 or d == dim), sympy.Integer(0)))
+            stores.append(Store(out.name, store_index, cast(acc, out.dtype)))
+            results.append(Stored(out))
+        self.items.append(Job(tuple(loops.size[d] for d in kept), (loops.size[dim],), (rank, (dim,)),
+                              reductions=[Reduction(name, kind, value, acc_dtype)], stores=stores,
+                              **self.job_origins([ctx.node.name])))
+        return results[0] if len(results) == 1 else tuple(results)
+
     # -- nodes ----------------------------------------------------------------
     def call_function(self, node):
         if node.target is operator.getitem:  # one result of a lazy multi-output value
@@ -445,7 +479,8 @@ class KernelBuilder(build._Builder):
                 lines.append(item)
                 continue
             keep = needed[id(item)]
-            kind = "reduction" if item.reductions else "pointwise"
+            kind = "scan" if any(r.is_scan for r in item.reductions) else \
+                "reduction" if item.reductions else "pointwise"
             sk = to_kernel(item, f"{self.kernel_prefix}_{kind}_{count}", keep, self.buffers, inputs)
             sk = dataclasses.replace(sk, origins=self.in_program_order(sk.origins))
             sk = legalize(sk, numerics)  # explicit compute dtypes, casts and 16-bit rounding

@@ -105,6 +105,7 @@ class ReferenceLauncher:
 
     def __init__(self, kernel: ScheduledKernel):
         self.k = kernel
+        self.scans = frozenset(r.name for r in kernel.reductions if r.is_scan)
 
     def __call__(self, *args):
         k = self.k
@@ -122,7 +123,10 @@ class ReferenceLauncher:
         accs: dict[str, tuple] = {}
         for red in k.reductions:
             v = self.value(red.value, tensors, env, accs, shape)
-            accs[red.name] = self.reduce(red.kind, v, red.dtype, len(k.reduction_ranges), shape)
+            if red.is_scan:
+                accs[red.name] = self.scan(red.kind, v, red.dtype, shape)
+            else:
+                accs[red.name] = self.reduce(red.kind, v, red.dtype, len(k.reduction_ranges), shape)
         for store in k.stores:
             v = self.value(store.value, tensors, env, accs, shape)
             index = eval_index(store.index, env)
@@ -136,6 +140,22 @@ class ReferenceLauncher:
             v = torch.as_tensor(v, device=device).to(out.dtype)
             index, v = torch.broadcast_tensors(index, v)
             out[index.reshape(-1)] = v.reshape(-1)
+
+    @staticmethod
+    def scan(kind, v, dtype, shape):
+        """A scan's running values over the last dim (one r var), every element: the
+        fields of its ``acc`` (cummax/cummin: 0 the index, 1 the value)."""
+        v = torch.as_tensor(v).expand(shape)
+        if kind == "cumsum":
+            return (torch.cumsum(v.to(dtype), -1),)
+        if kind == "cumprod":
+            return (torch.cumprod(v.to(dtype), -1),)
+        if kind == "logcumsumexp":
+            return (torch.logcumsumexp(v.to(dtype), -1),)
+        if kind in ("cummax", "cummin"):
+            values, indices = (torch.cummax if kind == "cummax" else torch.cummin)(v, -1)
+            return (indices, values)
+        raise NotImplementedError(f"reference target: scan {kind}")
 
     def reduce(self, kind, v, dtype, nr, shape):
         v = torch.as_tensor(v).expand(shape)
@@ -199,7 +219,7 @@ class ReferenceLauncher:
             elif node.op == OpCode.ACC:
                 name, field = acc_key(node)
                 acc = accs[name][field]
-                vals[node] = acc.reshape(acc.shape[:len(shape) - nr] + (1,) * nr)
+                vals[node] = acc if name in self.scans else acc.reshape(acc.shape[:len(shape) - nr] + (1,) * nr)
             elif node.op == OpCode.CAST:
                 vals[node] = torch.as_tensor(a[0]).to(node.dtype)
             elif node.op == OpCode.WHERE:
