@@ -139,6 +139,7 @@ class CStyleEmitter(KernelEmitter):
     thread_index: str | None = None         # grid targets: the global thread id expression
     barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
     infinity = "INFINITY"
+    renders_scans = False  # a subclass that renders scan kernels (``ScanState``) sets it
     nan = "NAN"
     # storage type of each dtype (what pointers point to)
     type_names: dict[torch.dtype, str] = {
@@ -221,7 +222,7 @@ class CStyleEmitter(KernelEmitter):
     # ------------------------------------------------------------------ pieces
     def check(self, kernel: ScheduledKernel) -> None:
         for red in kernel.reductions:
-            if red.kind not in REDUCTIONS:
+            if red.kind not in REDUCTIONS and not (red.is_scan and self.renders_scans):
                 raise EmitError(f"reduction kind {red.kind!r} of kernel {kernel.name} is not one of "
                                 f"{sorted(REDUCTIONS)} (target {self.target_name})")
         names = [b.name for b in kernel.inputs] + [b.name for b in kernel.outputs]
@@ -664,6 +665,50 @@ def append_block(lines: list[str], head: str, body: list[str]) -> None:
     lines.append(head + " {")
     lines.extend("  " + ln if ln else ln for ln in body)
     lines.append("}")
+
+
+class ScanState:
+    """One scan's running state in C-family source (``fxwrap.core.ir.SCANS``): declared
+    per row, updated once per ``r`` (``fx_cumsum``: ``sc0_s0 += tmp3;``), read by the
+    stores after the update as the scan's ``acc``.  bf16/fp16 run in float; the
+    prelude's ``fx_logcumsumexp_upd`` / ``fx_cummax_upd`` / ``fx_cummin_upd`` follow
+    eager's CPU kernels (NaN propagates; cummax/cummin: ties and NaNs take the later
+    index)."""
+
+    def __init__(self, em: "CStyleEmitter", k: int, red: Reduction):
+        self.em, self.red, self.kind = em, red, red.kind
+        self.base = f"sc{k}"
+        T = em.ctype(red.dtype)
+        self.T = T
+        if self.kind in ("cummax", "cummin"):
+            init = f"fx_lowest<{T}>()" if self.kind == "cummax" else f"fx_highest<{T}>()"
+            self.states = [(T, init), (em.ctype(torch.int64), "0")]
+            self.fields = {0: (1, torch.int64), 1: (0, red.dtype)}
+        else:
+            init = {"cumsum": "0", "cumprod": "1", "logcumsumexp": f"-{em.infinity}"}[self.kind]
+            self.states = [(T, f"{T}({init})" if init[0] != "-" else init)]
+            self.fields = {0: (0, red.dtype)}
+
+    def names(self) -> list[str]:
+        return [f"{self.base}_s{i}" for i in range(len(self.states))]
+
+    def value(self, scope: "Scope") -> str:
+        return self.em.render_cast(scope.value(self.red.value), self.red.value.dtype, self.red.dtype)
+
+    def upd(self, v: str, index: str) -> str:
+        s = self.names()
+        if self.kind == "cumsum":
+            return f"{s[0]} = {s[0]} + {v};"
+        if self.kind == "cumprod":
+            return f"{s[0]} = {s[0]} * {v};"
+        if self.kind == "logcumsumexp":
+            return f"fx_logcumsumexp_upd({s[0]}, {v});"
+        return f"fx_{self.kind}_upd<{self.T}>({s[0]}, {s[1]}, {v}, {index});"
+
+    def bind(self, scope: "Scope") -> None:
+        names = self.names()
+        for field, (i, dtype) in self.fields.items():
+            scope.bind_acc(self.red.name, field, names[i], dtype)
 
 
 class ReductionAccumulator:

@@ -46,8 +46,8 @@ import torch
 from fxwrap.core.ir import Op, OpCode, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
-from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope,
-                                   append_block)
+from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, ScanState,
+                                   Scope, append_block)
 
 
 class CppEmitter(CStyleEmitter):
@@ -60,6 +60,7 @@ class CppEmitter(CStyleEmitter):
     language = "c++"
     load_threads = min(8, os.cpu_count() or 1)  # g++ runs as a subprocess: compile in parallel
     kernel_qualifier = 'extern "C"'
+    renders_scans = True
     prelude = PRELUDE
     # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
     # (they vectorize; libm calls vectorize only under -ffast-math)
@@ -104,6 +105,8 @@ class CppEmitter(CStyleEmitter):
 
     # ------------------------------------------------------------------ body
     def render_body(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
+        if kernel.is_scan:
+            return self.scan(kernel, names)
         if kernel.reductions:
             return _ReductionCode(self, kernel, names).render()
         # no reductions: every var (x, then r if any) is a pointwise loop
@@ -180,6 +183,46 @@ class CppEmitter(CStyleEmitter):
             inner_lines.append("#pragma omp simd")
         append_block(inner_lines, f"for ({it} {iv} = {start}; {iv} < {stop}; ++{iv})", body)
         return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
+
+    def scan(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
+        """A scan kernel: one task per row (``omp parallel for`` over the rows), each a
+        serial pass over ``r0`` that updates the running states and makes every store
+        (the scanned value's producer inlined before the update, the epilogue after)."""
+        fn = Scope(self, names, None, kernel=kernel)
+        row = Scope(self, names, fn, declares=[v.name for v in self.xvars(kernel)])
+        head, update, inner = self.scan_pass(kernel, names, row)
+        it = self.index_type
+        rv = self.rvars(kernel)[0]
+        body = self.decompose("xindex", self.xvars(kernel), kernel.ranges, names)
+        row.flush_into(body)
+        body += head
+        append_block(body, f"for ({it} {rv.name} = 0; {rv.name} < {self.render_index(kernel.reduction_ranges[0])};"
+                     f" ++{rv.name})", update)
+        xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges])
+        par = self.parallel_if(xnumel * sympy.sympify(kernel.reduction_ranges[0])) if kernel.ranges else None
+        loop = [("xindex", "0", self.render_index(xnumel), "1")]
+        return fn.lines + self.parallel_for(names, par, loop, body)
+
+    def scan_pass(self, kernel: ScheduledKernel, names: LocalNames, row: Scope):
+        """``(state declarations, loop body)`` of one row's pass over ``r0``: the running
+        states of every scan of ``kernel`` (``ScanState``) declared in ``row``, the body
+        computing each scanned value, updating the states, then storing."""
+        if len(kernel.reduction_ranges) != 1:
+            raise EmitError(f"scan kernel {kernel.name}: {len(kernel.reduction_ranges)} scanned dims "
+                            f"(target {self.target_name})")
+        rv = self.rvars(kernel)[0]
+        inner = Scope(self, names, row, declares=[rv.name])
+        states = [ScanState(self, i, red) for i, red in enumerate(kernel.reductions)]
+        head = [f"{t} {n} = {init};" for st in states for (t, init), n in zip(st.states, st.names())]
+        update: list[str] = []
+        for st in states:
+            v = st.value(inner)
+            inner.flush_into(update)
+            update.append(st.upd(v, rv.name))
+        for st in states:
+            st.bind(inner)
+        update += self.render_stores(kernel, kernel.stores, inner)
+        return head, update, inner
 
     # ------------------------------------------------------------------ load
     def load(self, source: KernelSource) -> Callable:

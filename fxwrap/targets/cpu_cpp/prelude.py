@@ -362,6 +362,20 @@ template <typename T> static inline void fx_argmax_upd(T& va, int64_t& ia, T v, 
 template <typename T> static inline void fx_argmin_upd(T& va, int64_t& ia, T v, int64_t i) {
   if (fx_arg_better<false>(va, ia, v, i)) { va = v; ia = i; }
 }
+// ---- scans: the running state after one more element (eager's CPU kernels' rules) ----
+// logcumsumexp: log(exp(a) + exp(v)); NaN propagates, -inf/-inf and inf/inf stay as they are
+template <typename T> static inline void fx_logcumsumexp_upd(T& a, T v) {
+  const T mn = fx_isnan(v) ? v : (a < v ? a : v);
+  const T mx = fx_isnan(v) ? v : (a < v ? v : a);
+  if (mn != mx || std::isfinite(mn)) a = std::log1p(std::exp(mn - mx)) + mx;
+}
+// cummax/cummin: a NaN always takes over, ties go to the later index
+template <typename T> static inline void fx_cummax_upd(T& va, int64_t& ia, T v, int64_t i) {
+  if (fx_isnan(v) || (!fx_isnan(va) && v >= va)) { va = v; ia = i; }
+}
+template <typename T> static inline void fx_cummin_upd(T& va, int64_t& ia, T v, int64_t i) {
+  if (fx_isnan(v) || (!fx_isnan(va) && v <= va)) { va = v; ia = i; }
+}
 template <typename T> static inline void fx_welford_upd(T& mean, T& m2, int64_t& n, T v) {
   n += 1;
   const T d = v - mean;
