@@ -24,7 +24,7 @@ from typing import Any
 import torch.autograd.profiler as _autograd_profiler
 import torch.fx
 
-ROLES = ("input", "output", "inout", "size")
+ROLES = ("input", "output", "inout", "workspace", "size")  # workspace: scratch the kernel writes and no one reads
 
 # Kernels alive in this process, by key: lets FX's import block of a pickled
 # GraphModule name a kernel as ``fxwrap.runtime.kernel.<key>``.

@@ -62,14 +62,36 @@ class DeviceInterface:
 
 
 @dataclass(frozen=True)
+class Workspace:
+    """Scratch memory a kernel needs for one launch: ``numel`` elements (a sympy expression
+    over the kernel's size symbols) of ``dtype``, zero-filled before the launch when
+    ``zeroed``.  The kernel builder allocates it with an ``Allocate`` line before the
+    launch and passes it after the outputs (role ``workspace``); the memory planner frees
+    and reuses it like any buffer, so it counts in ``program.peak_bytes``::
+
+        ws2 = empty_strided((4*s0,), (1,), dtype=torch.float32, device='cuda:0')
+        fxwrap_scan_0(arg0, buf1, ws2, s0)
+        del ws2
+    """
+
+    numel: object  # sympy.Expr
+    dtype: torch.dtype
+    zeroed: bool = False
+
+
+@dataclass(frozen=True)
 class KernelSource:
-    """Rendered kernel: ``KernelSource("fxwrap_pointwise_0", "extern \"C\" void ...", "c++")``."""
+    """Rendered kernel: ``KernelSource("fxwrap_pointwise_0", "extern \"C\" void ...", "c++")``.
+
+    ``workspaces``: the scratch buffers (``Workspace``) the kernel takes after its outputs,
+    in that order; no kernel allocates memory itself."""
 
     name: str
     text: str
     language: str
     signature: tuple = ()
     launch: dict = field(default_factory=dict, hash=False, compare=False)
+    workspaces: tuple = ()
 
 
 def kernel_function_name(kernel) -> str:

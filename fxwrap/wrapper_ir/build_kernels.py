@@ -33,7 +33,8 @@ from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kerne
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
-from fxwrap.wrapper_ir.lines import Allocate, Buffer, View, CallKernel, DefineKernel, Line, buffers_defined, buffers_read
+from fxwrap.wrapper_ir.lines import (Allocate, Buffer, CallKernel, DefineKernel, Line, View, ZeroFill, buffers_defined,
+                                     buffers_read)
 from fxwrap.runtime.provenance import Origin, describe
 
 log = logging.getLogger("fxwrap")
@@ -494,17 +495,42 @@ class KernelBuilder(build._Builder):
                 source = emitter.render(sk)
             except EmitError as exc:
                 raise _RenderFailed(item.roots, exc) from exc
+            workspaces = self._workspaces(sk, source, lines)
             signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
                               + [KernelArg(b.name, "output") for b in sk.outputs]
+                              + [KernelArg(b.name, "workspace") for b in workspaces]
                               + [KernelArg(s.name, "size") for s in sk.size_symbols])
             kernel = Kernel(sk.name, source.text, self.target.name, signature, source.launch,
                             loader=self.session.kernel_loader)
             loads.append((kernel, source))
             lines.append(DefineKernel(kernel))
-            lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *sk.size_symbols), origins=sk.origins))
+            lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *workspaces, *sk.size_symbols),
+                                    origins=sk.origins))
             built.kernels.append(KernelRecord(sk, source, tuple(item.roots), item.started_because))
             _log_kernel(sk, source, item)
         return lines, loads
+
+
+    def _workspaces(self, sk: ScheduledKernel, source, lines: list) -> list[Buffer]:
+        """The scratch buffers ``source`` declares (``targets.base.Workspace``), each a
+        buffer of its own allocated by an ``Allocate`` line (a zero fill after it where
+        the kernel needs zeros) appended to ``lines``; the memory planner frees it after
+        the launch, its last use."""
+        out = []
+        device = (sk.outputs or sk.inputs)[0].device
+        for ws in getattr(source, "workspaces", ()):
+            size = sympy.sympify(ws.numel)
+            stray = size.free_symbols - set(sk.size_symbols)
+            if stray:
+                raise EmitError(f"kernel {sk.name}: its workspace size {size} uses {sorted(map(str, stray))}, "
+                                f"which are not size arguments of the kernel (target {self.target.name})")
+            buf = Buffer(self.fresh("ws"), (size,), (sympy.Integer(1),), ws.dtype, device)
+            self.buffers[buf.name] = buf
+            lines.append(Allocate(buf))
+            if ws.zeroed:
+                lines.append(ZeroFill(buf))
+            out.append(buf)
+        return out
 
 
 def _log_kernel(sk: ScheduledKernel, source, group: Group) -> None:

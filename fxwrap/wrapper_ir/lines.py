@@ -370,7 +370,7 @@ class CallKernel(Line):
 
     def writes(self):
         return [value for arg, value in zip(self.kernel.signature, self.args)
-                if getattr(arg, "role", "input") in ("output", "inout") and isinstance(value, Buffer)]
+                if getattr(arg, "role", "input") in ("output", "inout", "workspace") and isinstance(value, Buffer)]
 
     def size_exprs(self):
         return _exprs_in(self.args)
@@ -576,6 +576,28 @@ class DefineSymbol(Line):
 
     def to_fx(self, converter):
         converter.bind_symbol(self.symbol, converter.expr(self.expr))
+
+
+@dataclass(frozen=True)
+class ZeroFill(Line):
+    """``zero_(ws3)``: fill ``buf`` with zeros (a kernel's workspace that must start at
+    zero, right after its ``Allocate``); FX: ``aten.zero_.default(ws3)``."""
+
+    buf: Buffer
+
+    fusion_barrier = False
+
+    def reads(self):
+        return [self.buf]
+
+    def writes(self):
+        return [self.buf]
+
+    def to_source(self, printer):
+        return f"zero_({self.buf.name})"
+
+    def to_fx(self, converter):
+        converter.add(torch.ops.aten.zero_.default, (converter.arg(self.buf),))
 
 
 @dataclass(frozen=True)

@@ -294,6 +294,8 @@ class KernelWriter:
             for st in self.k.stores:
                 self.store(top, st, ("y", "x"))
             body += top.lines
+        elif kind == "scan":
+            body += self._scan_rows(top)
         else:
             body += self._reduction(top)
         zeros = [f"{name} = tl.zeros({self.shape(key)}, {self.plan.index_dtype})"
@@ -397,6 +399,187 @@ class KernelWriter:
                                "needs an r-shaped value")
         body_b = casts + zeros_b + b
         return body_a, body_b
+
+    # ------------------------------------------------------------------ scans
+    def _scan_setup(self, split: bool) -> list[str]:
+        p = self.plan
+        rbase = "tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.int64 else "")
+        out = [f"xnumel = {self.numel(p.ranges['x'])}", f"rnumel = {self.numel(p.ranges['r'])}"]
+        if split:
+            out += ["nchunks = (rnumel + SCAN_CHUNK - 1) // SCAN_CHUNK",
+                    f"pid = {self.pid()}",
+                    "chunk = pid % nchunks",
+                    "xoffset = (pid // nchunks) * XBLOCK",
+                    "rstart = chunk * SCAN_CHUNK",
+                    "rend = tl.minimum(rstart + SCAN_CHUNK, rnumel)"]
+        else:
+            out.append(f"xoffset = {self.pid()} * XBLOCK")
+        out += ["xindex = xoffset + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
+                f"rbase = {rbase}", *self.decompose("xindex", p.groups["x"], p.ranges["x"])]
+        return out
+
+    def _scan_fields(self, red: Reduction) -> list[tuple[str, torch.dtype, str]]:
+        """The running state of one scan: ``(local suffix, dtype, initial value)`` per field."""
+        T = O.compute_dtype(red.dtype)
+        if red.kind in ("cummax", "cummin"):
+            return [("", T, self._init("max" if red.kind == "cummax" else "min", T)), ("_ix", torch.int64, "-1")]
+        init = {"cumsum": "0", "cumprod": "1", "logcumsumexp": 'float("-inf")'}[red.kind]
+        return [("", T, init)]
+
+    def _scan_combine(self, red: Reduction) -> str:
+        name = {"cumsum": "_fx_add", "cumprod": "_fx_mul", "logcumsumexp": "_fx_logaddexp",
+                "cummax": "_fx_cummax", "cummin": "_fx_cummin"}[red.kind]
+        self.helpers.add(name)
+        return name
+
+    def _scan_carry_init(self, red: Reduction) -> list[str]:
+        base = self.scan_local(red)
+        return [f"{base}{sfx}_c = tl.full([XBLOCK, 1], {init}, {O.TL_TYPES[T]})"
+                for sfx, T, init in self._scan_fields(red)]
+
+    def scan_local(self, red: Reduction) -> str:
+        return self.red_local(red).replace("_red", "_scan")
+
+    def _scan_step(self, loop: _Scope, red: Reduction, totals_only: bool = False) -> list[str]:
+        """Lines of one ``RBLOCK`` step of a row: the block's scan combined with the carry
+        (``{base}``, bound as the scan's acc in ``loop``; not with ``totals_only``), then
+        the carry moved past the block."""
+        base = self.scan_local(red)
+        fields = self._scan_fields(red)
+        T = fields[0][1]
+        v = self.value(loop, red.value)
+        v = O.cast(v, red.value.dtype, red.dtype)
+        fn = self._scan_combine(red)
+        lines = [f"{base}_v = tl.where(xrmask, {v}, tl.full([], {fields[0][2]}, {O.TL_TYPES[T]}))"]
+        if len(fields) == 2:  # value and index
+            lines.append(f"{base}_i = tl.where(xrmask, rindex.to(tl.int64), -1)")
+            if not totals_only:
+                lines += [f"{base}_sv, {base}_si = tl.associative_scan(({base}_v, {base}_i), 1, {fn})",
+                          f"{base}, {base}_ix = {fn}({base}_c, {base}_ix_c, {base}_sv, {base}_si)"]
+            lines += [f"{base}_rv, {base}_ri = tl.reduce(({base}_v, {base}_i), 1, {fn})",
+                      f"{base}_c, {base}_ix_c = {fn}({base}_c, {base}_ix_c, {base}_rv[:, None], {base}_ri[:, None])"]
+            fields_bound = {0: (f"{base}_ix", torch.int64), 1: (base, red.dtype)}
+        else:
+            # (tl.cumsum / tl.sum are the same scan and reduction, but fail under Triton's
+            # interpreter once the module was imported without TRITON_INTERPRET)
+            scan = f"tl.associative_scan({base}_v, 1, {fn})"
+            total = f"tl.reduce({base}_v, 1, {fn})[:, None]"
+            if not totals_only:
+                lines.append(f"{base} = {fn}({base}_c, {scan})")
+            lines.append(f"{base}_c = {fn}({base}_c, {total})")
+            fields_bound = {0: (base, red.dtype)}
+        if not totals_only:
+            for f, bound in fields_bound.items():
+                loop.accs[(red.name, f)] = bound
+            loop.provides.add(("acc", red.name))
+        return lines
+
+    def _scan_loop(self, top: _Scope, totals_only: bool = False, split: bool = False) -> list[str]:
+        """Every scan's carry, then the loop over the row's ``RBLOCK`` steps: the scans,
+        then (unless ``totals_only``) every store of the kernel."""
+        rnames = {v.name for v in self.plan.groups["r"]}
+        loop = _Scope(top, provides=rnames)
+        init: list[str] = []
+        for red in self.k.reductions:
+            init += self._scan_carry_init(red)
+        for red in self.k.reductions:
+            step = self._scan_step(loop, red, totals_only)
+            loop.lines += step
+        if not totals_only:
+            for st in self.k.stores:
+                self.store(loop, st, ("x", "r"))
+        out = top.lines + init
+        top.lines = []
+        if split:
+            return out + self._loop(loop, [], start="rstart", end="rend")
+        return out + self._loop(loop, [])
+
+    def _scan_rows(self, top: _Scope) -> list[str]:
+        """Plan ``scan``: one program per row, a carry across its ``RBLOCK`` steps."""
+        return self._scan_setup(split=False) + self._scan_loop(top)
+
+    def workspace_fields(self) -> list[tuple[int, str, torch.dtype]]:
+        """Split scan: ``(reduction position, local suffix, dtype)`` of each workspace
+        ``ws_ptr{i}`` (one per field of each scan's state, ``[xnumel, nchunks]``)."""
+        return [(k, sfx, T) for k, red in enumerate(self.k.reductions) for sfx, T, _ in self._scan_fields(red)]
+
+    def write_split_scan(self) -> tuple[list[str], list[str], list[str]]:
+        """Plan ``split-scan``: the bodies of the three kernels of a long-row scan, each
+        taking ``(in_ptr*, out_ptr*, ws_ptr*, sizes)``:
+
+        1. ``_totals``: one program per (row, chunk of ``SCAN_CHUNK``): the chunk's total
+           (the scan state past its last element) into ``ws[row * nchunks + chunk]``;
+        2. ``_carries``: one program per row: the inclusive scan of its chunk totals, in
+           place, ``CBLOCK`` totals at a time;
+        3. the kernel itself: one program per (row, chunk): the chunk's scan started from
+           ``ws[row * nchunks + chunk - 1]`` (the first chunk from the initial state),
+           and every store."""
+        ws = self.workspace_fields()
+        casts = [f"{s.name} = {s.name}.to(tl.int64)" for s in self.k.size_symbols] if self.int64 else []
+        at = "(xindex * nchunks + chunk)"
+        # 1. totals
+        top = _Scope(None, provides=self._top_provides())
+        body_a = casts + self._scan_setup(split=True) + self._scan_loop(top, totals_only=True, split=True)
+        for i, (k, sfx, T) in enumerate(ws):
+            base = self.scan_local(self.k.reductions[k])
+            body_a.append(f"tl.store(ws_ptr{i} + {at}, {base}{sfx}_c, xmask)")
+        body_a = self._with_zeros(body_a)
+        # 2. carries: the chunk totals of each row, scanned in place
+        body_b = casts + [f"rnumel = {self.numel(self.plan.ranges['r'])}",
+                          "nchunks = (rnumel + SCAN_CHUNK - 1) // SCAN_CHUNK",
+                          f"row = {self.pid()}",
+                          "cbase = tl.arange(0, CBLOCK)[None, :]" + (".to(tl.int64)" if self.int64 else "")]
+        for k, red in enumerate(self.k.reductions):
+            base = self.scan_local(red)
+            fields = self._scan_fields(red)
+            fn = self._scan_combine(red)
+            ptrs = [i for i, (kk, _, _) in enumerate(ws) if kk == k]
+            body_b += [f"{base}{sfx}_c = tl.full([1, 1], {init}, {O.TL_TYPES[T]})" for sfx, T, init in fields]
+            loop = ["cindex = coffset + cbase", "cmask = cindex < nchunks"]
+            loop += [f"{base}{sfx}_t = tl.load(ws_ptr{i} + (row * nchunks + cindex), cmask, other={init})"
+                     for i, (sfx, T, init) in zip(ptrs, fields)]
+            names = [f"{base}{sfx}" for sfx, _, _ in fields]
+            if len(fields) == 2:
+                loop += [f"{base}_sv, {base}_si = tl.associative_scan(({names[0]}_t, {names[1]}_t), 1, {fn})",
+                         f"{names[0]}_s, {names[1]}_s = {fn}({names[0]}_c, {names[1]}_c, {base}_sv, {base}_si)",
+                         f"{base}_rv, {base}_ri = tl.reduce(({names[0]}_t, {names[1]}_t), 1, {fn})",
+                         f"{names[0]}_c, {names[1]}_c = {fn}({names[0]}_c, {names[1]}_c, {base}_rv[:, None], "
+                         f"{base}_ri[:, None])"]
+            else:
+                loop += [f"{names[0]}_s = {fn}({names[0]}_c, tl.associative_scan({names[0]}_t, 1, {fn}))",
+                         f"{names[0]}_c = {fn}({names[0]}_c, tl.reduce({names[0]}_t, 1, {fn})[:, None])"]
+            loop += [f"tl.store(ws_ptr{i} + (row * nchunks + cindex), {n}_s, cmask)" for i, n in zip(ptrs, names)]
+            body_b.append("for coffset in range(0, nchunks, CBLOCK):")
+            body_b += ["    " + ln for ln in loop]
+        # 3. the scan of each chunk from its carry, and the stores
+        self.zeros = {}
+        top = _Scope(None, provides=self._top_provides())
+        body_c = casts + self._scan_setup(split=True)
+        init_lines = []
+        for i, (k, sfx, T) in enumerate(ws):
+            red = self.k.reductions[k]
+            base = self.scan_local(red)
+            first = dict((f[0], f[2]) for f in self._scan_fields(red))[sfx]
+            init_lines.append(f"{base}{sfx}_p = tl.load(ws_ptr{i} + ({at} - 1) + tl.zeros([XBLOCK, 1], "
+                              f"{self.plan.index_dtype}), xmask & (chunk > 0), other={first})")
+        loop_lines = self._scan_loop(top, split=True)
+        # the carries start from the previous chunks' scan instead of the initial state
+        fixed = []
+        for ln in loop_lines:
+            fixed.append(ln)
+        for i, (k, sfx, T) in enumerate(ws):
+            base = self.scan_local(self.k.reductions[k])
+            old = f"{base}{sfx}_c = tl.full([XBLOCK, 1], "
+            fixed = [f"{base}{sfx}_c = tl.where(chunk > 0, {base}{sfx}_p, {ln.split(' = ', 1)[1]})"
+                     if ln.startswith(old) else ln for ln in fixed]
+        body_c += init_lines + fixed
+        body_c = self._with_zeros(body_c)
+        return body_a, body_b, body_c
+
+    def _with_zeros(self, body: list[str]) -> list[str]:
+        zeros = [f"{name} = tl.zeros({self.shape(key)}, {self.plan.index_dtype})"
+                 for key, name in sorted(self.zeros.items())]
+        return zeros + body if zeros else body
 
     def _top_provides(self):
         if self.plan.kind in ("pointwise1d", "pointwise2d", "persistent"):

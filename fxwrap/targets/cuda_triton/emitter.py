@@ -53,7 +53,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
 from fxwrap.runtime.kernel import KernelArg
-from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, kernel_function_name,
+from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, Workspace, kernel_function_name,
                                   kernel_header, kernel_signature)
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.device import CudaDevice
@@ -165,7 +165,7 @@ class TritonEmitter(KernelEmitter):
     # ------------------------------------------------------------------ render
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         for red in kernel.reductions:
-            if red.kind not in REDUCTIONS:
+            if red.kind not in REDUCTIONS and not red.is_scan:
                 raise TritonEmitError(f"reduction kind {red.kind!r} of kernel {kernel.name} is not one "
                                       f"of {sorted(REDUCTIONS)} (target {self.target_name})")
         for buf in (*kernel.inputs, *kernel.outputs):
@@ -179,7 +179,21 @@ class TritonEmitter(KernelEmitter):
         deco = "@triton.jit"
         if sizes:
             deco = f"@triton.jit(do_not_specialize={sizes!r})"
-        if plan.kind == "split-outer":
+        workspaces = ()
+        if plan.kind == "split-scan":
+            body_a, body_b, body_c = writer.write_split_scan()
+            ws = [f"ws_ptr{i}" for i in range(len(writer.workspace_fields()))]
+            scan_blocks = ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr", "SCAN_CHUNK: tl.constexpr"]
+            functions = [(f"{fname}_totals", ptrs + ws + sizes + scan_blocks, body_a),
+                         (f"{fname}_carries", ptrs + ws + sizes + ["CBLOCK: tl.constexpr", "SCAN_CHUNK: tl.constexpr"],
+                          body_b),
+                         (fname, ptrs + ws + sizes + scan_blocks, body_c)]
+            xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]) if kernel.ranges else sympy.Integer(1)
+            rnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges])
+            from torch.utils._sympy.functions import CeilDiv
+            nchunks = CeilDiv(rnumel, sympy.Integer(plan.scan_chunk))
+            workspaces = tuple(Workspace(xnumel * nchunks, T) for _, _, T in writer.workspace_fields())
+        elif plan.kind == "split-outer":
             body_a, body_b = writer.write_split()
             ws = [f"ws_ptr{i}" for i in range(len(kernel.reductions))]
             functions = [(f"{fname}_partial", ptrs + ws + sizes + [f"{b}: tl.constexpr" for b in plan.block_names],
@@ -216,13 +230,17 @@ class TritonEmitter(KernelEmitter):
         device = self._device(kernel)
         if device is not None and device.index is not None:
             launch["device_index"] = device.index  # loaded into, and launched on, this device
+        if plan.kind == "split-scan":
+            launch["pointers"] += len(workspaces)
+            launch["pointer_dtypes"] += tuple(str(w.dtype) for w in workspaces)
+            launch["parts"] = self._split_scan_parts(fname, plan, numels, launch)
         if plan.kind == "split-outer":
             cc = plan.combine_config
             launch["partial_symbol"] = f"{fname}_partial"
             launch["combine_config"] = (("XBLOCK", int(cc["XBLOCK"])), ("num_warps", int(cc["num_warps"])))
             launch["workspace_dtypes"] = tuple(str(d) for d in writer.workspace_dtypes())
             launch["nsplit"] = dict(configs[0])["NSPLIT"]
-        source = KernelSource(kernel.name, text, self.language, self.signature(kernel), launch)
+        source = KernelSource(kernel.name, text, self.language, self.signature(kernel), launch, workspaces)
         if self.autotune and len(configs) > 1:
             self._tune(source, kernel, configs)
         elif logs.enabled("autotune"):
@@ -231,6 +249,25 @@ class TritonEmitter(KernelEmitter):
             logs.logger("autotune").debug("%s: %s, config %s (not tuned: %s)", kernel.name, plan.kind,
                                           dict(configs[0]), why)
         return source
+
+    @staticmethod
+    def _split_scan_parts(fname: str, plan, numels, launch: dict) -> tuple[dict, ...]:
+        """The launches of a split scan, in order, each with the kernel's arguments
+        (workspaces included): chunk totals, their scan per row, the chunks' scans."""
+        numel = dict(numels)
+        chunks = f"((({numel['r']}) + {plan.scan_chunk - 1}) // {plan.scan_chunk})"
+        cfg = dict(launch["config"])
+        chunked = (("XBLOCK", 1), ("RBLOCK", cfg["RBLOCK"]), ("SCAN_CHUNK", plan.scan_chunk),
+                   ("num_warps", cfg["num_warps"]))
+        base = {k: launch[k] for k in ("language", "pointers", "pointer_dtypes", "size_symbols", "interpret")}
+        if "device_index" in launch:
+            base["device_index"] = launch["device_index"]
+        return ({**base, "symbol": f"{fname}_totals", "numels": (("x", numel["x"]),), "grid_extra": chunks,
+                 "config": chunked},
+                {**base, "symbol": f"{fname}_carries", "numels": (("x", numel["x"]),),
+                 "config": (("CBLOCK", 1024 if not launch["interpret"] else 16), ("SCAN_CHUNK", plan.scan_chunk),
+                            ("num_warps", 4 if not launch["interpret"] else 1))},
+                {**base, "symbol": fname, "numels": (("x", numel["x"]),), "grid_extra": chunks, "config": chunked})
 
     @staticmethod
     def _config_tuple(plan, cfg: dict) -> tuple:
@@ -246,7 +283,9 @@ class TritonEmitter(KernelEmitter):
         what = {"pointwise1d": "pointwise, 1-D", "pointwise2d": "pointwise, 2-D tiles",
                 "persistent": f"persistent reduction ({plan.reduction_shape})",
                 "looped": f"looped reduction ({plan.reduction_shape})",
-                "split-outer": "split reduction (outer): partials per r chunk, then an ordered combine"}[plan.kind]
+                "split-outer": "split reduction (outer): partials per r chunk, then an ordered combine",
+                "scan": "scan, one program per row",
+                "split-scan": "split scan: chunk totals, their scan per row, then each chunk's scan"}[plan.kind]
         lines.append(f"# plan: {what}, indices {plan.index_dtype}")
         return lines
 
@@ -343,7 +382,7 @@ class TritonEmitter(KernelEmitter):
 
     def _bind(self, text: str, launch: dict, device):
         """A launcher for ``launch["config"]``, shared by every kernel with the same body."""
-        from fxwrap.targets.cuda_triton.launcher import SplitLauncher, split_launches
+        from fxwrap.targets.cuda_triton.launcher import SequenceLauncher, SplitLauncher, split_launches
 
         if device is None and not launch.get("interpret", False):
             device = torch.device("cuda", torch.cuda.current_device())
@@ -355,7 +394,9 @@ class TritonEmitter(KernelEmitter):
                                        if hit is not None else "miss, loading the module")
         if hit is not None:
             return hit
-        if launch.get("plan") == "split-outer":
+        if launch.get("parts"):
+            launcher = SequenceLauncher([self._bind_one(text, part, device) for part in launch["parts"]])
+        elif launch.get("plan") == "split-outer":
             partial, combine = split_launches(launch)
             launcher = SplitLauncher(self._bind_one(text, partial, device), self._bind_one(text, combine, device),
                                      launch)

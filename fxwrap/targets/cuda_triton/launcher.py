@@ -113,6 +113,9 @@ def grid_function(launch: dict):
     factor = launch.get("grid_factor")   # split-outer partials: x tiles * NSPLIT
     if factor:
         terms.append(str(int(blocks[factor])))
+    extra = launch.get("grid_extra")     # split scans: rows * chunks per row (a host expression)
+    if extra:
+        terms.append(f"({extra})")
     body = " * ".join(terms) if terms else "1"
     return eval(f"lambda {params}: {body}", dict(_HOST))  # noqa: S307 - our own expression
 
@@ -425,3 +428,17 @@ class SplitLauncher:
         tensors = args[:np_]
         self.partial(*tensors, *ws, *sizes)
         self.combine(*tensors, *ws, *sizes)
+
+
+class SequenceLauncher:
+    """Runs the launches of one fxwrap kernel in order (``launch["parts"]``: a split scan's
+    chunk totals, their scan, the chunks' scans), each with the kernel's arguments; the
+    scratch they share is a workspace argument, allocated by the program."""
+
+    def __init__(self, parts):
+        self.parts = tuple(parts)
+        self.kind = getattr(self.parts[0], "kind", "") if self.parts else ""
+
+    def __call__(self, *args):
+        for part in self.parts:
+            part(*args)

@@ -69,6 +69,26 @@ def _fx_add(a, b):
 def _fx_mul(a, b):
     return a * b
 """,
+    "_fx_cummax": """
+@triton.jit
+def _fx_cummax(v1, i1, v2, i2):
+    take = (i2 >= 0) & ((v2 != v2) | ((v1 == v1) & (v2 >= v1)))
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+""",
+    "_fx_cummin": """
+@triton.jit
+def _fx_cummin(v1, i1, v2, i2):
+    take = (i2 >= 0) & ((v2 != v2) | ((v1 == v1) & (v2 <= v1)))
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+""",
+    "_fx_logaddexp": """
+@triton.jit
+def _fx_logaddexp(a, b):
+    lo = tl.where(a < b, a, b)
+    hi = tl.where(a < b, b, a)
+    same_inf = (lo == hi) & (tl.abs(lo) == float("inf"))
+    return tl.where(same_inf, a, libdevice.log1p(libdevice.exp(lo - hi)) + hi)
+""",
     "_fx_argmax": """
 @triton.jit
 def _fx_argmax(v1, i1, v2, i2):

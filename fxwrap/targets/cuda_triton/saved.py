@@ -30,17 +30,21 @@ import warnings
 from collections.abc import Callable
 
 from fxwrap.targets.cuda_triton.cuda_driver import DriverKernel, _load_cubin, ptx_parameters, slot_format
-from fxwrap.targets.cuda_triton.launcher import (InterpretedLauncher, SplitLauncher, _constexprs, _device_getter,
+from fxwrap.targets.cuda_triton.launcher import (InterpretedLauncher, SequenceLauncher, SplitLauncher, _constexprs, _device_getter,
                                                  _options, _raw_stream_getter, bind_compiled, grid_function,
                                                  load_module, split_launches)
 
 
 def _parts(launch: dict) -> tuple[dict, ...]:
     """The launch metadata of each kernel launch behind one fxwrap kernel."""
+    if launch.get("parts"):
+        return tuple(launch["parts"])
     return split_launches(launch) if launch.get("plan") == "split-outer" else (launch,)
 
 
 def _combine(kernel, launchers: list) -> Callable:
+    if kernel.launch.get("parts"):
+        return SequenceLauncher(launchers)
     return SplitLauncher(launchers[0], launchers[1], kernel.launch) if len(launchers) == 2 else launchers[0]
 
 
@@ -81,6 +85,8 @@ def _compiled_parts(launcher) -> list:
     """The Triton ``CompiledKernel`` of each launch of a bound ``cuda`` launcher."""
     if isinstance(launcher, SplitLauncher):
         return [*_compiled_parts(launcher.partial), *_compiled_parts(launcher.combine)]
+    if isinstance(launcher, SequenceLauncher):
+        return [c for part in launcher.parts for c in _compiled_parts(part)]
     compiled = getattr(launcher, "compiled", None)
     return [compiled] if compiled is not None else []
 

@@ -37,7 +37,7 @@ def next_pow2(n: int) -> int:
 class Plan:
     """Structure of one kernel; see the module docstring."""
 
-    kind: str                       # pointwise1d | pointwise2d | persistent | looped | split-outer
+    kind: str                       # pointwise1d | pointwise2d | persistent | looped | split-outer | scan | split-scan
     axes: tuple[str, ...]           # block axes, in tensor-dimension order
     groups: dict                    # axis -> loop vars (outermost first)
     ranges: dict                    # axis -> their ranges
@@ -47,6 +47,7 @@ class Plan:
     configs: list = field(default_factory=list)
     extra_constexprs: tuple = ()    # split-outer: ("NSPLIT",)
     combine_config: dict | None = None  # split-outer: the combine kernel's XBLOCK, num_warps
+    scan_chunk: int | None = None   # split-scan: elements of a row per program (a multiple of RBLOCK)
 
     @property
     def block_names(self) -> tuple[str, ...]:
@@ -169,6 +170,8 @@ class Planner:
         idt = index_dtype(kernel)
         xv = [xvar(i) for i in range(len(kernel.ranges))]
         rv = [rvar(i) for i in range(len(kernel.reduction_ranges))]
+        if kernel.is_scan:
+            return self._scan(kernel, idt, xv, rv)
         if kernel.reductions:
             return self._reduction(kernel, buffers, idt, xv, rv)
         # a pointwise kernel with reduction_ranges (no reductions) iterates them as x vars
@@ -259,6 +262,37 @@ class Planner:
             return Plan("persistent", ("x", "r"), groups, ranges, idt, shape, rb, configs)
         configs = self._looped_configs(xnumel, rnumel, shape)[:keep]
         return Plan("looped", ("x", "r"), groups, ranges, idt, shape, None, configs)
+
+    # -- scans -----------------------------------------------------------------
+    scan_rblock = 1024             # elements of a row one step of a scan program holds (GPU)
+    scan_rblock_interpret = 16     # interpreter: small, so the loop over a row's chunks runs
+    # split scan: a row this long, with too few rows to fill the GPU, is cut into chunks of
+    # SCAN_CHUNK elements, one program each (chunk totals, their scan, then the fix-up)
+    scan_split_min_rnumel = 1 << 15
+    scan_split_min_rnumel_interpret = 64
+    scan_chunk = 1 << 14
+    scan_chunk_interpret = 32
+
+    def _scan(self, kernel, idt, xv, rv) -> Plan:
+        """One program per row (``XBLOCK = 1``) walking it in ``RBLOCK`` steps with a carry
+        (plan ``scan``); or, for long rows and few of them, ``split-scan``."""
+        groups = {"x": xv, "r": rv}
+        ranges = {"x": list(kernel.ranges), "r": list(kernel.reduction_ranges)}
+        rnumel = _static(sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges]))
+        rhint = rnumel if rnumel is not None else self._hint(list(kernel.reduction_ranges))
+        xhint = self._hint(list(kernel.ranges)) if kernel.ranges else 1
+        cap = self.scan_rblock_interpret if self.interpret else self.scan_rblock
+        rb = min(cap, next_pow2(rhint)) if rhint is not None else cap
+        nw = 1 if rb <= 128 else 2 if rb <= 256 else 4 if rb <= 1024 else 8
+        split_min = self.scan_split_min_rnumel_interpret if self.interpret else self.scan_split_min_rnumel
+        if rhint is not None and rhint >= split_min and xhint is not None and xhint < self.split_max_programs:
+            chunk = self.scan_chunk_interpret if self.interpret else self.scan_chunk
+            rb = self.scan_rblock_interpret if self.interpret else 2048
+            return Plan("split-scan", ("x", "r"), groups, ranges, idt, "inner", None,
+                        [{"XBLOCK": 1, "RBLOCK": rb, "num_warps": 1 if self.interpret else 8}],
+                        scan_chunk=chunk)
+        return Plan("scan", ("x", "r"), groups, ranges, idt, "inner", None,
+                    [{"XBLOCK": 1, "RBLOCK": rb, "num_warps": nw}])
 
     # -- split-outer -----------------------------------------------------------
     def _hint(self, ranges) -> int | None:
