@@ -560,8 +560,8 @@ class KernelWriter:
             red = self.k.reductions[k]
             base = self.scan_local(red)
             first = dict((f[0], f[2]) for f in self._scan_fields(red))[sfx]
-            init_lines.append(f"{base}{sfx}_p = tl.load(ws_ptr{i} + ({at} - 1) + tl.zeros([XBLOCK, 1], "
-                              f"{self.plan.index_dtype}), xmask & (chunk > 0), other={first})")
+            init_lines.append(f"{base}{sfx}_p = tl.load(ws_ptr{i} + (xindex * nchunks + tl.maximum(chunk - 1, 0)), "
+                              f"xmask, other={first})")
         loop_lines = self._scan_loop(top, split=True)
         # the carries start from the previous chunks' scan instead of the initial state
         fixed = []
