@@ -219,6 +219,27 @@ class CStyleEmitter(KernelEmitter):
         stores = self.render_stores(kernel, kernel.stores, inner)
         return fn.lines + out + stores
 
+    def scan_pass(self, kernel: ScheduledKernel, names: LocalNames, row: Scope):
+        """``(state declarations, loop body)`` of one row's pass over ``r0``: the running
+        states of every scan of ``kernel`` (``ScanState``) declared in ``row``, the body
+        computing each scanned value, updating the states, then storing."""
+        if len(kernel.reduction_ranges) != 1:
+            raise EmitError(f"scan kernel {kernel.name}: {len(kernel.reduction_ranges)} scanned dims "
+                            f"(target {self.target_name})")
+        rv = self.rvars(kernel)[0]
+        inner = Scope(self, names, row, declares=[rv.name])
+        states = [ScanState(self, i, red) for i, red in enumerate(kernel.reductions)]
+        head = [f"{t} {n} = {init};" for st in states for (t, init), n in zip(st.states, st.names())]
+        update: list[str] = []
+        for st in states:
+            v = st.value(inner)
+            inner.flush_into(update)
+            update.append(st.upd(v, rv.name))
+        for st in states:
+            st.bind(inner)
+        update += self.render_stores(kernel, kernel.stores, inner)
+        return head, update, inner
+
     # ------------------------------------------------------------------ pieces
     def check(self, kernel: ScheduledKernel) -> None:
         for red in kernel.reductions:

@@ -78,6 +78,7 @@ class MetalEmitter(CStyleEmitter):
     simd_width = 32
     prelude = PRELUDE
     code_for_op = METAL_OPS
+    renders_scans = True
     type_names = {
         torch.float32: "float", torch.bfloat16: "bfloat", torch.float16: "half",
         torch.int64: "long", torch.int32: "int", torch.int16: "short", torch.int8: "char",
@@ -109,7 +110,7 @@ class MetalEmitter(CStyleEmitter):
 
     # ------------------------------------------------------------------ signature
     def thread_args(self, kernel: ScheduledKernel) -> tuple[tuple[str, str], ...]:
-        return REDUCTION_THREAD_ARGS if kernel.reductions else POINTWISE_THREAD_ARGS
+        return REDUCTION_THREAD_ARGS if kernel.reductions and not kernel.is_scan else POINTWISE_THREAD_ARGS
 
     def params(self, kernel: ScheduledKernel) -> list[str]:
         params = super().params(kernel)
@@ -124,6 +125,21 @@ class MetalEmitter(CStyleEmitter):
 
     # ------------------------------------------------------------------ body
     def render_body(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
+        if kernel.is_scan:  # one thread per row, a serial pass over it
+            fn = Scope(self, names, None, kernel=kernel)
+            row = Scope(self, names, fn, declares=[v.name for v in self.xvars(kernel)])
+            head, update, _ = self.scan_pass(kernel, names, row)
+            rv = self.rvars(kernel)[0].name
+            out = [f"const {self.index_type} xindex = {self.thread_index};",
+                   f"if (xindex >= {self.numel(kernel.ranges)}) return;"]
+            out += self.decompose("xindex", self.xvars(kernel), kernel.ranges, names)
+            row.flush_into(out)
+            out += head
+            out.append(f"for ({self.index_type} {rv} = 0; {rv} < {self.render_index(kernel.reduction_ranges[0])}; "
+                       f"++{rv}) {{")
+            out += ["  " + ln if ln else ln for ln in update]
+            out.append("}")
+            return fn.lines + out
         if kernel.reductions:
             from fxwrap.targets.mps_metal.reduction import MetalReduction
             return MetalReduction(self, kernel, names).render()
@@ -147,7 +163,7 @@ class MetalEmitter(CStyleEmitter):
         numel = sympy.Mul(*[sympy.sympify(r) for r in grid]) if grid else sympy.Integer(1)
         tg = int((getattr(self.target, "options", None) or {}).get(
             "threadgroup_size", self.default_threadgroup_size[execute]))
-        if kernel.reductions and (tg < self.simd_width or tg % self.simd_width):
+        if kernel.reductions and not kernel.is_scan and (tg < self.simd_width or tg % self.simd_width):
             raise EmitError(f"threadgroup_size {tg} of target {self.target_name} must be a multiple "
                             f"of the SIMD width {self.simd_width}")
         limit = self.device_capabilities.get("max_threads_per_threadgroup")
@@ -157,10 +173,11 @@ class MetalEmitter(CStyleEmitter):
                             f"{self.target_name} exceeds its device's "
                             f"max_threads_per_threadgroup {limit} (DeviceInterface.capabilities()); "
                             f"set Target.options['threadgroup_size'] to at most {limit}")
-        return {"kind": "reduction" if kernel.reductions else "pointwise",
+        grouped = bool(kernel.reductions) and not kernel.is_scan  # a scan: one thread per row
+        return {"kind": "reduction" if grouped else "pointwise",
                 "grid": python_expr(numel), "threadgroup_size": tg,
                 "thread_args": tuple(attr for _, attr in self.thread_args(kernel)),
-                "sync": bool(kernel.reductions), "execute": execute}
+                "sync": grouped, "execute": execute}
 
     @property
     def device_capabilities(self) -> dict:

@@ -248,6 +248,18 @@ template <typename T> inline void fx_argmax_upd(thread T& va, thread long& ia, T
 template <typename T> inline void fx_argmin_upd(thread T& va, thread long& ia, T v, long i) {
   if (fx_arg_better(false, va, ia, v, i)) { va = v; ia = i; }
 }
+// ---- scans: the running state after one more element (eager's CPU kernels' rules) ----
+template <typename T> inline void fx_logcumsumexp_upd(thread T& a, T v) {
+  const T mn = fx_isnan(v) ? v : (a < v ? a : v);
+  const T mx = fx_isnan(v) ? v : (a < v ? v : a);
+  if (mn != mx || !metal::isinf(mn)) a = fx_log1p(metal::exp(mn - mx)) + mx;  // equal: not NaN
+}
+template <typename T> inline void fx_cummax_upd(thread T& va, thread long& ia, T v, long i) {
+  if (fx_isnan(v) || (!fx_isnan(va) && v >= va)) { va = v; ia = i; }
+}
+template <typename T> inline void fx_cummin_upd(thread T& va, thread long& ia, T v, long i) {
+  if (fx_isnan(v) || (!fx_isnan(va) && v <= va)) { va = v; ia = i; }
+}
 template <typename T> inline void fx_welford_upd(thread T& mean, thread T& m2, thread long& n, T v) {
   n += 1;
   const T d = v - mean;
