@@ -54,7 +54,7 @@ from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, Sche
                             is_loop_var, load_buffer, load_index, load_mask, rvar, value_deps, walk, xvar)
 from fxwrap.core.numerics import compute_dtype, illegal
 from fxwrap.runtime.kernel import KernelArg
-from fxwrap.targets.base import (KernelEmitter, KernelSource, kernel_function_name, kernel_header,
+from fxwrap.targets.base import (KernelEmitter, KernelSource, Workspace, kernel_function_name, kernel_header,
                                   kernel_signature)
 from fxwrap.targets.index_printer import SympyIndexPrinter
 
@@ -180,6 +180,7 @@ class CStyleEmitter(KernelEmitter):
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         """Source text of ``kernel``: a provenance comment, the prelude, one function."""
         self.check(kernel)
+        self.workspaces: list = []  # (pointer name, targets.base.Workspace), filled by render_body
         cname = self.function_name(kernel)
         sig = self.signature(kernel)
         body = self.render_body(kernel, LocalNames())
@@ -195,10 +196,20 @@ class CStyleEmitter(KernelEmitter):
             "",
         ])
         launch = {"symbol": cname, "language": self.language,
-                  "pointers": len(kernel.inputs) + len(kernel.outputs),
+                  "pointers": len(kernel.inputs) + len(kernel.outputs) + len(self.workspaces),
                   "size_symbols": tuple(s.name for s in kernel.size_symbols)}
         launch.update(self.launch_metadata(kernel))
-        return KernelSource(kernel.name, text, self.language, sig, launch)
+        return KernelSource(kernel.name, text, self.language, sig, launch,
+                            tuple(ws for _, ws in self.workspaces))
+
+    def workspace(self, numel, dtype: torch.dtype) -> str:
+        """A scratch buffer of ``numel`` elements (a sympy expression over the kernel's size
+        symbols) of ``dtype`` for the kernel being rendered: its pointer parameter's name
+        (``ws_ptr0``), a parameter after the outputs.  The program allocates it
+        (``targets.base.Workspace``); the kernel never allocates."""
+        name = f"ws_ptr{len(self.workspaces)}"
+        self.workspaces.append((name, Workspace(sympy.sympify(numel), dtype)))
+        return name
 
     def launch_metadata(self, kernel: ScheduledKernel) -> dict:
         return {}
@@ -277,6 +288,8 @@ class CStyleEmitter(KernelEmitter):
         for i, buf in enumerate(kernel.outputs):
             params.append(self.pointer_param(f"out_ptr{i}", buf.dtype, const=False,
                                              restrict=buf.name not in aliased, index=len(params)))
+        for name, ws in getattr(self, "workspaces", ()):
+            params.append(self.pointer_param(name, ws.dtype, const=False, restrict=True, index=len(params)))
         for sym in kernel.size_symbols:
             params.append(self.size_param(self.symbol_name(sym), index=len(params)))
         params += list(self.extra_params)

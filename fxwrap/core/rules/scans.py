@@ -9,14 +9,15 @@ per element of the running value::
     buf0[s1*x0 + r0] = acc.f32 acc0[0]
 
 bf16/fp16 run in float32 (eager's CPU and CUDA kernels accumulate in float32 and round
-each output); integer and bool cumsum/cumprod give int64 (the node's dtype).  A scan
-over a dim of size 0, or of a 0-d tensor, stays an extern call.
+each output); integer and bool cumsum/cumprod give int64 (the node's dtype).  The scan
+of a 0-d tensor is its value (index 0), of an empty one nothing: pointwise values.
 """
 from __future__ import annotations
 
 import torch
 
-from fxwrap.core.lowering import Unsupported, as_loops, compute_dtype, register
+from fxwrap.core.ir import Op
+from fxwrap.core.lowering import Loops, Unsupported, as_loops, cast, compute_dtype, register
 
 aten = torch.ops.aten
 
@@ -24,9 +25,23 @@ aten = torch.ops.aten
 def _scan(ctx, x, dim, kind, acc_dtype, fields):
     loops = as_loops(x)
     rank = len(loops.size)
-    if rank == 0:
-        raise Unsupported(f"{kind} of a 0-d tensor")
+    if rank == 0 or any(n == 0 for n in loops.size):
+        return _trivial(ctx, loops, fields)
     return ctx.scan(loops, dim % rank, kind, acc_dtype, fields)
+
+
+def _trivial(ctx, loops: Loops, fields):
+    """The scan of a 0-d tensor (its one element: the value itself, index 0) or of an
+    empty one (nothing): pointwise values, no scan kernel."""
+    vals = ctx.val if isinstance(ctx.val, (tuple, list)) else [ctx.val]
+    out = []
+    for val, field in zip(vals, fields):
+        dtype = val.dtype
+        if field == 0 and len(fields) == 2:  # cummax/cummin indices
+            out.append(Loops(loops.size, dtype, ctx.device, lambda i, d=dtype: Op.const(0, d)))
+        else:
+            out.append(Loops(loops.size, dtype, ctx.device, lambda i, d=dtype: cast(loops(i), d)))
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 @register(aten.cumsum.default)

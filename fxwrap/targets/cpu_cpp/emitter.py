@@ -388,6 +388,26 @@ class _ReductionCode:
         return (f"({self.idx(few)} < {lim} && {rn} >= {2 * chunk}) ? "
                 f"fx_imin({em.max_chunks}, {_operand(rn)} / {chunk}) : 1")
 
+    def workspace_numels(self, nchunks, width: int) -> tuple[sympy.Expr, sympy.Expr]:
+        """Elements of the scratch of a split, per state: the per-chunk partials (``tiles *
+        nchunks * width``) and the combined values (one per output), as sympy expressions
+        over the sizes; where ``nchunks`` is decided at run time, the same decision
+        written with ``Min``/``Max`` (0 elements when the kernel does not split)."""
+        tiles = self.tiles_expr() if self.column else self.xnumel
+        if isinstance(nchunks, sympy.Expr):
+            return tiles * nchunks * width, self.xnumel
+        from torch.utils._sympy.functions import FloorDiv
+        em = self.em
+        if self.column:
+            few, lim, chunk = self.tiles_expr(), em.split_max_tiles, em.split_col_chunk
+        else:
+            few, lim, chunk = self.xnumel, em.split_max_rows, em.split_row_chunk
+        one, zero = sympy.Integer(1), sympy.Integer(0)
+        splits = (sympy.Max(zero, sympy.Min(one, lim - sympy.sympify(few)))
+                  * sympy.Max(zero, sympy.Min(one, self.rnumel - 2 * chunk + 1)))
+        most = sympy.Min(em.max_chunks, FloorDiv(self.rnumel, chunk))
+        return tiles * width * splits * most, self.xnumel * splits
+
     def tiles_expr(self) -> sympy.Expr:
         xo = sympy.Mul(*self.xr[:-1]) if len(self.xr) > 1 else sympy.Integer(1)
         from torch.utils._sympy.functions import CeilDiv
@@ -429,12 +449,12 @@ class _ReductionCode:
         width = em.col_block if self.column else 1
         lines = [f"const {it} chunk_size = ({rnumel} + {nch} - 1) / {nch};",
                  f"const {it} tiles = {ntiles};"]
+        partials, finals = self.workspace_numels(nchunks, width)
+        dtype_of = {name: dtype for dtype, name in em.type_names.items()}
         for r in self.reds:
             for (t, _), p, f in zip(r.states, r.names("p"), r.names("F")):
-                lines.append(f"fx_array<{t}> {p}_mem(tiles * {nch} * {width});")
-                lines.append(f"{t}* const {p} = {p}_mem.data;")
-                lines.append(f"fx_array<{t}> {f}_mem({xnumel});")
-                lines.append(f"{t}* const {f} = {f}_mem.data;")
+                lines.append(f"{t}* const {p} = {em.workspace(partials, dtype_of[t])};")
+                lines.append(f"{t}* const {f} = {em.workspace(finals, dtype_of[t])};")
         par_tasks = em.parallel_if(self.xnumel * self.rnumel)
         task_loop = [("task", "0", f"tiles * {nch}", "1")]
         chunk_range = ["const int64_t chunk = task % " + nch + ";",

@@ -13,15 +13,6 @@ PRELUDE = r"""
 #include <limits>
 #include <type_traits>
 
-// scratch memory of a split reduction (heavy headers like <memory> cost compile time)
-template <typename T> struct fx_array {
-  T* const data;
-  explicit fx_array(int64_t n) : data(new T[n > 0 ? n : 1]) {}
-  ~fx_array() { delete[] data; }
-  fx_array(const fx_array&) = delete;
-  fx_array& operator=(const fx_array&) = delete;
-};
-
 // ---- 16-bit floating storage: loaded to float, computed in float, stored rounded ----
 typedef uint16_t fx_bf16;
 static inline float fx_bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }

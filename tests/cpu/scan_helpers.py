@@ -1,0 +1,56 @@
+"""Shared by the scan tests of every target (tests/cpu, tests/mps, tests/cuda): the OpInfo
+samples of the scan ops compiled through fxwrap, compared with eager, with a check that
+every scan ran in a kernel of its own making (no ATen call of a scan op in the programs)."""
+from __future__ import annotations
+
+import torch
+
+from fxwrap.testing.opinfo import Case, compare, dynamo_settings, select_ops
+from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
+
+SCAN_OPS = ("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin")
+aten = torch.ops.aten
+SCAN_OVERLOADS = {aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default, aten.cummax.default,
+                  aten.cummin.default}
+
+
+def scan_samples(name: str, dtype: torch.dtype, device: str = "cpu"):
+    """``(case, eager output)`` for each OpInfo sample of scan op ``name`` in ``dtype``."""
+    (op,) = [o for o in select_ops([name]) if not o.variant_test_name]
+    out = []
+    for sample in op.sample_inputs(device, dtype):
+        case = Case.from_sample(op, sample)
+        out.append((case, case.function()(*case.fresh_inputs())))
+    return out
+
+
+def scan_externs(programs) -> list[str]:
+    """The ATen scan calls left in the programs' lines (there must be none)."""
+    return [str(line.op) for p in programs for line in p.lines
+            if isinstance(line, CallExtern) and line.op in SCAN_OVERLOADS]
+
+
+def scan_kernels(programs) -> list[str]:
+    return [line.kernel.name for p in programs for line in p.lines
+            if isinstance(line, CallKernel) and "_scan_" in line.kernel.name]
+
+
+def check_scan_op(name: str, dtype: torch.dtype, target: str, dynamic: bool, device: str = "cpu") -> int:
+    """Every sample of ``name`` compiled for ``target``: eager's numbers, no scan extern;
+    returns how many scan kernels ran (a sample of a 0-d or empty tensor needs none)."""
+    ran = 0
+    for case, expected in scan_samples(name, dtype, device):
+        programs: list = []
+        torch._dynamo.reset()
+        with dynamo_settings():
+            fn = torch.compile(case.function(), backend="fxwrap", dynamic=dynamic,
+                               options={"target": target, "on_program": programs.append})
+            got = fn(*case.fresh_inputs())
+        compare(got, expected, f"{name} {dtype} on {target} (input {tuple(case.tensors[0].shape)})")
+        assert programs, f"{name}: nothing was compiled"
+        assert not scan_externs(programs), f"{name} on {target}: {scan_externs(programs)} ran as ATen"
+        kernels = scan_kernels(programs)
+        if case.tensors[0].dim() and case.tensors[0].numel():
+            assert kernels, f"{name} on {target}: no scan kernel for input {tuple(case.tensors[0].shape)}"
+        ran += len(kernels)
+    return ran
