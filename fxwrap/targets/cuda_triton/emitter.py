@@ -42,6 +42,7 @@ interpreter), and ``configs``, the candidates.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -52,6 +53,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
+from fxwrap.core.symbolic import evaluate
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, Workspace, kernel_function_name,
                                   kernel_header, kernel_signature)
@@ -243,6 +245,10 @@ class TritonEmitter(KernelEmitter):
         source = KernelSource(kernel.name, text, self.language, self.signature(kernel), launch, workspaces)
         if self.autotune and len(configs) > 1:
             self._tune(source, kernel, configs)
+        if plan.kind == "split-outer":  # the partials' workspaces, sized by the NSPLIT chosen
+            xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]) if kernel.ranges else sympy.Integer(1)
+            source = dataclasses.replace(source, workspaces=tuple(
+                Workspace(int(source.launch["nsplit"]) * xnumel, d) for d in writer.workspace_dtypes()))
         elif logs.enabled("autotune"):
             why = ("the interpreter times nothing" if self.interpret else "one config" if len(configs) < 2
                    else "autotuning is off")
@@ -314,7 +320,16 @@ class TritonEmitter(KernelEmitter):
         def make(cfg):
             launch = dict(source.launch)
             launch["config"] = cfg
-            return self._bind(source.text, launch, device)
+            launcher = self._bind(source.text, launch, device)
+            if launch["plan"] != "split-outer":
+                return launcher
+            # timing only: the workspaces a program allocates for this config's NSPLIT
+            xnumel = int(evaluate(sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]), hints)) \
+                if kernel.ranges else 1
+            ws = [torch.empty(dict(cfg)["NSPLIT"] * max(xnumel, 1), dtype=getattr(torch, d.replace("torch.", "")),
+                              device=device) for d in launch["workspace_dtypes"]]
+            n = launch["pointers"]
+            return lambda *args: launcher(*args[:n], *ws, *args[n:])
 
         key = (_launch_key(source.text, dict(source.launch, config=()), device), tuple(configs),
                tuple(int(hints[sym]) if sym in hints else None for sym in kernel.size_symbols))

@@ -401,33 +401,17 @@ def split_launches(launch: dict) -> tuple[dict, dict]:
 
 
 class SplitLauncher:
-    """Runs a split-outer reduction: partials into fresh workspaces ``[NSPLIT, xnumel]``
-    (one per reduction, ``torch.empty`` on the arguments' device per call, so it is safe
-    under CUDA graph capture), then the ordered combine that writes the outputs."""
+    """Runs a split-outer reduction: partials into its workspaces ``[NSPLIT, xnumel]`` (one
+    per reduction, arguments after the outputs: the program allocates them, see
+    ``targets.base.Workspace``), then the ordered combine that writes the outputs."""
 
     def __init__(self, partial, combine, launch: dict):
-        import torch
-
         self.partial, self.combine = partial, combine
         self.kind = getattr(partial, "kind", "")
-        self.npointers = launch["pointers"]
-        xexpr = dict(launch["numels"]).get("x", "1")
-        self.xnumel = host_function(xexpr, launch["size_symbols"])
-        self.nsplit = int(dict(launch["config"])["NSPLIT"])
-        self.dtypes = tuple(getattr(torch, d.replace("torch.", "")) for d in launch["workspace_dtypes"])
-        self.empty = torch.empty
 
     def __call__(self, *args):
-        np_ = self.npointers
-        sizes = args[np_:]
-        n = self.xnumel(*sizes)
-        if n <= 0:
-            return
-        device = args[0].device
-        ws = [self.empty(self.nsplit * n, dtype=d, device=device) for d in self.dtypes]
-        tensors = args[:np_]
-        self.partial(*tensors, *ws, *sizes)
-        self.combine(*tensors, *ws, *sizes)
+        self.partial(*args)
+        self.combine(*args)
 
 
 class SequenceLauncher:
