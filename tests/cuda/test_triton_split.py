@@ -114,7 +114,10 @@ def test_handmade_split_kernel_runs_both_launches():
     launch, src = build(k)
     assert src.launch["plan"] == "split-outer" and "plan: split reduction" in src.text
     a, o = torch.randn(rows, cols, device=DEVICE), torch.full((cols,), 7.0, device=DEVICE)
-    launch(a, o)
+    # the partials live in a workspace the caller allocates (the program's Allocate line)
+    (ws,) = src.workspaces
+    assert ws.dtype == torch.float32 and int(ws.numel) == src.launch["nsplit"] * cols
+    launch(a, o, torch.empty(int(ws.numel), dtype=ws.dtype, device=DEVICE))
     torch.testing.assert_close(o, a.sum(0), rtol=1e-4, atol=1e-3)
 
 
