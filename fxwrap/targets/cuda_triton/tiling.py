@@ -270,7 +270,8 @@ class Planner:
     # SCAN_CHUNK elements, one program each (chunk totals, their scan, then the fix-up)
     scan_split_min_rnumel = 1 << 15
     scan_split_min_rnumel_interpret = 64
-    scan_chunk = 1 << 14
+    scan_chunk = 1 << 14           # most elements per program of a split scan (GPU)
+    scan_split_rblock = 2048
     scan_chunk_interpret = 32
 
     def _scan(self, kernel, idt, xv, rv) -> Plan:
@@ -286,11 +287,13 @@ class Planner:
         nw = 1 if rb <= 128 else 2 if rb <= 256 else 4 if rb <= 1024 else 8
         split_min = self.scan_split_min_rnumel_interpret if self.interpret else self.scan_split_min_rnumel
         if rhint is not None and rhint >= split_min and xhint is not None and xhint < self.split_max_programs:
-            chunk = self.scan_chunk_interpret if self.interpret else self.scan_chunk
-            rb = self.scan_rblock_interpret if self.interpret else 2048
+            if self.interpret:
+                rb, chunk, nw = self.scan_rblock_interpret, self.scan_chunk_interpret, 1
+            else:  # about split_target_programs programs, each at least one RBLOCK step
+                rb, nw = self.scan_split_rblock, 8
+                chunk = max(rb, min(self.scan_chunk, next_pow2(-(-rhint * xhint // self.split_target_programs))))
             return Plan("split-scan", ("x", "r"), groups, ranges, idt, "inner", None,
-                        [{"XBLOCK": 1, "RBLOCK": rb, "num_warps": 1 if self.interpret else 8}],
-                        scan_chunk=chunk)
+                        [{"XBLOCK": 1, "RBLOCK": rb, "num_warps": nw}], scan_chunk=chunk)
         return Plan("scan", ("x", "r"), groups, ranges, idt, "inner", None,
                     [{"XBLOCK": 1, "RBLOCK": rb, "num_warps": nw}])
 

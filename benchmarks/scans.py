@@ -1,0 +1,92 @@
+"""A scan next to a copy of the same bytes: ``torch.cumsum`` of ``rows x n`` float32 compiled
+by fxwrap (``target="cuda"``), as a fraction of the copy bandwidth (read + write of the
+tensor's bytes, ``torch.Tensor.copy_`` of the same bytes timed the same way).  Issue 18's bar:
+the 1-row 1M-element cumsum at 70% or more of the copy's bandwidth.
+
+    python benchmarks/scans.py [--rows 1] [--n 1048576] [--op cumsum|cumprod|logcumsumexp|cummax] [--dtype float32]
+    python benchmarks/scans.py --sweep            # a few shapes, one line each
+
+Times are CUDA-event medians of 11 repeats of 200 back-to-back calls, interleaved (scan,
+copy, eager) in one process; prints the GB/s of each and the ratio.  CPU: ``--device cpu``
+(one thread: ``torch.set_num_threads(1)`` and ``OMP_NUM_THREADS=1`` before starting).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import fxwrap
+
+OPS = {
+    "cumsum": lambda x: torch.cumsum(x, -1),
+    "cumprod": lambda x: torch.cumprod(x, -1),
+    "logcumsumexp": lambda x: torch.logcumsumexp(x, -1),
+    "cummax": lambda x: torch.cummax(x, -1).values,
+}
+
+
+def per_call_s(fn, device: str, calls: int = 200, repeats: int = 11) -> float:
+    for _ in range(20):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / calls)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
+
+
+def measure(op: str, rows: int, n: int, dtype: torch.dtype, device: str) -> dict:
+    x = torch.randn(rows, n, device=device, dtype=dtype)
+    fn = OPS[op]
+    compiled = fxwrap.compile(fn, target=device)
+    torch.testing.assert_close(compiled(x), fn(x), rtol=1e-3, atol=1e-2 * max(1.0, n ** 0.5 / 100))
+    dst = torch.empty_like(x)
+    nbytes = 2 * x.numel() * x.element_size()
+    t_scan = per_call_s(lambda: compiled(x), device)
+    t_copy = per_call_s(lambda: dst.copy_(x), device)
+    t_eager = per_call_s(lambda: fn(x), device)
+    return {"op": op, "shape": (rows, n), "dtype": str(dtype), "scan_us": t_scan * 1e6, "copy_us": t_copy * 1e6,
+            "eager_us": t_eager * 1e6, "scan_GBps": nbytes / t_scan / 1e9, "copy_GBps": nbytes / t_copy / 1e9,
+            "fraction_of_copy": t_copy / t_scan}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--n", type=int, default=1 << 20)
+    ap.add_argument("--op", default="cumsum", choices=sorted(OPS))
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--sweep", action="store_true")
+    a = ap.parse_args()
+    dtype = getattr(torch, a.dtype)
+    cases = [(a.op, a.rows, a.n)]
+    if a.sweep:
+        cases = [("cumsum", 1, 1 << 20), ("cumsum", 1, 1 << 24), ("cumsum", 8, 1 << 17), ("cumsum", 4096, 1024),
+                 ("cumsum", 64, 50000), ("logcumsumexp", 1, 1 << 20), ("cummax", 1, 1 << 20)]
+    name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    print(f"# {name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    for op, rows, n in cases:
+        r = measure(op, rows, n, dtype, a.device)
+        print(f"{r['op']:<13} {rows}x{n:<9} {r['dtype']:<14} fxwrap {r['scan_us']:8.1f} us ({r['scan_GBps']:7.1f} GB/s)  "
+              f"copy {r['copy_us']:7.1f} us ({r['copy_GBps']:7.1f} GB/s)  eager {r['eager_us']:8.1f} us  "
+              f"fraction of copy {r['fraction_of_copy']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
