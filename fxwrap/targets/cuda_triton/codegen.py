@@ -503,17 +503,16 @@ class KernelWriter:
         ``ws_ptr{i}`` (one per field of each scan's state, ``[xnumel, nchunks]``)."""
         return [(k, sfx, T) for k, red in enumerate(self.k.reductions) for sfx, T, _ in self._scan_fields(red)]
 
-    def write_split_scan(self) -> tuple[list[str], list[str], list[str]]:
-        """Plan ``split-scan``: the bodies of the three kernels of a long-row scan, each
-        taking ``(in_ptr*, out_ptr*, ws_ptr*, sizes)``:
+    def write_split_scan(self) -> tuple[list[str], list[str]]:
+        """Plan ``split-scan``: the bodies of the two kernels of a long-row scan, each
+        taking ``(in_ptr*, out_ptr*, ws_ptr*, sizes)``, one program per (row, chunk of
+        ``SCAN_CHUNK`` elements):
 
-        1. ``_totals``: one program per (row, chunk of ``SCAN_CHUNK``): the chunk's total
-           (the scan state past its last element) into ``ws[row * nchunks + chunk]``;
-        2. ``_carries``: one program per row: the inclusive scan of its chunk totals, in
-           place, ``CBLOCK`` totals at a time;
-        3. the kernel itself: one program per (row, chunk): the chunk's scan started from
-           ``ws[row * nchunks + chunk - 1]`` (the first chunk from the initial state),
-           and every store."""
+        1. ``_totals``: the chunk's total (the scan state past its last element) into
+           ``ws[row * nchunks + chunk]``;
+        2. the kernel itself: the chunk's carry, the totals of the chunks before it
+           combined in order (``CBLOCK`` at a time), then the chunk's scan from it and
+           every store."""
         ws = self.workspace_fields()
         casts = [f"{s.name} = {s.name}.to(tl.int64)" for s in self.k.size_symbols] if self.int64 else []
         at = "(xindex * nchunks + chunk)"
@@ -524,57 +523,41 @@ class KernelWriter:
             base = self.scan_local(self.k.reductions[k])
             body_a.append(f"tl.store(ws_ptr{i} + {at}, {base}{sfx}_c, xmask)")
         body_a = self._with_zeros(body_a)
-        # 2. carries: the chunk totals of each row, scanned in place
-        body_b = casts + [f"rnumel = {self.numel(self.plan.ranges['r'])}",
-                          "nchunks = (rnumel + SCAN_CHUNK - 1) // SCAN_CHUNK",
-                          f"row = {self.pid()}",
-                          "cbase = tl.arange(0, CBLOCK)[None, :]" + (".to(tl.int64)" if self.int64 else "")]
+        # 2. each chunk's carry from the totals before it, then its scan and the stores
+        self.zeros = {}
+        top = _Scope(None, provides=self._top_provides())
+        body_b = casts + self._scan_setup(split=True)
+        body_b.append("cbase = tl.arange(0, CBLOCK)[None, :]" + (".to(tl.int64)" if self.int64 else ""))
+        carry: list[str] = []
         for k, red in enumerate(self.k.reductions):
             base = self.scan_local(red)
             fields = self._scan_fields(red)
             fn = self._scan_combine(red)
             ptrs = [i for i, (kk, _, _) in enumerate(ws) if kk == k]
-            body_b += [f"{base}{sfx}_c = tl.full([1, 1], {init}, {O.TL_TYPES[T]})" for sfx, T, init in fields]
-            loop = ["cindex = coffset + cbase", "cmask = cindex < nchunks"]
-            loop += [f"{base}{sfx}_t = tl.load(ws_ptr{i} + (row * nchunks + cindex), cmask, other={init})"
-                     for i, (sfx, T, init) in zip(ptrs, fields)]
             names = [f"{base}{sfx}" for sfx, _, _ in fields]
+            loop = ["cindex = coffset + cbase", "cmask = xmask & (cindex < chunk)"]
+            loop += [f"{n}_t = tl.load(ws_ptr{i} + (xindex * nchunks + cindex), cmask, other={init})"
+                     for i, n, (_, _, init) in zip(ptrs, names, fields)]
             if len(fields) == 2:
-                loop += [f"{base}_sv, {base}_si = tl.associative_scan(({names[0]}_t, {names[1]}_t), 1, {fn})",
-                         f"{names[0]}_s, {names[1]}_s = {fn}({names[0]}_c, {names[1]}_c, {base}_sv, {base}_si)",
-                         f"{base}_rv, {base}_ri = tl.reduce(({names[0]}_t, {names[1]}_t), 1, {fn})",
-                         f"{names[0]}_c, {names[1]}_c = {fn}({names[0]}_c, {names[1]}_c, {base}_rv[:, None], "
+                loop += [f"{base}_rv, {base}_ri = tl.reduce(({names[0]}_t, {names[1]}_t), 1, {fn})",
+                         f"{names[0]}_p, {names[1]}_p = {fn}({names[0]}_p, {names[1]}_p, {base}_rv[:, None], "
                          f"{base}_ri[:, None])"]
             else:
-                loop += [f"{names[0]}_s = {fn}({names[0]}_c, tl.associative_scan({names[0]}_t, 1, {fn}))",
-                         f"{names[0]}_c = {fn}({names[0]}_c, tl.reduce({names[0]}_t, 1, {fn})[:, None])"]
-            loop += [f"tl.store(ws_ptr{i} + (row * nchunks + cindex), {n}_s, cmask)" for i, n in zip(ptrs, names)]
-            body_b.append("for coffset in range(0, nchunks, CBLOCK):")
-            body_b += ["    " + ln for ln in loop]
-        # 3. the scan of each chunk from its carry, and the stores
-        self.zeros = {}
-        top = _Scope(None, provides=self._top_provides())
-        body_c = casts + self._scan_setup(split=True)
-        init_lines = []
-        for i, (k, sfx, T) in enumerate(ws):
-            red = self.k.reductions[k]
-            base = self.scan_local(red)
-            first = dict((f[0], f[2]) for f in self._scan_fields(red))[sfx]
-            init_lines.append(f"{base}{sfx}_p = tl.load(ws_ptr{i} + (xindex * nchunks + tl.maximum(chunk - 1, 0)), "
-                              f"xmask, other={first})")
+                loop.append(f"{names[0]}_p = {fn}({names[0]}_p, tl.reduce({names[0]}_t, 1, {fn})[:, None])")
+            carry += [f"{n}_p = tl.full([XBLOCK, 1], {init}, {O.TL_TYPES[T]})" for n, (_, T, init) in zip(names, fields)]
+            carry.append("for coffset in range(0, chunk, CBLOCK):")
+            carry += ["    " + ln for ln in loop]
         loop_lines = self._scan_loop(top, split=True)
-        # the carries start from the previous chunks' scan instead of the initial state
+        # the carries start from the chunks before, not from the initial state
+        starts = {f"{self.scan_local(self.k.reductions[k])}{sfx}" for k, sfx, _ in ws}
         fixed = []
         for ln in loop_lines:
+            name = ln.split(" = ", 1)[0]
+            if name.endswith("_c") and name[:-2] in starts and "tl.full([XBLOCK, 1]" in ln:
+                ln = f"{name} = {name[:-2]}_p"
             fixed.append(ln)
-        for i, (k, sfx, T) in enumerate(ws):
-            base = self.scan_local(self.k.reductions[k])
-            old = f"{base}{sfx}_c = tl.full([XBLOCK, 1], "
-            fixed = [f"{base}{sfx}_c = tl.where(chunk > 0, {base}{sfx}_p, {ln.split(' = ', 1)[1]})"
-                     if ln.startswith(old) else ln for ln in fixed]
-        body_c += init_lines + fixed
-        body_c = self._with_zeros(body_c)
-        return body_a, body_b, body_c
+        body_b = self._with_zeros(body_b + carry + fixed)
+        return body_a, body_b
 
     def _with_zeros(self, body: list[str]) -> list[str]:
         zeros = [f"{name} = tl.zeros({self.shape(key)}, {self.plan.index_dtype})"

@@ -183,13 +183,11 @@ class TritonEmitter(KernelEmitter):
             deco = f"@triton.jit(do_not_specialize={sizes!r})"
         workspaces = ()
         if plan.kind == "split-scan":
-            body_a, body_b, body_c = writer.write_split_scan()
+            body_a, body_b = writer.write_split_scan()
             ws = [f"ws_ptr{i}" for i in range(len(writer.workspace_fields()))]
             scan_blocks = ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr", "SCAN_CHUNK: tl.constexpr"]
             functions = [(f"{fname}_totals", ptrs + ws + sizes + scan_blocks, body_a),
-                         (f"{fname}_carries", ptrs + ws + sizes + ["CBLOCK: tl.constexpr", "SCAN_CHUNK: tl.constexpr"],
-                          body_b),
-                         (fname, ptrs + ws + sizes + scan_blocks, body_c)]
+                         (fname, ptrs + ws + sizes + scan_blocks + ["CBLOCK: tl.constexpr"], body_b)]
             xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]) if kernel.ranges else sympy.Integer(1)
             rnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges])
             from torch.utils._sympy.functions import CeilDiv
@@ -259,21 +257,20 @@ class TritonEmitter(KernelEmitter):
     @staticmethod
     def _split_scan_parts(fname: str, plan, numels, launch: dict) -> tuple[dict, ...]:
         """The launches of a split scan, in order, each with the kernel's arguments
-        (workspaces included): chunk totals, their scan per row, the chunks' scans."""
+        (workspaces included): the chunk totals, then the chunks' scans."""
         numel = dict(numels)
         chunks = f"((({numel['r']}) + {plan.scan_chunk - 1}) // {plan.scan_chunk})"
         cfg = dict(launch["config"])
-        chunked = (("XBLOCK", 1), ("RBLOCK", cfg["RBLOCK"]), ("SCAN_CHUNK", plan.scan_chunk),
-                   ("num_warps", cfg["num_warps"]))
+        chunked = (("XBLOCK", 1), ("RBLOCK", cfg["RBLOCK"]), ("SCAN_CHUNK", plan.scan_chunk))
+        warps = (("num_warps", cfg["num_warps"]),)
         base = {k: launch[k] for k in ("language", "pointers", "pointer_dtypes", "size_symbols", "interpret")}
         if "device_index" in launch:
             base["device_index"] = launch["device_index"]
+        cblock = 16 if launch["interpret"] else 1024
         return ({**base, "symbol": f"{fname}_totals", "numels": (("x", numel["x"]),), "grid_extra": chunks,
-                 "config": chunked},
-                {**base, "symbol": f"{fname}_carries", "numels": (("x", numel["x"]),),
-                 "config": (("CBLOCK", 1024 if not launch["interpret"] else 16), ("SCAN_CHUNK", plan.scan_chunk),
-                            ("num_warps", 4 if not launch["interpret"] else 1))},
-                {**base, "symbol": fname, "numels": (("x", numel["x"]),), "grid_extra": chunks, "config": chunked})
+                 "config": chunked + warps},
+                {**base, "symbol": fname, "numels": (("x", numel["x"]),), "grid_extra": chunks,
+                 "config": chunked + (("CBLOCK", cblock),) + warps})
 
     @staticmethod
     def _config_tuple(plan, cfg: dict) -> tuple:
@@ -291,7 +288,7 @@ class TritonEmitter(KernelEmitter):
                 "looped": f"looped reduction ({plan.reduction_shape})",
                 "split-outer": "split reduction (outer): partials per r chunk, then an ordered combine",
                 "scan": "scan, one program per row",
-                "split-scan": "split scan: chunk totals, their scan per row, then each chunk's scan"}[plan.kind]
+                "split-scan": "split scan: chunk totals, then each chunk's scan from the totals before it"}[plan.kind]
         lines.append(f"# plan: {what}, indices {plan.index_dtype}")
         return lines
 
