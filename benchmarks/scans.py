@@ -6,8 +6,10 @@ the 1-row 1M-element cumsum at 70% or more of the copy's bandwidth.
     python benchmarks/scans.py [--rows 1] [--n 1048576] [--op cumsum|cumprod|logcumsumexp|cummax] [--dtype float32]
     python benchmarks/scans.py --sweep            # a few shapes, one line each
 
-Times are CUDA-event medians of 11 repeats of 200 back-to-back calls, interleaved (scan,
-copy, eager) in one process; prints the GB/s of each and the ratio.  CPU: ``--device cpu``
+Times are CUDA-event medians of 11 repeats of 200 back-to-back replays of a CUDA graph of
+one call (the device's work alone: at 4 MB a call's host cost, dynamo's guards included,
+is longer than the kernels; ``--no-graphs`` times plain calls), scan, copy and eager one
+after the other in one process; prints the GB/s of each and the ratio.  CPU: ``--device cpu``
 (one thread: ``torch.set_num_threads(1)`` and ``OMP_NUM_THREADS=1`` before starting).
 """
 from __future__ import annotations
@@ -26,6 +28,21 @@ OPS = {
     "logcumsumexp": lambda x: torch.logcumsumexp(x, -1),
     "cummax": lambda x: torch.cummax(x, -1).values,
 }
+
+
+def graphed(fn):
+    """``fn`` captured once in a CUDA graph: a replay is the device work alone, without the
+    host's per-call cost (dynamo's guards, the runner), for scan and copy alike."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def per_call_s(fn, device: str, calls: int = 200, repeats: int = 11) -> float:
@@ -50,16 +67,19 @@ def per_call_s(fn, device: str, calls: int = 200, repeats: int = 11) -> float:
     return statistics.median(samples)
 
 
-def measure(op: str, rows: int, n: int, dtype: torch.dtype, device: str) -> dict:
+def measure(op: str, rows: int, n: int, dtype: torch.dtype, device: str, graphs: bool = True) -> dict:
     x = torch.randn(rows, n, device=device, dtype=dtype)
     fn = OPS[op]
     compiled = fxwrap.compile(fn, target=device)
     torch.testing.assert_close(compiled(x), fn(x), rtol=1e-3, atol=1e-2 * max(1.0, n ** 0.5 / 100))
     dst = torch.empty_like(x)
     nbytes = 2 * x.numel() * x.element_size()
-    t_scan = per_call_s(lambda: compiled(x), device)
-    t_copy = per_call_s(lambda: dst.copy_(x), device)
-    t_eager = per_call_s(lambda: fn(x), device)
+    scan, copy, eager = (lambda: compiled(x)), (lambda: dst.copy_(x)), (lambda: fn(x))
+    if device == "cuda" and graphs:
+        scan, copy, eager = graphed(scan), graphed(copy), graphed(eager)
+    t_scan = per_call_s(scan, device)
+    t_copy = per_call_s(copy, device)
+    t_eager = per_call_s(eager, device)
     return {"op": op, "shape": (rows, n), "dtype": str(dtype), "scan_us": t_scan * 1e6, "copy_us": t_copy * 1e6,
             "eager_us": t_eager * 1e6, "scan_GBps": nbytes / t_scan / 1e9, "copy_GBps": nbytes / t_copy / 1e9,
             "fraction_of_copy": t_copy / t_scan}
@@ -73,6 +93,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-graphs", action="store_true", help="time plain calls (host cost included), not CUDA graph replays")
     a = ap.parse_args()
     dtype = getattr(torch, a.dtype)
     cases = [(a.op, a.rows, a.n)]
@@ -82,7 +103,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     print(f"# {name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     for op, rows, n in cases:
-        r = measure(op, rows, n, dtype, a.device)
+        r = measure(op, rows, n, dtype, a.device, graphs=not a.no_graphs)
         print(f"{r['op']:<13} {rows}x{n:<9} {r['dtype']:<14} fxwrap {r['scan_us']:8.1f} us ({r['scan_GBps']:7.1f} GB/s)  "
               f"copy {r['copy_us']:7.1f} us ({r['copy_GBps']:7.1f} GB/s)  eager {r['eager_us']:8.1f} us  "
               f"fraction of copy {r['fraction_of_copy']:.2f}")
