@@ -68,6 +68,30 @@ def test_inference_round_trip_in_a_fresh_process(target, dynamic, tmp_path):
         assert set(report["kernels"]) == {"SharedObjectLoader"}
 
 
+def scans_and_split_sums(x, y):
+    return torch.cumsum(x * 2, 1), torch.cummax(x, 1), y.sum(0)
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_scans_and_workspaces_round_trip_in_a_fresh_process(target, tmp_path):
+    """Scan kernels and kernels with workspaces (a split column sum; on triton-interpret the
+    long rows' split scan too): the workspace arguments are Allocate lines of the saved
+    program, the kernels' launch metadata loads with them."""
+    g = _gen(3)
+    x, y = torch.randn(3, 300, generator=g), torch.randn(20000, 4, generator=g)
+    program = fxwrap.lower(scans_and_split_sums, x, y, target=target)
+    roles = [a.role for line in program.lines if type(line).__name__ == "CallKernel" for a in line.kernel.signature]
+    if target in ("cpu", "triton-interpret"):
+        assert "workspace" in roles, program.code()
+    path = tmp_path / "program.fxwrap"
+    program.save(path)
+    x2, y2 = torch.randn(3, 300, generator=g), torch.randn(20000, 4, generator=g)
+    report = load_in_fresh_process(path, {"mode": "run", "args": (x2, y2), "expected": scans_and_split_sums(x2, y2)},
+                                   tmp_path)
+    assert compiler_modules(report["modules"], TARGETS[target]) == []
+    assert compile_entries(report) == []
+
+
 def test_a_module_with_parameters_and_a_dict_output(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32))

@@ -22,12 +22,17 @@ Reduction kernels pick one of two tilings, from the index strides:
 Either way, when there are few output rows but a long reduction, the ``r`` range
 is split into ``nchunks`` chunks (a function of the sizes only, never of the thread
 count or timing); per-chunk partial states are combined in chunk order, so results
-are bitwise reproducible.  Reductions run as passes in order (a reduction reading
+are bitwise reproducible; the partial states live in workspaces the program allocates
+(``CStyleEmitter.workspace``: ``Allocate`` lines, sized by the same decision as a sympy
+expression; the kernel allocates nothing).  Reductions run as passes in order (a reduction reading
 another's ``acc`` starts a new pass); stores indexed by ``r`` vars run in a final
 pass over ``r`` (the epilogue); stores indexed by ``x`` vars only, once per row.
 When an epilogue store contains the (transcendental) value the last pass reduces,
 that pass stores it and the epilogue reads it back: softmax computes one ``exp``
 per element, ``out = exp(x - max)`` in the sum pass, ``out = out / sum`` after.
+
+Scan kernels (``cumsum``...) run one task per row, a serial pass over ``r0`` that updates
+the running states and makes every store (``CStyleEmitter.scan_pass``, shared with Metal).
 
 Inner loops vectorize: ``exp``, ``erf`` and ``tanh`` of float32 go through the prelude's
 branch-free ``fx_expf`` / ``fx_erff`` / ``fx_tanhf`` (libm calls do not vectorize without
