@@ -51,8 +51,7 @@ import torch
 from fxwrap.core.ir import Op, OpCode, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
-from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, ScanState,
-                                   Scope, append_block)
+from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block)
 
 
 class CppEmitter(CStyleEmitter):
