@@ -166,3 +166,24 @@ def test_default_line_touches_nothing():
     assert line.fusion_barrier and not line.allocates and line.view_base is None
     plan = plan_memory([Note("x"), Return(())])
     assert plan.lines == [Note("x"), Return(())] and not any(isinstance(li, Free) for li in plan.lines)
+
+
+def test_zero_fill_of_a_reused_workspace_zeroes_it():
+    """``ZeroFill`` (a workspace its kernel needs zeroed) survives the planner's reuse of a
+    dead buffer's storage: the reused storage holds the sin values until the fill."""
+    from fxwrap.wrapper_ir.lines import ZeroFill
+    cpu = torch.device("cpu")
+    arg0, buf0, ws1, buf2 = (Buffer(n, (6, 5), (5, 1), F32, cpu) for n in ("arg0", "buf0", "ws1", "buf2"))
+    lines = [Allocate(buf0), CallExtern(aten.sin.out, (arg0,), (("out", buf0),)),
+             Allocate(buf2), CallExtern(aten.cos.out, (arg0,), (("out", buf2),)),
+             CallExtern(aten.add_.Tensor, (buf2, buf0)),
+             Allocate(ws1), ZeroFill(ws1), CallExtern(aten.add_.Tensor, (buf2, ws1)),
+             Return((buf2,))]
+    plan = plan_memory(lines)
+    text = program_source([arg0], plan.lines)
+    assert "ws1 = buf0  # reuse" in text and "zero_(ws1)" in text, text
+    gm = to_graph_module([arg0], plan.lines)
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(18))
+    (got,) = gm(x)
+    torch.testing.assert_close(got, torch.cos(x) + torch.sin(x))  # plus the zeros
+    assert any(n.target is aten.zero_.default for n in gm.graph.nodes)
