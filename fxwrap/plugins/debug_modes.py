@@ -106,7 +106,8 @@ def _insert_after_launches(lines, make) -> list[Line]:
         if not _is_launch(line):
             i += 1
             continue
-        written = [b for b in line.writes() if isinstance(b, Buffer)]
+        scratch = {b.name for b in getattr(line, "scratch", list)()}  # workspaces: no results
+        written = [b for b in line.writes() if isinstance(b, Buffer) and b.name not in scratch]
         if written and (extra := make(line, written)) is not None:
             out.append(extra)
         items, end = _results_after(lines, i)

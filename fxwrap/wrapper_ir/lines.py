@@ -372,6 +372,12 @@ class CallKernel(Line):
         return [value for arg, value in zip(self.kernel.signature, self.args)
                 if getattr(arg, "role", "input") in ("output", "inout", "workspace") and isinstance(value, Buffer)]
 
+    def scratch(self):
+        """The workspace arguments: written by the kernel, meaningless after it (the debug
+        modes check and print the other buffers it writes)."""
+        return [value for arg, value in zip(self.kernel.signature, self.args)
+                if getattr(arg, "role", "input") == "workspace" and isinstance(value, Buffer)]
+
     def size_exprs(self):
         return _exprs_in(self.args)
 

@@ -85,6 +85,9 @@ def body_digest(text: str, launch: dict) -> str:
     body = "\n".join(lines[start:])
     if launch.get("partial_symbol"):
         body = body.replace(f"def {launch['partial_symbol']}(", "def _FX_PARTIAL_(")
+    for i, part in enumerate(launch.get("parts", ())):
+        if part["symbol"] != launch["symbol"]:
+            body = body.replace(f"def {part['symbol']}(", f"def _FX_PART{i}_(")
     body = body.replace(f"def {launch['symbol']}(", "def _FX_KERNEL_(")
     return hashlib.sha256(body.encode()).hexdigest()
 
