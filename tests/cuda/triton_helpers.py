@@ -15,6 +15,7 @@ import torch
 import fxwrap
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
 from fxwrap.core.numerics import legalize
+from fxwrap.core.symbolic import evaluate
 from fxwrap.targets.cuda_triton import plugin as triton_plugin
 from fxwrap.wrapper_ir.lines import Buffer
 
@@ -76,11 +77,22 @@ def emitter():
 
 
 def build(k: ScheduledKernel, hints=None):
-    """Render and load ``k``; returns ``(launcher, source)``."""
+    """Render and load ``k``; returns ``(launcher, source)``.  The launcher takes the kernel's
+    inputs, outputs and sizes and allocates the workspaces the source declares
+    (``source.workspaces``), as a program's ``Allocate`` lines would."""
     em = emitter()
     em.size_hints = dict(hints or {})
     src = em.render(legalize(k))  # explicit compute dtypes and 16-bit rounding, as the kernel builder does
-    return em.load(src), src
+    launcher = em.load(src)
+    if not src.workspaces:
+        return launcher, src
+    n = len(k.inputs) + len(k.outputs)
+
+    def with_workspaces(*args):
+        sizes = {s: int(v) for s, v in zip(k.size_symbols, args[n:])}
+        ws = [torch.empty(evaluate(w.numel, sizes), dtype=w.dtype, device=DEVICE) for w in src.workspaces]
+        return launcher(*args[:n], *ws, *args[n:])
+    return with_workspaces, src
 
 
 __all__ = ["GPU", "TARGET", "TARGET_NAME", "DEVICE", "TOL", "make", "compiled", "kernels", "check", "x0", "x1", "x2",
