@@ -189,7 +189,7 @@ def run_one(entry, variant, args, device) -> dict:
     backends = {"eager": eager,
                 "inductor": torch.compile(copy.deepcopy(base)),
                 "fxwrap": torch.compile(copy.deepcopy(base), backend="fxwrap",
-                                        options={"on_program": on_program, "cache": False})}
+                                        options={**args.options, "on_program": on_program, "cache": False})}
     result = {"model": entry.name, "variant": variant}
     outs = {}
     for name, model in backends.items():
@@ -298,6 +298,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--options", type=json.loads, default={},
+                        help='fxwrap options as JSON, e.g. \'{"partition": "min_cut"}\'')
     args = parser.parse_args(argv)
     device = args.device
     names = args.models.split(",") if args.models else [m.name for m in suite_models.MODELS]
