@@ -29,6 +29,7 @@ from fxwrap.dump import ProgramDump
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
 from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
+from fxwrap.runtime.boxed import ListCall
 from fxwrap.runtime.cudagraphs import CudaGraphRunner
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
@@ -252,6 +253,8 @@ class Backend:
             if options.on_program is not None:
                 options.on_program(program)
             if not lowering:
+                if isinstance(program.runner, torch.fx.GraphModule):
+                    return ListCall(program.runner)  # inputs freed at their last use
                 return program.runner
             runner = program.runner
 

@@ -8,7 +8,9 @@
 AOTAutograd traces the forward (and, when inputs need grad, the backward) into
 ATen/prims graphs after applying ``decompositions`` and calls
 ``compile_graph(aten_gm, example_inputs, kind)`` with kind ``"inference"``,
-``"forward"`` or ``"backward"``.  With ``dynamic=True`` the graphs take size
+``"forward"`` or ``"backward"``; a result with a ``boxed(args_list)`` method
+(``runtime.boxed.ListCall``) is called that way, so the program can release each input
+(a saved activation, in the backward) at its last use.  With ``dynamic=True`` the graphs take size
 symbols (``s0``) as inputs beside the tensors.
 """
 from __future__ import annotations
@@ -94,7 +96,15 @@ def capture_backend(compile_graph: Callable, decompositions: dict, partition: st
         def compile_boxed(gm: torch.fx.GraphModule, example_inputs):
             if logs.enabled("capture"):
                 logs.logger("capture").debug("%s ATen graph:\n%s", kind, aten_graph_text(gm))
-            return make_boxed_func(compile_graph(gm, example_inputs, kind))
+            compiled = compile_graph(gm, example_inputs, kind)
+            boxed = getattr(compiled, "boxed", None)
+            if boxed is None:
+                return make_boxed_func(compiled)
+
+            def call(args: list):  # the list is emptied by the program (runtime/boxed.py)
+                return boxed(args)
+            call._boxed_call = True
+            return call
         return compile_boxed
 
     return aot_autograd(
