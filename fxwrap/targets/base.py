@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from fxwrap.core.errors import UnsupportedUserKernel
 from fxwrap.runtime.direct import direct_graph_module
-from fxwrap.runtime.kernel import KernelArg
+from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.provenance import header_lines
 
 
@@ -156,6 +157,19 @@ class KernelEmitter:
         saved kernel keeps the compiler's loader and is compiled again from its source
         when a loaded program first launches it (through the plugin manager)."""
         return None
+
+    def user_kernel(self, name: str, source: str, signature: tuple, launch: dict, triton_kernel) -> Kernel:
+        """The ``Kernel`` (bound to its launcher) of a user-written Triton kernel launched in the
+        program: ``triton_kernel`` is the ``JITFunction`` (or ``Autotuner``) from the user's code,
+        ``launch`` what ``wrapper_ir.build_user_kernels`` records of the launch (constants,
+        grids, configs); the launcher takes ``(*tensors_and_scalars, *grids)``.  The Triton
+        targets run it; by default a target cannot, and says so."""
+        raise UnsupportedUserKernel(
+            f"user Triton kernel {name} ({launch.get('module')}.{launch.get('qualname')}) cannot run on "
+            f"target {getattr(self.target, 'name', '?')!r}: Triton kernels run on target 'cuda' (CUDA "
+            "tensors) or 'triton-interpret' (CPU tensors, through Triton's interpreter). Compile with "
+            "target='triton-interpret' (options={'target': 'triton-interpret'}) or 'cuda', or launch the "
+            "kernel outside the compiled function")
 
 
 class WrapperCodegen:

@@ -32,7 +32,7 @@ import torch
 import torch.fx
 
 from fxwrap.core import extern
-from fxwrap.wrapper_ir import build_control_flow
+from fxwrap.wrapper_ir import build_control_flow, build_user_kernels
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, simplest, to_expr
 from fxwrap.wrapper_ir.lines import (
     Allocate, Buffer, CallExtern, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
@@ -111,6 +111,11 @@ class _Builder:
 
     def _new_builder(self, gm: torch.fx.GraphModule) -> "_Builder":
         return _Builder(gm, self.target_name)
+
+    def user_kernel_emitter(self):
+        """The target's ``KernelEmitter``, which launches user-written Triton kernels
+        (``KernelEmitter.user_kernel``), or None: this builder has none (kernels=False)."""
+        return None
 
     # -- naming -------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -351,6 +356,9 @@ class _Builder:
                 "or keep this call outside the compiled region.")
         if target in build_control_flow.CONTROL_FLOW_OPS and build_control_flow.build(self, node):
             return
+        if build_user_kernels.is_user_kernel_launch(target):
+            build_user_kernels.build(self, node)
+            return
         if isinstance(target, torch._ops.HigherOrderOperator):
             for arg in node.all_input_nodes:  # its subgraphs, passed as they are
                 if arg.op == "get_attr" and isinstance(getattr(self.gm, arg.target), torch.fx.GraphModule):
@@ -414,6 +422,9 @@ class _Builder:
         result the op makes fresh (``_native_batch_norm_legit``'s output beside the
         running stats it updates) is read from the call's result.
         """
+        if op is aten.copy_.default and len(args) >= 2 and isinstance(args[0], Buffer) and args[0] == args[1]:
+            self.env[node] = args[0]  # a buffer copied into itself: nothing to do
+            return
         self._materialize_before_write(node)
         schema = op._schema
         aliased: list = []

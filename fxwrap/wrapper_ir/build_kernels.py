@@ -123,6 +123,12 @@ class KernelBuilder(build._Builder):
     def _new_builder(self, gm):
         return KernelBuilder(gm, self.session)
 
+    def user_kernel_emitter(self):
+        emitter = getattr(self, "_user_kernel_emitter", None)
+        if emitter is None:
+            emitter = self._user_kernel_emitter = self.session.new_emitter(self.out.hints)
+        return emitter
+
     # -- results of nested programs (a cond branch, a loop body) -------------------
     def output_value(self, arg, index):
         layout = self.output_layouts[index] if self.output_layouts is not None else None
