@@ -1,0 +1,275 @@
+"""User-written Triton kernels inside compiled functions: ``kernel[grid](...)`` and
+``torch.library.triton_op`` + ``wrap_triton``, compiled with ``fullgraph=True`` for ``cuda`` on
+a GPU, or for ``triton-interpret`` (CPU tensors, Triton's interpreter) without one.
+
+Each launch is a ``CallUserKernel`` line and, in FX, a node whose target is an
+``fxwrap.Kernel`` (no extern call of the higher-order op); the ``relu`` after it is an
+fxwrap kernel.  Numbers are eager PyTorch's (the same math written with torch ops: on CPU
+tensors the eager launch itself cannot run, Triton has no CPU driver).
+
+Without a GPU dynamo does not turn Triton launches into graph nodes at all
+(``torch.utils._triton.has_triton()`` is False: it asks for a GPU), so the fixture below tells
+it a Triton device is present; the kernels are ``JITFunction``s (``TRITON_INTERPRET=1``
+makes ``@triton.jit`` return an ``InterpretedFunction``, which dynamo does not trace).
+
+    python -m pytest -q tests/cuda/test_user_triton_kernels.py
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from torch._dynamo.exc import BackendCompilerFailed
+from torch.library import triton_op, wrap_triton
+from triton.runtime.jit import JITFunction
+
+import fxwrap
+from fxwrap.wrapper_ir.user_kernels import CallUserKernel
+from triton_helpers import DEVICE, GPU, TARGET_NAME
+
+
+@pytest.fixture(autouse=True)
+def dynamo_traces_triton_kernels(monkeypatch):
+    """Without a GPU, tell dynamo a Triton device is present (it would not trace the launch),
+    and quiet torch's warning that its mutation analysis (which needs a GPU) assumed every
+    tensor argument written."""
+    if not GPU:
+        import torch.utils._triton
+        monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: True)
+    logger = logging.getLogger("torch._higher_order_ops.triton_kernel_wrap")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+def _jit(fn):
+    """``@triton.jit`` that makes a ``JITFunction`` under ``TRITON_INTERPRET=1`` too."""
+    return JITFunction(fn)
+
+
+@_jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@_jit
+def sub_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) - tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@_jit
+def scale_in_place(x_ptr, n, scale, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * scale, mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 128}, num_warps=4)],
+                 key=["n"])
+@_jit
+def autotuned_add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@triton_op("fxwrap_tests::user_add", mutates_args=())
+def user_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    n = x.numel()
+    wrap_triton(add_kernel)[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64)
+    return out
+
+
+def add_then_relu(x, y):
+    out = torch.empty_like(x)
+    n = x.numel()
+    add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64)
+    return torch.relu(out)
+
+
+def _compile(fn, dynamic=False, target=TARGET_NAME):
+    programs = []
+    compiled = torch.compile(fn, backend=fxwrap.Backend(target, {"on_program": programs.append}),
+                             fullgraph=True, dynamic=dynamic)
+    return compiled, programs
+
+
+def _launches(program) -> list:
+    return [n for n in program.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)]
+
+
+def _user_launches(program) -> list:
+    return [n for n in _launches(program) if n.target.launch.get("user_kernel")]
+
+
+def _rand(*shape):
+    return torch.randn(*shape, device=DEVICE)
+
+
+def _assert_structure(program, kernel_name: str):
+    """One launch of the user kernel, as a Kernel node; no extern call of the higher-order op;
+    and (the relu after it) at least one fxwrap kernel of its own."""
+    user = _user_launches(program)
+    assert [n.target.name for n in user] == [kernel_name]
+    assert not [n for n in program.graph_module.graph.nodes
+                if isinstance(n.target, torch._ops.HigherOrderOperator)]
+    assert len(_launches(program)) > len(user)
+    assert any(isinstance(line, CallUserKernel) for line in program.lines)
+    assert f"{kernel_name}[" in program.code()
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_user_kernel_then_relu(dynamic):
+    compiled, programs = _compile(add_then_relu, dynamic)
+    for n in (100, 257):  # the second size: a new trace (static) or the same program (dynamic)
+        x, y = _rand(n), _rand(n)
+        torch.testing.assert_close(compiled(x, y), torch.relu(x + y))
+    _assert_structure(programs[-1], "add_kernel")
+    launch = _user_launches(programs[-1])[0]
+    roles = {a.name: a.role for a in launch.target.signature}
+    assert roles["out_ptr"] == "inout"
+    if dynamic:
+        assert len(programs) == 1
+        assert "(s" in programs[0].code().split("add_kernel[")[1].split("]")[0]  # a symbolic grid
+
+
+def test_user_kernel_mutates_an_input_in_place():
+    def f(x, y):
+        n = x.numel()
+        scale_in_place[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, n, 3.0, BLOCK=32)
+        return x + y
+
+    compiled, programs = _compile(f)
+    x, y = _rand(100), _rand(100)
+    x0 = x.clone()
+    got = compiled(x, y)
+    torch.testing.assert_close(x, x0 * 3)
+    torch.testing.assert_close(got, x0 * 3 + y)
+    program = programs[0]
+    (launch,) = _user_launches(program)
+    assert [a.role for a in launch.target.signature if a.name == "x_ptr"] == ["inout"]
+    # written in place: the input itself is the kernel's argument, with no clone and no copy back
+    assert launch.args[0].op == "placeholder"
+    assert len(_launches(program)) == 2 and "copy_" not in program.graph_module.code
+
+
+def test_aliased_arguments_are_cloned():
+    """The same tensor as input and output: each written argument is cloned (its clone is what
+    the kernel writes), as the functional op says; the result is 2 * t."""
+    def f(x):
+        t = x * 1.5
+        n = t.numel()
+        add_kernel[(triton.cdiv(n, 64),)](t, t, t, n, BLOCK=64)
+        return t + 1
+
+    compiled, programs = _compile(f)
+    x = _rand(130)
+    torch.testing.assert_close(compiled(x), 2 * (x * 1.5) + 1)
+    (launch,) = _user_launches(programs[0])
+    clones = [a for a in launch.args[:3]]
+    assert len({a.name for a in clones}) == 3  # three buffers: the clones
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_triton_op_with_wrap_triton(dynamic):
+    def f(x, y):
+        return torch.relu(user_add(x, y) * 2)
+
+    compiled, programs = _compile(f, dynamic)
+    for n in (96, 200):
+        x, y = _rand(n), _rand(n)
+        torch.testing.assert_close(compiled(x, y), torch.relu((x + y) * 2))
+    _assert_structure(programs[-1], "add_kernel")
+
+
+def test_autotuned_kernel():
+    def f(x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        autotuned_add[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
+        return torch.relu(out)
+
+    compiled, programs = _compile(f)
+    x, y = _rand(300), _rand(300)
+    torch.testing.assert_close(compiled(x, y), torch.relu(x + y))
+    _assert_structure(programs[0], "autotuned_add")
+    assert "autotuned_add[autotuned: (10, 1, 1), (3, 1, 1)]" in programs[0].code()
+
+
+def test_other_targets_say_what_to_do():
+    x, y = torch.randn(64), torch.randn(64)
+    for target in ("cpu", "reference"):
+        torch._dynamo.reset()
+        compiled, _ = _compile(add_then_relu, target=target)
+        with pytest.raises(BackendCompilerFailed, match=rf"add_kernel .*cannot run on target '{target}'.*"
+                                                        r"triton-interpret"):
+            compiled(x, y)
+
+
+def test_save_and_load(tmp_path):
+    x, y = _rand(100), _rand(100)
+    program = fxwrap.lower(add_then_relu, x, y, target=TARGET_NAME)
+    path = tmp_path / "user_kernel.fxwrap"
+    program.save(path)
+    loaded = fxwrap.load(path)
+    (launch,) = [k for k in loaded.kernels if k.launch.get("user_kernel")]
+    assert launch.loader.__name__ == "user_kernel_loader"  # imports the kernel again by name
+    x2, y2 = _rand(100), _rand(100)
+    torch.testing.assert_close(loaded.run(x2, y2), torch.relu(x2 + y2))
+    torch.testing.assert_close(pickle.loads(pickle.dumps(program)).run(x2, y2), torch.relu(x2 + y2))
+
+
+def test_a_kernel_defined_in_a_function_cannot_be_saved(tmp_path):
+    @_jit
+    def local_add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+    def f(x, y):
+        out = torch.empty_like(x)
+        local_add[(2,)](x, y, out, x.numel(), BLOCK=64)
+        return out
+
+    x, y = _rand(100), _rand(100)
+    program = fxwrap.lower(f, x, y, target=TARGET_NAME)
+    torch.testing.assert_close(program.run(x, y), x + y)
+    with pytest.raises(RuntimeError, match="user Triton kernel local_add .*defined inside a function"):
+        program.save(tmp_path / "local.fxwrap")
+
+
+def test_program_cache_keys_on_the_kernel(tmp_path, monkeypatch):
+    """Two graphs alike but for the kernel they launch: the side table's index (per process, here
+    reset between them) is the same, the programs are not."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")
+    monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path))
+
+    def launcher(kernel):
+        def f(x, y):
+            out = torch.empty_like(x)
+            kernel[(triton.cdiv(x.numel(), 64),)](x, y, out, x.numel(), BLOCK=64)
+            return out
+        return f
+
+    x, y = _rand(100), _rand(100)
+    saved = (dict(kernel_side_table.id_to_kernel), dict(kernel_side_table.kernel_to_id),
+             dict(kernel_side_table.constant_args))
+    try:
+        for kernel, want in ((add_kernel, x + y), (sub_kernel, x - y)):
+            kernel_side_table.reset_table()
+            torch._dynamo.reset()
+            compiled, _ = _compile(launcher(kernel))
+            torch.testing.assert_close(compiled(x, y), want)
+    finally:
+        kernel_side_table.id_to_kernel, kernel_side_table.kernel_to_id, kernel_side_table.constant_args = saved
