@@ -273,3 +273,40 @@ def test_program_cache_keys_on_the_kernel(tmp_path, monkeypatch):
             torch.testing.assert_close(compiled(x, y), want)
     finally:
         kernel_side_table.id_to_kernel, kernel_side_table.kernel_to_id, kernel_side_table.constant_args = saved
+
+
+def test_values_computed_before_the_launch_keep_their_values():
+    """``b`` is computed from the input ``x`` before the kernel overwrites ``x`` in place;
+    fxwrap keeps ``b`` lazy (it would fuse into a later kernel), so it must be stored before
+    the launch."""
+    def f(x):
+        b = x + 1
+        n = x.numel()
+        scale_in_place[(triton.cdiv(n, 32),)](x, n, -1.0, BLOCK=32)
+        return b, x * 3
+
+    compiled, _ = _compile(f)
+    x = _rand(100)
+    x0 = x.clone()
+    got_b, got_x3 = compiled(x)
+    torch.testing.assert_close(got_b, x0 + 1)
+    torch.testing.assert_close(got_x3, -x0 * 3)
+    torch.testing.assert_close(x, -x0)
+
+
+def test_check_nan_sees_what_the_user_kernel_wrote():
+    """The launch declares the tensors it writes: ``check_nan`` checks them after it and names it."""
+    def f(x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        add_kernel[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64)
+        return torch.relu(out)
+
+    programs = []
+    compiled = torch.compile(f, backend=fxwrap.Backend(TARGET_NAME, {"on_program": programs.append,
+                                                                      "check_nan": True}), fullgraph=True)
+    x, y = _rand(100), _rand(100)
+    torch.testing.assert_close(compiled(x, y), torch.relu(x + y))
+    y[7] = float("nan")
+    with pytest.raises(Exception, match="add_kernel"):
+        compiled(x, y)
