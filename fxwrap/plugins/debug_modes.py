@@ -106,6 +106,17 @@ def _insert_after_launches(lines, make) -> list[Line]:
     return out
 
 
+#: ATen ops whose result is uninitialized memory (``torch.empty_like`` before a user kernel fills
+#: it): nothing to check after them
+_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                            "new_empty_strided"})
+
+
+def _uninitialized_result(launch: Line) -> bool:
+    schema = getattr(getattr(launch, "op", None), "_schema", None)
+    return schema is not None and schema.name.split("::")[-1] in _UNINITIALIZED
+
+
 def _unique(buffers) -> tuple[Buffer, ...]:
     seen, out = set(), []
     for b in buffers:
@@ -126,7 +137,7 @@ class CheckNanPass:
     def __call__(self, lines: list[Line]) -> list[Line]:
         def make(launch, buffers):
             floating = _unique(b for b in buffers if b.dtype.is_floating_point or b.dtype.is_complex)
-            if not floating:
+            if not floating or _uninitialized_result(launch):
                 return None
             written = {b.name for b in launch.writes()}
             inputs = tuple(dict.fromkeys(b.name for b in launch.reads() if b.name not in written))

@@ -82,6 +82,29 @@ def autotuned_add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
 
 
+@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
+@_jit
+def double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs) * 2)
+    else:
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 64})], key=["n"])
+@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
+@_jit
+def autotuned_double(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if EVEN:
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs) * 2)
+    else:
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+
+
 @triton_op("fxwrap_tests::user_add", mutates_args=())
 def user_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
@@ -204,6 +227,26 @@ def test_autotuned_kernel():
     torch.testing.assert_close(compiled(x, y), torch.relu(x + y))
     _assert_structure(programs[0], "autotuned_add")
     assert "autotuned_add[autotuned: (10, 1, 1), (3, 1, 1)]" in programs[0].code()
+
+
+@pytest.mark.parametrize("n", [96, 100])
+def test_heuristics(n):
+    """``triton.heuristics`` alone (dynamo evaluates it: a constant of the launch) and under
+    ``autotune`` (dynamo folds it into each config): EVEN is true for 96 and false for 100."""
+    def f(x):
+        out, out2 = torch.empty_like(x), torch.empty_like(x)
+        size = x.numel()
+        double_kernel[(triton.cdiv(size, 32),)](x, out, size, BLOCK=32)
+        autotuned_double[lambda meta: (triton.cdiv(size, meta["BLOCK"]),)](x, out2, size)
+        return out + 1, out2 - 1
+
+    compiled, programs = _compile(f)
+    x = _rand(n)
+    got, got2 = compiled(x)
+    torch.testing.assert_close(got, 2 * x + 1)
+    torch.testing.assert_close(got2, 2 * x - 1)
+    assert [n.target.name for n in _user_launches(programs[0])] == ["double_kernel", "autotuned_double"]
+    assert f"EVEN={n % 32 == 0}" in programs[0].code()
 
 
 def test_other_targets_say_what_to_do():
