@@ -13,7 +13,8 @@ under a key of everything the program depends on::
                  constants, by value; the program kind (inference/forward/backward);
                  the user Triton kernels it launches (sources, by Triton's cache_key;
                  configs; constant arguments); the compile options; the target's name,
-                 device type, options and device capabilities; the host CPU; the loaded plugins; $CXX and FXWRAP_* settings;
+                 device type, options and device capabilities; the host CPU; the loaded
+                 plugins; $CXX and FXWRAP_* settings;
                  the versions of Python, torch, Triton and fxwrap, and the hash of every
                  file of the fxwrap package, so an edited checkout misses)
 

@@ -73,6 +73,18 @@ def scale_in_place(x_ptr, n, scale, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * scale, mask=mask)
 
 
+@_jit
+def _twice(value):
+    return value * 2
+
+
+@_jit
+def twice_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, _twice(tl.load(x_ptr + offs, mask=mask)), mask=mask)
+
+
 @triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 128}, num_warps=4)],
                  key=["n"])
 @_jit
@@ -252,6 +264,18 @@ def test_heuristics(n):
     torch.testing.assert_close(got2, 2 * x - 1)
     assert [n.target.name for n in _user_launches(programs[0])] == ["double_kernel", "autotuned_double"]
     assert f"EVEN={n % 32 == 0}" in programs[0].code()
+
+
+def test_kernel_calling_another_jit_function():
+    def f(x):
+        out = torch.empty_like(x)
+        twice_kernel[(triton.cdiv(x.numel(), 32),)](x, out, x.numel(), BLOCK=32)
+        return out - 3
+
+    compiled, _ = _compile(f)
+    x = _rand(77)
+    torch.testing.assert_close(compiled(x), 2 * x - 3)
+    assert isinstance(_twice, JITFunction)  # the interpreted copy was only for the launch
 
 
 def test_other_targets_say_what_to_do():

@@ -11,7 +11,8 @@ and launches the user's kernel with them by name, its constant arguments added::
   config it picks (a ``meta -> grid`` lookup over the configs).
 * ``triton-interpret``: Triton's CPU interpreter runs the kernel's Python function
   (``InterpretedFunction``); an autotuned kernel runs with its first config (a config changes
-  speed, not results).
+  speed, not results).  The ``@triton.jit`` functions the kernel calls by a global name are
+  interpreted too: during the launch, those names in their modules refer to interpreted copies.
 
 A saved program (``program.save``, the program cache) imports the kernel again by its module and
 qualified name (``user_kernel_loader``): saving needs a kernel defined at the top level of an
@@ -22,7 +23,9 @@ runtime and torch only (no compiler module).
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 
 
 class UserKernelNotSaved(RuntimeError):
@@ -40,6 +43,44 @@ def _jit_of(kernel):
     return inner
 
 
+_SWAP_LOCK = threading.Lock()
+
+
+def _jit_globals(fn, found: list, seen: set) -> None:
+    """Every ``(module globals, name, JITFunction)`` that ``fn`` (and what they call) names."""
+    from triton.runtime.jit import JITFunction
+    namespace = fn.__globals__
+    for name in fn.__code__.co_names:
+        value = namespace.get(name)
+        if isinstance(value, JITFunction) and id(value) not in seen:
+            seen.add(id(value))
+            found.append((namespace, name, value))
+            _jit_globals(value.fn, found, seen)
+
+
+@contextmanager
+def _interpreted_callees(fn, cache: dict):
+    """While the interpreter runs ``fn``: each ``@triton.jit`` function it calls by a global name
+    is an ``InterpretedFunction`` of it (a ``JITFunction`` refuses to run outside a compiled kernel)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    found: list = []
+    _jit_globals(fn, found, set())
+    if not found:
+        yield
+        return
+    with _SWAP_LOCK:
+        for namespace, name, jit in found:
+            interpreted = cache.get(jit)
+            if interpreted is None:
+                interpreted = cache[jit] = InterpretedFunction(jit.fn)
+            namespace[name] = interpreted
+        try:
+            yield
+        finally:
+            for namespace, name, jit in reversed(found):
+                namespace[name] = jit
+
+
 class UserKernelLauncher:
     """``launcher(*args, *grids)``: one user kernel launch (see the module docstring)."""
 
@@ -54,8 +95,10 @@ class UserKernelLauncher:
         self.interpret = interpret
         if interpret:
             from triton.runtime.interpreter import InterpretedFunction
-            self.fn = InterpretedFunction(_jit_of(triton_kernel).fn)
+            self.python_fn = _jit_of(triton_kernel).fn
+            self.fn = InterpretedFunction(self.python_fn)
             self.config_kwargs = dict(self.configs[0]["kwargs"]) if self.configs else {}
+            self.callees: dict = {}
         else:
             self.fn = triton_kernel
 
@@ -67,7 +110,8 @@ class UserKernelLauncher:
         grids = [tuple(flat[3 * i:3 * i + 3]) for i in range(self.ngrids)]
         if self.interpret:
             kwargs.update(self.config_kwargs)
-            self.fn[grids[0]](**kwargs)
+            with _interpreted_callees(self.python_fn, self.callees):
+                self.fn[grids[0]](**kwargs)
             return None
         grid = grids[0] if len(grids) == 1 else self._grid_for(grids)
         self.fn[grid](**kwargs)
