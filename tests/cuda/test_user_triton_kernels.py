@@ -382,3 +382,28 @@ def test_check_nan_sees_what_the_user_kernel_wrote():
     y[7] = float("nan")
     with pytest.raises(Exception, match="add_kernel"):
         compiled(x, y)
+
+
+def test_mutation_form_without_functionalization():
+    """An ATen graph traced without functionalization (``make_fx``) keeps
+    ``triton_kernel_wrapper_mutation``: the launches write their arguments in place."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from fxwrap.api import compile_aten_graph
+    from fxwrap.plugins.manager import get_plugin_manager
+
+    def f(x, y):
+        out = torch.empty_like(x)
+        n = x.numel()
+        wrap_triton(add_kernel)[(triton.cdiv(n, 64),)](x, y, out, n, BLOCK=64)
+        wrap_triton(scale_in_place)[(triton.cdiv(n, 64),)](out, n, 2.0, BLOCK=64)
+        return (torch.relu(out),)
+
+    x, y = _rand(100), _rand(100)
+    gm = make_fx(f, tracing_mode="fake")(x, y)
+    assert "triton_kernel_wrapper_mutation" in gm.code
+    program = compile_aten_graph(gm, get_plugin_manager().target(TARGET_NAME), "inference", {"cache": False})
+    torch.testing.assert_close(program.graph_module(x, y)[0], torch.relu(2 * (x + y)))
+    add, scale = _user_launches(program)
+    assert {a.name: a.role for a in add.target.signature}["out_ptr"] == "inout"
+    assert {a.name: a.role for a in scale.target.signature}["x_ptr"] == "inout"
+    assert add.args[2] is scale.args[0]  # the same buffer, written in place twice
