@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "LoadedTrainingPrograms": "fxwrap.artifacts", "ProgramFileError": "fxwrap.artifacts",
     "MemoryPlan": "fxwrap.core.memory",
     "ProfileReport": "fxwrap.profiling", "profile": "fxwrap.profiling",
-    "EmitError": "fxwrap.core.errors",
+    "EmitError": "fxwrap.core.errors", "UnsupportedUserKernel": "fxwrap.core.errors",
     "hookimpl": "fxwrap.plugins.hookspecs", "hookspec": "fxwrap.plugins.hookspecs",
     "PluginError": "fxwrap.plugins.manager", "PluginManager": "fxwrap.plugins.manager",
     "get_plugin_manager": "fxwrap.plugins.manager", "installed_entry_points": "fxwrap.plugins.manager",
@@ -60,7 +60,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.api import Backend, Program, TrainingPrograms, compile, lower  # noqa: F401
     from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
-    from fxwrap.core.errors import EmitError  # noqa: F401
+    from fxwrap.core.errors import EmitError, UnsupportedUserKernel  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
     from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401
     from fxwrap.profiling import ProfileReport, profile  # noqa: F401
