@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from fxwrap.core.errors import UnsupportedUserKernel
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.provenance import header_lines
@@ -164,6 +163,7 @@ class KernelEmitter:
         ``launch`` what ``wrapper_ir.build_user_kernels`` records of the launch (constants,
         grids, configs); the launcher takes ``(*tensors_and_scalars, *grids)``.  The Triton
         targets run it; by default a target cannot, and says so."""
+        from fxwrap.core.errors import UnsupportedUserKernel  # here: a loaded program imports this module
         raise UnsupportedUserKernel(
             f"user Triton kernel {name} ({launch.get('module')}.{launch.get('qualname')}) cannot run on "
             f"target {getattr(self.target, 'name', '?')!r}: Triton kernels run on target 'cuda' (CUDA "
