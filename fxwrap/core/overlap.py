@@ -20,8 +20,9 @@ after ``overlap_collectives``::
     fxwrap_pointwise_1(buf2, buf3, buf4)
 
 Two lines depend on each other when one defines or writes a name the other uses or
-writes (buffers by their storage, so a view counts as its base), or when either is an
-ordering barrier (``fusion_barrier``, a ``Return``...) that touches anything.
+writes (buffers by their storage, so a view counts as its base); collectives and waits
+cross only kernel launches and the lines the scheduler moves kernels across
+(``_plain``), never a ``Return`` or a control-flow line.
 Collectives keep their order among themselves (every rank issues them in the same
 order), and a ``Comment`` moves with the line it annotates.  The pass runs before the
 memory plan (``core.memory``), which then keeps what a collective reads alive up to
@@ -55,6 +56,15 @@ def _glued_to_next(line) -> bool:
     return line.annotates_next or (line.fusion_barrier and _touches_nothing(line))
 
 
+def _plain(line) -> bool:
+    """A line whose order is given by what it reads, writes and defines alone: a kernel
+    launch (``binds_device``), a line the scheduler moves kernels across (an allocation,
+    a view, an extern call...), or one glued to the next.  Anything else (a ``Return``,
+    a control-flow line whose nested programs may hold collectives, a vendor's line)
+    stays where it is, and collectives and waits do not cross it."""
+    return line.binds_device or not line.fusion_barrier or _glued_to_next(line)
+
+
 def _is_collective(unit: list) -> bool:
     return getattr(unit[-1], "issues_collective", False)
 
@@ -67,8 +77,7 @@ def _independent(a: list, b: list, roots: dict[str, str]) -> bool:
     """May units ``a`` and ``b`` (next to each other: each a line with the lines glued
     to it) swap places?"""
     for unit in (a, b):
-        line = unit[-1]
-        if line.fusion_barrier and not (_is_collective(unit) or _is_wait(unit)):
+        if not (_is_collective(unit) or _is_wait(unit) or all(_plain(line) for line in unit)):
             return False
     if _is_collective(a) and _is_collective(b):
         return False  # every rank issues collectives in the same order
