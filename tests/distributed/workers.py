@@ -146,7 +146,7 @@ def _train(model, steps: int, batches, lr: float = 0.05):
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         losses.append(loss.detach().cpu())
-        grads.append({n: _full(p.grad).cpu() for n, p in model.named_parameters()})
+        grads.append({n.replace("_orig_mod.", ""): _full(p.grad).cpu() for n, p in model.named_parameters()})
         opt.step()
     return losses, grads
 
@@ -172,6 +172,10 @@ def case_training(rank: int, world: int, backend: str, kind: str, width: int = 3
         model = copy.deepcopy(base)
         if kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
+            # dynamo's DDP optimizer splits the graph at DDP's buckets; its first bucket is
+            # dist._DEFAULT_FIRST_BUCKET_BYTES (1 MB), which must not exceed the others:
+            # small buckets for a small model, so that it splits
+            dist._DEFAULT_FIRST_BUCKET_BYTES = 8192
             model = DDP(model, device_ids=[rank] if device.type == "cuda" else None, bucket_cap_mb=0.01)
         else:
             from torch.distributed.fsdp import fully_shard
