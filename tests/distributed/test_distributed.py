@@ -8,7 +8,9 @@
   small transformer, compiled with ``backend="fxwrap"``, against the same model run
   eagerly: the losses and gradients of 3 SGD steps.
 
-The GPU variants (nccl, 2 GPUs) are ``tests/cuda/test_distributed_cuda.py``.
+Each test runs on the CPU with gloo, and again on two GPUs with nccl where there are
+two (skipped, with the reason, elsewhere): on a 2-GPU machine
+``python -m pytest -q -ra tests/distributed``.
 """
 from __future__ import annotations
 
@@ -39,9 +41,24 @@ def run_case(case: str, out_dir: Path, backend: str = "gloo", world: int = 2) ->
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-@pytest.fixture(scope="module")
-def collectives(tmp_path_factory):
-    return run_case("collectives", tmp_path_factory.mktemp("collectives"))
+def _backend_params():
+    nccl_missing = None
+    if torch.cuda.device_count() < 2:
+        nccl_missing = f"nccl variant: needs 2 CUDA devices, this machine has {torch.cuda.device_count()}"
+    elif not dist.is_nccl_available():
+        nccl_missing = "nccl variant: this torch build has no nccl"
+    return ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(nccl_missing is not None,
+                                                                    reason=nccl_missing or ""))]
+
+
+@pytest.fixture(scope="module", params=_backend_params())
+def collectives(request, tmp_path_factory):
+    return run_case("collectives", tmp_path_factory.mktemp(f"collectives-{request.param}"), request.param)
+
+
+@pytest.fixture(params=_backend_params())
+def backend(request):
+    return request.param
 
 
 COLLECTIVES = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast"]
@@ -109,15 +126,15 @@ def _compare_training(results, kind: str):
     assert results[0]["eager"]["losses"][0] != results[1]["eager"]["losses"][0]  # each rank its own data
 
 
-def test_ddp_training_matches_eager(tmp_path):
-    results = run_case("ddp", tmp_path)
+def test_ddp_training_matches_eager(tmp_path, backend):
+    results = run_case("ddp", tmp_path, backend)
     _compare_training(results, "DDP")
     kinds = results[0]["program_kinds"]
     # small buckets: dynamo's DDP optimizer split the model into several graphs, each compiled
     assert results[0]["ddp_split"] and kinds.count("forward") > 1 and kinds.count("backward") > 1, kinds
 
 
-def test_fsdp2_training_matches_eager(tmp_path):
-    results = run_case("fsdp", tmp_path)
+def test_fsdp2_training_matches_eager(tmp_path, backend):
+    results = run_case("fsdp", tmp_path, backend)
     _compare_training(results, "FSDP2")
     assert results[0]["program_kinds"].count("backward") >= 1
