@@ -138,3 +138,21 @@ def test_fsdp2_training_matches_eager(tmp_path, backend):
     results = run_case("fsdp", tmp_path, backend)
     _compare_training(results, "FSDP2")
     assert results[0]["program_kinds"].count("backward") >= 1
+
+
+def test_ddp_python_reducer_overlaps_gradient_all_reduces_with_backward(tmp_path, backend):
+    """Compiled autograd with DDP's Python reducer: the gradient all-reduces are collectives
+    in fxwrap's backward program, each issued as soon as its gradient exists, with backward
+    kernels between it and its wait."""
+    results = run_case("ddp_python_reducer", tmp_path, backend)
+    _compare_training(results, "DDP (python_reducer)")
+    structures = results[0]["structures"]
+    assert structures, f"no program with collectives: {results[0]['program_kinds']}"
+    lines = structures[0]["lines"]
+    issued = [i for i, line in enumerate(lines) if line[0] == "collective"]
+    waited = [i for i, line in enumerate(lines) if line[0] == "wait"]
+    assert len(issued) > 1 and len(waited) == len(issued), structures[0]["code"]
+    first_wait = min(waited)
+    overlapped = [line for line in lines[issued[0] + 1:first_wait] if line[0] == "kernel"]
+    assert len(overlapped) > 1, structures[0]["code"]
+    assert issued[-1] < first_wait, "every all-reduce is issued before the first wait"

@@ -16,6 +16,9 @@ Cases:
   DDP optimizer splits the graph), compiled with ``backend="fxwrap"``, against the same
   model run eagerly: losses and gradients of a few SGD steps.
 * ``fsdp``: the same with FSDP2 (``fully_shard`` per block and on the root).
+* ``ddp_python_reducer``: DDP with the backward compiled too (compiled autograd,
+  ``optimize_ddp="python_reducer"``): the gradient all-reduces are collectives inside
+  fxwrap's backward program.
 """
 from __future__ import annotations
 
@@ -155,12 +158,16 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
 
 
-def case_training(rank: int, world: int, backend: str, kind: str, width: int = 32, steps: int = 3) -> dict:
+def case_training(rank: int, world: int, backend: str, kind: str, width: int = 32, steps: int = 3,
+                  blocks: int = 2) -> dict:
+    import contextlib
     import copy
     import fxwrap
     device = _device(backend, rank)
+    if kind == "ddp_python_reducer":
+        torch._dynamo.config.optimize_ddp = "python_reducer"
     torch.manual_seed(0)
-    base = Transformer(width).to(device)
+    base = Transformer(width, blocks=blocks).to(device)
     torch.manual_seed(100 + rank)  # each rank its own data
     batches = [(torch.randn(2, 8, width, device=device), torch.randn(2, 8, width, device=device))
                for _ in range(steps)]
@@ -170,7 +177,7 @@ def case_training(rank: int, world: int, backend: str, kind: str, width: int = 3
     models = {}
     for which in ("eager", "fxwrap"):
         model = copy.deepcopy(base)
-        if kind == "ddp":
+        if kind in ("ddp", "ddp_python_reducer"):
             from torch.nn.parallel import DistributedDataParallel as DDP
             # dynamo's DDP optimizer splits the graph at DDP's buckets; its first bucket is
             # dist._DEFAULT_FIRST_BUCKET_BYTES (1 MB), which must not exceed the others:
@@ -187,10 +194,17 @@ def case_training(rank: int, world: int, backend: str, kind: str, width: int = 3
         models[which] = model
     out = {}
     for which, model in models.items():
-        losses, grads = _train(model, steps, batches)
+        context = contextlib.nullcontext()
+        if kind == "ddp_python_reducer" and which == "fxwrap":
+            # the backward compiled too (compiled autograd, a private API of torch 2.11-2.13),
+            # with DDP's gradient all-reduces inside it as functional collectives
+            context = torch._dynamo.compiled_autograd._enable(torch.compile(backend=backend_fn))
+        with context:
+            losses, grads = _train(model, steps, batches)
         out[which] = {"losses": losses, "grads": grads}
     out["program_kinds"] = [p.kind for p in programs]
     out["ddp_split"] = torch._dynamo.config.optimize_ddp
+    out["structures"] = [_structure(p) for p in programs if "collective" in p.code()]
     return out
 
 
@@ -198,6 +212,8 @@ CASES = {
     "collectives": case_collectives,
     "ddp": lambda rank, world, backend: case_training(rank, world, backend, "ddp"),
     "fsdp": lambda rank, world, backend: case_training(rank, world, backend, "fsdp"),
+    "ddp_python_reducer": lambda rank, world, backend: case_training(rank, world, backend, "ddp_python_reducer",
+                                                                     width=16, blocks=1),
 }
 
 
