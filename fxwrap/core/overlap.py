@@ -138,4 +138,45 @@ def overlap_collectives(lines: list) -> list:
         while j + 1 < len(units) and _independent(units[j], units[j + 1], roots):
             units[j], units[j + 1] = units[j + 1], units[j]
             j += 1
+    # pull independent work that comes after a wait's first reader above the wait
+    i = 0
+    while i < len(units):
+        if _is_wait(units[i]):
+            units = _pull_above(units, i, roots)
+        i += 1
     return [line for unit in units for line in unit]
+
+
+def _footprint(unit: list, roots: dict[str, str]) -> tuple[set, set, set]:
+    defined, used, written = set(), set(), set()
+    for line in unit:
+        d, u, w = _root_names(line, roots)
+        defined, used, written = defined | d, used | u, written | w
+    return defined, used, written
+
+
+def _pull_above(units: list, at: int, roots: dict[str, str]) -> list:
+    """``units`` with every unit after the wait at ``at`` that depends on nothing from the
+    wait on moved just above it (in their order), up to the next collective or a unit
+    that is not plain: the work runs while the communication is under way instead of
+    after it."""
+    moved: list = []
+    kept: list = [units[at]]
+    acc_defined, acc_used, acc_written = _footprint(units[at], roots)
+    k = at + 1
+    while k < len(units):
+        unit = units[k]
+        if _is_collective(unit) or not (_is_wait(unit) or all(_plain(line) for line in unit)):
+            break
+        defined, used, written = _footprint(unit, roots)
+        free = not _is_wait(unit) and not ((defined | written) & (acc_used | acc_written | acc_defined)
+                                           or used & (acc_defined | acc_written))
+        if free:
+            moved.append(unit)
+        else:
+            kept.append(unit)
+            acc_defined |= defined
+            acc_used |= used
+            acc_written |= written
+        k += 1
+    return units[:at] + moved + kept + units[k:]

@@ -94,6 +94,23 @@ def test_collective_and_wait_are_lines_with_a_kernel_between(collectives, name):
     assert any(f"_c10d_functional.{name}" in t for t in fx), fx
 
 
+def test_independent_pointwise_work_is_not_fused_past_the_wait(collectives):
+    """``relu(x) * 3`` has the shape of the kernel reading the all-reduce's result (``y + 1``),
+    but reads nothing of it: it is its own kernel, run before the wait, not fused into the
+    kernel after it."""
+    case = collectives[0]["all_reduce_beside_pointwise"]
+    for result in collectives:
+        for got, expected in zip(result["all_reduce_beside_pointwise"]["got"],
+                                 result["all_reduce_beside_pointwise"]["expected"]):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    lines = case["lines"]
+    issued = next(i for i, line in enumerate(lines) if line[0] == "collective")
+    waited = next(i for i, line in enumerate(lines) if line[0] == "wait")
+    ready = lines[waited][3]
+    between = [line for line in lines[issued + 1:waited] if line[0] == "kernel"]
+    assert between and all(ready not in line[2] for line in between), case["code"]
+
+
 @pytest.mark.parametrize("name", COLLECTIVES)
 def test_collective_buffers_live_until_the_wait(collectives, name):
     """What the collective reads and writes is neither freed nor handed to another buffer

@@ -96,8 +96,12 @@ def _collective_programs(world: int):
         y = c10d.wait_tensor(c10d.broadcast(x * 2, 0, group))
         return y + 1, independent(w)
 
+    def all_reduce_beside_pointwise(x, w):  # independent work of the post-wait kernel's shape
+        y = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", group))
+        return y + 1, torch.relu(x) * 3
+
     return {f.__name__: f for f in (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
-                                    all_to_all_single, broadcast)}
+                                    all_to_all_single, broadcast, all_reduce_beside_pointwise)}
 
 
 def _structure(program) -> dict:
