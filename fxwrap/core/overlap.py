@@ -1,9 +1,11 @@
 """Communication / computation overlap: a pass over the lines of a program.
 
 Each collective (a line with ``issues_collective``) moves up to just below the last
-line it depends on, and each wait (``waits_collective``) moves down to just above the
-first line that depends on it, so every independent line between them runs while the
-communication is under way.  Before::
+line it depends on, each wait (``waits_collective``) moves down to just above the
+first line that depends on it, and the work after that line that depends on nothing
+from the wait on (up to the next collective) moves above the wait: every independent
+line runs while the communication is under way.  (The scheduler, ``fuse``, keeps such
+work out of the kernels that read a wait's value, ``_holds_until_wait``.)  Before::
 
     fxwrap_pointwise_0(arg0, buf0)
     buf1 = _c10d_functional.all_reduce.default(buf0, 'sum', '0')  # collective
