@@ -111,6 +111,17 @@ def test_independent_pointwise_work_is_not_fused_past_the_wait(collectives):
     assert between and all(ready not in line[2] for line in between), case["code"]
 
 
+def test_check_nan_checks_a_collective_result_after_its_wait(collectives):
+    case = collectives[0]["all_reduce_check_nan"]
+    for got, expected in zip(case["got"], case["expected"]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    lines = case["lines"]
+    issued = next(i for i, line in enumerate(lines) if line[0] == "collective")
+    waited = next(i for i, line in enumerate(lines) if line[0] == "wait")
+    assert lines[waited + 1][0] == "CheckFinite", case["code"]  # the ready value, checked
+    assert lines[issued + 1][0] != "CheckFinite", case["code"]  # not the buffer in flight
+
+
 @pytest.mark.parametrize("name", COLLECTIVES)
 def test_collective_buffers_live_until_the_wait(collectives, name):
     """What the collective reads and writes is neither freed nor handed to another buffer

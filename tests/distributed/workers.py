@@ -141,6 +141,11 @@ def case_collectives(rank: int, world: int, backend: str) -> dict:
         expected, expected2 = fn(x, w), fn(x2, w2)
         out[name] = {"got": [t.cpu() for t in (*got, *got2)],
                      "expected": [t.cpu() for t in (*expected, *expected2)], **_structure(program)}
+    # check_nan: a check after the wait, none of the in-flight buffer before it
+    fn = _collective_programs(world)["all_reduce"]
+    checked = fxwrap.lower(fn, x, w, target=target, options={"check_nan": True})
+    out["all_reduce_check_nan"] = {"got": [t.cpu() for t in checked.run(x, w)],
+                                   "expected": [t.cpu() for t in fn(x, w)], **_structure(checked)}
     return out
 
 
