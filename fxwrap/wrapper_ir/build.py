@@ -392,6 +392,8 @@ class _Builder:
 
         ``all_gather_into_tensor`` writes into an allocated buffer (its out= form): both are
         planned like any buffer (``core.memory``)."""
+        if extern.is_mutating(op):  # all_reduce_ in the graph: what reads its argument runs first
+            self._materialize_before_write(node)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
         in_place = IN_PLACE_COLLECTIVES.get(op)
         out_form = OUT_COLLECTIVES.get(op)

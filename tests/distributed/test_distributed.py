@@ -111,6 +111,20 @@ def test_independent_pointwise_work_is_not_fused_past_the_wait(collectives):
     assert between and all(ready not in line[2] for line in between), case["code"]
 
 
+def test_coalesced_collective_has_a_wait_per_result(collectives):
+    for result in collectives:
+        case = result["all_reduce_coalesced"]
+        for got, expected in zip(case["got"], case["expected"]):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    case = collectives[0]["all_reduce_coalesced"]
+    lines = case["lines"]
+    issued = [line for line in lines if line[0] == "collective"]
+    waits = [line for line in lines if line[0] == "wait"]
+    assert len(issued) == 1 and len(waits) == 2, case["code"]
+    for wait in waits:  # both inputs stay alive until each wait
+        assert set(wait[2]) == set(issued[0][2]), case["code"]
+
+
 def test_check_nan_checks_a_collective_result_after_its_wait(collectives):
     case = collectives[0]["all_reduce_check_nan"]
     for got, expected in zip(case["got"], case["expected"]):

@@ -100,8 +100,13 @@ def _collective_programs(world: int):
         y = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", group))
         return y + 1, torch.relu(x) * 3
 
+    def all_reduce_coalesced(x, w):  # one collective, a list of results, a wait for each
+        a, b = c10d.all_reduce_coalesced([x * 2, w + 1], "sum", group)
+        return c10d.wait_tensor(a) + 1, c10d.wait_tensor(b) * 3
+
     return {f.__name__: f for f in (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
-                                    all_to_all_single, broadcast, all_reduce_beside_pointwise)}
+                                    all_to_all_single, broadcast, all_reduce_beside_pointwise,
+                                    all_reduce_coalesced)}
 
 
 def _structure(program) -> dict:
