@@ -3,6 +3,7 @@
     torchrun --nproc-per-node 2 benchmarks/distributed.py                  # 2 GPUs, nccl
     python benchmarks/distributed.py --nprocs 2 --device cpu --quick        # smoke check: gloo, CPU
     torchrun --nproc-per-node 2 benchmarks/distributed.py --markdown out.md --json out.json
+    torchrun --nproc-per-node 2 benchmarks/distributed.py --wrappings ddp --compiled-autograd
 
 The model is issue 17's: a transformer of 3 pre-norm blocks, 512 wide
 (``nn.MultiheadAttention``, 8 heads; a GELU MLP 4x wide), a linear head, MSE loss, SGD.
@@ -89,10 +90,25 @@ def _wrap(base: nn.Module, wrapping: str, backend: str, device: torch.device) ->
     return model
 
 
-def _step(model, opt, x, y) -> torch.Tensor:
+def _backward_compiler(backend: str):
+    """``--compiled-autograd``: the callable compiled autograd compiles each backward with
+    (the same backend as the forward), or None for eager."""
+    if backend == "inductor":
+        return torch.compile(backend="inductor")
+    if backend == "fxwrap":
+        import fxwrap
+        return torch.compile(backend=fxwrap.Backend())
+    return None
+
+
+def _step(model, opt, x, y, backward_compiler=None) -> torch.Tensor:
     opt.zero_grad(set_to_none=True)
     loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
+    if backward_compiler is None:
+        loss.backward()
+    else:  # compiled autograd (a private API of torch 2.11-2.13)
+        with torch._dynamo.compiled_autograd._enable(backward_compiler):
+            loss.backward()
     opt.step()
     return loss.detach()
 
@@ -102,6 +118,8 @@ def run(rank: int, world: int, args) -> dict | None:
         else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if args.compiled_autograd and args.optimize_ddp is None:
+        args.optimize_ddp = "python_reducer"  # DDP's all-reduces inside the compiled backward
     if args.optimize_ddp is not None:
         value = {"true": True, "false": False}.get(args.optimize_ddp, args.optimize_ddp)
         torch._dynamo.config.optimize_ddp = value
@@ -115,17 +133,19 @@ def run(rank: int, world: int, args) -> dict | None:
     for wrapping in args.wrappings:
         models = {b: _wrap(base, wrapping, b, device) for b in args.backends}
         opts = {b: torch.optim.SGD(m.parameters(), lr=args.lr) for b, m in models.items()}
+        compilers = {b: _backward_compiler(b) if args.compiled_autograd else None for b in args.backends}
+        step = {b: (lambda m, o, x, y, b=b: _step(m, o, x, y, compilers[b])) for b in args.backends}
         losses, first_call = {}, {}
         for b in args.backends:  # the check, and the compile (first call)
             start = time.perf_counter()
-            losses[b] = [_step(models[b], opts[b], x, y) for x, y in batches[:args.check_steps]]
+            losses[b] = [step[b](models[b], opts[b], x, y) for x, y in batches[:args.check_steps]]
             _sync(device)
             first_call[b] = time.perf_counter() - start
         times = {b: [] for b in args.backends}
         x, y = batches[0]
         for _ in range(args.warmup):
             for b in args.backends:
-                _step(models[b], opts[b], x, y)
+                step[b](models[b], opts[b], x, y)
         _sync(device)
         for _ in range(args.rounds):
             for b in args.backends:
@@ -133,7 +153,7 @@ def run(rank: int, world: int, args) -> dict | None:
                 _sync(device)
                 start = time.perf_counter()
                 for _ in range(args.steps):
-                    _step(models[b], opts[b], x, y)
+                    step[b](models[b], opts[b], x, y)
                 _sync(device)
                 elapsed = torch.tensor([(time.perf_counter() - start) / args.steps * 1e3])
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step time
@@ -155,7 +175,9 @@ def report(results: dict, args, world: int, device_name: str) -> str:
     lines = [f"distributed training step: {args.blocks} blocks, width {args.width}, {args.heads} heads, "
              f"batch {args.batch}x{args.seq}, SGD; {world} processes on {device_name} "
              f"({'nccl' if args.device == 'cuda' else 'gloo'}); median of {args.rounds} rounds of "
-             f"{args.steps} steps; torch {torch.__version__}", "",
+             f"{args.steps} steps; torch {torch.__version__}"
+             + ("; compiled autograd" if args.compiled_autograd else "")
+             + (f"; optimize_ddp={args.optimize_ddp}" if args.optimize_ddp is not None else ""), "",
              "| wrapping | backend | ms/step | vs eager | first call s | max loss diff vs eager |",
              "|---|---|---|---|---|---|"]
     for wrapping, row in results.items():
@@ -211,10 +233,18 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     p.add_argument("--optimize-ddp", default=None,
                    help="torch._dynamo.config.optimize_ddp (true, false, python_reducer, ...)")
+    p.add_argument("--compiled-autograd", action="store_true",
+                   help="compile the backward too (compiled autograd; DDP: optimize_ddp=python_reducer, "
+                        "the gradient all-reduces inside the compiled backward)")
     p.add_argument("--quick", action="store_true", help="a small model and few steps (a smoke check)")
     p.add_argument("--markdown", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.compiled_autograd and len([b for b in args.backends if b != "eager"]) > 1:
+        # compiled autograd caches compiled backward graphs by their structure, not by the
+        # compiler: two compiled backends in one process would share them
+        p.error("--compiled-autograd times one compiled backend per run: --backends eager,fxwrap "
+                "and --backends eager,inductor")
     if args.quick:
         args.width, args.heads, args.batch, args.seq = 64, 4, 2, 16
         args.check_steps, args.warmup, args.rounds, args.steps = 3, 1, 2, 2
