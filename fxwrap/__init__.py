@@ -37,7 +37,8 @@ _EXPORTS: dict[str, str] = {
     "Origin": "fxwrap.runtime.provenance",
 }
 _SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines",
-                                "control_flow": "fxwrap.wrapper_ir.control_flow"}
+                                "control_flow": "fxwrap.wrapper_ir.control_flow",
+                                "collectives": "fxwrap.wrapper_ir.collectives"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
@@ -76,5 +77,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.cpu_cpp.emitter import CppEmitter  # noqa: F401
     from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
-    from fxwrap.wrapper_ir import control_flow, lines  # noqa: F401
+    from fxwrap.wrapper_ir import collectives, control_flow, lines  # noqa: F401
     from fxwrap.runtime.provenance import Origin  # noqa: F401

@@ -277,6 +277,9 @@ def fuse(items: list) -> list:
         if base is not None:
             for buf in item.defines():
                 roots[buf.name] = roots.get(base.name, base.name)
+    # values a collective's wait makes ready (and views of them): see _holds_until_wait
+    waited = {b.name for item in items if not isinstance(item, Job) and getattr(item, "waits_collective", False)
+              for b in item.defines()}
     out: list = []
     open_groups: list[Group] = []
     barrier: str | None = None  # the line that closed the open groups
@@ -290,7 +293,7 @@ def fuse(items: list) -> list:
             continue
         reason = f"after {barrier}" if barrier else "first kernel"
         for group in reversed(open_groups):
-            refused = _join(group, item, out, roots)
+            refused = _holds_until_wait(group, item, roots, waited) or _join(group, item, out, roots)
             if refused is None:
                 break
             if group is open_groups[-1]:
@@ -313,6 +316,28 @@ def _squeezed(job: Job) -> Job:
     stores = [Store(s.buffer, sympy.expand(sympy.sympify(s.index).xreplace(mapping)), subs_index(s.value, mapping))
               for s in job.stores]
     return dataclasses.replace(job, outer=tuple(job.outer[i] for i in keep), stores=stores)
+
+
+def _holds_until_wait(group: Group, job: Job, roots: dict, waited: set[str]) -> str | None:
+    """Why ``job`` may not join ``group`` for the sake of overlap, or None.
+
+    When exactly one of them reads a value a collective's wait makes ready and the job
+    does not read what the group stores, fusing them would hold the other's independent
+    work until the wait (the kernel runs after it), where ``core/overlap.py`` would
+    otherwise run it while the communication is under way."""
+    if not waited:
+        return None
+    root = lambda n: roots.get(n, n)  # noqa: E731
+    job_reads, _, _ = _job_names(job)
+    _, group_reads, group_writes, _ = _footprint(group)
+    if job_reads & group_writes:
+        return None
+    job_waits = any(root(b) in waited for b in job_reads)
+    group_waits = any(root(b) in waited for b in group_reads)
+    if job_waits != group_waits:
+        return ("it reads a value a collective's wait makes ready and the kernel does not" if job_waits
+                else "the kernel reads a value a collective's wait makes ready and it does not")
+    return None
 
 
 def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:

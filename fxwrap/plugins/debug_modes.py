@@ -69,6 +69,8 @@ def provenance(launch) -> str:
 
 def _is_launch(line: Line) -> bool:
     """A kernel or extern launch: a line that computes (writes a buffer or produces values)."""
+    if getattr(line, "issues_collective", False):  # its buffers are ready at its wait, checked there
+        return False
     return not line.is_device_check and bool(line.writes() or line.defines_values())
 
 

@@ -29,6 +29,7 @@ from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, format_kernel,
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast, loads
 from fxwrap.core.numerics import legalize
 from fxwrap.core.progress import Progress
+from fxwrap.core.overlap import overlap_collectives
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel, worth_storing
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
@@ -145,6 +146,13 @@ class KernelBuilder(build._Builder):
         buf = super().fresh_buffer_like(layout)
         self.buffers[buf.name] = buf
         return buf
+
+    def private_copy(self, dst, arg):
+        lazy = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if isinstance(lazy, Loops) and arg not in self.view_of and len(arg.users) == 1:
+            self.pointwise_job(dst, lazy, [arg.name])  # computed straight into dst: no copy
+            return
+        super().private_copy(dst, arg)
 
     def copy_into(self, dst, src, origin=None):
         self.pointwise_job(dst, loads(src), [origin.name] if isinstance(origin, torch.fx.Node) else [])
@@ -435,7 +443,7 @@ class KernelBuilder(build._Builder):
             lines, loads = self._render(items, needed, built)
         with self.timer.phase("compile kernels"):
             _load_all(self._emitter, loads, self.label)
-        built.lines = lines
+        built.lines = overlap_collectives(lines)
         return built
 
     def _render(self, items, needed, built):
