@@ -157,3 +157,14 @@ def test_result_read_elsewhere_is_stored():
 def test_bad_option_names_the_choices():
     with pytest.raises(ValueError, match="templates='sometimes'.*'auto'"):
         fxwrap.Backend("cpu", {"templates": "sometimes"})
+
+
+# the template conformance kit (fxwrap.testing.templates), on the built-in template
+from fxwrap.testing.templates import TemplateConformance  # noqa: E402
+
+
+class TestCppGemmConformance(TemplateConformance):
+    target = "cpu"
+    template = "cpp_gemm"
+    dtypes = (torch.float32, torch.bfloat16)
+    ops = ("mm", "addmm", "bmm")
