@@ -182,7 +182,7 @@ def check_template(template, who: str = "a plugin") -> None:
 @dataclass
 class TemplateChoiceRecord:
     """What the builder chose for one template group: ``chosen`` (a template name or
-    ``"extern"``), ``times`` (candidate -> median milliseconds; empty under "always"),
+    ``"extern"``), ``times`` (candidate -> milliseconds, its fastest round; empty under "always"),
     ``call`` (the ``TemplateCall``), ``reasons`` (template name -> why it did not apply)."""
 
     kernel: str
