@@ -359,7 +359,7 @@ class KernelBuilder(build._Builder):
             self._store_shared_values(node)
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
-            if extern.is_view(node.target) and args and isinstance(args[0], Stored) \
+            if node.target in _RESHAPES and args and isinstance(args[0], Stored) \
                     and args[0].buffer.name in self.template_externs:
                 # a view of a template's result stays lazy: its readers can join the template's
                 # epilogue (``scheduler._reshaped``: a 3-D linear layer's activation)
@@ -591,6 +591,12 @@ class KernelBuilder(build._Builder):
         loads.append((made.kernel, made.source))
         built.kernels.append(KernelRecord(made.scheduled, made.source, tuple(group.roots), group.started_because))
         _log_kernel(made.scheduled, made.source, group)
+
+
+#: views that keep the row-major order of elements: a template's result seen through one
+#: stays lazy, so that the epilogue over it joins the template (``scheduler._reshaped``)
+_RESHAPES = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
+                       torch.ops.aten.reshape.default, torch.ops.aten.alias.default})
 
 
 @dataclasses.dataclass
