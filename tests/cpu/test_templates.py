@@ -127,6 +127,9 @@ def test_auto_records_the_choice_with_times():
     faster = "extern" if times["extern"] <= times["cpp_gemm"] else "cpp_gemm"
     assert choices[0].chosen == faster  # the extern wins ties
     assert ("template cpp_gemm" in programs[0].code()) and "ms" in programs[0].code()
+    # the FX node of the chosen launch carries it
+    noted = [n for n in programs[0].graph_module.graph.nodes if "template cpp_gemm" in str(n.meta.get("comment", ""))]
+    assert len(noted) == 1 and noted[0].op == "call_function"
     if faster == "extern":
         assert gemm_externs(programs)
     else:
