@@ -7,13 +7,14 @@ layout the ATen op takes, read as it is: no packed copy) and ``scales`` ``[N]`` 
 
 ``INT8_GEMM_SOURCE`` defines one entry point, a function template over the epilogue::
 
-    template <typename T, typename Epilogue>
+    template <typename T, typename Epilogue>   // T: float, or uint16_t holding bf16
     void fx_int8mm(const T* x, int64_t ldx, const int8_t* w, int64_t ldw,
-                   const T* scales, int64_t M, int64_t N, int64_t K, Epilogue&& ep);
+                   int64_t M, int64_t N, int64_t K, Epilogue&& ep);
 
-which calls ``ep(m, n, value)`` once for each output element, ``value`` the fp32
-``sum * scales[n]`` (the template's accumulator, ``TEMPLATE_OUT``); the rendered kernel's
-``ep`` rounds it to the output dtype, applies the fused epilogue and stores it.
+which calls ``ep(m, n, sum)`` once for each output element, ``sum`` the fp32
+``sum_k x[m, k] * w[n, k]`` (the template's accumulator, ``template_out``); the rendered
+kernel's ``ep`` is the epilogue: the scale (``* scales[n]``, a load of the epilogue, as
+every other fused op), the rounding to the output dtype, the ops fused after it, the store.
 
 Two micro-kernels (both AVX-512; the template refuses a CPU without avx512f/bw):
 
@@ -55,10 +56,6 @@ static inline __m512 load_w16(const int8_t* p) {
 }
 static inline __m512 load_w16(const int8_t* p, __mmask16 m) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
-}
-static inline float scale_of(const float* s, int64_t n) { return s[n]; }
-static inline float scale_of(const uint16_t* s, int64_t n) {
-  const uint32_t u = (uint32_t)s[n] << 16; float f; __builtin_memcpy(&f, &u, 4); return f;
 }
 
 // acc[i][j] = sum_k x[i, k] * w[j, k]: MB rows of x, NB rows of w, fp32 FMA
@@ -153,21 +150,21 @@ static inline void dot_bf16(const uint16_t* x, int64_t ldx, const uint16_t* pane
 #endif
 
 // the MB x NB block at (m0, n0) through the epilogue
-template <int MB, int NB, typename T, typename Epilogue>
-static inline void emit_block(const float (&acc)[MB][NB], const T* scales, int64_t m0, int64_t n0,
-                              int64_t nb, Epilogue& ep) {
+template <int MB, int NB, typename Epilogue>
+static inline void emit_block(const float (&acc)[MB][NB], int64_t m0, int64_t n0, int64_t nb,
+                              Epilogue& ep) {
   for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < nb; ++j) ep(m0 + i, n0 + j, acc[i][j] * scale_of(scales, n0 + j));
+    for (int j = 0; j < nb; ++j) ep(m0 + i, n0 + j, acc[i][j]);
 }
 
 // rows [n0, n0 + nb) of w, nb <= NB (a short last block goes one row at a time)
 template <int NB, typename T, typename Epilogue>
 static inline void channels_fma(const T* x, int64_t ldx, const int8_t* w, int64_t ldw,
-                                const T* scales, int64_t M, int64_t K, int64_t n0, int64_t nb,
+                                int64_t M, int64_t K, int64_t n0, int64_t nb,
                                 Epilogue& ep) {
   if constexpr (NB > 1) {
     if (nb != NB) {
-      for (int64_t j = 0; j < nb; ++j) channels_fma<1>(x, ldx, w, ldw, scales, M, K, n0 + j, 1, ep);
+      for (int64_t j = 0; j < nb; ++j) channels_fma<1>(x, ldx, w, ldw, M, K, n0 + j, 1, ep);
       return;
     }
   }
@@ -177,23 +174,23 @@ static inline void channels_fma(const T* x, int64_t ldx, const int8_t* w, int64_
   for (; m + MB <= M; m += MB) {
     float acc[MB][NB];
     dot_fma<MB, NB>(x + m * ldx, ldx, wb, ldw, K, acc);
-    emit_block<MB, NB>(acc, scales, m, n0, NB, ep);
+    emit_block<MB, NB>(acc, m, n0, NB, ep);
   }
   for (; m < M; ++m) {
     float acc[1][NB];
     dot_fma<1, NB>(x + m * ldx, ldx, wb, ldw, K, acc);
-    emit_block<1, NB>(acc, scales, m, n0, NB, ep);
+    emit_block<1, NB>(acc, m, n0, NB, ep);
   }
 }
 
 #if defined(__AVX512BF16__)
-constexpr int PANEL_NB = 4;         // weight rows per panel
+constexpr int PANEL_NB = 4;            // weight rows per panel
 constexpr int64_t PANEL_KMAX = 16384;  // panel row capacity (bf16 elements): 128 KiB of stack
 
 template <typename Epilogue>
 static inline void channels_bf16(const uint16_t* x, int64_t ldx, const int8_t* w, int64_t ldw,
-                                 const uint16_t* scales, int64_t M, int64_t K, int64_t n0,
-                                 int64_t nb, Epilogue& ep) {
+                                 int64_t M, int64_t K, int64_t n0, int64_t nb,
+                                 Epilogue& ep) {
   alignas(64) uint16_t panel[PANEL_NB * PANEL_KMAX];
   const int64_t kp = (K + 31) / 32 * 32;
   for (int j = 0; j < PANEL_NB; ++j) {
@@ -213,17 +210,17 @@ static inline void channels_bf16(const uint16_t* x, int64_t ldx, const int8_t* w
   for (; m + MB <= M; m += MB) {
     float acc[MB][PANEL_NB];
     dot_bf16<MB, PANEL_NB>(x + m * ldx, ldx, panel, kp, K, acc);
-    emit_block<MB, PANEL_NB>(acc, scales, m, n0, nb, ep);
+    emit_block<MB, PANEL_NB>(acc, m, n0, nb, ep);
   }
   for (; m + 2 <= M; m += 2) {
     float acc[2][PANEL_NB];
     dot_bf16<2, PANEL_NB>(x + m * ldx, ldx, panel, kp, K, acc);
-    emit_block<2, PANEL_NB>(acc, scales, m, n0, nb, ep);
+    emit_block<2, PANEL_NB>(acc, m, n0, nb, ep);
   }
   for (; m < M; ++m) {
     float acc[1][PANEL_NB];
     dot_bf16<1, PANEL_NB>(x + m * ldx, ldx, panel, kp, K, acc);
-    emit_block<1, PANEL_NB>(acc, scales, m, n0, nb, ep);
+    emit_block<1, PANEL_NB>(acc, m, n0, nb, ep);
   }
 }
 #endif
@@ -233,8 +230,7 @@ constexpr int64_t BF16_DOT_MIN_M = 4;  // below: memory bound, the fma kernel co
 }  // namespace fx_int8mm_impl
 
 template <typename T, typename Epilogue>
-static void fx_int8mm(const T* x, int64_t ldx, const int8_t* w, int64_t ldw, const T* scales,
-                      int64_t M, int64_t N, int64_t K, Epilogue&& ep) {
+static void fx_int8mm(const T* x, int64_t ldx, const int8_t* w, int64_t ldw, int64_t M, int64_t N, int64_t K, Epilogue&& ep) {
   using namespace fx_int8mm_impl;
   if (M <= 0 || N <= 0) return;
 #if defined(__AVX512BF16__)
@@ -245,7 +241,7 @@ static void fx_int8mm(const T* x, int64_t ldx, const int8_t* w, int64_t ldw, con
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * PANEL_NB;
         const int64_t nb = N - n0 < PANEL_NB ? N - n0 : PANEL_NB;
-        channels_bf16(x, ldx, w, ldw, scales, M, K, n0, nb, ep);
+        channels_bf16(x, ldx, w, ldw, M, K, n0, nb, ep);
       }
       return;
     }
@@ -258,7 +254,7 @@ static void fx_int8mm(const T* x, int64_t ldx, const int8_t* w, int64_t ldw, con
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t n0 = b * NB;
     const int64_t nb = N - n0 < NB ? N - n0 : NB;
-    channels_fma<NB>(x, ldx, w, ldw, scales, M, K, n0, nb, ep);
+    channels_fma<NB>(x, ldx, w, ldw, M, K, n0, nb, ep);
   }
 }
 """
