@@ -63,7 +63,10 @@ aten = torch.ops.aten
 TEMPLATE_MODES = ("auto", "off", "always")
 
 #: The ops the builder knows how to state as a ``TemplateCall`` (a product over k).
-GEMM_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
+#: ``_weight_int8pack_mm(x, w, scales)``: ``a`` is ``x`` ``(M, K)``, ``b`` the int8 weight
+#: ``(N, K)`` (not ``(K, N)``: the op's own layout), ``template_out`` the fp32
+#: ``sum_k x[m, k] * w[n, k]``; the scale (``* scales[n]``) is part of the epilogue.
+GEMM_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten._weight_int8pack_mm.default})
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,11 @@ class Template:
     def refusal(self, call: TemplateCall) -> str | None:
         """Why this template does not compute ``call`` (dtype, layout, sizes, CPU
         features), for the schedule log; None: it does."""
+        return None
+
+    def extern_refusal(self, call: TemplateCall) -> str | None:
+        """Why the op's ATen call must not compute ``call`` (nor be timed against this
+        template: it gives wrong numbers or crashes there), or None (the default)."""
         return None
 
     def render(self, kernel: ScheduledKernel, emitter):

@@ -387,7 +387,8 @@ class KernelBuilder(build._Builder):
         build._Builder.call_function(self, node)
         made = self.items[mark:]
         out = self.env.get(node)
-        if not (isinstance(out, Buffer) and [type(ln) for ln in made] == [Allocate, CallExtern]):
+        # an ``out=`` call into its buffer, or a functional call defining it (no ``out=`` overload)
+        if not (isinstance(out, Buffer) and [type(ln) for ln in made] in ([Allocate, CallExtern], [CallExtern])):
             return
         call = self._template_call(node, out)
         if call is None:
@@ -411,6 +412,8 @@ class KernelBuilder(build._Builder):
         op = node.target
         args = [self.value(a) for a in node.args]
         aten = torch.ops.aten
+        if op == aten._weight_int8pack_mm.default:
+            return self._int8_template_call(node, out, args)
         if op in (aten.mm.default, aten.bmm.default):
             a, b = args[:2]
         elif op == aten.addmm.default:
@@ -432,10 +435,27 @@ class KernelBuilder(build._Builder):
         acc = torch.float64 if a.dtype == torch.float64 else torch.float32
         return TemplateCall(op, node.name, (a, b), out, sizes, hints, acc, tuple(xvar(i) for i in range(rank)))
 
+    def _int8_template_call(self, node, out: Buffer, args) -> TemplateCall | None:
+        """``_weight_int8pack_mm(x, w, scales)``: operands ``(x, w)``, ``x`` ``(M, K)`` of
+        the output's floating dtype, ``w`` int8 ``(N, K)``, ``scales`` a buffer of ``N``."""
+        x, w, scales = args[:3]
+        if not all(isinstance(b, Buffer) for b in (x, w, scales)):
+            return None
+        if x.dtype != out.dtype or not x.dtype.is_floating_point or w.dtype != torch.int8:
+            return None
+        if len(x.size) != 2 or len(w.size) != 2 or len(scales.size) != 1 or len(out.size) != 2:
+            return None
+        sizes = (("batch", sympy.Integer(1)), ("m", x.size[0]), ("n", w.size[0]), ("k", x.size[1]))
+        hints = tuple((k, evaluate(v, self.out.hints)) for k, v in sizes)
+        return TemplateCall(node.target, node.name, (x, w), out, sizes, hints, torch.float32, (xvar(0), xvar(1)))
+
     def _template_value(self, node, call: TemplateCall, xs):
         """The op's result at ``xs`` over ``template_out``: the product, and for ``addmm``
         ``beta * bias + alpha * product`` (``beta=0`` ignores the bias, as eager does)."""
         acc = call.accumulator()
+        if call.op == torch.ops.aten._weight_int8pack_mm.default:  # the scale: sum * scales[n] in fp32
+            scale = cast(loads(self.value(node.args[2]))((xs[1],)), call.acc_dtype)
+            return Op("mul", call.acc_dtype, (acc, scale))
         if call.op != torch.ops.aten.addmm.default:
             return acc
         beta = node.kwargs.get("beta", 1)
