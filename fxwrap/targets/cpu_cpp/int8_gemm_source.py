@@ -37,7 +37,6 @@ not depend on the thread count.
 
 INT8_GEMM_SOURCE = r"""
 #include <immintrin.h>
-#include <omp.h>
 
 namespace fx_int8mm_impl {
 
