@@ -44,6 +44,20 @@ INT8_MM = aten._weight_int8pack_mm.default
 _ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 
 
+def aten_int8_mm_refusal(dtype: torch.dtype, k) -> str | None:
+    """Why ATen's CPU kernel of ``_weight_int8pack_mm`` must not run for activations of
+    ``dtype`` and a reduction of ``k`` (a size: int or sympy), or None.  In torch 2.13 its
+    bfloat16 path reads past the rows when ``k`` is not a multiple of 32: wrong numbers
+    (``k=100``) or a crash (``k=45``)."""
+    if dtype != torch.bfloat16:
+        return None
+    static = isinstance(k, int) or (getattr(k, "is_number", False) and not isinstance(k, torch.SymInt))
+    if static and int(k) % 32 == 0:
+        return None
+    return (f"ATen's CPU kernel gives wrong numbers or crashes for bfloat16 activations with k = {k}, "
+            "not a multiple of 32 (torch 2.13)")
+
+
 def _val(node):
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 

@@ -38,6 +38,7 @@ import sympy
 import torch
 
 from fxwrap.core.errors import EmitError
+from fxwrap.core.patterns import aten_int8_mm_refusal
 from fxwrap.core.templates import Template, TemplateCall
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.int8_gemm_source import INT8_GEMM_SOURCE
@@ -92,11 +93,7 @@ class CppInt8Gemm(Template):
         return None
 
     def extern_refusal(self, call: TemplateCall) -> str | None:
-        k = sympy.sympify(call.size("k"))
-        if call.dtype == torch.bfloat16 and not (k.is_number and int(k) % 32 == 0):
-            return ("ATen's CPU kernel gives wrong numbers or crashes for bfloat16 activations with k "
-                    f"= {k}, not a multiple of 32 (torch 2.13)")
-        return None
+        return aten_int8_mm_refusal(call.dtype, call.size("k"))
 
     def render(self, kernel, emitter) -> KernelSource:
         call = kernel.template
