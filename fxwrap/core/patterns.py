@@ -17,7 +17,8 @@ without a dequantized copy of the weight::
     view = aten.view(_weight_int8pack_mm, [B, T, N])      # when x had more than 2 dims
 
 and drops the nodes nobody reads any more (a dequantized weight still read elsewhere,
-e.g. saved for a backward graph, stays).  Numbers: eager's pattern rounds the product
+e.g. saved for a backward graph, stays).  A product read by anything but the scaling
+``mul`` stays as it is (the op would not replace it).  Numbers: eager's pattern rounds the product
 to the activations' dtype before scaling (two roundings in bf16), the op rounds
 ``sum * scale`` once; both sum in fp32, so they agree to the dtype's tolerance.
 
@@ -103,8 +104,8 @@ def _match(mul: torch.fx.Node):
         if _call(mm, aten.view.default, aten._unsafe_view.default, aten.reshape.default):
             view_shape = mm.args[1]
             mm = mm.args[0]
-        if not _call(mm, aten.mm.default):
-            continue
+        if not _call(mm, aten.mm.default) or len(mm.users) != 1 or len(product.users) != 1:
+            continue  # a product read elsewhere (saved for a backward graph) would be computed twice
         x, rhs = mm.args
         xv, mv, sv, outv = _val(x), _val(mm), _val(scale), _val(mul)
         if not all(isinstance(v, torch.Tensor) for v in (xv, mv, sv, outv)):

@@ -220,3 +220,16 @@ def test_auto_times_both_and_records_them():
     times = dict(choice.times)
     assert set(times) == {"cpp_int8_gemm", "extern"} and all(t > 0 for t in times.values())
     assert choice.chosen == ("extern" if times["extern"] <= times["cpp_int8_gemm"] else "cpp_int8_gemm")
+
+
+def test_pattern_product_read_elsewhere_is_left_alone():
+    """The unscaled product is also returned: rewriting would compute the product twice."""
+    def fn(x, w, s):
+        y = F.linear(x, w.to(x.dtype))
+        return y * s, y
+
+    x, w, scale = operands(7, 24, 64, torch.float32)
+    c, programs = compiled(fn)
+    for got, want in zip(c(x, w, scale), fn(x, w, scale)):
+        torch.testing.assert_close(got, want, **tol(torch.float32))
+    assert not [c for c in lines(programs, TemplateChoice) if c.chosen == "cpp_int8_gemm"]
