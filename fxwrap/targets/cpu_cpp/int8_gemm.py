@@ -68,8 +68,8 @@ class CppInt8Gemm(Template):
     ``K`` (any row stride), a contiguous int8 ``[N, K]`` weight, AVX-512 CPUs.
 
     ``CppInt8Gemm().render(kernel, emitter)`` -> a ``KernelSource`` of one ``extern "C"``
-    function with the kernel's usual signature (``x``, ``w``, then the epilogue's inputs:
-    ``scales`` first), calling the library's ``fx_int8mm`` with the epilogue as a lambda
+    function with the kernel's usual signature (the call's operands ``x``, ``w``, ``scales``,
+    then the epilogue's other inputs), calling the library's ``fx_int8mm`` with the epilogue as a lambda
     (module docstring).
     """
 
@@ -77,7 +77,7 @@ class CppInt8Gemm(Template):
     ops = frozenset({aten._weight_int8pack_mm.default})
 
     def refusal(self, call: TemplateCall) -> str | None:
-        x, w = call.operands
+        x, w = call.operands[:2]  # w: the int8 [N, K] weight seen as (K, N), stride (1, K)
         if x.dtype not in (torch.float32, torch.bfloat16):
             return f"{x.dtype} activations (cpp_int8_gemm computes float32 and bfloat16)"
         if call.output.device.type != "cpu":
@@ -87,9 +87,8 @@ class CppInt8Gemm(Template):
             return f"the CPU lacks {', '.join(missing)}"
         if sympy.sympify(x.stride[1]) != 1 and sympy.sympify(x.size[1]) != 1:
             return f"activations with a k stride of {x.stride[1]} (the kernel reads rows of x)"
-        k = sympy.sympify(w.size[1])
-        if sympy.sympify(w.stride[1]) != 1 and k != 1:
-            return f"a weight with a k stride of {w.stride[1]} (the kernel reads rows of w)"
+        if sympy.sympify(w.stride[0]) != 1 and sympy.sympify(w.size[0]) != 1:
+            return f"a weight with a k stride of {w.stride[0]} (the kernel reads rows of w)"
         return None
 
     def extern_refusal(self, call: TemplateCall) -> str | None:
@@ -99,9 +98,10 @@ class CppInt8Gemm(Template):
         call = kernel.template
         if call is None:
             raise EmitError(f"kernel {kernel.name} has no template call (template {self.name})")
-        x, w = call.operands
+        x, w = call.operands[:2]
         if [b.name for b in kernel.inputs[:2]] != [x.name, w.name]:
             raise EmitError(f"template {self.name}: kernel {kernel.name} does not take x, w first")
+        row_stride = w.stride[1]  # w is the [N, K] weight seen as (K, N): n strides over its rows
         idx = emitter.render_index
         names = LocalNames()
         fn = Scope(emitter, names, None, kernel=kernel)
@@ -111,7 +111,7 @@ class CppInt8Gemm(Template):
         x0, x1 = (v.name for v in call.index)
         it = emitter.index_type
         body = [*fn.lines,
-                f"fx_int8mm(in_ptr0, {idx(x.stride[0])}, in_ptr1, {idx(w.stride[0])}, {m}, {n}, {k},",
+                f"fx_int8mm(in_ptr0, {idx(x.stride[0])}, in_ptr1, {idx(row_stride)}, {m}, {n}, {k},",
                 f"          [&](const {it} {x0}, const {it} {x1}, const float {acc}) {{",
                 *("  " + line for line in epilogue),
                 "});"]
