@@ -239,3 +239,19 @@ def test_pattern_product_read_elsewhere_is_left_alone():
     for got, want in zip(c(x, w, scale), fn(x, w, scale)):
         torch.testing.assert_close(got, want, **tol(torch.float32))
     assert not [c for c in lines(programs, TemplateChoice) if c.chosen == "cpp_int8_gemm"]
+
+
+@pytest.mark.parametrize("case", ["float16", "reference_target"])
+def test_op_stays_the_aten_call_where_no_template_applies(case):
+    """float16 activations (the template computes bf16 and fp32) and a target without the
+    template: the op is ATen's call, with eager's numbers."""
+    dtype = torch.float16 if case == "float16" else torch.float32
+    x, w, scale = operands(7, 13, 64, dtype)
+    target = "reference" if case == "reference_target" else "cpu"
+    programs: list = []
+    c = torch.compile(lambda x, w, s: torch._weight_int8pack_mm(x, w, s),
+                      backend=fxwrap.Backend(target, {"on_program": programs.append, "templates": "always"}),
+                      fullgraph=True)
+    torch.testing.assert_close(c(x, w, scale), torch._weight_int8pack_mm(x, w, scale))
+    assert len(int8_externs(programs)) == 1
+    assert not [c for c in lines(programs, TemplateChoice) if c.chosen == "cpp_int8_gemm"]
