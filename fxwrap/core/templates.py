@@ -160,6 +160,11 @@ class Template:
         features), for the schedule log; None: it does."""
         return None
 
+    def extern_refusal(self, call: TemplateCall) -> str | None:
+        """Why the op's ATen call must not compute ``call`` (nor be timed against this
+        template: it gives wrong numbers or crashes there), or None (the default)."""
+        return None
+
     def render(self, kernel: ScheduledKernel, emitter):
         raise NotImplementedError(f"template {self.name or type(self).__name__} has no render()")
 

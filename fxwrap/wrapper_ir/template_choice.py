@@ -78,9 +78,11 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
     extern_label = f"{EXTERN} {aten_call.op}" + (" + epilogue" if epi is not None else "")
 
     times: dict[str, float] = {}
+    unsafe = {t.name: why for t in builder.session.templates
+              if call.op in t.ops and t.name in dict(candidates) and (why := t.extern_refusal(call)) is not None}
     if not candidates:
         chosen = EXTERN
-    elif mode == "always":
+    elif mode == "always" or unsafe:  # an extern that must not run is neither timed nor chosen
         chosen = candidates[0][0]
     else:
         times = time_candidates(builder, emitter, candidates, extern)
@@ -92,6 +94,7 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
         ms = f": {times[name]:.3f} ms" if name in times else ""
         parts.append(f"template {name}{ms}" + (" (chosen)" if name == chosen else ""))
     ms = f": {times[EXTERN]:.3f} ms" if EXTERN in times else ""
+    ms += "".join(f" (not run: {why})" for why in unsafe.values())
     parts.append(f"{extern_label}{ms}" + (" (chosen)" if chosen == EXTERN else ""))
     note = TemplateChoice("; ".join(parts), chosen, tuple(sorted(times.items())))
     record = TemplateChoiceRecord(f"{prefix}_template_{count}", call, chosen, dict(times), reasons)

@@ -1,9 +1,11 @@
-"""Registers the built-in ``cpu`` target, and its GEMM template, through the ``fxwrap`` entry point."""
+"""Registers the built-in ``cpu`` target, and its templates (GEMM, int8 weight-only GEMM), through
+the ``fxwrap`` entry point."""
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import DirectCallWrapper, Target
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 from fxwrap.targets.cpu_cpp.gemm import CppGemm
+from fxwrap.targets.cpu_cpp.int8_gemm import CppInt8Gemm
 
 
 @hookimpl
@@ -13,4 +15,4 @@ def fxwrap_targets():
 
 @hookimpl
 def fxwrap_templates(target):
-    return [CppGemm()] if target.name == "cpu" else []
+    return [CppGemm(), CppInt8Gemm()] if target.name == "cpu" else []
