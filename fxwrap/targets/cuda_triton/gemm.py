@@ -24,8 +24,10 @@ renders as::
         rm = mtile * MBLOCK + tl.arange(0, MBLOCK)
         rn = ntile * NBLOCK + tl.arange(0, NBLOCK)
         rk = tl.arange(0, KBLOCK)
-        a_ptrs = in_ptr1 + ((rm % M)[:, None] * 96 + rk[None, :] * 1)
-        b_ptrs = in_ptr2 + (rk[:, None] * 1 + (rn % N)[None, :] * 96)
+        ram = rm % M
+        rbn = tl.max_contiguous(tl.multiple_of(rn % N, 16), 16)   # b is contiguous along N
+        a_ptrs = in_ptr1 + (ram[:, None] * 96 + rk[None, :] * 1)
+        b_ptrs = in_ptr2 + (rk[:, None] * 1 + rbn[None, :] * 96)
         acc = tl.zeros([MBLOCK, NBLOCK], dtype=tl.float32)
         for kstep in range(0, (K + KBLOCK - 1) // KBLOCK):
             ...  # masked on K unless EVEN_K
@@ -40,7 +42,7 @@ renders as::
         tmp0 = ...                                     # the epilogue, over acc
         tl.store(out_ptr0 + (128*x0 + x1), tmp2, mmask & nmask)
 
-Rows and columns past ``M``/``N`` are read at ``rm % M`` (in bounds, never stored), so
+Rows and columns past ``M``/``N`` are read at ``rm % M`` / ``rn % N`` (in bounds, never stored), so
 only the ``K`` tail is masked, and only where ``K`` is not a multiple of ``KBLOCK``
 (``EVEN_K``, a per-config constexpr).  A batched product (``bmm``) has a third program
 axis: ``zindex = pid // (mtiles * ntiles)``, the batch loop var.  ``float32`` operands use
@@ -229,8 +231,10 @@ class GemmWriter:
                  "rm = mtile * MBLOCK + tl.arange(0, MBLOCK)",
                  "rn = ntile * NBLOCK + tl.arange(0, NBLOCK)",
                  "rk = tl.arange(0, KBLOCK)",
-                 f"a_ptrs = {self._operand(p.a, 'm', 'k', '(rm % M)[:, None]', 'rk[None, :]')}",
-                 f"b_ptrs = {self._operand(p.b, 'k', 'n', 'rk[:, None]', '(rn % N)[None, :]')}",
+                 f"ram = {self._wrapped('rm', 'M', p.m, p.a, -2)}",
+                 f"rbn = {self._wrapped('rn', 'N', p.n, p.b, -1)}",
+                 f"a_ptrs = {self._operand(p.a, 'm', 'k', 'ram[:, None]', 'rk[None, :]')}",
+                 f"b_ptrs = {self._operand(p.b, 'k', 'n', 'rk[:, None]', 'rbn[None, :]')}",
                  "acc = tl.zeros([MBLOCK, NBLOCK], dtype=tl.float32)"]
         a_k, b_k = self.idx(self._kstride(p.a, 1)), self.idx(self._kstride(p.b, 0))
         precision = "tf32" if (p.in_dtype == torch.float32 and self.tf32) else "ieee"
@@ -283,6 +287,16 @@ class GemmWriter:
     def helpers(self) -> set[str]:
         w = self.writer
         return w.helpers | w.printer.helpers | w.ops.helpers
+
+    def _wrapped(self, index: str, size: str, size_expr, buf, dim: int) -> str:
+        """Rows (columns) past the end are read at ``index % size``: in bounds, never stored.
+        Where the operand is contiguous along that dim and its size a static multiple of
+        16, each aligned run of 16 is contiguous: said to the compiler, so it vectorizes."""
+        text = f"{index} % {size}"
+        size_expr = sympy.sympify(size_expr)
+        if sympy.sympify(list(buf.stride)[dim]) == 1 and size_expr.is_Integer and int(size_expr) % 16 == 0:
+            text = f"tl.max_contiguous(tl.multiple_of({text}, 16), 16)"
+        return text
 
     def _kstride(self, buf, dim: int):
         stride = list(buf.stride)[-2:]
