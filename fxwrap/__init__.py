@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
     "CStyleEmitter": "fxwrap.targets.cstyle",
     "Origin": "fxwrap.runtime.provenance",
+    "Template": "fxwrap.core.templates", "TemplateCall": "fxwrap.core.templates",
 }
 _SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines",
                                 "control_flow": "fxwrap.wrapper_ir.control_flow"}
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
     from fxwrap.core.errors import EmitError  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
+    from fxwrap.core.templates import Template, TemplateCall  # noqa: F401
     from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401
     from fxwrap.profiling import ProfileReport, profile  # noqa: F401
     from fxwrap.plugins.manager import (  # noqa: F401

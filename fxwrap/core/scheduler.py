@@ -50,11 +50,20 @@ class Job:
     stores: list[Store] = field(default_factory=list)
     origins: list = field(default_factory=list)  # provenance.Origin of every ATen node it computes
     roots: list[str] = field(default_factory=list)  # the ATen nodes whose values it stores
+    #: a template job (``fxwrap.core.templates.TemplateCall``): one store of the op's
+    #: result over its output's sizes, valued ``template_out``; it reads the call's operands
+    template: object = None
 
     @property
     def trailing(self) -> bool:
         rank, dims = self.dims_key if self.dims_key else (0, ())
         return tuple(dims) == tuple(range(rank - len(dims), rank))
+
+
+def template_reads(item) -> set[str]:
+    """The buffers a job's or group's template reads (its operands; none without one)."""
+    call = getattr(item, "template", None)
+    return {b.name for b in call.operands} if call is not None else set()
 
 
 # A lazy value read by several consumers is inlined into each of them; past these
@@ -108,6 +117,7 @@ class Group:
     started_because: str = ""  # why its first job did not join the kernel before (the fusion log)
     values: dict = field(default_factory=dict)  # (buffer, index) -> stored value
     row_stores: set = field(default_factory=set)  # buffers stored once per row
+    template: object = None  # a template group: its TemplateCall (the first job's)
 
     def accepts(self, job: Job) -> bool:
         return self.refusal(job) is None
@@ -116,6 +126,21 @@ class Group:
         """Why ``job`` may not join this group (None: it may), for the fusion log."""
         if self.writes_what_it_reads(job):
             return "it writes a buffer the kernel reads"
+        if job.template is not None:
+            return "a template starts a kernel of its own"
+        if self.template is not None:
+            # a template group takes pointwise jobs over its output's sizes: the epilogue
+            if job.reductions or job.reduced:
+                return "a reduction after a template (a template's epilogue is pointwise)"
+            if tuple(job.outer) != tuple(self.outer):
+                return (f"other loop ranges ({tuple(job.outer)} vs the template's output "
+                        f"{tuple(self.outer)})")
+            stored = {s.buffer for s in self.stores}
+            for s in job.stores:
+                for key in loads_of(s.value):
+                    if key[0] in stored and key not in self.values:
+                        return f"it reads {key[0]}, which the template kernel stores, at another index"
+            return None
         if job.reductions and not self.reductions and self.stores:
             if self.prologue_mapping(job) is None:
                 return "no mapping of the pointwise kernel's loops onto the reduction's (x, r) ranges"
@@ -160,7 +185,7 @@ class Group:
         """Whether ``job`` stores into a buffer this group reads (``copy_`` into a graph
         input): in one kernel other iterations could read the value already written."""
         ops = [r.value for r in self.reductions] + [s.value for s in self.stores]
-        read = {b for op in ops for b, _ in loads_of(op)}
+        read = {b for op in ops for b, _ in loads_of(op)} | template_reads(self)
         return any(s.buffer in read for s in job.stores)
 
     def prologue_mapping(self, job: Job) -> dict | None:
@@ -281,7 +306,8 @@ def fuse(items: list) -> list:
     open_groups: list[Group] = []
     barrier: str | None = None  # the line that closed the open groups
     for item in items:
-        if isinstance(item, Job):
+        whole = item  # a template group's epilogue runs over the template's sizes, 1s included
+        if isinstance(item, Job) and item.template is None:
             item = _squeezed(item)
         if not isinstance(item, Job):
             out.append(item)
@@ -290,13 +316,14 @@ def fuse(items: list) -> list:
             continue
         reason = f"after {barrier}" if barrier else "first kernel"
         for group in reversed(open_groups):
-            refused = _join(group, item, out, roots)
+            refused = _join(group, whole if group.template is not None else item, out, roots)
             if refused is None:
                 break
             if group is open_groups[-1]:
                 reason = f"not fused into the kernel of {', '.join(group.roots)}: {refused}"
         else:
-            group = Group(item.outer, item.reduced, item.dims_key, started_because=reason)
+            group = Group(item.outer, item.reduced, item.dims_key, started_because=reason,
+                          template=item.template)
             group.add(item)
             out.append(group)
             open_groups = [*open_groups, group][-FUSION_WINDOW:]
@@ -344,7 +371,7 @@ def _footprint(item) -> tuple[set, set, set, set]:
     if isinstance(item, Group):
         ops = [r.value for r in item.reductions] + [s.value for s in item.stores]
         writes = {s.buffer for s in item.stores}
-        return set(), {b for op in ops for b, _ in loads_of(op)} | writes, writes, set()
+        return set(), {b for op in ops for b, _ in loads_of(op)} | writes | template_reads(item), writes, set()
     return ({b.name for b in item.defines()}, {b.name for b in item.reads()}, {b.name for b in item.writes()},
             {*item.defines_values(), *(s.name for s in item.defines_symbols())})
 
@@ -365,7 +392,7 @@ def _names_used(line) -> set[str]:
 def _job_names(job: Job) -> tuple[set[str], set[str], set[str]]:
     """``(buffers read, buffers written, symbol names used)`` by ``job``."""
     ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
-    reads = {b for op in ops for b, _ in loads_of(op)}
+    reads = {b for op in ops for b, _ in loads_of(op)} | template_reads(job)
     writes = {s.buffer for s in job.stores}
     exprs = [*job.outer, *job.reduced, *(s.index for s in job.stores)]
     exprs += [e for op in ops for e in direct_indices(op)]  # direct loads, index values
@@ -426,6 +453,8 @@ def referenced_outside(groups_and_lines: list, buffers_in_lines) -> dict[int, se
             for op in ops:
                 for name, _ in loads_of(op):
                     readers.setdefault(name, set()).add(id(item))
+            for name in sorted(template_reads(item)):
+                readers.setdefault(name, set()).add(id(item))
         else:
             for buf in buffers_in_lines(item):
                 readers.setdefault(buf.name, set()).add(-1)
@@ -461,7 +490,7 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
               **{rvar(i): n for i, n in enumerate(group.reduced)}}
     reductions, stores = _simplified_indices(group.reductions, stores, ranges)
     ops = [r.value for r in reductions] + [s.value for s in stores]
-    input_names: list[str] = []
+    input_names: list[str] = [b.name for b in group.template.operands] if group.template is not None else []
     for op in ops:
         for buf, _ in loads_of(op):
             if buf not in input_names:
@@ -487,5 +516,5 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
         outputs=tuple(buffers[b] for b in output_names),
         size_symbols=tuple(sorted(symbols, key=lambda s: s.name)),
         ranges=tuple(group.outer), reduction_ranges=tuple(group.reduced),
-        reductions=reductions, stores=stores, origins=tuple(group.origins))
+        reductions=reductions, stores=stores, origins=tuple(group.origins), template=group.template)
 

@@ -29,6 +29,7 @@ import torch
 from fxwrap.core.capture import default_decompositions, kernel_decompositions
 from fxwrap.core.lowering import LoweringTable
 from fxwrap.core.numerics import Numerics, numerics_for
+from fxwrap.core.templates import TEMPLATE_MODES
 from fxwrap.targets.base import KernelEmitter, Target
 
 if TYPE_CHECKING:
@@ -76,7 +77,10 @@ class CompileOptions:
     kernel or extern that writes NaN or Inf; ``"nan"``: NaN only) and ``print_values`` (True:
     print a summary of every buffer a launch writes; a list of buffer, kernel or ATen op
     names: of those), ``debug_dir`` (write a debug dump of
-    every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``)::
+    every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``), ``templates``
+    (GEMM templates with fused epilogues, ``fxwrap.core.templates``: ``"auto"``, the default,
+    uses a template where it is timed faster than the ATen call plus the epilogue kernel;
+    ``"always"`` wherever one applies; ``"off"`` never; default ``$FXWRAP_TEMPLATES`` or ``"auto"``)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -96,8 +100,13 @@ class CompileOptions:
     check_nan: bool | str = False
     print_values: bool | tuple[str, ...] = False
     debug_dir: str | None = None
+    templates: str = field(default_factory=lambda: os.environ.get("FXWRAP_TEMPLATES", "auto"))
 
     def __post_init__(self):
+        if self.templates not in TEMPLATE_MODES:
+            raise ValueError(f"fxwrap option templates={self.templates!r} is not one of {list(TEMPLATE_MODES)} "
+                             "('auto': a template where it is timed faster than the ATen call; 'always': "
+                             "wherever one applies; 'off': ATen calls only)")
         if self.check_nan not in (True, False, "nan"):
             raise ValueError(f"fxwrap option check_nan={self.check_nan!r} is not one of True, False, 'nan' "
                              "(NaN only, Inf allowed)")
@@ -172,8 +181,10 @@ class CompileSession:
 
     def __init__(self, manager: "PluginManager", target: Target, lowerings: LoweringTable,
                  plugin_decompositions: dict, wrapper_passes: list[Callable],
-                 options: CompileOptions | None = None):
+                 options: CompileOptions | None = None, templates: tuple = ()):
         self.manager = manager
+        #: the target's templates, then every other plugin's (``fxwrap_templates``)
+        self.templates = tuple(templates)
         self.target = target
         self.lowerings = lowerings
         self.plugin_decompositions = plugin_decompositions
@@ -203,7 +214,7 @@ class CompileSession:
                     self.manager.wrapper_passes(self.target, options)
                 shared.wrapper_passes[options] = passes
         other = CompileSession(self.manager, self.target, self.lowerings, self.plugin_decompositions,
-                               passes, options)
+                               passes, options, self.templates)
         other._shared = shared
         return other
 
@@ -254,6 +265,11 @@ class CompileSession:
                 shared.decompositions[key] = table
         return dict(table)
 
+    @property
+    def template_ops(self) -> frozenset:
+        """Every ATen overload some template of this session computes."""
+        return frozenset(op for t in self.templates for op in t.ops)
+
     def new_emitter(self, size_hints: dict | None = None) -> KernelEmitter:
         """A kernel emitter for one graph; ``size_hints`` (``{symbol: int}``) are its example sizes."""
         emitter = self.target.emitter(self.target)
@@ -264,7 +280,7 @@ class CompileSession:
     def __repr__(self) -> str:
         return (f"CompileSession(target={self.target.name!r}, {len(self.lowerings)} lowerings, "
                 f"{len(self.plugin_decompositions)} plugin decompositions, "
-                f"{len(self.wrapper_passes)} wrapper passes)")
+                f"{len(self.wrapper_passes)} wrapper passes, {len(self.templates)} templates)")
 
 
 class _SharedState:

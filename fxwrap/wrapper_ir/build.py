@@ -59,6 +59,8 @@ class BuiltProgram:
     symbol_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
     #: the kernels made, in program order (``build_kernels.KernelRecord``): the debug dump's
     kernels: list = field(default_factory=list)
+    #: one ``core.templates.TemplateChoiceRecord`` per template group, in program order
+    template_choices: list = field(default_factory=list)
 
     @property
     def hints(self) -> dict[sympy.Symbol, int]:

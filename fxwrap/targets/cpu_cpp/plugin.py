@@ -1,10 +1,16 @@
-"""Registers the built-in ``cpu`` target through the ``fxwrap`` entry point."""
+"""Registers the built-in ``cpu`` target, and its GEMM template, through the ``fxwrap`` entry point."""
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import DirectCallWrapper, Target
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+from fxwrap.targets.cpu_cpp.gemm import CppGemm
 
 
 @hookimpl
 def fxwrap_targets():
     return [Target("cpu", "cpu", CpuDevice(), CppEmitter, DirectCallWrapper)]
+
+
+@hookimpl
+def fxwrap_templates(target):
+    return [CppGemm()] if target.name == "cpu" else []
