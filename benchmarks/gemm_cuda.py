@@ -150,7 +150,8 @@ def main(argv=None) -> int:
         r = run_layer(row, dtype, args.rounds, args.reps)
         results.append(r)
         u = r["us"]
-        print(f"{r['model'] + '.' + r['layer']:<26}{f'{r['M']}x{r['K']}x{r['N']}':>18}{r['epilogue']:>10}"
+        label, dims = f"{r['model']}.{r['layer']}", f"{r['M']}x{r['K']}x{r['N']}"
+        print(f"{label:<26}{dims:>18}{r['epilogue']:>10}"
               f"{u['extern']:9.1f}{u['template']:9.1f}{u['auto']:9.1f}{u['inductor']:9.1f}{u['eager']:9.1f}"
               f"  {r['chose']:<9} {u['template'] / u['extern']:.2f}"
               + ("" if r["template_applied"] else "  (template refused)"), flush=True)

@@ -1,14 +1,14 @@
 """The Triton GEMM kernel: a tiled ``tl.dot`` matrix product whose epilogue is the
 scheduler's fused pointwise work, written by the Triton codegen (``codegen.KernelWriter``).
 
-``relu(addmm(b, x, w.t()))`` with ``x`` ``(64, 96)``, ``w`` ``(128, 96)`` float32 (the
-GEMM problem ``M=64, N=128, K=96``; ``w.t()`` is read through its strides ``(1, 96)``)
+``relu(linear(x, w, b))`` with ``x`` ``(64, 96)``, ``w`` ``(128, 96)`` float32 (the ATen
+``addmm(b, x, permute(w))``: ``M=64, N=128, K=96``, ``w.t()`` read through its strides
+``(1, 96)``; the kernel's inputs are the call's operands, then the epilogue's: the bias)
 renders as::
 
     @triton.jit
-    def fxwrap_template_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, MBLOCK: tl.constexpr,
-                          NBLOCK: tl.constexpr, KBLOCK: tl.constexpr, GROUP_M: tl.constexpr,
-                          EVEN_K: tl.constexpr):
+    def fxwrap_template_0(in_ptr0, in_ptr1, in_ptr2, out_ptr0, MBLOCK: tl.constexpr, NBLOCK: tl.constexpr,
+                          KBLOCK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
         M = 64
         N = 128
         K = 96
@@ -16,7 +16,7 @@ renders as::
         mtiles = (M + MBLOCK - 1) // MBLOCK
         ntiles = (N + NBLOCK - 1) // NBLOCK
         tile = pid % (mtiles * ntiles)
-        width = GROUP_M * ntiles                   # GROUP_M rows of tiles share B's columns
+        width = GROUP_M * ntiles                       # GROUP_M rows of tiles share b's columns
         first_m = (tile // width) * GROUP_M
         group_rows = tl.minimum(mtiles - first_m, GROUP_M)
         mtile = first_m + (tile % width) % group_rows
@@ -25,31 +25,45 @@ renders as::
         rn = ntile * NBLOCK + tl.arange(0, NBLOCK)
         rk = tl.arange(0, KBLOCK)
         ram = rm % M
-        rbn = tl.max_contiguous(tl.multiple_of(rn % N, 16), 16)   # b is contiguous along N
-        a_ptrs = in_ptr1 + (ram[:, None] * 96 + rk[None, :] * 1)
-        b_ptrs = in_ptr2 + (rk[:, None] * 1 + rbn[None, :] * 96)
+        rbn = rn % N
+        a_ptrs = in_ptr0 + (ram[:, None] * (96) + rk[None, :] * (1))
+        b_ptrs = in_ptr1 + (rk[:, None] * (1) + rbn[None, :] * (96))
         acc = tl.zeros([MBLOCK, NBLOCK], dtype=tl.float32)
         for kstep in range(0, (K + KBLOCK - 1) // KBLOCK):
-            ...  # masked on K unless EVEN_K
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                kleft = K - kstep * KBLOCK
+                a = tl.load(a_ptrs, mask=rk[None, :] < kleft, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < kleft, other=0.0)
             acc += tl.dot(a, b, input_precision="ieee")
+            a_ptrs += KBLOCK * (1)
+            b_ptrs += KBLOCK * (1)
         mindex = rm[:, None]
         mmask = mindex < M
         nindex = rn[None, :]
         nmask = nindex < N
         x0 = mindex
         x1 = nindex
-        acc = acc + tl.load(in_ptr0 + (x1), nmask, other=0).to(tl.float32)   # addmm's bias
-        tmp0 = ...                                     # the epilogue, over acc
-        tl.store(out_ptr0 + (128*x0 + x1), tmp2, mmask & nmask)
+        tmp0 = tl.load(in_ptr2 + (x1), nmask, other=0)      # the epilogue: template_out is acc
+        tmp1 = (tmp0 + acc)
+        tmp2 = tl.full([], 0.0, tl.float32)
+        tmp3 = _fx_max(tmp1, tmp2)
+        tl.store(out_ptr0 + (128*x0 + x1), tmp3, mmask & nmask)
 
-Rows and columns past ``M``/``N`` are read at ``rm % M`` / ``rn % N`` (in bounds, never stored), so
-only the ``K`` tail is masked, and only where ``K`` is not a multiple of ``KBLOCK``
+Rows and columns past ``M``/``N`` are read at ``rm % M`` / ``rn % N`` (in bounds, never
+stored; ``tl.max_contiguous`` hints where the operand is contiguous along M/N), so only the
+``K`` tail is masked, and only where ``K`` is not a multiple of ``KBLOCK``
 (``EVEN_K``, a per-config constexpr).  A batched product (``bmm``) has a third program
 axis: ``zindex = pid // (mtiles * ntiles)``, the batch loop var.  ``float32`` operands use
 TF32 only where ``torch.backends.cuda.matmul.allow_tf32`` says eager's cuBLAS does.
 
-The accumulator is float32; the op's result (``TEMPLATE_OUT`` in the epilogue IR) is it,
-rounded to bf16/fp16 for 16-bit outputs, as eager's product is before its epilogue.
+The accumulator is float32 (``template_out`` in the epilogue IR, ``fxwrap.core.templates``);
+the epilogue rounds to bf16/fp16 where the graph does (``addmm`` once, after its bias), as
+eager's cuBLAS call does.  The tilings (``gemm_configs``) are timed by the emitter on the GPU
+like any kernel's block sizes; the fastest is then timed against cuBLAS + the epilogue kernel
+by the template choice (``wrapper_ir.template_choice``).
 """
 from __future__ import annotations
 
@@ -58,7 +72,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from fxwrap.core.ir import OpCode, ScheduledKernel
+from fxwrap.core.ir import ScheduledKernel
 from fxwrap.core.templates import Template, TemplateCall, accumulators
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, _Scope
