@@ -94,7 +94,7 @@ def chose_template(programs) -> str:
     return "extern"
 
 
-def run_layer(row, dtype, rounds: int, reps: int) -> dict:
+def run_layer(row, dtype, rounds: int, reps: int, inductor: bool = True) -> dict:
     model, name, M, K, N, has_bias, epilogue = row
     x = torch.randn(M, K, device="cuda", dtype=dtype)
     w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5
@@ -108,7 +108,8 @@ def run_layer(row, dtype, rounds: int, reps: int) -> dict:
         programs[mode] = []
         variants[{"off": "extern", "always": "template", "auto": "auto"}[mode]] = torch.compile(
             fn, backend=fxwrap.Backend(options={"templates": mode, "on_program": programs[mode].append}))
-    variants["inductor"] = torch.compile(fn, mode="max-autotune-no-cudagraphs")
+    if inductor:
+        variants["inductor"] = torch.compile(fn, mode="max-autotune-no-cudagraphs")
     want = fn(*args).float()
     errors = {}
     for key, f in variants.items():
@@ -133,6 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default="")
+    ap.add_argument("--no-inductor", action="store_true", help="leave Inductor max-autotune out (its compile is slow)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gemm_cuda.py needs a CUDA GPU")
@@ -147,12 +149,13 @@ def main(argv=None) -> int:
     print(head)
     results = []
     for row in rows:
-        r = run_layer(row, dtype, args.rounds, args.reps)
+        r = run_layer(row, dtype, args.rounds, args.reps, inductor=not args.no_inductor)
         results.append(r)
         u = r["us"]
         label, dims = f"{r['model']}.{r['layer']}", f"{r['M']}x{r['K']}x{r['N']}"
         print(f"{label:<26}{dims:>18}{r['epilogue']:>10}"
-              f"{u['extern']:9.1f}{u['template']:9.1f}{u['auto']:9.1f}{u['inductor']:9.1f}{u['eager']:9.1f}"
+              f"{u['extern']:9.1f}{u['template']:9.1f}{u['auto']:9.1f}{u.get('inductor', float('nan')):9.1f}"
+              f"{u['eager']:9.1f}"
               f"  {r['chose']:<9} {u['template'] / u['extern']:.2f}"
               + ("" if r["template_applied"] else "  (template refused)"), flush=True)
     wins = [r for r in results if r["us"]["template"] < r["us"]["extern"] * 0.97]
