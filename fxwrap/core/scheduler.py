@@ -37,6 +37,7 @@ from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, Store, direc
                             load_key,
                             rewrite, rvar, walk, xvar)
 from fxwrap.core.symbolic import simplify_index
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 
 @dataclass(eq=False)
@@ -346,6 +347,8 @@ def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
     """Add ``job`` to ``group`` (an item of ``out``) if it accepts it and the job can
     move up to it, lifting the metadata-only lines that make the move possible: None;
     otherwise why not (the fusion log)."""
+    if group.template is not None and tuple(job.outer) != tuple(group.outer):
+        job = _reshaped(job, tuple(group.outer)) or job  # a reshape of the template's output (3-D linear)
     refused = group.refusal(job)
     if refused is not None:
         return refused
@@ -359,6 +362,33 @@ def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
         out[at:] = [*lifted, group, *rest]
     group.add(job)
     return None
+
+
+def _reshaped(job: Job, outer: tuple) -> Job | None:
+    """A pointwise ``job`` over sizes that are a row-major reshape of ``outer`` with the same
+    last size (a linear layer's ``(B, T, N)`` epilogue of its ``(B*T, N)`` product), iterated
+    over ``outer`` instead: its variables through the flat index, its indices simplified
+    over ``outer``'s ranges (``3072*(x0//32) + 96*(x0 % 32) + x1`` -> ``96*x0 + x1``).
+    None when the sizes are not such a reshape."""
+    if job.reductions or job.reduced or not job.outer or not outer:
+        return None
+    sizes = [sympy.sympify(n) for n in job.outer]
+    target = [sympy.sympify(n) for n in outer]
+    if sizes[-1] != target[-1] or sympy.expand(sympy.Mul(*sizes) - sympy.Mul(*target)) != 0:
+        return None
+    flat = sympy.Integer(0)
+    for i, n in enumerate(target):
+        flat = flat * n + xvar(i)
+    mapping, div = {}, sympy.Integer(1)
+    for i in range(len(sizes) - 1, -1, -1):
+        mapping[xvar(i)] = ModularIndexing(flat, div, sizes[i]) if i else FloorDiv(flat, div)
+        div = div * sizes[i]
+    # each job var in terms of the new ones, at once (xreplace is simultaneous)
+    ranges = {xvar(i): n for i, n in enumerate(target)}
+    stores = [Store(st.buffer, sympy.sympify(st.index).xreplace(mapping), subs_index(st.value, mapping))
+              for st in job.stores]
+    _, stores = _simplified_indices((), stores, ranges)
+    return dataclasses.replace(job, outer=tuple(outer), stores=list(stores))
 
 
 def _label(item) -> str:

@@ -450,6 +450,31 @@ class CStyleEmitter(KernelEmitter):
             inner.env[node] = (accumulator, node.dtype)
         return self.render_stores(kernel, kernel.stores, inner)
 
+    def template_source(self, kernel: ScheduledKernel, body: list[str], helpers: str = "") -> KernelSource:
+        """A template kernel's ``KernelSource``: this emitter's header comment, headers,
+        prelude, the template's ``helpers`` (C++ functions it calls) and the kernel's usual
+        signature (``function_head``: inputs -- the call's operands first --, outputs, size
+        symbols) around ``body``, with the launch metadata ``load`` expects; so a template
+        loads, caches and saves like a generated kernel."""
+        cname = self.function_name(kernel)
+        text = "\n".join([
+            *self.header_comment(kernel),
+            *self.headers,
+            self.prelude.strip("\n"),
+            helpers.strip("\n"),
+            "",
+            self.function_head(kernel, cname),
+            "{",
+            *("  " + line if line else "" for line in body),
+            "}",
+            "",
+        ])
+        launch = {"symbol": cname, "language": self.language,
+                  "pointers": len(kernel.inputs) + len(kernel.outputs),
+                  "size_symbols": tuple(s.name for s in kernel.size_symbols)}
+        launch.update(self.launch_metadata(kernel))
+        return KernelSource(kernel.name, text, self.language, self.signature(kernel), launch)
+
     # ------------------------------------------------------------------ index printer
     def render_index(self, expr) -> str:
         """A sympy integer expression as ``index_type`` C arithmetic."""

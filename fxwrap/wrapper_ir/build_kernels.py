@@ -359,6 +359,11 @@ class KernelBuilder(build._Builder):
             self._store_shared_values(node)
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
+            if extern.is_view(node.target) and args and isinstance(args[0], Stored) \
+                    and args[0].buffer.name in self.template_externs:
+                # a view of a template's result stays lazy: its readers can join the template's
+                # epilogue (``scheduler._reshaped``: a 3-D linear layer's activation)
+                args = (loads(args[0].buffer), *args[1:])
             kwargs = {k: self.rule_value(v) for k, v in node.kwargs.items()}
             try:
                 result = rule(ctx, *args, **kwargs)

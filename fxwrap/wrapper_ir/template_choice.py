@@ -37,9 +37,9 @@ import torch
 from fxwrap.core import logs
 from fxwrap.core.ir import Op, OpCode, Store, rewrite, walk
 from fxwrap.core.scheduler import Group
-from fxwrap.core.symbolic import evaluate
+from fxwrap.core.symbolic import contiguous_strides, evaluate
 from fxwrap.core.templates import TemplateChoiceRecord, TimingCache
-from fxwrap.wrapper_ir.lines import Buffer, CallExtern, TemplateChoice
+from fxwrap.wrapper_ir.lines import Buffer, CallExtern, TemplateChoice, View
 
 log = logging.getLogger("fxwrap")
 
@@ -66,11 +66,16 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
         candidates.append((template.name, made))
     extern_lines = list(builder.template_externs[call.output.name])
     epilogue = epilogue_group(group)
+    views = _copies_as_views(builder, epilogue, call)  # a reshape of the result: a View, as without templates
+    if views:
+        epilogue.stores = [st for st in epilogue.stores if st.buffer not in {v.buf.name for v in views}]
+        extern_lines = [*extern_lines, *views]
     epi_keep = (keep | {call.output.name}) - {call.output.name}
     epi = builder.kernel_lines(epilogue, f"{prefix}_pointwise_{count}", epi_keep, inputs, emitter.render) \
         if epilogue.stores else None
     extern = [extern_lines] + ([epi] if epi is not None else [])
-    extern_label = f"{EXTERN} {extern_lines[-1].op}" + (" + epilogue" if epi is not None else "")
+    aten_call = next(ln for ln in extern_lines if isinstance(ln, CallExtern))
+    extern_label = f"{EXTERN} {aten_call.op}" + (" + epilogue" if epi is not None else "")
 
     times: dict[str, float] = {}
     if not candidates:
@@ -93,7 +98,8 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
     builder.out.template_choices.append(record)
     logs.logger("autotune").info("fxwrap: %s: %s", call.describe(), note.text)
     if chosen == EXTERN:
-        return [[*extern_lines[:-1], note, extern_lines[-1]], *extern[1:]]
+        at = next(i for i, ln in enumerate(extern_lines) if isinstance(ln, CallExtern))
+        return [[*extern_lines[:at], note, *extern_lines[at:]], *extern[1:]]
     made = dict(candidates)[chosen]
     made.lines.insert(len(made.lines) - 1, note)  # just above the launch: its FX node gets the comment
     return [made]
@@ -143,6 +149,25 @@ def time_candidates(builder, emitter, candidates: list, extern: list) -> dict[st
             times[name] = ms
             cache.put(keys[name], ms)
     return times
+
+
+def _copies_as_views(builder, epilogue: Group, call) -> list:
+    """``View`` lines for the epilogue's stores that only copy the op's result into a
+    row-major buffer of the same elements (a reshape: the ``(B, T, N)`` view of a 3-D
+    linear's ``(B*T, N)`` product) -- the extern candidate views the result there instead."""
+    out = call.output
+    if tuple(out.stride) != tuple(contiguous_strides(out.size)):
+        return []
+    views = []
+    for st in epilogue.stores:
+        v = st.value
+        if not (v.op == OpCode.LOAD and v.arg[0] == out.name and not v.src and v.arg[1] == st.index):
+            continue
+        buf = builder.buffers.get(st.buffer)
+        if buf is None or tuple(buf.stride) != tuple(contiguous_strides(buf.size)) or buf.dtype != out.dtype:
+            continue
+        views.append(View(buf, out))
+    return views
 
 
 def _digest(part, hints) -> tuple:

@@ -16,6 +16,7 @@ GEMMS = {aten.mm.out, aten.addmm.out, aten.bmm.out, aten.mm.default, aten.addmm.
 
 
 def compiled(fn, templates="always", dynamic=False):
+    torch._dynamo.reset()  # one code object per test, many parametrizations: compile each afresh
     programs: list = []
     c = torch.compile(fn, backend=fxwrap.Backend("cpu", {"on_program": programs.append, "templates": templates}),
                       dynamic=dynamic, fullgraph=True)
@@ -157,3 +158,32 @@ def test_result_read_elsewhere_is_stored():
 def test_bad_option_names_the_choices():
     with pytest.raises(ValueError, match="templates='sometimes'.*'auto'"):
         fxwrap.Backend("cpu", {"templates": "sometimes"})
+
+
+# the template conformance kit (fxwrap.testing.templates), on the built-in template
+from fxwrap.testing.templates import TemplateConformance  # noqa: E402
+
+
+class TestCppGemmConformance(TemplateConformance):
+    target = "cpu"
+    template = "cpp_gemm"
+    dtypes = (torch.float32, torch.bfloat16)
+    ops = ("mm", "addmm", "bmm")
+
+
+@pytest.mark.parametrize("templates", ["always", "auto"])
+def test_3d_linear_epilogue_fused_through_the_reshape(templates):
+    """``linear`` of a (B, T, C) activation is ``view -> addmm -> view``: the epilogue over
+    (B, T, N) joins the template over (B*T, N) (scheduler._reshaped); without an epilogue
+    the extern candidate views the product, as without templates (no copy kernel)."""
+    gelu = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
+    plain = lambda x, w, b: F.linear(x, w, b)  # noqa: E731
+    x, w, b = torch.randn(3, 20, 24), torch.randn(40, 24), torch.randn(40)
+    for fn in (gelu, plain):
+        c, programs = compiled(fn, templates=templates)
+        torch.testing.assert_close(c(x, w, b), fn(x, w, b), atol=1e-4, rtol=1e-4)
+        (choice,) = [ln for p in programs for ln in p.lines if isinstance(ln, TemplateChoice)]
+        if choice.chosen == "cpp_gemm":
+            assert len(launches(programs)) == 1 and not gemm_externs(programs)
+        elif fn is plain:
+            assert not launches(programs) and len(gemm_externs(programs)) == 1

@@ -25,6 +25,8 @@ products and sums float32 (as oneDNN's), the epilogue rounds once where the grap
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from fxwrap.core.errors import EmitError
@@ -34,16 +36,133 @@ from fxwrap.targets.cstyle import LocalNames, Scope, append_block
 
 aten = torch.ops.aten
 
+GEMM_HELPERS = r"""
+// ---- cpp_gemm: packed-panel GEMM micro-kernels (fxwrap.targets.cpu_cpp.gemm) ----
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+typedef float fx_v16f __attribute__((vector_size(64)));
+typedef float fx_v16f_u __attribute__((vector_size(64), aligned(4)));
+static inline float fx_gemm_float(float v) { return v; }
+static inline float fx_gemm_float(fx_bf16 v) { return fx_bf16_to_float(v); }
 
-def _cpu_flags() -> frozenset:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+// Bp[k][NV*16] <- B[k0 + k, n0 + n] (zero past nc): one float panel, whatever B's strides
+template <int NV, typename TB>
+static inline void fx_gemm_pack_f32(const TB* __restrict__ B, int64_t sbk, int64_t sbn, int64_t kc, int64_t nc,
+                                    float* __restrict__ Bp) {
+  constexpr int NR = NV * 16;
+  if (sbn == 1 && nc == NR) {
+    for (int64_t k = 0; k < kc; ++k)
+      for (int n = 0; n < NR; ++n) Bp[k * NR + n] = fx_gemm_float(B[k * sbk + n]);
+    return;
+  }
+  for (int64_t n = 0; n < NR; ++n) {
+    if (n < nc) {
+      for (int64_t k = 0; k < kc; ++k) Bp[k * NR + n] = fx_gemm_float(B[k * sbk + n * sbn]);
+    } else {
+      for (int64_t k = 0; k < kc; ++k) Bp[k * NR + n] = 0.0f;
+    }
+  }
+}
+
+// C[MR][NV*16] (+)= A[MR rows, kc] * Bp: float32 products and sums, in k order
+template <int MR, int NV, bool AK1, typename TA>
+static inline void fx_gemm_tile_f32(const TA* __restrict__ A, int64_t sam, int64_t sak, const float* __restrict__ Bp,
+                                    int64_t kc, int mc, bool accumulate, float* __restrict__ C) {
+  if (AK1) sak = 1;
+  constexpr int NR = NV * 16;
+  fx_v16f acc[MR][NV];
+  const TA* rows[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    rows[i] = A + (i < mc ? i : mc - 1) * sam;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      acc[i][v] = accumulate ? *(const fx_v16f*)(C + i * NR + v * 16) : (fx_v16f){};
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    fx_v16f b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = *(const fx_v16f*)(Bp + k * NR + v * 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const float a = fx_gemm_float(rows[i][k * sak]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] += b[v] * a;
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) *(fx_v16f*)(C + i * NR + v * 16) = acc[i][v];
+}
+
+#if defined(__AVX512BF16__)
+#define FX_GEMM_BF16_DOT 1
+// Bp[p][n][2] <- (B[k0 + 2p, n0 + n], B[k0 + 2p + 1, n0 + n]) (zero past nc and past kc):
+// the pair layout _mm512_dpbf16_ps reads
+template <int NV>
+static inline void fx_gemm_pack_bf16(const fx_bf16* __restrict__ B, int64_t sbk, int64_t sbn, int64_t kc,
+                                     int64_t nc, fx_bf16* __restrict__ Bp) {
+  constexpr int NR = NV * 16;
+  const int64_t pairs = (kc + 1) / 2;
+  for (int64_t n = 0; n < NR; ++n) {
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t k = 2 * p;
+      const bool in = n < nc;
+      Bp[(p * NR + n) * 2] = in ? B[k * sbk + n * sbn] : (fx_bf16)0;
+      Bp[(p * NR + n) * 2 + 1] = (in && k + 1 < kc) ? B[(k + 1) * sbk + n * sbn] : (fx_bf16)0;
+    }
+  }
+}
+
+template <int MR, int NV, bool AK1>
+static inline void fx_gemm_tile_bf16(const fx_bf16* __restrict__ A, int64_t sam, int64_t sak,
+                                     const fx_bf16* __restrict__ Bp, int64_t kc, int mc, bool accumulate,
+                                     float* __restrict__ C) {
+  if (AK1) sak = 1;
+  constexpr int NR = NV * 16;
+  __m512 acc[MR][NV];
+  const fx_bf16* rows[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    rows[i] = A + (i < mc ? i : mc - 1) * sam;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? _mm512_loadu_ps(C + i * NR + v * 16) : _mm512_setzero_ps();
+  }
+  const int64_t pairs = kc / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512((const void*)(Bp + (p * NR + v * 16) * 2));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      uint32_t pair;
+      if (AK1) std::memcpy(&pair, rows[i] + 2 * p, 4);  // the two k of one row: one 32-bit load
+      else pair = (uint32_t)rows[i][2 * p * sak] | ((uint32_t)rows[i][(2 * p + 1) * sak] << 16);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32((int)pair);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, b[v]);
+    }
+  }
+  if (kc & 1) {  // the last k alone: its pair's second half is zero in A and in Bp
+    __m512bh b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512((const void*)(Bp + (pairs * NR + v * 16) * 2));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32((int)(uint32_t)rows[i][(kc - 1) * sak]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, b[v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + i * NR + v * 16, acc[i][v]);
+}
+#endif
+"""
 
 
 class CppGemm(Template):
@@ -61,10 +180,10 @@ class CppGemm(Template):
 
     name = "cpp_gemm"
     ops = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
-    MR = 8     # rows of a register tile
-    NR = 32    # columns of a register tile (two 16-lane vectors)
-    KC = 256   # depth of a packed B panel
-    NC = 256   # columns of a packed B panel (KC * NC * 4 bytes on a task's stack: 256 KiB)
+    MR = int(os.environ.get("FXWRAP_GEMM_MR", 8))     # rows of a register tile
+    NR = int(os.environ.get("FXWRAP_GEMM_NR", 32))    # columns of a register tile and of a packed B panel
+    MC = int(os.environ.get("FXWRAP_GEMM_MC", 256))   # rows of a task (its tiles share one packed panel)
+    KC = int(os.environ.get("FXWRAP_GEMM_KC", 512))   # depth of a packed panel (KC * NR * 4 bytes on the stack)
 
     def refusal(self, call: TemplateCall) -> str | None:
         if call.dtype not in (torch.float32, torch.bfloat16):
@@ -98,73 +217,60 @@ class CppGemm(Template):
         bvar = vars_[0] if batched else None
 
         tile = Scope(emitter, names, fn, declares=[bvar] if bvar else [], kernel=kernel)
-        epilogue = emitter.template_epilogue(kernel, tile, "acc[i][j]")
-
-        MR, NR, NC = self.MR, self.NR, self.NC
-        load_a = "fx_bf16_to_float(A[i * sam + kk * sak])" if bf16 else "A[i * sam + kk * sak]"
+        epilogue = emitter.template_epilogue(kernel, tile, "Cpart[i * NR + j]")
+        MR, NV, MC, KC = self.MR, self.NR // 16, self.MC, self.KC
+        stype = "fx_bf16" if bf16 else "float"
         body = [
+            f"constexpr int MR = {MR}, NV = {NV}, NR = {NV * 16}, MC = {MC}, KC = {KC};",
             f"const {it} M = {sizes['m']};", f"const {it} N = {sizes['n']};", f"const {it} K = {sizes['k']};",
             f"const {it} NB = {sizes['batch']};",
             f"const {it} sab = {a_stride[0]}, sam = {a_stride[1]}, sak = {a_stride[2]};",
             f"const {it} sbb = {b_stride[0]}, sbk = {b_stride[1]}, sbn = {b_stride[2]};",
-            f"const {it} mtiles = (M + {MR - 1}) / {MR};",
-            f"const {it} nblocks = (N + {NC - 1}) / {NC};",
+            f"const {it} npanels = (N + NR - 1) / NR;",
+            f"const {it} mgroups = (M + MC - 1) / MC;",
+            f"const {it} tasks = NB * npanels * mgroups;",
         ]
-        task = [f"const {it} bi = task / (nblocks * mtiles);",
-                f"const {it} rest = task % (nblocks * mtiles);",
-                f"const {it} nb = rest / mtiles;",
-                f"const {it} m0 = (rest % mtiles) * {MR};",
-                f"const {it} n_start = nb * {NC};",
-                f"const {it} n_end = fx_imin(n_start + {NC}, N);",
-                f"const {it} mc = fx_imin({MR}, M - m0);"]
+        task = [f"const {it} mg = task % mgroups;",
+                f"const {it} np = (task / mgroups) % npanels;",
+                f"const {it} bi = task / (mgroups * npanels);",
+                f"const {it} m_start = mg * MC;",
+                f"const {it} mrows = fx_imin(MC, M - m_start);",
+                f"const {it} n0 = np * NR;",
+                f"const {it} nc = fx_imin(NR, N - n0);",
+                "alignas(64) float Cpart[MC * NR];  // the task's sums: MC * NR * 4 bytes on its stack",
+                "if (K == 0) for (int q = 0; q < MC * NR; ++q) Cpart[q] = 0.0f;",
+                f"const {stype}* const Ab = in_ptr0 + bi * sab + m_start * sam;",
+                f"const {stype}* const Bb = in_ptr1 + bi * sbb + n0 * sbn;"]
         if bvar:
             task.append(f"const {it} {bvar} = bi;")
+
+        def kloop(pack_type: str, pack: str, tile_fn: str) -> list[str]:
+            lines = [f"alignas(64) {pack_type} Bp[KC * NR];"]
+            inner = [f"const {it} kc = fx_imin((int64_t)KC, K - kc0);",
+                     f"{pack}(Bb + kc0 * sbk, sbk, sbn, kc, nc, Bp);",
+                     f"for ({it} mt = 0; mt < mrows; mt += MR) {{",
+                     "  const int mc = (int)fx_imin(MR, mrows - mt);",
+                     f"  if (sak == 1) {tile_fn}, true>(Ab + mt * sam + kc0, sam, 1, Bp, kc, mc, kc0 > 0, Cpart + mt * NR);",
+                     f"  else {tile_fn}, false>(Ab + mt * sam + kc0 * sak, sam, sak, Bp, kc, mc, kc0 > 0, "
+                     "Cpart + mt * NR);",
+                     "}"]
+            append_block(lines, f"for ({it} kc0 = 0; kc0 < K; kc0 += KC)", inner)
+            return lines
+
+        f32 = kloop("float", "fx_gemm_pack_f32<NV>", "fx_gemm_tile_f32<MR, NV")
+        if bf16:
+            task.append("#if defined(FX_GEMM_BF16_DOT)")
+            task += kloop("fx_bf16", "fx_gemm_pack_bf16<NV>", "fx_gemm_tile_bf16<MR, NV")
+            task.append("#else")
+            task += f32
+            task.append("#endif")
+        else:
+            task += f32
         tile.flush_into(task)
-        stype = "fx_bf16" if bf16 else "float"
-        task += [f"const {stype}* const A0 = in_ptr0 + bi * sab + m0 * sam;",
-                 f"const {stype}* const B0 = in_ptr1 + bi * sbb;"]
-        inner = [f"float acc[{MR}][{NR}];",
-                 f"for (int i = 0; i < {MR}; ++i) for (int j = 0; j < {NR}; ++j) acc[i][j] = 0.0f;",
-                 f"const {it} nc = fx_imin({NR}, n_end - n0);"]
-        kloop = [f"const {stype}* const A = A0;",
-                 "for (int i = 0; i < mc; ++i) {",
-                 f"  const float a = {load_a};",
-                 f"  const {stype}* const Bk = B0 + kk * sbk + n0 * sbn;",
-                 "  #pragma omp simd",
-                 f"  for ({it} j = 0; j < nc; ++j) acc[i][j] += a * "
-                 + ("fx_bf16_to_float(Bk[j * sbn]);" if bf16 else "Bk[j * sbn];"),
-                 "}"]
-        append_block(inner, f"for ({it} kk = 0; kk < K; ++kk)", kloop)
-        ep = [f"const {it} {mvar} = m0 + i;", f"const {it} {nvar} = n0 + j;", *epilogue]
-        ep_loop: list[str] = []
+        ep = [f"const {it} {mvar} = m_start + i;", f"const {it} {nvar} = n0 + j;", *epilogue]
+        ep_loop: list[str] = ["#pragma omp simd"]
         append_block(ep_loop, f"for ({it} j = 0; j < nc; ++j)", ep)
-        ep_outer: list[str] = []
-        append_block(ep_outer, f"for ({it} i = 0; i < mc; ++i)", ep_loop)
-        inner += ep_outer
-        append_block(task, f"for ({it} n0 = n_start; n0 < n_end; n0 += {NR})", inner)
-        body.append(f"const {it} tasks = NB * nblocks * mtiles;")
+        append_block(task, f"for ({it} i = 0; i < mrows; ++i)", ep_loop)
         body.append("#pragma omp parallel for schedule(static) if (tasks > 1 && M * N * K >= 262144)")
         append_block(body, f"for ({it} task = 0; task < tasks; ++task)", task)
-        return _source(emitter, kernel, fn.lines + body)
-
-
-def _source(emitter, kernel, body: list[str]) -> KernelSource:
-    """The ``KernelSource`` of a template kernel: the emitter's header, prelude and
-    signature around ``body`` (so the emitter's ``load`` builds it like its own)."""
-    cname = emitter.function_name(kernel)
-    text = "\n".join([
-        *emitter.header_comment(kernel),
-        *emitter.headers,
-        emitter.prelude.strip("\n"),
-        "",
-        emitter.function_head(kernel, cname),
-        "{",
-        *("  " + line if line else "" for line in body),
-        "}",
-        "",
-    ])
-    launch = {"symbol": cname, "language": emitter.language,
-              "pointers": len(kernel.inputs) + len(kernel.outputs),
-              "size_symbols": tuple(s.name for s in kernel.size_symbols)}
-    launch.update(emitter.launch_metadata(kernel))
-    return KernelSource(kernel.name, text, emitter.language, emitter.signature(kernel), launch)
+        return emitter.template_source(kernel, fn.lines + body, GEMM_HELPERS)
