@@ -153,3 +153,24 @@ def test_auto_times_both_candidates_and_records_the_choice(tmp_path, monkeypatch
         [launch] = [ln for ln in launches(programs)] if choice.chosen == "triton_gemm" else [None]
         if launch is not None:
             assert launch.kernel.launch.get("autotuned")
+
+
+from fxwrap.testing.templates import TemplateConformance  # noqa: E402
+
+
+@pytest.mark.skipif(GPU, reason="the conformance kit's inputs are CPU tensors: it runs on triton-interpret")
+class TestTritonGemmConformance(TemplateConformance):
+    target = "triton-interpret"
+    template = "triton_gemm"
+    dtypes = (f32, bf16)
+    ops = ("mm", "addmm", "bmm")
+
+
+def test_3d_linear_epilogue_fused():
+    """A linear over (batch, seq, d): the product's epilogue joins through the reshape."""
+    def fn(x, w, b, r):
+        return F.gelu(F.linear(x, w, b)) + r
+    c, programs = compiled(fn)
+    x, w, b, r = rand(2, 9, 32), rand(24, 32), rand(24), rand(2, 9, 24)
+    torch.testing.assert_close(c(x, w, b, r), fn(x, w, b, r), **tol(f32, 32))
+    assert len(template_kernels(programs)) == 1 and not gemm_externs(programs)
