@@ -81,13 +81,13 @@ def aten_graph_text(gm: torch.fx.GraphModule) -> str:
     return gm.print_readable(print_output=False)
 
 
-def capture_backend(compile_graph: Callable, decompositions: dict, partition: str = "default") -> Callable:
+def capture_backend(compile_graph: Callable, decompositions: dict, partition: str = "min_cut") -> Callable:
     """A dynamo backend that hands every ATen graph AOTAutograd makes to ``compile_graph``.
 
     ``partition``: how a training graph is split (``CompileOptions.partition``).
-    ``"default"`` saves every value the backward reads; ``"min_cut"`` (AOTAutograd's
-    min-cut rematerialization, Inductor's choice) saves for the backward the fewest
-    bytes it can and recomputes cheap pointwise values there.
+    ``"min_cut"`` (AOTAutograd's min-cut rematerialization, Inductor's choice) saves for
+    the backward the fewest bytes it can and recomputes cheap pointwise values there;
+    ``"save_all"`` saves every value the backward reads.
     """
 
     def compiler(kind: str):
@@ -113,4 +113,4 @@ def _min_cut(joint_module, joint_inputs, **kwargs):
     return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor", **kwargs)
 
 
-_PARTITIONS = {"min_cut": _min_cut, "default": default_partition}
+_PARTITIONS = {"min_cut": _min_cut, "save_all": default_partition}

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.runtime.kernel import Kernel
+from fxwrap.runtime.provenance import describe
 from fxwrap.wrapper_ir.debug_lines import CheckFinite, PrintValues
 from fxwrap.wrapper_ir.lines import Buffer, Line
 
@@ -37,18 +38,6 @@ PLUGIN_NAME = "fxwrap-debug-modes"
 
 
 # -- provenance: the one place the debug modes and fxwrap.profile read it ----------------
-
-def _describe_origins(origins) -> str:
-    """``origins`` (``Origin`` records of ``fxwrap.runtime.provenance``) as one line."""
-    parts = []
-    for o in origins:
-        text = f"{getattr(o, 'node', '?')}: {getattr(o, 'target', '?')}"
-        location, function = getattr(o, "location", None), getattr(o, "function", None)
-        if location:
-            text += f" at {location}" + (f" in {function}" if function else "")
-        parts.append(text)
-    return "; ".join(parts)
-
 
 def _kernel_header_origins(kernel) -> str:
     """The ``from: ...`` line of a rendered kernel's header (``targets.base.kernel_header``)."""
@@ -69,7 +58,7 @@ def provenance(launch) -> str:
     meta = getattr(launch, "meta", None)
     origins = meta.get("fxwrap_origins", ()) if isinstance(meta, dict) else getattr(launch, "origins", ())
     if origins:
-        return _describe_origins(origins)
+        return describe(origins)
     kernel = getattr(launch, "kernel", None)
     if kernel is None and isinstance(getattr(launch, "target", None), Kernel):
         kernel = launch.target

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 #: ``"max-autotune-no-cudagraphs"`` the wider autotuning alone
 MODES = ("default", "cudagraphs", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DECOMPOSITION_MODES = ("core", "none")
-PARTITIONS = ("default", "min_cut")
+PARTITIONS = ("min_cut", "save_all")
 
 # the dtypes fxwrap's loop IR and emitters can put in a generated kernel; a device's
 # ``capabilities()["dtypes"]`` and an emitter's ``supported_dtypes`` narrow it
@@ -65,12 +65,12 @@ class CompileOptions:
     ``f"{target}_{execute}"``), ``mode`` (one of ``MODES``: ``"default"``, ``"cudagraphs"``
     or Inductor's ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``;
     see ``cuda_graphs`` and ``max_autotune``),
-    ``partition`` (how a training graph is split into forward and backward:
-    ``"default"`` saves every value the backward needs; ``"min_cut"``, AOTAutograd's
-    min-cut rematerialization, recomputes cheap pointwise values in the backward instead
-    of saving them, as Inductor does -- not the default yet: on the H200 it cut the
-    Llama-style decoder's bf16 training kernels 376 -> 343 and GPU time 4%, but raised
-    the GPT-style decoder's peak memory 1297 -> 1547 MiB, BENCHMARKS.md), ``on_program``
+    ``partition`` (how a training graph is split into forward and backward: ``"min_cut"``,
+    the default, AOTAutograd's min-cut rematerialization as Inductor uses it, saves the
+    fewest bytes for the backward and recomputes cheap pointwise values there: on the H200
+    it cut the bf16 training peak of the Llama-style decoder 1545 -> 990 MiB and of the
+    GPT-style one 1054 -> 802 MiB, with less GPU time, BENCHMARKS.md; ``"save_all"``,
+    AOTAutograd's default partition, saves every value the backward reads), ``on_program``
     (a callable receiving every compiled ``Program``), ``cache`` (the whole-program cache across
     processes, ``fxwrap.program_cache``; also off with ``FXWRAP_PROGRAM_CACHE=0``), the debug modes
     (``fxwrap.plugins.debug_modes``, docs/debugging.md): ``check_nan`` (True: raise at the first
@@ -94,7 +94,7 @@ class CompileOptions:
     kernels: bool = True
     execute: str | None = None
     mode: str = "default"
-    partition: str = "default"
+    partition: str = "min_cut"
     cache: bool = True
     on_program: Callable | None = field(default=None, compare=False)
     check_nan: bool | str = False
