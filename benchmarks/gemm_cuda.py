@@ -85,6 +85,26 @@ def time_us(fn, args, reps: int) -> float:
     return start.elapsed_time(end) / reps * 1e3
 
 
+def template_config(programs) -> str:
+    """The tiling the template kernel of ``programs`` runs with: ``MBLOCKxNBLOCKxKBLOCK/warps/stages``."""
+    for p in programs:
+        for node in p.graph_module.graph.nodes:
+            if isinstance(node.target, fxwrap.Kernel) and "# plan: template" in node.target.source:
+                c = dict(node.target.launch["config"])
+                return f"{c['MBLOCK']}x{c['NBLOCK']}x{c['KBLOCK']}/w{c['num_warps']}/s{c['num_stages']}"
+    return "-"
+
+
+def choice_times(programs) -> str:
+    """The compile-time medians the choice was made on (``TemplateChoice.times``), in ms."""
+    from fxwrap.wrapper_ir.lines import TemplateChoice
+    for p in programs:
+        for line in p.lines:
+            if isinstance(line, TemplateChoice) and line.times:
+                return " ".join(f"{k}={v:.4f}" for k, v in line.times)
+    return ""
+
+
 def chose_template(programs) -> str:
     """``template`` when a kernel of the programs is a template kernel, else ``extern``."""
     for p in programs:
@@ -123,7 +143,8 @@ def run_layer(row, dtype, rounds: int, reps: int, inductor: bool = True) -> dict
             times[key].append(time_us(f, args, reps))
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"model": model, "layer": name, "M": M, "K": K, "N": N, "bias": has_bias, "epilogue": epilogue,
-            "us": med, "chose": chose_template(programs["auto"]), "template_applied":
+            "us": med, "chose": chose_template(programs["auto"]), "config": template_config(programs["always"]),
+            "choice_ms": choice_times(programs["auto"]), "template_applied":
             chose_template(programs["always"]) == "template", "max_rel_error": errors}
 
 
@@ -145,7 +166,7 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, torch {torch.__version__}; us per call, median of "
           f"{args.rounds} rounds x {args.reps} calls")
     head = f"{'layer':<26}{'MxKxN':>18}{'epilogue':>10}{'extern':>9}{'template':>9}{'auto':>9}" \
-           f"{'inductor':>9}{'eager':>9}  chose     tmpl/ext"
+           f"{'inductor':>9}{'eager':>9}  chose     tmpl/ext  tiling  [compile-time ms]"
     print(head)
     results = []
     for row in rows:
@@ -156,7 +177,7 @@ def main(argv=None) -> int:
         print(f"{label:<26}{dims:>18}{r['epilogue']:>10}"
               f"{u['extern']:9.1f}{u['template']:9.1f}{u['auto']:9.1f}{u.get('inductor', float('nan')):9.1f}"
               f"{u['eager']:9.1f}"
-              f"  {r['chose']:<9} {u['template'] / u['extern']:.2f}"
+              f"  {r['chose']:<9} {u['template'] / u['extern']:.2f}  {r['config']}  [{r['choice_ms']}]"
               + ("" if r["template_applied"] else "  (template refused)"), flush=True)
     wins = [r for r in results if r["us"]["template"] < r["us"]["extern"] * 0.97]
     chosen_wins = [r for r in wins if r["chose"] == "template"]

@@ -109,10 +109,10 @@ class GemmConfig:
 # GPUs (228 KiB shared memory): big square tiles for big products, narrow ones for few
 # rows (decode-like M) or few columns, deep K blocks where the tile is small.
 _CONFIGS_16BIT = (
-    (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 32, 4, 4),
-    (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 64, 64, 4, 4), (64, 256, 64, 8, 3),
-    (32, 128, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 5), (16, 64, 256, 4, 3),
-    (64, 32, 128, 4, 4),
+    (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
+    (128, 128, 32, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 64, 64, 4, 4),
+    (64, 256, 64, 8, 3), (128, 256, 32, 8, 4), (64, 128, 128, 4, 3), (32, 128, 128, 4, 4),
+    (16, 128, 128, 4, 4), (32, 64, 128, 4, 5), (16, 64, 256, 4, 3), (64, 32, 128, 4, 4),
 )
 # float32: half the K depth per stage (twice the bytes per element)
 _CONFIGS_32BIT = (
@@ -123,7 +123,7 @@ _CONFIGS_32BIT = (
 MIN_BLOCK = 16  # tl.dot's smallest tile side
 
 
-def gemm_configs(call: TemplateCall, interpret: bool, limit: int = 12) -> list[GemmConfig]:
+def gemm_configs(call: TemplateCall, interpret: bool, limit: int = 16) -> list[GemmConfig]:
     """The candidate tilings for ``call`` at its size hints: the table's, each block
     shrunk to the problem (next power of two, at least 16), deduplicated, in table order.
     Under the interpreter one small config (its cost is per program and per op)."""
