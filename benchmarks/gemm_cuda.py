@@ -8,7 +8,10 @@ Triton GEMM template with its epilogue fused, vs Inductor max-autotune; and what
 Each layer is ``epilogue(F.linear(x, w, b))`` at the shapes of ``benchmarks/suite_models.py``
 (size ``large``: llama, gpt, mlp, convnet's head) and of ``fxwrap/testing/models.py``, with the
 epilogue the model applies (bias, GELU, SiLU, a residual add, SwiGLU's product).  Columns,
-microseconds per call (median of rounds that run every variant in turn, CUDA events):
+microseconds per call, twice: ``wall`` (median of rounds that run every variant in turn, CUDA
+events around many calls: the host's per-call overhead is in it, and at these sizes it is
+often larger than the GPU work) and ``gpu`` (the profiler's summed kernel time of one call,
+and how many kernels it launches):
 
 * ``extern``: fxwrap, ``options={"templates": "off"}`` -- cuBLAS, then the epilogue kernel;
 * ``template``: fxwrap, ``"always"`` -- the Triton GEMM with the epilogue fused;
@@ -17,7 +20,8 @@ microseconds per call (median of rounds that run every variant in turn, CUDA eve
 * ``eager``.
 
 The issue's bar: ``auto`` never slower than ``extern`` (within noise, 3%), and the template
-chosen on at least half of the layers where it wins.
+chosen on at least half of the layers where it wins; the last lines count both on GPU time
+and on wall time.
 """
 from __future__ import annotations
 
@@ -85,6 +89,21 @@ def time_us(fn, args, reps: int) -> float:
     return start.elapsed_time(end) / reps * 1e3
 
 
+def gpu_time_us(fn, args, reps: int = 20) -> tuple[float, float]:
+    """``(kernels per call, GPU microseconds per call)``: the device time of every CUDA kernel
+    one call launches (the profiler's, summed), free of the host's per-call overhead, which
+    at these sizes is larger than the GPU work (the wall-clock columns measure it too)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn(*args)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(kernels) / reps, sum(e.device_time for e in kernels) / reps
+
+
 def template_config(programs) -> str:
     """The tiling the template kernel of ``programs`` runs with: ``MBLOCKxNBLOCKxKBLOCK/warps/stages``."""
     for p in programs:
@@ -142,8 +161,10 @@ def run_layer(row, dtype, rounds: int, reps: int, inductor: bool = True) -> dict
         for key, f in variants.items():
             times[key].append(time_us(f, args, reps))
     med = {k: statistics.median(v) for k, v in times.items()}
+    gpu = {k: gpu_time_us(f, args) for k, f in variants.items()}
     return {"model": model, "layer": name, "M": M, "K": K, "N": N, "bias": has_bias, "epilogue": epilogue,
-            "us": med, "chose": chose_template(programs["auto"]), "config": template_config(programs["always"]),
+            "us": med, "gpu_us": {k: v[1] for k, v in gpu.items()}, "kernels": {k: v[0] for k, v in gpu.items()},
+            "chose": chose_template(programs["auto"]), "config": template_config(programs["always"]),
             "choice_ms": choice_times(programs["auto"]), "template_applied":
             chose_template(programs["always"]) == "template", "max_rel_error": errors}
 
@@ -163,28 +184,29 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     wanted = set(filter(None, args.layers.split(",")))
     rows = [r for r in LAYERS if not wanted or r[0] in wanted]
-    print(f"{torch.cuda.get_device_name()}, {args.dtype}, torch {torch.__version__}; us per call, median of "
-          f"{args.rounds} rounds x {args.reps} calls")
-    head = f"{'layer':<26}{'MxKxN':>18}{'epilogue':>10}{'extern':>9}{'template':>9}{'auto':>9}" \
-           f"{'inductor':>9}{'eager':>9}  chose     tmpl/ext  tiling  [compile-time ms]"
-    print(head)
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}, torch {torch.__version__}; per layer two rows, "
+          f"microseconds per call: 'wall' (median of {args.rounds} rounds x {args.reps} calls, host overhead "
+          "included) and 'gpu' (the profiler's summed kernel time, kernels per call in brackets)")
+    variants = ("extern", "template", "auto", "inductor", "eager")
+    print(f"{'layer':<26}{'MxKxN':>18}{'epilogue':>10}     " + "".join(f"{v:>14}" for v in variants)
+          + "  chose     tiling  [compile-time ms]")
     results = []
     for row in rows:
         r = run_layer(row, dtype, args.rounds, args.reps, inductor=not args.no_inductor)
         results.append(r)
-        u = r["us"]
         label, dims = f"{r['model']}.{r['layer']}", f"{r['M']}x{r['K']}x{r['N']}"
-        print(f"{label:<26}{dims:>18}{r['epilogue']:>10}"
-              f"{u['extern']:9.1f}{u['template']:9.1f}{u['auto']:9.1f}{u.get('inductor', float('nan')):9.1f}"
-              f"{u['eager']:9.1f}"
-              f"  {r['chose']:<9} {u['template'] / u['extern']:.2f}  {r['config']}  [{r['choice_ms']}]"
-              + ("" if r["template_applied"] else "  (template refused)"), flush=True)
-    wins = [r for r in results if r["us"]["template"] < r["us"]["extern"] * 0.97]
-    chosen_wins = [r for r in wins if r["chose"] == "template"]
-    slower = [r for r in results if r["us"]["auto"] > r["us"]["extern"] * 1.03]
-    print(f"template faster than extern on {len(wins)}/{len(results)} layers; chosen on {len(chosen_wins)} "
-          f"of those; auto slower than extern (>3%) on {len(slower)}: "
-          f"{[r['model'] + '.' + r['layer'] for r in slower]}")
+        wall = "".join(f"{r['us'][v]:14.1f}" if v in r["us"] else f"{'-':>14}" for v in variants)
+        gpu = "".join(f"{r['gpu_us'][v]:10.1f} [{r['kernels'][v]:.0f}]" if v in r["gpu_us"] else f"{'-':>14}"
+                      for v in variants)
+        print(f"{label:<26}{dims:>18}{r['epilogue']:>10} wall{wall}  {r['chose']:<9} {r['config']}  "
+              f"[{r['choice_ms']}]" + ("" if r["template_applied"] else "  (template refused)"))
+        print(f"{'':<54} gpu {gpu}", flush=True)
+    for key, what in (("gpu_us", "GPU time"), ("us", "wall time")):
+        wins = [r for r in results if r[key]["template"] < r[key]["extern"] * 0.97]
+        chosen = [r for r in wins if r["chose"] == "template"]
+        slower = [f"{r['model']}.{r['layer']}" for r in results if r[key]["auto"] > r[key]["extern"] * 1.03]
+        print(f"{what}: template faster than extern (by >3%) on {len(wins)}/{len(results)} layers, chosen by "
+              f"auto on {len(chosen)} of those; auto slower than extern (>3%) on {len(slower)}: {slower}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "dtype": args.dtype, "rows": results}, f, indent=1)
