@@ -97,7 +97,7 @@ def run_child(opts) -> list[dict]:
             want = fn(*args)
             tol = 5e-2 if dtype == torch.bfloat16 else 1e-3
             for name, c in backends.items():
-                torch.testing.assert_close(c(*args), want, atol=tol, rtol=tol, msg=f"{case} {name}")
+                torch.testing.assert_close(c(*args), want, atol=tol, rtol=tol, msg=lambda m: f"{case} {name}: {m}")
             samples = {name: [] for name in backends}
             for _ in range(opts.rounds):
                 for name, c in backends.items():

@@ -63,7 +63,9 @@ aten = torch.ops.aten
 TEMPLATE_MODES = ("auto", "off", "always")
 
 #: The ops the builder knows how to state as a ``TemplateCall`` (a product over k).
-GEMM_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
+#: ``_weight_int8pack_mm(x, w, scales)``: ``operands = (x, w viewed as (K, N), scales)``,
+#: ``template_out`` the product, the epilogue multiplies by ``scales[n]``.
+GEMM_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten._weight_int8pack_mm.default})
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,9 @@ class TemplateCall:
     ``op``: the ATen overload (``aten.addmm.default``); ``node``: the ATen node's name;
     ``operands``: the product's operand buffers (``Buffer``: name, size, stride, dtype;
     views keep their own strides: a transposed weight is ``stride (1, K)``), ``(a, b)``
-    with ``a`` of size ``(batch..., M, K)`` and ``b`` of ``(batch..., K, N)``;
+    with ``a`` of size ``(batch..., M, K)`` and ``b`` of ``(batch..., K, N)``, then any
+    other buffer the op reads (``_weight_int8pack_mm``: its int8 ``w`` as ``b``, the same
+    buffer through transposed strides, and ``scales``); ``kernel.inputs`` start with them;
     ``output``: the op's result buffer (its layout; not stored when no one reads it);
     ``sizes``: ``(("batch", B), ("m", M), ("n", N), ("k", K))``, sympy expressions of
     the program's size symbols; ``hints``: the same as ints (the sizes of the example
@@ -98,7 +102,7 @@ class TemplateCall:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The operands' dtype (both the same: the builder makes no call otherwise)."""
+        """The dtype of ``a`` (and of ``b``, but for the int8 weight of ``_weight_int8pack_mm``)."""
         return self.operands[0].dtype
 
     def accumulator(self) -> Op:
@@ -178,7 +182,7 @@ def check_template(template, who: str = "a plugin") -> None:
 @dataclass
 class TemplateChoiceRecord:
     """What the builder chose for one template group: ``chosen`` (a template name or
-    ``"extern"``), ``times`` (candidate -> median milliseconds; empty under "always"),
+    ``"extern"``), ``times`` (candidate -> milliseconds, its fastest round; empty under "always"),
     ``call`` (the ``TemplateCall``), ``reasons`` (template name -> why it did not apply)."""
 
     kernel: str

@@ -359,7 +359,7 @@ class KernelBuilder(build._Builder):
             self._store_shared_values(node)
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
-            if extern.is_view(node.target) and args and isinstance(args[0], Stored) \
+            if node.target in _RESHAPES and args and isinstance(args[0], Stored) \
                     and args[0].buffer.name in self.template_externs:
                 # a view of a template's result stays lazy: its readers can join the template's
                 # epilogue (``scheduler._reshaped``: a 3-D linear layer's activation)
@@ -392,7 +392,9 @@ class KernelBuilder(build._Builder):
         build._Builder.call_function(self, node)
         made = self.items[mark:]
         out = self.env.get(node)
-        if not (isinstance(out, Buffer) and [type(ln) for ln in made] == [Allocate, CallExtern]):
+        # the op's out= call into a buffer of ours, or (no out= overload: _weight_int8pack_mm)
+        # the functional call whose result it is
+        if not (isinstance(out, Buffer) and [type(ln) for ln in made] in ([Allocate, CallExtern], [CallExtern])):
             return
         call = self._template_call(node, out)
         if call is None:
@@ -411,22 +413,31 @@ class KernelBuilder(build._Builder):
                               **self.job_origins([node.name])))
 
     def _template_call(self, node, out: Buffer) -> TemplateCall | None:
-        """The ``TemplateCall`` of a GEMM node (mm, addmm, bmm) whose operands are buffers
-        of one floating dtype; None otherwise (the node stays its ATen call)."""
+        """The ``TemplateCall`` of a GEMM node (mm, addmm, bmm: operands of one floating dtype;
+        ``_weight_int8pack_mm(x, w, scales)``: ``w`` int8 ``(N, K)``, presented as the operand
+        ``b`` of size ``(K, N)`` -- the same buffer through transposed strides --, ``scales``
+        a third operand); None otherwise (the node stays its ATen call)."""
         op = node.target
         args = [self.value(a) for a in node.args]
         aten = torch.ops.aten
+        extra: tuple = ()
         if op in (aten.mm.default, aten.bmm.default):
             a, b = args[:2]
         elif op == aten.addmm.default:
             a, b = args[1:3]
             if not isinstance(args[0], Buffer):
                 return None
+        elif op == aten._weight_int8pack_mm.default:
+            a, w, scales = args[:3]
+            if not all(isinstance(t, Buffer) for t in (a, w, scales)) or w.dtype != torch.int8 or len(w.size) != 2:
+                return None
+            b = Buffer(w.name, (w.size[1], w.size[0]), (w.stride[1], w.stride[0]), w.dtype, w.device, w.offset)
+            extra = (scales,)
         else:
             return None
-        if not (isinstance(a, Buffer) and isinstance(b, Buffer)) or a.dtype != b.dtype or a.dtype != out.dtype:
+        if not (isinstance(a, Buffer) and isinstance(b, Buffer)) or a.dtype != out.dtype:
             return None
-        if not a.dtype.is_floating_point:
+        if not a.dtype.is_floating_point or (b.dtype != a.dtype and op != aten._weight_int8pack_mm.default):
             return None
         rank = 3 if op == aten.bmm.default else 2
         if len(a.size) != rank or len(b.size) != rank or len(out.size) != rank:
@@ -435,12 +446,16 @@ class KernelBuilder(build._Builder):
         sizes = (("batch", sympy.sympify(batch)), ("m", a.size[-2]), ("n", b.size[-1]), ("k", a.size[-1]))
         hints = tuple((k, evaluate(v, self.out.hints)) for k, v in sizes)
         acc = torch.float64 if a.dtype == torch.float64 else torch.float32
-        return TemplateCall(op, node.name, (a, b), out, sizes, hints, acc, tuple(xvar(i) for i in range(rank)))
+        return TemplateCall(op, node.name, (a, b, *extra), out, sizes, hints, acc,
+                            tuple(xvar(i) for i in range(rank)))
 
     def _template_value(self, node, call: TemplateCall, xs):
         """The op's result at ``xs`` over ``template_out``: the product, and for ``addmm``
         ``beta * bias + alpha * product`` (``beta=0`` ignores the bias, as eager does)."""
         acc = call.accumulator()
+        if call.op == torch.ops.aten._weight_int8pack_mm.default:  # the product times scales[n]
+            scales = broadcast(loads(call.operands[2]), call.output.size)(xs)
+            return Op("mul", call.acc_dtype, (acc, cast(scales, call.acc_dtype)))
         if call.op != torch.ops.aten.addmm.default:
             return acc
         beta = node.kwargs.get("beta", 1)
@@ -576,6 +591,12 @@ class KernelBuilder(build._Builder):
         loads.append((made.kernel, made.source))
         built.kernels.append(KernelRecord(made.scheduled, made.source, tuple(group.roots), group.started_because))
         _log_kernel(made.scheduled, made.source, group)
+
+
+#: views that keep the row-major order of elements: a template's result seen through one
+#: stays lazy, so that the epilogue over it joins the template (``scheduler._reshaped``)
+_RESHAPES = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
+                       torch.ops.aten.reshape.default, torch.ops.aten.alias.default})
 
 
 @dataclasses.dataclass

@@ -616,7 +616,7 @@ class Comment(Line):
 class TemplateChoice(Comment):
     """``# template cpp_gemm: 0.212 ms (chosen); aten.addmm + epilogue: 0.251 ms``: which
     candidate computes a template group (``fxwrap.core.templates``), and the measured
-    medians, printed above the launch it chose (a ``Comment``: the FX node of that launch
+    times (each its fastest round), printed above the launch it chose (a ``Comment``: the FX node of that launch
     gets it in ``meta["comment"]``).  ``chosen``: a template's name or ``"extern"``;
     ``times``: ``((candidate, milliseconds), ...)``, empty when nothing was timed
     (``templates="always"``, or a single candidate)."""

@@ -2,8 +2,9 @@
 the ATen extern (the op's call, then the epilogue as a pointwise kernel).
 
 ``choose(builder, group, ...)`` renders every candidate, and under ``templates="auto"``
-times them on the size hints with fresh random inputs, interleaved, taking medians
-(``time_candidates``), with the times cached on disk (``core.templates.TimingCache``).
+times them on the size hints with fresh random inputs, interleaved round by round, each
+candidate's time its fastest round (``time_candidates``), with the times cached on disk
+(``core.templates.TimingCache``).
 The extern wins ties: a template never makes a program slower than the ATen call.
 The lines it returns for ``relu(linear(x, w, b))`` when the template wins::
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
 import time
 
 import sympy
@@ -129,7 +129,7 @@ TARGET_SECONDS = 2e-3  # each timed sample runs the candidate this long at least
 
 
 def time_candidates(builder, emitter, candidates: list, extern: list) -> dict[str, float]:
-    """``{candidate: median ms}`` of each template candidate and of the extern (``EXTERN``),
+    """``{candidate: ms}`` (the fastest of ``ROUNDS`` rounds) of each template candidate and of the extern (``EXTERN``),
     on random inputs at the size hints, interleaved round by round; cached on disk."""
     hints = builder.out.hints
     target = builder.target
@@ -259,4 +259,6 @@ def _measure(runs: dict, emitter, hints: dict, target) -> dict[str, float]:
     for _ in range(ROUNDS):
         for name, calls in steps.items():
             samples[name].append(run(calls, reps[name]))
-    return {name: statistics.median(s) * 1e3 for name, s in samples.items()}
+    # the fastest round: other processes on the machine only ever add time (a shared CPU's
+    # medians swing 2x between candidates run a moment apart)
+    return {name: min(s) * 1e3 for name, s in samples.items()}

@@ -127,6 +127,9 @@ def test_auto_records_the_choice_with_times():
     faster = "extern" if times["extern"] <= times["cpp_gemm"] else "cpp_gemm"
     assert choices[0].chosen == faster  # the extern wins ties
     assert ("template cpp_gemm" in programs[0].code()) and "ms" in programs[0].code()
+    # the FX node of the chosen launch carries it
+    noted = [n for n in programs[0].graph_module.graph.nodes if "template cpp_gemm" in str(n.meta.get("comment", ""))]
+    assert len(noted) == 1 and noted[0].op == "call_function"
     if faster == "extern":
         assert gemm_externs(programs)
     else:
@@ -187,3 +190,13 @@ def test_3d_linear_epilogue_fused_through_the_reshape(templates):
             assert len(launches(programs)) == 1 and not gemm_externs(programs)
         elif fn is plain:
             assert not launches(programs) and len(gemm_externs(programs)) == 1
+
+
+def test_operand_made_by_a_kernel_is_stored_for_the_template():
+    """The template reads its operands from memory: a pointwise value feeding the product
+    (and read by nothing else) is stored by its kernel, not dropped (scheduler.template_reads)."""
+    fn = lambda a, w: torch.mm(torch.relu(a) * 3, w) + 1  # noqa: E731
+    c, programs = compiled(fn)
+    a, w = torch.randn(18, 26), torch.randn(26, 34)
+    torch.testing.assert_close(c(a, w), fn(a, w), atol=1e-4, rtol=1e-4)
+    assert len(launches(programs)) == 2 and len(template_kernels(programs)) == 1

@@ -87,3 +87,17 @@ def test_hook_returning_no_template_is_a_plugin_error():
     manager = manager_with("tiny_template", "bad_template")
     with pytest.raises(PluginError, match=r"plugin 'bad_template'.*'my_gemm', not an fxwrap.Template"):
         manager.session(manager.target("tiny"))
+
+
+def test_int8_weight_only_product_as_a_template_call():
+    """``_weight_int8pack_mm(x, w, scales)``: the template computes the product with ``w``
+    as its (K, N) operand, the epilogue multiplies by ``scales[n]`` (and runs the relu)."""
+    fn = lambda x, w, s: torch.relu(torch.ops.aten._weight_int8pack_mm(x, w, s))  # noqa: E731
+    args = (torch.randn(5, 64, dtype=torch.bfloat16), torch.randint(-128, 128, (24, 64), dtype=torch.int8),
+            torch.rand(24, dtype=torch.bfloat16))
+    with use_plugin_manager(manager_with("tiny_template")):
+        out, lines = run(fn, args, "always")
+    torch.testing.assert_close(out, fn(*args), atol=1e-2, rtol=1e-2)
+    (choice,) = [ln for ln in lines if isinstance(ln, TemplateChoice)]
+    assert choice.chosen == "torch_gemm"
+    assert not any(isinstance(ln, CallExtern) and ln.op == aten._weight_int8pack_mm.default for ln in lines)

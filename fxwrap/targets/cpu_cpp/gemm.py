@@ -46,11 +46,57 @@ typedef float fx_v16f_u __attribute__((vector_size(64), aligned(4)));
 static inline float fx_gemm_float(float v) { return v; }
 static inline float fx_gemm_float(fx_bf16 v) { return fx_bf16_to_float(v); }
 
+#if defined(__AVX512F__)
+// dst[u * dst_ld + r] = src[r * src_ld + u] for 16 rows r and 16 32-bit units u (src_ld in bytes):
+// a 16 x 16 transpose in registers (unpack 32, unpack 64, two 128-bit lane shuffles)
+static inline void fx_gemm_transpose16(const char* __restrict__ src, int64_t src_ld, uint32_t* __restrict__ dst,
+                                       int64_t dst_ld) {
+  __m512i r[16], t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512((const void*)(src + i * src_ld));
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {  // r[4g + j]: lane L holds unit 4L + j of rows 4g .. 4g + 3
+    r[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m512i u0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44), u1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+    const __m512i v0 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+    _mm512_storeu_si512((void*)(dst + (0 + j) * dst_ld), _mm512_shuffle_i32x4(u0, v0, 0x88));
+    _mm512_storeu_si512((void*)(dst + (4 + j) * dst_ld), _mm512_shuffle_i32x4(u0, v0, 0xDD));
+    _mm512_storeu_si512((void*)(dst + (8 + j) * dst_ld), _mm512_shuffle_i32x4(u1, v1, 0x88));
+    _mm512_storeu_si512((void*)(dst + (12 + j) * dst_ld), _mm512_shuffle_i32x4(u1, v1, 0xDD));
+  }
+}
+#define FX_GEMM_TRANSPOSE 1
+#endif
+
 // Bp[k][NV*16] <- B[k0 + k, n0 + n] (zero past nc): one float panel, whatever B's strides
 template <int NV, typename TB>
 static inline void fx_gemm_pack_f32(const TB* __restrict__ B, int64_t sbk, int64_t sbn, int64_t kc, int64_t nc,
                                     float* __restrict__ Bp) {
   constexpr int NR = NV * 16;
+#if defined(FX_GEMM_TRANSPOSE)
+  if (std::is_same<TB, float>::value && sbk == 1 && nc == NR && kc >= 16) {  // a transposed weight
+    const int64_t full = kc / 16 * 16;
+    for (int64_t k = 0; k < full; k += 16)
+#pragma GCC unroll 4
+      for (int s = 0; s < NV; ++s)
+        fx_gemm_transpose16((const char*)(B + s * 16 * sbn + k), sbn * 4, (uint32_t*)Bp + k * NR + s * 16, NR);
+    for (int64_t n = 0; n < NR; ++n)
+      for (int64_t k = full; k < kc; ++k) Bp[k * NR + n] = fx_gemm_float(B[k + n * sbn]);
+    return;
+  }
+#endif
   if (sbn == 1 && nc == NR) {
     for (int64_t k = 0; k < kc; ++k)
       for (int n = 0; n < NR; ++n) Bp[k * NR + n] = fx_gemm_float(B[k * sbk + n]);
@@ -106,6 +152,22 @@ static inline void fx_gemm_pack_bf16(const fx_bf16* __restrict__ B, int64_t sbk,
                                      int64_t nc, fx_bf16* __restrict__ Bp) {
   constexpr int NR = NV * 16;
   const int64_t pairs = (kc + 1) / 2;
+#if defined(FX_GEMM_TRANSPOSE)
+  if (sbk == 1 && nc == NR && kc >= 32) {  // a transposed weight: k pairs are 32-bit units of its rows
+    const int64_t full = kc / 32 * 16;   // pairs in whole 16-pair blocks
+    for (int64_t p = 0; p < full; p += 16)
+#pragma GCC unroll 4
+      for (int s = 0; s < NV; ++s)
+        fx_gemm_transpose16((const char*)(B + s * 16 * sbn + 2 * p), sbn * 2, (uint32_t*)Bp + p * NR + s * 16, NR);
+    for (int64_t n = 0; n < NR; ++n)
+      for (int64_t p = full; p < pairs; ++p) {
+        const int64_t k = 2 * p;
+        Bp[(p * NR + n) * 2] = B[k + n * sbn];
+        Bp[(p * NR + n) * 2 + 1] = k + 1 < kc ? B[k + 1 + n * sbn] : (fx_bf16)0;
+      }
+    return;
+  }
+#endif
   for (int64_t n = 0; n < NR; ++n) {
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t k = 2 * p;

@@ -20,9 +20,11 @@ rendered = []  # kernel names the template rendered
 
 class TorchGemm(fxwrap.Template):
     name = "torch_gemm"
-    ops = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
+    ops = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten._weight_int8pack_mm.default})
 
     def refusal(self, call):
+        if call.op == aten._weight_int8pack_mm.default:
+            return None
         return None if call.dtype == torch.float32 else f"{call.dtype} (float32 only)"
 
     def render(self, kernel, emitter):
@@ -35,16 +37,19 @@ class TorchGemm(fxwrap.Template):
         inner = dataclasses.replace(kernel, inputs=(*kernel.inputs, acc), stores=stores, template=None)
         rendered.append(kernel.name)
         return KernelSource(kernel.name, f"# torch_gemm {call.describe()}", emitter.language,
-                            launch={"kernel": inner, "gemm_inputs": len(kernel.inputs)})
+                            launch={"kernel": inner, "gemm_inputs": len(kernel.inputs),
+                                    "int8": call.op == aten._weight_int8pack_mm.default})
 
 
 class GemmLauncher:
     def __init__(self, launch):
         self.epilogue = ReferenceLauncher(launch["kernel"])
         self.n_inputs = launch["gemm_inputs"]
+        self.int8 = launch["int8"]
 
     def __call__(self, *args):
-        product = torch.matmul(args[0].float(), args[1].float()).contiguous()
+        b = args[1].float().t() if self.int8 else args[1].float()  # int8 w is (N, K)
+        product = torch.matmul(args[0].float(), b).contiguous()
         return self.epilogue(*args[:self.n_inputs], product, *args[self.n_inputs:])
 
 
