@@ -13,6 +13,7 @@ name ``target="arena"``) with these pieces.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,11 @@ class DeviceInterface:
     * ``device_count()``: how many devices of this type; the Triton launchers skip
       the per-call device check when it is 1.
     * ``is_available()``: whether the device is there; autotuning runs only then.
+    * ``time_calls(run, n, device)``: seconds per call of ``run()`` over ``n`` calls, how
+      the template choice (``wrapper_ir/template_choice.py``) times its candidates.  The
+      default is the host clock between two ``synchronize`` calls; a device with a queue
+      times the device's own work instead (CUDA: events, behind a spin so the launches
+      are queued before the device starts).
     """
 
     device_type: str = ""
@@ -56,6 +62,14 @@ class DeviceInterface:
 
     def device_count(self) -> int:
         return 1 if self.is_available() else 0
+
+    def time_calls(self, run, n: int, device=None) -> float:
+        self.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            run()
+        self.synchronize(device)
+        return (time.perf_counter() - start) / n
 
     def capabilities(self) -> dict:
         return {}

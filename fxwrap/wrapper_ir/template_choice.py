@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
 import sympy
 import torch
@@ -245,13 +244,10 @@ def _measure(runs: dict, emitter, hints: dict, target) -> dict[str, float]:
     device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
 
     def run(calls, n: int) -> float:
-        target.device.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(n):
+        def once():
             for fn, args, kwargs in calls:
                 fn(*args, **kwargs)
-        target.device.synchronize(device)
-        return (time.perf_counter() - start) / n
+        return target.device.time_calls(once, n, device)  # the device's own clock where it has one
 
     reps = {}
     for name, calls in steps.items():
