@@ -8,7 +8,9 @@
 Per model and variant (``inference-fp32``, ``inference-bf16``, ``training-fp32``,
 ``training-bf16``): milliseconds per iteration of each backend (the median of rounds
 that run eager, Inductor and fxwrap one after the other, so machine noise hits all
-three alike), the ratios, the first-call (compile) time of Inductor and fxwrap, and a
+three alike), the ratios, the first-call (compile) time of Inductor and fxwrap (with
+the whole-graph caches of both off: Inductor's FX graph and AOTAutograd caches, fxwrap's
+program cache; the per-kernel binary caches of both stay as they are), and a
 correctness check against eager (the output; for training the loss and every
 parameter's gradient).  On CUDA also: peak memory of each backend, CUDA kernels per
 iteration, GPU kernel time per iteration, and host time per call (the Python time of
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import importlib
 import json
 import math
 import os
@@ -186,7 +189,7 @@ def run_one(entry, variant, args, device) -> dict:
     backends = {"eager": eager,
                 "inductor": torch.compile(copy.deepcopy(base)),
                 "fxwrap": torch.compile(copy.deepcopy(base), backend="fxwrap",
-                                        options={"on_program": on_program})}
+                                        options={**args.options, "on_program": on_program, "cache": False})}
     result = {"model": entry.name, "variant": variant}
     outs = {}
     for name, model in backends.items():
@@ -295,6 +298,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--options", type=json.loads, default={},
+                        help='fxwrap options as JSON, e.g. \'{"partition": "min_cut"}\'')
     args = parser.parse_args(argv)
     device = args.device
     names = args.models.split(",") if args.models else [m.name for m in suite_models.MODELS]
@@ -307,6 +312,9 @@ def main(argv=None) -> int:
     unknown = set(names) - {m.name for m in suite_models.MODELS} | set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown model(s)/variant(s) {sorted(unknown)}")
+    # the compile column measures a compile, not a cache hit (see the module docstring)
+    importlib.import_module("torch._inductor.config").fx_graph_cache = False
+    importlib.import_module("torch._functorch.config").enable_autograd_cache = False
     print(f"# {device}: torch {torch.__version__}, {torch.get_num_threads()} threads"
           + (f", {torch.cuda.get_device_name()}" if device == "cuda" else ""), flush=True)
     results = []

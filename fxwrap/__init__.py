@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "LoadedTrainingPrograms": "fxwrap.artifacts", "ProgramFileError": "fxwrap.artifacts",
     "MemoryPlan": "fxwrap.core.memory",
     "ProfileReport": "fxwrap.profiling", "profile": "fxwrap.profiling",
-    "EmitError": "fxwrap.core.errors",
+    "EmitError": "fxwrap.core.errors", "UnsupportedUserKernel": "fxwrap.core.errors",
     "hookimpl": "fxwrap.plugins.hookspecs", "hookspec": "fxwrap.plugins.hookspecs",
     "PluginError": "fxwrap.plugins.manager", "PluginManager": "fxwrap.plugins.manager",
     "get_plugin_manager": "fxwrap.plugins.manager", "installed_entry_points": "fxwrap.plugins.manager",
@@ -35,9 +35,11 @@ _EXPORTS: dict[str, str] = {
     "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
     "CStyleEmitter": "fxwrap.targets.cstyle",
     "Origin": "fxwrap.runtime.provenance",
+    "Template": "fxwrap.core.templates", "TemplateCall": "fxwrap.core.templates",
 }
 _SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines",
-                                "control_flow": "fxwrap.wrapper_ir.control_flow"}
+                                "control_flow": "fxwrap.wrapper_ir.control_flow",
+                                "collectives": "fxwrap.wrapper_ir.collectives"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
@@ -60,8 +62,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.api import Backend, Program, TrainingPrograms, compile, lower  # noqa: F401
     from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
-    from fxwrap.core.errors import EmitError  # noqa: F401
+    from fxwrap.core.errors import EmitError, UnsupportedUserKernel  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
+    from fxwrap.core.templates import Template, TemplateCall  # noqa: F401
     from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401
     from fxwrap.profiling import ProfileReport, profile  # noqa: F401
     from fxwrap.plugins.manager import (  # noqa: F401
@@ -76,5 +79,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.cpu_cpp.emitter import CppEmitter  # noqa: F401
     from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
-    from fxwrap.wrapper_ir import control_flow, lines  # noqa: F401
+    from fxwrap.wrapper_ir import collectives, control_flow, lines  # noqa: F401
     from fxwrap.runtime.provenance import Origin  # noqa: F401

@@ -23,12 +23,14 @@ import torch
 from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
 from fxwrap.core.capture import capture_backend
+from fxwrap.core import patterns
 from fxwrap.core.layout import channels_last_convolutions
 from fxwrap.core.memory import MemoryPlan, describe_plan, plan_memory
 from fxwrap.dump import ProgramDump
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
 from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
+from fxwrap.runtime.boxed import ListCall
 from fxwrap.runtime.cudagraphs import CudaGraphRunner
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
@@ -142,6 +144,9 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if kind == "inference" and session.capabilities.get("convolution_layout") == "channels_last":
         with timer.phase("layout"):
             channels_last_convolutions(gm)
+    if session.generates_kernels and options.kernels and options.templates != "off":
+        with timer.phase("patterns"):
+            rewrite_patterns(gm, session)
     if session.generates_kernels and options.kernels:
         built = KernelBuilder(gm, session, timer=timer, label=f"{kind} program").run()
     else:
@@ -171,6 +176,16 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if cache is not None:
         cache.store(key, program)
     return program
+
+
+def rewrite_patterns(gm: torch.fx.GraphModule, session: CompileSession) -> None:
+    """The ATen-graph rewrites of ``fxwrap.core.patterns`` that the session's templates ask
+    for: the dequantize-and-linear pattern becomes ``_weight_int8pack_mm`` where a template
+    computes that op, and only where ATen's own kernel of it (the template's fallback and
+    rival) is exact for the shapes."""
+    if any(patterns.INT8_MM in t.ops for t in session.templates):
+        patterns.int8_weight_only_linears(
+            gm, lambda x, w, scale: patterns.aten_int8_mm_refusal(x.dtype, x.shape[-1]) is None)
 
 
 def finish_program(program: Program, session: CompileSession) -> Program:
@@ -252,6 +267,8 @@ class Backend:
             if options.on_program is not None:
                 options.on_program(program)
             if not lowering:
+                if isinstance(program.runner, torch.fx.GraphModule):
+                    return ListCall(program.runner)  # inputs freed at their last use
                 return program.runner
             runner = program.runner
 

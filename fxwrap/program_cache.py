@@ -11,8 +11,10 @@ under a key of everything the program depends on::
                  offsets, dtypes, devices; symbolic ones as expressions) and the shape
                  environment's guards, ranges and hints; the tensors of its get_attr
                  constants, by value; the program kind (inference/forward/backward);
-                 the compile options; the target's name, device type, options and device
-                 capabilities; the host CPU; the loaded plugins; $CXX and FXWRAP_* settings;
+                 the user Triton kernels it launches (sources, by Triton's cache_key;
+                 configs; constant arguments); the compile options; the target's name,
+                 device type, options and device capabilities; the host CPU; the loaded
+                 plugins; $CXX and FXWRAP_* settings;
                  the versions of Python, torch, Triton and fxwrap, and the hash of every
                  file of the fxwrap package, so an edited checkout misses)
 
@@ -41,6 +43,7 @@ from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, fxwrap_version, pick
 from fxwrap.runtime.graph_records import kernels_of
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
+from fxwrap.wrapper_ir.build_user_kernels import user_kernel_key
 
 log = logging.getLogger("fxwrap")
 
@@ -154,6 +157,7 @@ def program_key(gm: torch.fx.GraphModule, session, kind: str) -> str:
     target = session.target
     add(("fxwrap program cache", FORMAT_VERSION, kind))
     add(gm.code)
+    add(user_kernel_key(gm))  # user Triton kernels: the graph names them by a per-process index
     for node in gm.graph.nodes:
         add((node.op, node.name, _describe(node.meta.get("val"))))
         if node.op == "get_attr":

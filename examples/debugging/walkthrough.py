@@ -4,6 +4,8 @@ where the time goes with fxwrap.profile, in a small transformer block.
     PYTHONPATH=examples/debugging python examples/debugging/walkthrough.py
 """
 import importlib.metadata
+import os
+import tempfile
 
 import torch
 
@@ -43,4 +45,4 @@ program = fxwrap.lower(model, x, target="cpu")
 torch.testing.assert_close(program.run(x), model(x), rtol=1e-4, atol=1e-4)
 report = fxwrap.profile(program, x, warmup=3, iters=20)
 print(report)
-print("wrote", report.to_chrome_trace("transformer_trace.json"))
+print("wrote", report.to_chrome_trace(os.path.join(tempfile.mkdtemp(prefix="fxwrap-trace-"), "transformer_trace.json")))

@@ -8,7 +8,9 @@
 AOTAutograd traces the forward (and, when inputs need grad, the backward) into
 ATen/prims graphs after applying ``decompositions`` and calls
 ``compile_graph(aten_gm, example_inputs, kind)`` with kind ``"inference"``,
-``"forward"`` or ``"backward"``.  With ``dynamic=True`` the graphs take size
+``"forward"`` or ``"backward"``; a result with a ``boxed(args_list)`` method
+(``runtime.boxed.ListCall``) is called that way, so the program can release each input
+(a saved activation, in the backward) at its last use.  With ``dynamic=True`` the graphs take size
 symbols (``s0``) as inputs beside the tensors.
 """
 from __future__ import annotations
@@ -81,20 +83,28 @@ def aten_graph_text(gm: torch.fx.GraphModule) -> str:
     return gm.print_readable(print_output=False)
 
 
-def capture_backend(compile_graph: Callable, decompositions: dict, partition: str = "default") -> Callable:
+def capture_backend(compile_graph: Callable, decompositions: dict, partition: str = "min_cut") -> Callable:
     """A dynamo backend that hands every ATen graph AOTAutograd makes to ``compile_graph``.
 
     ``partition``: how a training graph is split (``CompileOptions.partition``).
-    ``"default"`` saves every value the backward reads; ``"min_cut"`` (AOTAutograd's
-    min-cut rematerialization, Inductor's choice) saves for the backward the fewest
-    bytes it can and recomputes cheap pointwise values there.
+    ``"min_cut"`` (AOTAutograd's min-cut rematerialization, Inductor's choice) saves for
+    the backward the fewest bytes it can and recomputes cheap pointwise values there;
+    ``"save_all"`` saves every value the backward reads.
     """
 
     def compiler(kind: str):
         def compile_boxed(gm: torch.fx.GraphModule, example_inputs):
             if logs.enabled("capture"):
                 logs.logger("capture").debug("%s ATen graph:\n%s", kind, aten_graph_text(gm))
-            return make_boxed_func(compile_graph(gm, example_inputs, kind))
+            compiled = compile_graph(gm, example_inputs, kind)
+            boxed = getattr(compiled, "boxed", None)
+            if boxed is None:
+                return make_boxed_func(compiled)
+
+            def call(args: list):  # the list is emptied by the program (runtime/boxed.py)
+                return boxed(args)
+            call._boxed_call = True
+            return call
         return compile_boxed
 
     return aot_autograd(
@@ -113,4 +123,4 @@ def _min_cut(joint_module, joint_inputs, **kwargs):
     return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor", **kwargs)
 
 
-_PARTITIONS = {"min_cut": _min_cut, "default": default_partition}
+_PARTITIONS = {"min_cut": _min_cut, "save_all": default_partition}

@@ -11,3 +11,9 @@ class EmitError(NotImplementedError):
         raise EmitError("op 'erf' has no rendering on target 'arena': add it to "
                         "ArenaEmitter.code_for_op or leave aten.erf an extern")
     """
+
+
+class UnsupportedUserKernel(RuntimeError):
+    """A user-written Triton kernel (``kernel[grid](...)``, ``torch.library.triton_op``) that a
+    program cannot launch: names the kernel, the target and what to do.  Not an ``EmitError``:
+    there is no extern call to fall back to."""

@@ -39,7 +39,9 @@ exact in 16-bit floats):
   ``index`` (``arg``: an int expression, its value: iota/arange); ``acc``
   (``arg``: ``(reduction_name, field)``, the result of a reduction of this kernel;
   field 0 except for ``welford``: 0 mean, 1 m2, 2 count; and ``argmax``/``argmin``:
-  0 index, 1 value); ``load``, below.
+  0 index, 1 value); ``template_out`` (``arg``: ``(buffer, (x0, x1))``, the accumulator
+  of the kernel's template at that output element: ``fxwrap.core.templates``);
+  ``load``, below.
 * unary (``src=(x,)``): see ``UNARY``; ``cast`` converts ``x`` to ``dtype``.
 * binary (``src=(a, b)``): see ``BINARY``; those in ``BOOL_RESULT`` give ``torch.bool``.
 * ``where``: ``src=(cond, a, b)``.
@@ -126,7 +128,7 @@ def _rows(names: str, operands: int | None, **flags) -> dict[str, OpInfo]:
 
 
 OP_INFO: dict[str, OpInfo] = {
-    **_rows("const index acc", 0),
+    **_rows("const index acc template_out", 0),
     **_rows("load", None),
     # unary
     **_rows("exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan sinh cosh tanh "
@@ -242,7 +244,7 @@ class Op:
             arg = _const_value(arg, dtype)
         elif code == OpCode.INDEX:
             arg = sympy.sympify(arg)
-        elif code == OpCode.ACC:
+        elif code in (OpCode.ACC, OpCode.TEMPLATE_OUT):
             arg = tuple(arg)
         key = (code, dtype, src, _payload_key(arg))
         with cls._lock:
@@ -431,6 +433,9 @@ class ScheduledKernel:
     reductions: tuple[Reduction, ...]
     stores: tuple[Store, ...]
     origins: tuple[str, ...] = ()
+    #: a template kernel's op (``fxwrap.core.templates.TemplateCall``): its stores are the
+    #: epilogue over ``template_out``; None for a generated kernel
+    template: object = None
 
     @property
     def is_reduction(self) -> bool:
@@ -535,6 +540,8 @@ def format_ssa(roots: Sequence[Op], names: dict[Op, str] | None = None) -> list[
             lines.append(f"{head} {buffer}[{where}]" + (f" if {names[mask]}" if mask is not None else ""))
         elif node.op == OpCode.ACC:
             lines.append(f"{head} {node.arg[0]}[{node.arg[1]}]")
+        elif node.op == OpCode.TEMPLATE_OUT:
+            lines.append(f"{head} {node.arg[0]}[{', '.join(map(str, node.arg[1]))}]")
         elif node.op in LEAVES:
             lines.append(f"{head} {node.arg}")
         else:
@@ -551,7 +558,10 @@ def format_kernel(kernel: ScheduledKernel) -> str:
           buf0[8*x0 + x1] = %1
     """
     names: dict[Op, str] = {}
-    lines = [f"{kernel.name}: ranges={tuple(kernel.ranges)} reduction_ranges={tuple(kernel.reduction_ranges)}"]
+    head = f"{kernel.name}: ranges={tuple(kernel.ranges)} reduction_ranges={tuple(kernel.reduction_ranges)}"
+    if kernel.template is not None:
+        head += f"  template={kernel.template.op}"
+    lines = [head]
     for r in kernel.reductions:
         lines += [f"  {t}" for t in format_ssa([r.value], names)]
         lines.append(f"  {r.name} = {r.kind}.{_dtype_name(r.dtype)}({names[r.value]})")
@@ -627,6 +637,8 @@ def value_deps(op: Op, cache: dict) -> frozenset:
 def _deps_of(node: Op, operand_deps: list) -> frozenset:
     if node.op == OpCode.ACC:
         own = frozenset([("acc", node.arg[0])])
+    elif node.op == OpCode.TEMPLATE_OUT:  # the accumulator at the output element: its loop vars
+        own = frozenset(s.name for i in node.arg[1] for s in sympy.sympify(i).free_symbols if is_loop_var(s))
     elif node.op == OpCode.INDEX:
         own = loop_var_names(node.arg)
     elif node.op == OpCode.LOAD and node.arg[1] is not None:

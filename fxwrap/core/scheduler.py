@@ -40,6 +40,7 @@ from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, Store, direc
                             load_key,
                             rewrite, rvar, walk, xvar)
 from fxwrap.core.symbolic import simplify_index
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 
 @dataclass(eq=False)
@@ -53,11 +54,20 @@ class Job:
     stores: list[Store] = field(default_factory=list)
     origins: list = field(default_factory=list)  # provenance.Origin of every ATen node it computes
     roots: list[str] = field(default_factory=list)  # the ATen nodes whose values it stores
+    #: a template job (``fxwrap.core.templates.TemplateCall``): one store of the op's
+    #: result over its output's sizes, valued ``template_out``; it reads the call's operands
+    template: object = None
 
     @property
     def trailing(self) -> bool:
         rank, dims = self.dims_key if self.dims_key else (0, ())
         return tuple(dims) == tuple(range(rank - len(dims), rank))
+
+
+def template_reads(item) -> set[str]:
+    """The buffers a job's or group's template reads (its operands; none without one)."""
+    call = getattr(item, "template", None)
+    return {b.name for b in call.operands} if call is not None else set()
 
 
 # A lazy value read by several consumers is inlined into each of them; past these
@@ -111,6 +121,7 @@ class Group:
     started_because: str = ""  # why its first job did not join the kernel before (the fusion log)
     values: dict = field(default_factory=dict)  # (buffer, index) -> stored value
     row_stores: set = field(default_factory=set)  # buffers stored once per row
+    template: object = None  # a template group: its TemplateCall (the first job's)
 
     def accepts(self, job: Job) -> bool:
         return self.refusal(job) is None
@@ -119,6 +130,21 @@ class Group:
         """Why ``job`` may not join this group (None: it may), for the fusion log."""
         if self.writes_what_it_reads(job):
             return "it writes a buffer the kernel reads"
+        if job.template is not None:
+            return "a template starts a kernel of its own"
+        if self.template is not None:
+            # a template group takes pointwise jobs over its output's sizes: the epilogue
+            if job.reductions or job.reduced:
+                return "a reduction after a template (a template's epilogue is pointwise)"
+            if tuple(job.outer) != tuple(self.outer):
+                return (f"other loop ranges ({tuple(job.outer)} vs the template's output "
+                        f"{tuple(self.outer)})")
+            stored = {s.buffer for s in self.stores}
+            for s in job.stores:
+                for key in loads_of(s.value):
+                    if key[0] in stored and key not in self.values:
+                        return f"it reads {key[0]}, which the template kernel stores, at another index"
+            return None
         if any(r.is_scan for r in job.reductions):
             return "a scan starts a kernel of its own"
         if any(r.is_scan for r in self.reductions):
@@ -171,7 +197,7 @@ class Group:
         """Whether ``job`` stores into a buffer this group reads (``copy_`` into a graph
         input): in one kernel other iterations could read the value already written."""
         ops = [r.value for r in self.reductions] + [s.value for s in self.stores]
-        read = {b for op in ops for b, _ in loads_of(op)}
+        read = {b for op in ops for b, _ in loads_of(op)} | template_reads(self)
         return any(s.buffer in read for s in job.stores)
 
     def prologue_mapping(self, job: Job) -> dict | None:
@@ -288,11 +314,15 @@ def fuse(items: list) -> list:
         if base is not None:
             for buf in item.defines():
                 roots[buf.name] = roots.get(base.name, base.name)
+    # values a collective's wait makes ready (and views of them): see _holds_until_wait
+    waited = {b.name for item in items if not isinstance(item, Job) and getattr(item, "waits_collective", False)
+              for b in item.defines()}
     out: list = []
     open_groups: list[Group] = []
     barrier: str | None = None  # the line that closed the open groups
     for item in items:
-        if isinstance(item, Job):
+        whole = item  # a template group's epilogue runs over the template's sizes, 1s included
+        if isinstance(item, Job) and item.template is None:
             item = _squeezed(item)
         if not isinstance(item, Job):
             out.append(item)
@@ -301,13 +331,15 @@ def fuse(items: list) -> list:
             continue
         reason = f"after {barrier}" if barrier else "first kernel"
         for group in reversed(open_groups):
-            refused = _join(group, item, out, roots)
+            refused = _holds_until_wait(group, item, roots, waited) or \
+                _join(group, whole if group.template is not None else item, out, roots)
             if refused is None:
                 break
             if group is open_groups[-1]:
                 reason = f"not fused into the kernel of {', '.join(group.roots)}: {refused}"
         else:
-            group = Group(item.outer, item.reduced, item.dims_key, started_because=reason)
+            group = Group(item.outer, item.reduced, item.dims_key, started_because=reason,
+                          template=item.template)
             group.add(item)
             out.append(group)
             open_groups = [*open_groups, group][-FUSION_WINDOW:]
@@ -326,10 +358,34 @@ def _squeezed(job: Job) -> Job:
     return dataclasses.replace(job, outer=tuple(job.outer[i] for i in keep), stores=stores)
 
 
+def _holds_until_wait(group: Group, job: Job, roots: dict, waited: set[str]) -> str | None:
+    """Why ``job`` may not join ``group`` for the sake of overlap, or None.
+
+    When exactly one of them reads a value a collective's wait makes ready and the job
+    does not read what the group stores, fusing them would hold the other's independent
+    work until the wait (the kernel runs after it), where ``core/overlap.py`` would
+    otherwise run it while the communication is under way."""
+    if not waited:
+        return None
+    root = lambda n: roots.get(n, n)  # noqa: E731
+    job_reads, _, _ = _job_names(job)
+    _, group_reads, group_writes, _ = _footprint(group)
+    if job_reads & group_writes:
+        return None
+    job_waits = any(root(b) in waited for b in job_reads)
+    group_waits = any(root(b) in waited for b in group_reads)
+    if job_waits != group_waits:
+        return ("it reads a value a collective's wait makes ready and the kernel does not" if job_waits
+                else "the kernel reads a value a collective's wait makes ready and it does not")
+    return None
+
+
 def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
     """Add ``job`` to ``group`` (an item of ``out``) if it accepts it and the job can
     move up to it, lifting the metadata-only lines that make the move possible: None;
     otherwise why not (the fusion log)."""
+    if group.template is not None and tuple(job.outer) != tuple(group.outer):
+        job = _reshaped(job, tuple(group.outer)) or job  # a reshape of the template's output (3-D linear)
     refused = group.refusal(job)
     if refused is not None:
         return refused
@@ -345,6 +401,33 @@ def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
     return None
 
 
+def _reshaped(job: Job, outer: tuple) -> Job | None:
+    """A pointwise ``job`` over sizes that are a row-major reshape of ``outer`` with the same
+    last size (a linear layer's ``(B, T, N)`` epilogue of its ``(B*T, N)`` product), iterated
+    over ``outer`` instead: its variables through the flat index, its indices simplified
+    over ``outer``'s ranges (``3072*(x0//32) + 96*(x0 % 32) + x1`` -> ``96*x0 + x1``).
+    None when the sizes are not such a reshape."""
+    if job.reductions or job.reduced or not job.outer or not outer:
+        return None
+    sizes = [sympy.sympify(n) for n in job.outer]
+    target = [sympy.sympify(n) for n in outer]
+    if sizes[-1] != target[-1] or sympy.expand(sympy.Mul(*sizes) - sympy.Mul(*target)) != 0:
+        return None
+    flat = sympy.Integer(0)
+    for i, n in enumerate(target):
+        flat = flat * n + xvar(i)
+    mapping, div = {}, sympy.Integer(1)
+    for i in range(len(sizes) - 1, -1, -1):
+        mapping[xvar(i)] = ModularIndexing(flat, div, sizes[i]) if i else FloorDiv(flat, div)
+        div = div * sizes[i]
+    # each job var in terms of the new ones, at once (xreplace is simultaneous)
+    ranges = {xvar(i): n for i, n in enumerate(target)}
+    stores = [Store(st.buffer, sympy.sympify(st.index).xreplace(mapping), subs_index(st.value, mapping))
+              for st in job.stores]
+    _, stores = _simplified_indices((), stores, ranges)
+    return dataclasses.replace(job, outer=tuple(outer), stores=list(stores))
+
+
 def _label(item) -> str:
     return f"the kernel of {', '.join(item.roots)}" if isinstance(item, Group) else item.label
 
@@ -355,7 +438,7 @@ def _footprint(item) -> tuple[set, set, set, set]:
     if isinstance(item, Group):
         ops = [r.value for r in item.reductions] + [s.value for s in item.stores]
         writes = {s.buffer for s in item.stores}
-        return set(), {b for op in ops for b, _ in loads_of(op)} | writes, writes, set()
+        return set(), {b for op in ops for b, _ in loads_of(op)} | writes | template_reads(item), writes, set()
     return ({b.name for b in item.defines()}, {b.name for b in item.reads()}, {b.name for b in item.writes()},
             {*item.defines_values(), *(s.name for s in item.defines_symbols())})
 
@@ -376,7 +459,7 @@ def _names_used(line) -> set[str]:
 def _job_names(job: Job) -> tuple[set[str], set[str], set[str]]:
     """``(buffers read, buffers written, symbol names used)`` by ``job``."""
     ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
-    reads = {b for op in ops for b, _ in loads_of(op)}
+    reads = {b for op in ops for b, _ in loads_of(op)} | template_reads(job)
     writes = {s.buffer for s in job.stores}
     exprs = [*job.outer, *job.reduced, *(s.index for s in job.stores)]
     exprs += [e for op in ops for e in direct_indices(op)]  # direct loads, index values
@@ -437,6 +520,8 @@ def referenced_outside(groups_and_lines: list, buffers_in_lines) -> dict[int, se
             for op in ops:
                 for name, _ in loads_of(op):
                     readers.setdefault(name, set()).add(id(item))
+            for name in sorted(template_reads(item)):
+                readers.setdefault(name, set()).add(id(item))
         else:
             for buf in buffers_in_lines(item):
                 readers.setdefault(buf.name, set()).add(-1)
@@ -472,7 +557,7 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
               **{rvar(i): n for i, n in enumerate(group.reduced)}}
     reductions, stores = _simplified_indices(group.reductions, stores, ranges)
     ops = [r.value for r in reductions] + [s.value for s in stores]
-    input_names: list[str] = []
+    input_names: list[str] = [b.name for b in group.template.operands] if group.template is not None else []
     for op in ops:
         for buf, _ in loads_of(op):
             if buf not in input_names:
@@ -498,5 +583,5 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
         outputs=tuple(buffers[b] for b in output_names),
         size_symbols=tuple(sorted(symbols, key=lambda s: s.name)),
         ranges=tuple(group.outer), reduction_ranges=tuple(group.reduced),
-        reductions=reductions, stores=stores, origins=tuple(group.origins))
+        reductions=reductions, stores=stores, origins=tuple(group.origins), template=group.template)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.runtime.kernel import Kernel
+from fxwrap.runtime.provenance import describe
 from fxwrap.wrapper_ir.debug_lines import CheckFinite, PrintValues
 from fxwrap.wrapper_ir.lines import Buffer, Line
 
@@ -37,18 +38,6 @@ PLUGIN_NAME = "fxwrap-debug-modes"
 
 
 # -- provenance: the one place the debug modes and fxwrap.profile read it ----------------
-
-def _describe_origins(origins) -> str:
-    """``origins`` (``Origin`` records of ``fxwrap.runtime.provenance``) as one line."""
-    parts = []
-    for o in origins:
-        text = f"{getattr(o, 'node', '?')}: {getattr(o, 'target', '?')}"
-        location, function = getattr(o, "location", None), getattr(o, "function", None)
-        if location:
-            text += f" at {location}" + (f" in {function}" if function else "")
-        parts.append(text)
-    return "; ".join(parts)
-
 
 def _kernel_header_origins(kernel) -> str:
     """The ``from: ...`` line of a rendered kernel's header (``targets.base.kernel_header``)."""
@@ -69,7 +58,7 @@ def provenance(launch) -> str:
     meta = getattr(launch, "meta", None)
     origins = meta.get("fxwrap_origins", ()) if isinstance(meta, dict) else getattr(launch, "origins", ())
     if origins:
-        return _describe_origins(origins)
+        return describe(origins)
     kernel = getattr(launch, "kernel", None)
     if kernel is None and isinstance(getattr(launch, "target", None), Kernel):
         kernel = launch.target
@@ -80,6 +69,8 @@ def provenance(launch) -> str:
 
 def _is_launch(line: Line) -> bool:
     """A kernel or extern launch: a line that computes (writes a buffer or produces values)."""
+    if getattr(line, "issues_collective", False):  # its buffers are ready at its wait, checked there
+        return False
     return not line.is_device_check and bool(line.writes() or line.defines_values())
 
 
@@ -118,6 +109,17 @@ def _insert_after_launches(lines, make) -> list[Line]:
     return out
 
 
+#: ATen ops whose result is uninitialized memory (``torch.empty_like`` before a user kernel fills
+#: it): nothing to check after them
+_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                            "new_empty_strided"})
+
+
+def _uninitialized_result(launch: Line) -> bool:
+    schema = getattr(getattr(launch, "op", None), "_schema", None)
+    return schema is not None and schema.name.split("::")[-1] in _UNINITIALIZED
+
+
 def _unique(buffers) -> tuple[Buffer, ...]:
     seen, out = set(), []
     for b in buffers:
@@ -138,7 +140,7 @@ class CheckNanPass:
     def __call__(self, lines: list[Line]) -> list[Line]:
         def make(launch, buffers):
             floating = _unique(b for b in buffers if b.dtype.is_floating_point or b.dtype.is_complex)
-            if not floating:
+            if not floating or _uninitialized_result(launch):
                 return None
             written = {b.name for b in launch.writes()}
             inputs = tuple(dict.fromkeys(b.name for b in launch.reads() if b.name not in written))

@@ -140,3 +140,29 @@ def fxwrap_wrapper_passes(target, options):
         def fxwrap_wrapper_passes(target, options):
             return [CheckNanPass(target.name)] if options.check_nan else []
     """
+
+
+@hookspec
+def fxwrap_templates(target):
+    """Templates (hand-written kernels for whole ATen ops, with fused epilogues) for ``target``.
+
+    When: once per target per plugin manager, when fxwrap builds the compile session for
+    ``target``; the list is ``session.templates`` for every graph compiled for it.
+    Arguments: ``target``, the ``Target`` the graph compiles for.
+    Returns: a list of ``fxwrap.Template`` instances (empty or None for none).  Each has a
+    ``name``, the ATen overloads it computes (``ops``: ``aten.mm.default``,
+    ``aten.addmm.default``, ``aten.bmm.default``), ``refusal(call) -> str | None`` and
+    ``render(kernel, emitter) -> KernelSource`` (see ``fxwrap.core.templates`` and
+    docs/templates.md: the ``TemplateCall``, the epilogue over ``template_out``).
+    firstresult: no.  ``session.templates`` lists the templates of the plugin that
+    registered ``target`` first, then every other plugin's, in load order.  Which one
+    runs is chosen per op at compile time (``options={"templates": "auto"}``: timed
+    against the ATen extern and each other; ``"always"``: the first that applies;
+    ``"off"``: none).
+
+    Example::
+
+        @hookimpl
+        def fxwrap_templates(target):
+            return [BlockedGemm()] if target.name == "arena" else []
+    """

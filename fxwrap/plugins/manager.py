@@ -61,6 +61,7 @@ import pluggy
 
 import fxwrap.core.rules  # noqa: F401  (registers fxwrap's default lowering rules)
 from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable
+from fxwrap.core.templates import check_template
 from fxwrap.plugins import hookspecs
 from fxwrap.plugins import debug_modes
 from fxwrap.plugins.session import CompileOptions, CompileSession
@@ -326,6 +327,28 @@ class PluginManager:
             passes.extend(group)
         return passes
 
+    def templates(self, target: Target) -> tuple:
+        """Every plugin's ``fxwrap_templates(target)``: the plugin that registered
+        ``target`` first, then the others in load order.  A result that is not a list of
+        ``Template`` instances is a ``PluginError`` naming the plugin."""
+        self.load()
+        owner = self.owner.get(target.name)
+        own: list = []
+        others: list = []
+        for who, found in self._results("fxwrap_templates", target=target):
+            if found is None:
+                continue
+            if not isinstance(found, (list, tuple)):
+                raise PluginError(f"{who}: fxwrap_templates() must return a list of fxwrap.Template, "
+                                  f"got {type(found).__name__}")
+            for template in found:
+                try:
+                    check_template(template, who)
+                except TypeError as exc:
+                    raise PluginError(str(exc)) from None
+            (own if who == owner else others).extend(found)
+        return tuple(own + others)
+
     def lowering_table(self, target: Target) -> LoweringTable:
         """The lowering rules for ``target``: fxwrap's defaults, the target's own rules
         (``REGISTRY.register(op, rule, target=target.name)``), then what every plugin's
@@ -351,7 +374,8 @@ class PluginManager:
             session = self._sessions.get(target)
             if session is None:
                 session = CompileSession(self, target, self.lowering_table(target),
-                                         self.decompositions(target), self.wrapper_passes(target))
+                                         self.decompositions(target), self.wrapper_passes(target),
+                                         templates=self.templates(target))
                 self._sessions[target] = session
             return session
 

@@ -29,6 +29,7 @@ import torch
 from fxwrap.core.capture import default_decompositions, kernel_decompositions
 from fxwrap.core.lowering import LoweringTable
 from fxwrap.core.numerics import Numerics, numerics_for
+from fxwrap.core.templates import TEMPLATE_MODES
 from fxwrap.targets.base import KernelEmitter, Target
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 #: ``"max-autotune-no-cudagraphs"`` the wider autotuning alone
 MODES = ("default", "cudagraphs", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DECOMPOSITION_MODES = ("core", "none")
-PARTITIONS = ("default", "min_cut")
+PARTITIONS = ("min_cut", "save_all")
 
 # the dtypes fxwrap's loop IR and emitters can put in a generated kernel; a device's
 # ``capabilities()["dtypes"]`` and an emitter's ``supported_dtypes`` narrow it
@@ -64,19 +65,22 @@ class CompileOptions:
     ``f"{target}_{execute}"``), ``mode`` (one of ``MODES``: ``"default"``, ``"cudagraphs"``
     or Inductor's ``"reduce-overhead"``, ``"max-autotune"``, ``"max-autotune-no-cudagraphs"``;
     see ``cuda_graphs`` and ``max_autotune``),
-    ``partition`` (how a training graph is split into forward and backward:
-    ``"default"`` saves every value the backward needs; ``"min_cut"``, AOTAutograd's
-    min-cut rematerialization, recomputes cheap pointwise values in the backward instead
-    of saving them, as Inductor does -- not the default yet: on the H200 it cut the
-    Llama-style decoder's bf16 training kernels 376 -> 343 and GPU time 4%, but raised
-    the GPT-style decoder's peak memory 1297 -> 1547 MiB, BENCHMARKS.md), ``on_program``
+    ``partition`` (how a training graph is split into forward and backward: ``"min_cut"``,
+    the default, AOTAutograd's min-cut rematerialization as Inductor uses it, saves the
+    fewest bytes for the backward and recomputes cheap pointwise values there: on the H200
+    it cut the bf16 training peak of the Llama-style decoder 1545 -> 990 MiB and of the
+    GPT-style one 1054 -> 802 MiB, with less GPU time, BENCHMARKS.md; ``"save_all"``,
+    AOTAutograd's default partition, saves every value the backward reads), ``on_program``
     (a callable receiving every compiled ``Program``), ``cache`` (the whole-program cache across
     processes, ``fxwrap.program_cache``; also off with ``FXWRAP_PROGRAM_CACHE=0``), the debug modes
     (``fxwrap.plugins.debug_modes``, docs/debugging.md): ``check_nan`` (True: raise at the first
     kernel or extern that writes NaN or Inf; ``"nan"``: NaN only) and ``print_values`` (True:
     print a summary of every buffer a launch writes; a list of buffer, kernel or ATen op
     names: of those), ``debug_dir`` (write a debug dump of
-    every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``)::
+    every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``), ``templates``
+    (GEMM templates with fused epilogues, ``fxwrap.core.templates``: ``"auto"``, the default,
+    uses a template where it is timed faster than the ATen call plus the epilogue kernel;
+    ``"always"`` wherever one applies; ``"off"`` never; default ``$FXWRAP_TEMPLATES`` or ``"auto"``)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -90,14 +94,19 @@ class CompileOptions:
     kernels: bool = True
     execute: str | None = None
     mode: str = "default"
-    partition: str = "default"
+    partition: str = "min_cut"
     cache: bool = True
     on_program: Callable | None = field(default=None, compare=False)
     check_nan: bool | str = False
     print_values: bool | tuple[str, ...] = False
     debug_dir: str | None = None
+    templates: str = field(default_factory=lambda: os.environ.get("FXWRAP_TEMPLATES", "auto"))
 
     def __post_init__(self):
+        if self.templates not in TEMPLATE_MODES:
+            raise ValueError(f"fxwrap option templates={self.templates!r} is not one of {list(TEMPLATE_MODES)} "
+                             "('auto': a template where it is timed faster than the ATen call; 'always': "
+                             "wherever one applies; 'off': ATen calls only)")
         if self.check_nan not in (True, False, "nan"):
             raise ValueError(f"fxwrap option check_nan={self.check_nan!r} is not one of True, False, 'nan' "
                              "(NaN only, Inf allowed)")
@@ -172,8 +181,10 @@ class CompileSession:
 
     def __init__(self, manager: "PluginManager", target: Target, lowerings: LoweringTable,
                  plugin_decompositions: dict, wrapper_passes: list[Callable],
-                 options: CompileOptions | None = None):
+                 options: CompileOptions | None = None, templates: tuple = ()):
         self.manager = manager
+        #: the target's templates, then every other plugin's (``fxwrap_templates``)
+        self.templates = tuple(templates)
         self.target = target
         self.lowerings = lowerings
         self.plugin_decompositions = plugin_decompositions
@@ -203,7 +214,7 @@ class CompileSession:
                     self.manager.wrapper_passes(self.target, options)
                 shared.wrapper_passes[options] = passes
         other = CompileSession(self.manager, self.target, self.lowerings, self.plugin_decompositions,
-                               passes, options)
+                               passes, options, self.templates)
         other._shared = shared
         return other
 
@@ -254,6 +265,11 @@ class CompileSession:
                 shared.decompositions[key] = table
         return dict(table)
 
+    @property
+    def template_ops(self) -> frozenset:
+        """Every ATen overload some template of this session computes."""
+        return frozenset(op for t in self.templates for op in t.ops)
+
     def new_emitter(self, size_hints: dict | None = None) -> KernelEmitter:
         """A kernel emitter for one graph; ``size_hints`` (``{symbol: int}``) are its example sizes."""
         emitter = self.target.emitter(self.target)
@@ -264,7 +280,7 @@ class CompileSession:
     def __repr__(self) -> str:
         return (f"CompileSession(target={self.target.name!r}, {len(self.lowerings)} lowerings, "
                 f"{len(self.plugin_decompositions)} plugin decompositions, "
-                f"{len(self.wrapper_passes)} wrapper passes)")
+                f"{len(self.wrapper_passes)} wrapper passes, {len(self.templates)} templates)")
 
 
 class _SharedState:

@@ -13,6 +13,7 @@ name ``target="arena"``) with these pieces.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from fxwrap.runtime.direct import direct_graph_module
-from fxwrap.runtime.kernel import KernelArg
+from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.provenance import header_lines
 
 
@@ -41,6 +42,11 @@ class DeviceInterface:
     * ``device_count()``: how many devices of this type; the Triton launchers skip
       the per-call device check when it is 1.
     * ``is_available()``: whether the device is there; autotuning runs only then.
+    * ``time_calls(run, n, device)``: seconds per call of ``run()`` over ``n`` calls, how
+      the template choice (``wrapper_ir/template_choice.py``) times its candidates.  The
+      default is the host clock between two ``synchronize`` calls; a device with a queue
+      times the device's own work instead (CUDA: events, behind a spin so the launches
+      are queued before the device starts).
     """
 
     device_type: str = ""
@@ -56,6 +62,14 @@ class DeviceInterface:
 
     def device_count(self) -> int:
         return 1 if self.is_available() else 0
+
+    def time_calls(self, run, n: int, device=None) -> float:
+        self.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            run()
+        self.synchronize(device)
+        return (time.perf_counter() - start) / n
 
     def capabilities(self) -> dict:
         return {}
@@ -178,6 +192,20 @@ class KernelEmitter:
         saved kernel keeps the compiler's loader and is compiled again from its source
         when a loaded program first launches it (through the plugin manager)."""
         return None
+
+    def user_kernel(self, name: str, source: str, signature: tuple, launch: dict, triton_kernel) -> Kernel:
+        """The ``Kernel`` (bound to its launcher) of a user-written Triton kernel launched in the
+        program: ``triton_kernel`` is the ``JITFunction`` (or ``Autotuner``) from the user's code,
+        ``launch`` what ``wrapper_ir.build_user_kernels`` records of the launch (constants,
+        grids, configs); the launcher takes ``(*tensors_and_scalars, *grids)``.  The Triton
+        targets run it; by default a target cannot, and says so."""
+        from fxwrap.core.errors import UnsupportedUserKernel  # here: a loaded program imports this module
+        raise UnsupportedUserKernel(
+            f"user Triton kernel {name} ({launch.get('module')}.{launch.get('qualname')}) cannot run on "
+            f"target {getattr(self.target, 'name', '?')!r}: Triton kernels run on target 'cuda' (CUDA "
+            "tensors) or 'triton-interpret' (CPU tensors, through Triton's interpreter). Compile with "
+            "target='triton-interpret' (options={'target': 'triton-interpret'}) or 'cuda', or launch the "
+            "kernel outside the compiled function")
 
 
 class WrapperCodegen:

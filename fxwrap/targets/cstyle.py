@@ -53,6 +53,7 @@ from fxwrap.core.errors import EmitError
 from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, ScheduledKernel, acc_key, is_indirect,
                             is_loop_var, load_buffer, load_index, load_mask, rvar, value_deps, walk, xvar)
 from fxwrap.core.numerics import compute_dtype, illegal
+from fxwrap.core.templates import accumulators
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, Workspace, kernel_function_name, kernel_header,
                                   kernel_signature)
@@ -464,6 +465,50 @@ class CStyleEmitter(KernelEmitter):
         if (why := illegal(name, op.dtype, arg_dtypes)) is not None:
             raise EmitError(f"{why} (target {self.target_name})")
         return fn(*args, dtype=dtype)
+
+    # ------------------------------------------------------------------ templates
+    def template_epilogue(self, kernel: ScheduledKernel, parent: "Scope", accumulator: str) -> list[str]:
+        """The statements that store template kernel ``kernel``'s epilogue at one output
+        element: ``kernel.stores`` with ``template_out`` read as the C expression
+        ``accumulator`` (``acc[i][j]``).  The template declares the loop variables of
+        ``kernel.template.index`` (``const int64_t x0 = m0 + i;``) just before them; values
+        that need none of them (constants) are declared in ``parent`` (or above), values
+        that need them in the returned lines.  ``bias[x1] + acc`` then ``relu``::
+
+            const float tmp1 = in_ptr2[x1];
+            const float tmp2 = tmp1 + acc[i][j];
+            const float tmp3 = fx_max(tmp2, tmp0);
+            out_ptr0[3072*x0 + x1] = tmp3;
+        """
+        inner = Scope(self, parent.names, parent, declares=[v.name for v in kernel.template.index], kernel=kernel)
+        for node in accumulators(kernel):
+            inner.env[node] = (accumulator, node.dtype)
+        return self.render_stores(kernel, kernel.stores, inner)
+
+    def template_source(self, kernel: ScheduledKernel, body: list[str], helpers: str = "") -> KernelSource:
+        """A template kernel's ``KernelSource``: this emitter's header comment, headers,
+        prelude, the template's ``helpers`` (C++ functions it calls) and the kernel's usual
+        signature (``function_head``: inputs -- the call's operands first --, outputs, size
+        symbols) around ``body``, with the launch metadata ``load`` expects; so a template
+        loads, caches and saves like a generated kernel."""
+        cname = self.function_name(kernel)
+        text = "\n".join([
+            *self.header_comment(kernel),
+            *self.headers,
+            self.prelude.strip("\n"),
+            helpers.strip("\n"),
+            "",
+            self.function_head(kernel, cname),
+            "{",
+            *("  " + line if line else "" for line in body),
+            "}",
+            "",
+        ])
+        launch = {"symbol": cname, "language": self.language,
+                  "pointers": len(kernel.inputs) + len(kernel.outputs),
+                  "size_symbols": tuple(s.name for s in kernel.size_symbols)}
+        launch.update(self.launch_metadata(kernel))
+        return KernelSource(kernel.name, text, self.language, self.signature(kernel), launch)
 
     # ------------------------------------------------------------------ index printer
     def render_index(self, expr) -> str:

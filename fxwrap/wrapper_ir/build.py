@@ -32,7 +32,11 @@ import torch
 import torch.fx
 
 from fxwrap.core import extern
-from fxwrap.wrapper_ir import build_control_flow
+from fxwrap.core.overlap import overlap_collectives
+from fxwrap.wrapper_ir import build_control_flow, build_user_kernels
+from fxwrap.wrapper_ir.collectives import (
+    IN_PLACE_COLLECTIVES, OUT_COLLECTIVES, CallCollective, WaitCollective, is_collective, is_wait,
+)
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, simplest, to_expr
 from fxwrap.wrapper_ir.lines import (
     Allocate, Buffer, CallExtern, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
@@ -59,6 +63,8 @@ class BuiltProgram:
     symbol_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
     #: the kernels made, in program order (``build_kernels.KernelRecord``): the debug dump's
     kernels: list = field(default_factory=list)
+    #: one ``core.templates.TemplateChoiceRecord`` per template group, in program order
+    template_choices: list = field(default_factory=list)
 
     @property
     def hints(self) -> dict[sympy.Symbol, int]:
@@ -100,6 +106,8 @@ class _Builder:
         self.wrapper_passes: tuple = ()  # what nested programs' lines go through, as the top program's
         self.current: torch.fx.Node | None = None  # the ATen node being lowered
         self._origins: dict[torch.fx.Node, Origin] = {}
+        # result of a collective (buffer name) -> the buffers that collective reads
+        self.in_flight: dict[str, tuple[Buffer, ...]] = {}
 
     def nested_builder(self, gm: torch.fx.GraphModule, name: str, output_layouts: tuple) -> "_Builder":
         """A builder of this kind, for subgraph ``gm`` (attribute ``name``) of a control-flow op."""
@@ -111,6 +119,11 @@ class _Builder:
 
     def _new_builder(self, gm: torch.fx.GraphModule) -> "_Builder":
         return _Builder(gm, self.target_name)
+
+    def user_kernel_emitter(self):
+        """The target's ``KernelEmitter``, which launches user-written Triton kernels
+        (``KernelEmitter.user_kernel``), or None: this builder has none (kernels=False)."""
+        return None
 
     # -- naming -------------------------------------------------------------
     def fresh(self, prefix: str = "buf") -> str:
@@ -243,6 +256,7 @@ class _Builder:
                 raise UnsupportedNode(f"node {node.format_node()}: op {node.op!r} is not supported "
                                       f"on target {self.target_name}")
         _check_symbols_defined(self.out.inputs, self.out.lines, self.target_name)
+        self.out.lines = overlap_collectives(self.out.lines)
         return self.out
 
     # -- results of nested programs ------------------------------------------
@@ -351,18 +365,111 @@ class _Builder:
                 "or keep this call outside the compiled region.")
         if target in build_control_flow.CONTROL_FLOW_OPS and build_control_flow.build(self, node):
             return
+        if build_user_kernels.is_user_kernel_launch(target):
+            build_user_kernels.build(self, node)
+            return
         if isinstance(target, torch._ops.HigherOrderOperator):
             for arg in node.all_input_nodes:  # its subgraphs, passed as they are
                 if arg.op == "get_attr" and isinstance(getattr(self.gm, arg.target), torch.fx.GraphModule):
                     self.out.constants[arg.target] = getattr(self.gm, arg.target)
+        if is_collective(target):
+            self.collective(node, target, val)
+            return
         args = self.value(node.args)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
-        if extern.is_view(target) and isinstance(val, torch.Tensor) and self._as_strided_view(args, val):
+        if is_wait(target):
+            self.wait(node, args, val)
+        elif extern.is_view(target) and isinstance(val, torch.Tensor) and self._as_strided_view(args, val):
             self.view(node, args, val)
         elif extern.is_mutating(target):
             self.mutating(node, target, args, kwargs, val)
         else:
             self.functional(node, target, args, kwargs, val)
+
+    # -- collectives ------------------------------------------------------------
+    def collective(self, node, op, val) -> None:
+        """An ``_c10d_functional`` collective: a ``CallCollective`` whose results (one
+        buffer, or a list read through ``GetItem``s; for an in-place form, the argument
+        it writes) a ``wait_tensor`` makes ready later.
+
+        ``all_reduce`` / ``broadcast`` become their in-place forms on a buffer the program
+        allocates (the op would clone its input into storage of its own): the buffer is
+        computed straight from a lazy input, or a copy of a stored one::
+
+            buf1 = empty_strided((8, 8), (8, 1), ...)
+            fxwrap_pointwise_0(arg0, buf1)           # x * 2, into the collective's buffer
+            _c10d_functional.all_reduce_.default(buf1, 'sum', '0')  # collective
+
+        ``all_gather_into_tensor`` writes into an allocated buffer (its out= form): both are
+        planned like any buffer (``core.memory``)."""
+        if extern.is_mutating(op):  # all_reduce_ in the graph: what reads its argument runs first
+            self._materialize_before_write(node)
+        kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
+        in_place = IN_PLACE_COLLECTIVES.get(op)
+        out_form = OUT_COLLECTIVES.get(op)
+        if in_place is not None and isinstance(val, torch.Tensor) and self.layout_bound(val):
+            dst = self.fresh_buffer_like(Buffer.from_fake("", val))
+            self.out.fake_values[dst.name] = val
+            self.private_copy(dst, node.args[0])
+            op, args = in_place, (dst, *self.value(tuple(node.args[1:])))
+        elif out_form is not None and isinstance(val, torch.Tensor) and self.layout_bound(val) \
+                and _is_dense(Buffer.from_fake("", val), self.out.hints):
+            args = self.value(node.args)
+            dst = self.new_buffer(val)
+            self.emit(Allocate(dst))
+            op, kwargs = out_form, kwargs + (("out", dst),)
+        else:
+            args = self.value(node.args)
+        reads = tuple(dict.fromkeys(buffers_in_values(args, kwargs)))
+        if extern.is_mutating(op):  # all_reduce_, broadcast_, *_out: results alias arguments
+            self.emit(CallCollective(op, args, kwargs, None))
+            results = []
+            for ret in op._schema.returns:
+                wanted = ret.alias_info.before_set if ret.alias_info is not None else None
+                index = next(i for i, a in enumerate(op._schema.arguments)
+                             if a.alias_info is not None and a.alias_info.before_set == wanted)
+                arg = op._schema.arguments[index]
+                results.append(args[index] if index < len(args) and not arg.kwarg_only
+                               else dict(kwargs)[arg.name])
+            value = results[0] if len(results) == 1 else tuple(results)
+        elif isinstance(val, torch.Tensor):
+            value = self.new_buffer(val)
+            self.foreign.add(value.name)
+            self.emit(CallCollective(op, args, kwargs, value))
+            self.bind_layout(value)
+        else:
+            name = self.fresh("tuple")
+            self.emit(CallCollective(op, args, kwargs, name))
+            items = []
+            for i, r in enumerate(val):
+                buf = self.new_buffer(r)
+                self.foreign.add(buf.name)
+                self.emit(GetItem(buf, name, i))
+                self.bind_layout(buf)
+                items.append(buf)
+            value = tuple(items)
+        for buf in (value if isinstance(value, tuple) else (value,)):
+            for b in (buf if isinstance(buf, (list, tuple)) else (buf,)):
+                self.in_flight[b.name] = reads
+        self.env[node] = value
+
+    def private_copy(self, dst: Buffer, arg) -> None:
+        """``dst`` (new) gets the value of graph argument ``arg``, for a collective to work on
+        in place: here an allocation and a copy (the kernel builder computes a lazy value
+        straight into it)."""
+        self.copy_into(dst, self.value(arg), arg)
+
+    def wait(self, node, args, val) -> None:
+        """``wait_tensor(t)``: a ``WaitCollective`` defining the ready value (``t``'s storage)."""
+        tensor = args[0]
+        if not isinstance(tensor, Buffer) or not isinstance(val, torch.Tensor):
+            raise UnsupportedNode(f"node {node.name}: wait_tensor of {tensor!r}, not a tensor of the "
+                                  f"program (target {self.target_name})")
+        in_flight = tuple(b for b in self.in_flight.get(tensor.name, ()) if b.name != tensor.name)
+        buf = self.new_buffer(val)
+        self.foreign.add(buf.name)
+        self.emit(WaitCollective(buf, tensor, in_flight))
+        self.env[node] = buf
 
     def _argument(self, op, node: torch.fx.Node, index: int):
         arg = op._schema.arguments[index]
@@ -414,6 +521,9 @@ class _Builder:
         result the op makes fresh (``_native_batch_norm_legit``'s output beside the
         running stats it updates) is read from the call's result.
         """
+        if op is aten.copy_.default and len(args) >= 2 and isinstance(args[0], Buffer) and args[0] == args[1]:
+            self.env[node] = args[0]  # a buffer copied into itself: nothing to do
+            return
         self._materialize_before_write(node)
         schema = op._schema
         aliased: list = []
@@ -596,6 +706,11 @@ def _check_symbols_defined(inputs, lines: list[Line], target_name: str) -> None:
                     f"they are neither inputs nor sizes of an input tensor (target {target_name})")
         defined.update(line.defines_values())
         defined.update(s.name for s in line.defines_symbols())
+
+
+def buffers_in_values(args, kwargs) -> list[Buffer]:
+    """Every ``Buffer`` in a call's arguments and keyword values, in order."""
+    return [b for b in _flatten((args, tuple(v for _, v in kwargs))) if isinstance(b, Buffer)]
 
 
 def _flatten(value):

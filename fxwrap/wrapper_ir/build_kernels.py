@@ -26,15 +26,18 @@ from fxwrap.core import extern
 from fxwrap.core.errors import EmitError
 from fxwrap.core import logs
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, format_kernel, rvar, xvar
-from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, cast, loads
+from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, broadcast, cast, loads
 from fxwrap.core.numerics import legalize
 from fxwrap.core.progress import Progress
+from fxwrap.core.overlap import overlap_collectives
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel, worth_storing
+from fxwrap.core.templates import TemplateCall
+from fxwrap.wrapper_ir import template_choice
 from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
-from fxwrap.wrapper_ir.lines import (Allocate, Buffer, CallKernel, DefineKernel, Line, View, ZeroFill, buffers_defined,
-                                     buffers_read)
+from fxwrap.wrapper_ir.lines import (Allocate, Buffer, CallExtern, CallKernel, DefineKernel, Line, View, ZeroFill,
+                                     buffers_defined, buffers_read)
 from fxwrap.runtime.provenance import Origin, describe
 
 log = logging.getLogger("fxwrap")
@@ -123,9 +126,18 @@ class KernelBuilder(build._Builder):
         self.position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
         self.reuse = session.options.reuse
         self.wrapper_passes = tuple(session.wrapper_passes)
+        self.template_mode = getattr(session.options, "templates", "off")
+        # template output buffer -> the lines of its ATen call (the extern candidate)
+        self.template_externs: dict[str, list[Line]] = {}
 
     def _new_builder(self, gm):
         return KernelBuilder(gm, self.session)
+
+    def user_kernel_emitter(self):
+        emitter = getattr(self, "_user_kernel_emitter", None)
+        if emitter is None:
+            emitter = self._user_kernel_emitter = self.session.new_emitter(self.out.hints)
+        return emitter
 
     # -- results of nested programs (a cond branch, a loop body) -------------------
     def output_value(self, arg, index):
@@ -143,6 +155,13 @@ class KernelBuilder(build._Builder):
         buf = super().fresh_buffer_like(layout)
         self.buffers[buf.name] = buf
         return buf
+
+    def private_copy(self, dst, arg):
+        lazy = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if isinstance(lazy, Loops) and arg not in self.view_of and len(arg.users) == 1:
+            self.pointwise_job(dst, lazy, [arg.name])  # computed straight into dst: no copy
+            return
+        super().private_copy(dst, arg)
 
     def copy_into(self, dst, src, origin=None):
         self.pointwise_job(dst, loads(src), [origin.name] if isinstance(origin, torch.fx.Node) else [])
@@ -378,11 +397,21 @@ class KernelBuilder(build._Builder):
             super().call_function(node)
             self.lazy_origins[node] = self.in_program_order(self.inlined_origins(node))
             return
+        if (self.template_mode != "off" and isinstance(node.target, torch._ops.OpOverload)
+                and node.target in self.session.template_ops and node.name not in self.extern_nodes
+                and self._all_on_device(node)):
+            self._template_or_extern(node)
+            return
         rule = self.lowerings.lookup(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if rule is not None and node.name not in self.extern_nodes and self._all_on_device(node):
             self._store_shared_values(node)
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
+            if node.target in _RESHAPES and args and isinstance(args[0], Stored) \
+                    and args[0].buffer.name in self.template_externs:
+                # a view of a template's result stays lazy: its readers can join the template's
+                # epilogue (``scheduler._reshaped``: a 3-D linear layer's activation)
+                args = (loads(args[0].buffer), *args[1:])
             kwargs = {k: self.rule_value(v) for k, v in node.kwargs.items()}
             try:
                 result = rule(ctx, *args, **kwargs)
@@ -399,6 +428,93 @@ class KernelBuilder(build._Builder):
                     self.view_of[node] = source
                 return
         super().call_function(node)
+
+    # -- templates ------------------------------------------------------------
+    def _template_or_extern(self, node) -> None:
+        """``node`` (an op some template computes) as its ATen call, as without templates;
+        then, when a template of the session applies, that call becomes the extern
+        candidate of a template job storing the op's result (``template_out``, plus
+        ``addmm``'s bias and scales) into the same buffer (``fxwrap.core.templates``)."""
+        self.value(node.args)  # operands in memory first: their kernels stay where they are
+        mark = len(self.items)
+        build._Builder.call_function(self, node)
+        made = self.items[mark:]
+        out = self.env.get(node)
+        # the op's out= call into a buffer of ours, or (no out= overload: _weight_int8pack_mm)
+        # the functional call whose result it is
+        if not (isinstance(out, Buffer) and [type(ln) for ln in made] in ([Allocate, CallExtern], [CallExtern])):
+            return
+        call = self._template_call(node, out)
+        if call is None:
+            return
+        reasons = {t.name: t.refusal(call) for t in self.session.templates if node.target in t.ops}
+        if all(why is not None for why in reasons.values()):
+            logs.logger("schedule").info("fxwrap: %s stays an ATen call on target %s: %s", node.name,
+                                         self.target.name, "; ".join(f"template {k}: {v}" for k, v in reasons.items()))
+            return
+        del self.items[mark:]
+        self.template_externs[out.name] = made
+        xs = call.index
+        value = cast(self._template_value(node, call, xs), out.dtype)
+        index = sympy.expand(sum((x * st for x, st, n in zip(xs, out.stride, out.size) if n != 1), sympy.Integer(0)))
+        self.items.append(Job(tuple(out.size), stores=[Store(out.name, index, value)], template=call,
+                              **self.job_origins([node.name])))
+
+    def _template_call(self, node, out: Buffer) -> TemplateCall | None:
+        """The ``TemplateCall`` of a GEMM node (mm, addmm, bmm: operands of one floating dtype;
+        ``_weight_int8pack_mm(x, w, scales)``: ``w`` int8 ``(N, K)``, presented as the operand
+        ``b`` of size ``(K, N)`` -- the same buffer through transposed strides --, ``scales``
+        a third operand); None otherwise (the node stays its ATen call)."""
+        op = node.target
+        args = [self.value(a) for a in node.args]
+        aten = torch.ops.aten
+        extra: tuple = ()
+        if op in (aten.mm.default, aten.bmm.default):
+            a, b = args[:2]
+        elif op == aten.addmm.default:
+            a, b = args[1:3]
+            if not isinstance(args[0], Buffer):
+                return None
+        elif op == aten._weight_int8pack_mm.default:
+            a, w, scales = args[:3]
+            if not all(isinstance(t, Buffer) for t in (a, w, scales)) or w.dtype != torch.int8 or len(w.size) != 2:
+                return None
+            b = Buffer(w.name, (w.size[1], w.size[0]), (w.stride[1], w.stride[0]), w.dtype, w.device, w.offset)
+            extra = (scales,)
+        else:
+            return None
+        if not (isinstance(a, Buffer) and isinstance(b, Buffer)) or a.dtype != out.dtype:
+            return None
+        if not a.dtype.is_floating_point or (b.dtype != a.dtype and op != aten._weight_int8pack_mm.default):
+            return None
+        rank = 3 if op == aten.bmm.default else 2
+        if len(a.size) != rank or len(b.size) != rank or len(out.size) != rank:
+            return None
+        batch = a.size[0] if rank == 3 else sympy.Integer(1)
+        sizes = (("batch", sympy.sympify(batch)), ("m", a.size[-2]), ("n", b.size[-1]), ("k", a.size[-1]))
+        hints = tuple((k, evaluate(v, self.out.hints)) for k, v in sizes)
+        acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+        return TemplateCall(op, node.name, (a, b, *extra), out, sizes, hints, acc,
+                            tuple(xvar(i) for i in range(rank)))
+
+    def _template_value(self, node, call: TemplateCall, xs):
+        """The op's result at ``xs`` over ``template_out``: the product, and for ``addmm``
+        ``beta * bias + alpha * product`` (``beta=0`` ignores the bias, as eager does)."""
+        acc = call.accumulator()
+        if call.op == torch.ops.aten._weight_int8pack_mm.default:  # the product times scales[n]
+            scales = broadcast(loads(call.operands[2]), call.output.size)(xs)
+            return Op("mul", call.acc_dtype, (acc, cast(scales, call.acc_dtype)))
+        if call.op != torch.ops.aten.addmm.default:
+            return acc
+        beta = node.kwargs.get("beta", 1)
+        alpha = node.kwargs.get("alpha", 1)
+        dtype = call.acc_dtype
+        value = acc if alpha == 1 else Op("mul", dtype, (acc, Op.const(alpha, dtype)))
+        if beta != 0:
+            bias = cast(broadcast(loads(self.value(node.args[0])), call.output.size)(xs), dtype)
+            bias = bias if beta == 1 else Op("mul", dtype, (bias, Op.const(beta, dtype)))
+            value = Op("add", dtype, (bias, value))
+        return value
 
     def _store_shared_values(self, node) -> None:
         """Realize each lazy argument of ``node`` that several nodes read and that is
@@ -464,14 +580,13 @@ class KernelBuilder(build._Builder):
             lines, loads = self._render(items, needed, built)
         with self.timer.phase("compile kernels"):
             _load_all(self._emitter, loads, self.label)
-        built.lines = lines
+        built.lines = overlap_collectives(lines)
         return built
 
     def _render(self, items, needed, built):
         inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
         emitter = self.session.new_emitter(self.out.hints)  # example sizes (autotuning of symbolic kernels)
         self._emitter = emitter
-        numerics = self.session.numerics
         lines: list[Line] = []
         loads: list = []  # (Kernel, KernelSource), bound together at the end
         count = 0
@@ -480,36 +595,43 @@ class KernelBuilder(build._Builder):
                 lines.append(item)
                 continue
             keep = needed[id(item)]
+            if item.template is not None:
+                made = template_choice.choose(self, item, keep, inputs, count, emitter)
+                count += 1
+                for kernel_lines in made:
+                    self._add_kernel(kernel_lines, item, lines, loads, built)
+                continue
             kind = "scan" if any(r.is_scan for r in item.reductions) else \
                 "reduction" if item.reductions else "pointwise"
-            sk = to_kernel(item, f"{self.kernel_prefix}_{kind}_{count}", keep, self.buffers, inputs)
-            sk = dataclasses.replace(sk, origins=self.in_program_order(sk.origins))
-            sk = legalize(sk, numerics)  # explicit compute dtypes, casts and 16-bit rounding
+            made = self.kernel_lines(item, f"{self.kernel_prefix}_{kind}_{count}", keep, inputs, emitter.render)
             count += 1
-            if not sk.stores:
-                continue
-            for out in sk.outputs:
-                if out.name not in inputs:
-                    lines.append(Allocate(out))
-            try:
-                source = emitter.render(sk)
-            except EmitError as exc:
-                raise _RenderFailed(item.roots, exc) from exc
-            workspaces = self._workspaces(sk, source, lines)
-            signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
-                              + [KernelArg(b.name, "output") for b in sk.outputs]
-                              + [KernelArg(b.name, "workspace") for b in workspaces]
-                              + [KernelArg(s.name, "size") for s in sk.size_symbols])
-            kernel = Kernel(sk.name, source.text, self.target.name, signature, source.launch,
-                            loader=self.session.kernel_loader)
-            loads.append((kernel, source))
-            lines.append(DefineKernel(kernel))
-            lines.append(CallKernel(kernel, (*sk.inputs, *sk.outputs, *workspaces, *sk.size_symbols),
-                                    origins=sk.origins))
-            built.kernels.append(KernelRecord(sk, source, tuple(item.roots), item.started_because))
-            _log_kernel(sk, source, item)
+            if made is not None:
+                self._add_kernel(made, item, lines, loads, built)
         return lines, loads
 
+    def kernel_lines(self, group: Group, name: str, keep: set, inputs: set, render) -> "KernelLines | None":
+        """Group -> legalized ``ScheduledKernel`` -> ``render(sk)`` (a ``KernelSource``) -> its
+        ``Allocate`` / ``DefineKernel`` / ``CallKernel`` lines; None when it stores nothing."""
+        sk = to_kernel(group, name, keep, self.buffers, inputs)
+        sk = dataclasses.replace(sk, origins=self.in_program_order(sk.origins))
+        sk = legalize(sk, self.session.numerics)  # explicit compute dtypes, casts and 16-bit rounding
+        if not sk.stores:
+            return None
+        try:
+            source = render(sk)
+        except EmitError as exc:
+            raise _RenderFailed(group.roots, exc) from exc
+        new = [Allocate(out) for out in sk.outputs if out.name not in inputs]
+        workspaces = self._workspaces(sk, source, new)
+        signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
+                          + [KernelArg(b.name, "output") for b in sk.outputs]
+                          + [KernelArg(b.name, "workspace") for b in workspaces]
+                          + [KernelArg(s.name, "size") for s in sk.size_symbols])
+        kernel = Kernel(sk.name, source.text, self.target.name, signature, source.launch,
+                        loader=self.session.kernel_loader)
+        new += [DefineKernel(kernel),
+                CallKernel(kernel, (*sk.inputs, *sk.outputs, *workspaces, *sk.size_symbols), origins=sk.origins)]
+        return KernelLines(sk, source, kernel, new)
 
     def _workspaces(self, sk: ScheduledKernel, source, lines: list) -> list[Buffer]:
         """The scratch buffers ``source`` declares (``targets.base.Workspace``), each a
@@ -531,6 +653,32 @@ class KernelBuilder(build._Builder):
                 lines.append(ZeroFill(buf))
             out.append(buf)
         return out
+
+    def _add_kernel(self, made, group: Group, lines: list, loads: list, built) -> None:
+        """Append a candidate's lines; a kernel's launcher is bound with the others at the end."""
+        if not isinstance(made, KernelLines):  # lines without a kernel (an extern call, a choice)
+            lines.extend(made)
+            return
+        lines.extend(made.lines)
+        loads.append((made.kernel, made.source))
+        built.kernels.append(KernelRecord(made.scheduled, made.source, tuple(group.roots), group.started_because))
+        _log_kernel(made.scheduled, made.source, group)
+
+
+#: views that keep the row-major order of elements: a template's result seen through one
+#: stays lazy, so that the epilogue over it joins the template (``scheduler._reshaped``)
+_RESHAPES = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
+                       torch.ops.aten.reshape.default, torch.ops.aten.alias.default})
+
+
+@dataclasses.dataclass
+class KernelLines:
+    """A rendered kernel and the lines that allocate its outputs, define and launch it."""
+
+    scheduled: ScheduledKernel
+    source: object  # targets.base.KernelSource
+    kernel: Kernel
+    lines: list
 
 
 def _log_kernel(sk: ScheduledKernel, source, group: Group) -> None:

@@ -641,6 +641,19 @@ class Comment(Line):
 
 
 @dataclass(frozen=True)
+class TemplateChoice(Comment):
+    """``# template cpp_gemm: 0.212 ms (chosen); aten.addmm + epilogue: 0.251 ms``: which
+    candidate computes a template group (``fxwrap.core.templates``), and the measured
+    times (each its fastest round), printed above the launch it chose (a ``Comment``: the FX node of that launch
+    gets it in ``meta["comment"]``).  ``chosen``: a template's name or ``"extern"``;
+    ``times``: ``((candidate, milliseconds), ...)``, empty when nothing was timed
+    (``templates="always"``, or a single candidate)."""
+
+    chosen: str = ""
+    times: tuple = ()
+
+
+@dataclass(frozen=True)
 class Return(Line):
     """``return (buf2, s0)``: the program's outputs.
 

@@ -76,7 +76,7 @@ class MHAModel(nn.Module):
         return out + weights.sum(-1, keepdim=True)
 
 
-@pytest.mark.parametrize("partition", ["default", "min_cut"])
+@pytest.mark.parametrize("partition", ["save_all", "min_cut"])
 @pytest.mark.parametrize("dynamic", DYNAMIC)
 def test_multihead_attention_saved_views(dynamic, partition):
     """MultiheadAttention's forward saves q, k, v as views (with offsets) of one buffer;

@@ -293,10 +293,12 @@ def test_builtin_targets_load_through_the_installed_entry_points():
 
 
 def test_every_hook_is_specified_and_documented():
-    assert HOOKS == ("fxwrap_decompositions", "fxwrap_lowerings", "fxwrap_targets", "fxwrap_wrapper_passes")
+    assert HOOKS == ("fxwrap_decompositions", "fxwrap_lowerings", "fxwrap_targets", "fxwrap_templates",
+                     "fxwrap_wrapper_passes")
     params = {name: list(inspect.signature(getattr(hookspecs, name)).parameters) for name in HOOKS}
     assert params == {"fxwrap_decompositions": ["target"], "fxwrap_lowerings": ["registry", "target"],
-                      "fxwrap_targets": [], "fxwrap_wrapper_passes": ["target", "options"]}
+                      "fxwrap_targets": [], "fxwrap_templates": ["target"],
+                      "fxwrap_wrapper_passes": ["target", "options"]}
     for name in HOOKS:
         doc = getattr(hookspecs, name).__doc__
         for heading in ("When:", "Arguments:", "Returns:", "firstresult: no", "Example::", "@hookimpl"):

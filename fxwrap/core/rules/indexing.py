@@ -415,6 +415,8 @@ def _copy_(ctx, dst, src, non_blocking=False):
     if not isinstance(dst, Stored):
         raise Unsupported("copy_ into a value that is not in memory")
     buf = dst.buffer
+    if isinstance(src, Stored) and src.buffer == buf:
+        return dst  # a buffer copied into itself (a user kernel wrote an input in place): nothing to do
     if any(s == 0 and n != 1 for n, s in zip(buf.size, buf.stride)):
         raise Unsupported("copy_ into an expanded (overlapping) tensor")
     loops = broadcast(as_loops(src), buf.size)

@@ -1,10 +1,18 @@
-"""Registers the built-in ``cpu`` target through the ``fxwrap`` entry point."""
+"""Registers the built-in ``cpu`` target, and its templates (GEMM, int8 weight-only GEMM), through
+the ``fxwrap`` entry point."""
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import DirectCallWrapper, Target
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+from fxwrap.targets.cpu_cpp.gemm import CppGemm
+from fxwrap.targets.cpu_cpp.int8_gemm import CppInt8Gemm
 
 
 @hookimpl
 def fxwrap_targets():
     return [Target("cpu", "cpu", CpuDevice(), CppEmitter, DirectCallWrapper)]
+
+
+@hookimpl
+def fxwrap_templates(target):
+    return [CppGemm(), CppInt8Gemm()] if target.name == "cpu" else []

@@ -54,7 +54,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
 from fxwrap.core.symbolic import evaluate
-from fxwrap.runtime.kernel import KernelArg
+from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, Workspace, kernel_function_name,
                                   kernel_header, kernel_signature)
 from fxwrap.targets.cuda_triton import ops as O
@@ -387,10 +387,23 @@ class TritonEmitter(KernelEmitter):
             device = torch.device("cuda", launch.get("device_index", torch.cuda.current_device()))
         return self._bind(source.text, launch, device)
 
+    def user_kernel(self, name, source, signature, launch, triton_kernel):
+        """A user's Triton kernel: launched as it is on ``cuda``, interpreted on ``triton-interpret``
+        (``user_kernels.UserKernelLauncher``)."""
+        from fxwrap.targets.cuda_triton import user_kernels
+        launch = {**launch, "interpret": self.interpret}
+        kernel = Kernel(name, source, self.target_name, signature, launch, loader=user_kernels.compile_time_loader)
+        kernel.bind(user_kernels.launcher_for(triton_kernel, launch))
+        return kernel
+
     def saved_loader(self, kernel):
         """``triton-interpret``: the source (``saved.interpreted_loader``); ``cuda``: the
-        cubins and their launch metadata (``saved.CubinLoader``)."""
+        cubins and their launch metadata (``saved.CubinLoader``); a user's kernel: imported
+        again by name (``user_kernels.saved_loader_of``)."""
         from fxwrap.targets.cuda_triton import saved
+        if kernel.launch.get("user_kernel"):
+            from fxwrap.targets.cuda_triton import user_kernels
+            return user_kernels.saved_loader_of(kernel)
         if kernel.launch.get("interpret", False):
             return saved.interpreted_loader
         return saved.cubin_loader_of(kernel)

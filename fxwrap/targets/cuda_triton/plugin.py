@@ -7,12 +7,16 @@
   and ``reference``): it is how CI without a GPU runs the Triton emitter::
 
       torch.compile(fn, backend="fxwrap", options={"target": "triton-interpret"})
+
+Both compute ``mm``/``addmm``/``bmm`` with the Triton GEMM template (``gemm.TritonGemm``)
+where it is faster than cuBLAS (the ATen call) and a separate epilogue kernel.
 """
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import DirectCallWrapper, Target
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
+from fxwrap.targets.cuda_triton.gemm import TritonGemm
 from fxwrap.targets.cuda_triton.wrapper import CudaWrapper
 
 
@@ -21,3 +25,8 @@ def fxwrap_targets():
     return [Target("cuda", "cuda", CudaDevice(), TritonEmitter, CudaWrapper),
             Target("triton-interpret", "cpu", CpuDevice(), TritonEmitter, DirectCallWrapper,
                    options={"interpret": True}, priority=-2)]
+
+
+@hookimpl
+def fxwrap_templates(target):
+    return [TritonGemm()] if target.name in ("cuda", "triton-interpret") else []

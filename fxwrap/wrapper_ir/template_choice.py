@@ -1,0 +1,263 @@
+"""Which candidate computes a template group: a template (with the epilogue fused) or
+the ATen extern (the op's call, then the epilogue as a pointwise kernel).
+
+``choose(builder, group, ...)`` renders every candidate, and under ``templates="auto"``
+times them on the size hints with fresh random inputs, interleaved round by round, each
+candidate's time its fastest round (``time_candidates``), with the times cached on disk
+(``core.templates.TimingCache``).
+The extern wins ties: a template never makes a program slower than the ATen call.
+The lines it returns for ``relu(linear(x, w, b))`` when the template wins::
+
+    buf2 = empty_strided((128, 3072), (3072, 1), dtype=torch.float32, device='cpu')
+    # template cpp_gemm: 0.212 ms (chosen); extern aten.addmm + epilogue: 0.251 ms
+    # kernel fxwrap_template_0 (cpu): arg0:input, buf0:input, arg2:input, buf2:output
+    fxwrap_template_0(arg0, buf0, arg2, buf2)
+
+and when the extern wins::
+
+    buf1 = empty_strided((128, 3072), (3072, 1), dtype=torch.float32, device='cpu')
+    # template cpp_gemm: 0.301 ms; extern aten.addmm + epilogue: 0.251 ms (chosen)
+    aten.mm.out(arg0, buf0, out=buf1)
+    buf2 = ...
+    fxwrap_pointwise_0(arg2, buf1, buf2)
+
+(the extern is the op's own call: ``addmm`` stays ``aten.addmm.out`` when its bias is
+all the epilogue there is; otherwise ``aten.addmm.out`` and the rest of the epilogue
+over its result.)
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import sympy
+import torch
+
+from fxwrap.core import logs
+from fxwrap.core.ir import Op, OpCode, Store, rewrite, walk
+from fxwrap.core.scheduler import Group
+from fxwrap.core.symbolic import contiguous_strides, evaluate
+from fxwrap.core.templates import TemplateChoiceRecord, TimingCache
+from fxwrap.wrapper_ir.lines import Buffer, CallExtern, TemplateChoice, View
+
+log = logging.getLogger("fxwrap")
+
+EXTERN = "extern"
+
+
+def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -> list:
+    """The lines (``KernelLines`` or plain line lists, in order) computing template group
+    ``group``: the chosen candidate's, preceded by a ``TemplateChoice`` comment."""
+    call = group.template
+    mode = builder.template_mode
+    prefix = builder.kernel_prefix
+    candidates: list[tuple[str, object]] = []
+    reasons: dict[str, str] = {}
+    for template in builder.session.templates:
+        if call.op not in template.ops:
+            continue
+        why = template.refusal(call)
+        if why is not None:
+            reasons[template.name] = why
+            continue
+        made = builder.kernel_lines(group, f"{prefix}_template_{count}", keep, inputs,
+                                    lambda sk, t=template: t.render(sk, emitter))
+        candidates.append((template.name, made))
+    extern_lines = list(builder.template_externs[call.output.name])
+    epilogue = epilogue_group(group)
+    views = _copies_as_views(builder, epilogue, call)  # a reshape of the result: a View, as without templates
+    if views:
+        epilogue.stores = [st for st in epilogue.stores if st.buffer not in {v.buf.name for v in views}]
+        extern_lines = [*extern_lines, *views]
+    epi_keep = (keep | {call.output.name}) - {call.output.name}
+    epi = builder.kernel_lines(epilogue, f"{prefix}_pointwise_{count}", epi_keep, inputs, emitter.render) \
+        if epilogue.stores else None
+    extern = [extern_lines] + ([epi] if epi is not None else [])
+    aten_call = next(ln for ln in extern_lines if isinstance(ln, CallExtern))
+    extern_label = f"{EXTERN} {aten_call.op}" + (" + epilogue" if epi is not None else "")
+
+    times: dict[str, float] = {}
+    unsafe = {t.name: why for t in builder.session.templates
+              if call.op in t.ops and t.name in dict(candidates) and (why := t.extern_refusal(call)) is not None}
+    if not candidates:
+        chosen = EXTERN
+    elif mode == "always" or unsafe:  # an extern that must not run is neither timed nor chosen
+        chosen = candidates[0][0]
+    else:
+        times = time_candidates(builder, emitter, candidates, extern)
+        best = min(times[name] for name, _ in candidates)
+        chosen = EXTERN if times[EXTERN] <= best else min(
+            (name for name, _ in candidates), key=lambda n: (times[n], [c[0] for c in candidates].index(n)))
+    parts = []
+    for name, _ in candidates:
+        ms = f": {times[name]:.3f} ms" if name in times else ""
+        parts.append(f"template {name}{ms}" + (" (chosen)" if name == chosen else ""))
+    ms = f": {times[EXTERN]:.3f} ms" if EXTERN in times else ""
+    ms += "".join(f" (not run: {why})" for why in unsafe.values())
+    parts.append(f"{extern_label}{ms}" + (" (chosen)" if chosen == EXTERN else ""))
+    note = TemplateChoice("; ".join(parts), chosen, tuple(sorted(times.items())))
+    record = TemplateChoiceRecord(f"{prefix}_template_{count}", call, chosen, dict(times), reasons)
+    builder.out.template_choices.append(record)
+    logs.logger("autotune").info("fxwrap: %s: %s", call.describe(), note.text)
+    if chosen == EXTERN:
+        at = next(i for i, ln in enumerate(extern_lines) if isinstance(ln, CallExtern))
+        return [[*extern_lines[:at], note, *extern_lines[at:]], *extern[1:]]
+    made = dict(candidates)[chosen]
+    made.lines.insert(len(made.lines) - 1, note)  # just above the launch: its FX node gets the comment
+    return [made]
+
+
+def epilogue_group(group: Group) -> Group:
+    """The group's stores without the template: the op's result is read back from its
+    buffer (the extern wrote it) wherever the epilogue used its value; its own store is
+    dropped (the extern makes it)."""
+    call = group.template
+    own = next(st for st in group.stores if st.buffer == call.output.name)
+    readback = Op.load(call.output.name, own.index, call.output.dtype)
+    stores = []
+    for st in group.stores:
+        if st is own:
+            continue
+        value = rewrite(st.value, lambda node: readback if node is own.value else None)
+        if any(n.op == OpCode.TEMPLATE_OUT for n in walk(value)):
+            raise AssertionError(f"epilogue of {call.node} reads the template's accumulator outside its result")
+        stores.append(Store(st.buffer, st.index, value))
+    return dataclasses.replace(group, stores=stores, template=None, values={}, reductions=[])
+
+
+# -- timing ----------------------------------------------------------------------
+ROUNDS = 7
+TARGET_SECONDS = 2e-3  # each timed sample runs the candidate this long at least
+
+
+def time_candidates(builder, emitter, candidates: list, extern: list) -> dict[str, float]:
+    """``{candidate: ms}`` (the fastest of ``ROUNDS`` rounds) of each template candidate and of the extern (``EXTERN``),
+    on random inputs at the size hints, interleaved round by round; cached on disk."""
+    hints = builder.out.hints
+    target = builder.target
+    cache = TimingCache()
+    runs = {name: [made] for name, made in candidates}
+    runs[EXTERN] = extern
+    keys = {name: cache.key("fxwrap template timing", target.name, torch.get_num_threads(),
+                            [_digest(part, hints) for part in parts], sorted((str(k), v) for k, v in hints.items()))
+            for name, parts in runs.items()}
+    times = {name: cache.get(key) for name, key in keys.items()}
+    missing = [name for name, ms in times.items() if ms is None]
+    if missing:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        with unset_fake_temporarily(), torch.no_grad():
+            measured = _measure({name: runs[name] for name in missing}, emitter, hints, target)
+        for name, ms in measured.items():
+            times[name] = ms
+            cache.put(keys[name], ms)
+    return times
+
+
+def _copies_as_views(builder, epilogue: Group, call) -> list:
+    """``View`` lines for the epilogue's stores that only copy the op's result into a
+    row-major buffer of the same elements (a reshape: the ``(B, T, N)`` view of a 3-D
+    linear's ``(B*T, N)`` product) -- the extern candidate views the result there instead."""
+    out = call.output
+    if tuple(out.stride) != tuple(contiguous_strides(out.size)):
+        return []
+    views = []
+    for st in epilogue.stores:
+        v = st.value
+        if not (v.op == OpCode.LOAD and v.arg[0] == out.name and not v.src and v.arg[1] == st.index):
+            continue
+        buf = builder.buffers.get(st.buffer)
+        if buf is None or tuple(buf.stride) != tuple(contiguous_strides(buf.size)) or buf.dtype != out.dtype:
+            continue
+        views.append(View(buf, out))
+    return views
+
+
+def _digest(part, hints) -> tuple:
+    """What a candidate's time depends on: a kernel's source without its comment header
+    and with its name generic; an extern line's op and operand layouts."""
+    if hasattr(part, "source"):
+        text = "\n".join(ln for ln in part.source.text.splitlines() if not ln.startswith("//"))
+        return ("kernel", text.replace(part.scheduled.name, "KERNEL"))
+    out = []
+    for line in part:
+        if isinstance(line, CallExtern):
+            layouts = [(tuple(map(str, b.size)), tuple(map(str, b.stride)), str(b.dtype))
+                       for b in _buffers((line.args, line.kwargs))]
+            out.append((str(line.op), layouts, repr([v for v in _flat((line.args, line.kwargs))
+                                                       if not isinstance(v, Buffer)])))
+    return ("extern", tuple(out))
+
+
+def _flat(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _flat(v)
+    else:
+        yield value
+
+
+def _buffers(value) -> list[Buffer]:
+    return [v for v in _flat(value) if isinstance(v, Buffer)]
+
+
+def _measure(runs: dict, emitter, hints: dict, target) -> dict[str, float]:
+    tensors: dict[str, torch.Tensor] = {}
+    gen = torch.Generator().manual_seed(0)
+
+    def tensor(buf: Buffer) -> torch.Tensor:
+        t = tensors.get(buf.name)
+        if t is None:
+            size = [evaluate(n, hints) for n in buf.size]
+            stride = [evaluate(s, hints) for s in buf.stride]
+            t = torch.empty_strided(size, stride, dtype=buf.dtype, device=buf.device)
+            if t.dtype.is_floating_point:
+                t.copy_(torch.randn(size, generator=gen).to(buf.dtype))
+            elif t.dtype == torch.bool:
+                t.fill_(True)
+            else:
+                t.copy_(torch.randint(0, 2, size, generator=gen).to(buf.dtype))
+            tensors[buf.name] = t
+        return t
+
+    def value(v):
+        if isinstance(v, Buffer):
+            return tensor(v)
+        if isinstance(v, sympy.Basic):
+            return evaluate(v, hints)
+        if isinstance(v, tuple):
+            return tuple(value(x) for x in v)
+        return v
+
+    steps: dict[str, list] = {}
+    for name, parts in runs.items():
+        calls = []
+        for part in parts:
+            if hasattr(part, "source"):
+                launcher = emitter.load(part.source)
+                args = [value(a) for a in part.lines[-1].args]
+                calls.append((launcher, args, {}))
+            else:
+                for line in part:
+                    if isinstance(line, CallExtern):
+                        calls.append((line.op, [value(a) for a in line.args], {k: value(v) for k, v in line.kwargs}))
+        steps[name] = calls
+    device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+
+    def run(calls, n: int) -> float:
+        def once():
+            for fn, args, kwargs in calls:
+                fn(*args, **kwargs)
+        return target.device.time_calls(once, n, device)  # the device's own clock where it has one
+
+    reps = {}
+    for name, calls in steps.items():
+        run(calls, 1)  # warm up (first touch, lazy init)
+        once = run(calls, 1)
+        reps[name] = max(1, min(100, int(TARGET_SECONDS / max(once, 1e-7))))
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(ROUNDS):
+        for name, calls in steps.items():
+            samples[name].append(run(calls, reps[name]))
+    # the fastest round: other processes on the machine only ever add time (a shared CPU's
+    # medians swing 2x between candidates run a moment apart)
+    return {name: min(s) * 1e3 for name, s in samples.items()}
