@@ -3,6 +3,9 @@ samples of the scan ops compiled through fxwrap, compared with eager, with a che
 every scan ran in a kernel of its own making (no ATen call of a scan op in the programs)."""
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 import torch
 
 from fxwrap.testing.opinfo import Case, compare, dynamo_settings, select_ops
@@ -16,6 +19,8 @@ SCAN_OVERLOADS = {aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.d
 
 def scan_samples(name: str, dtype: torch.dtype, device: str = "cpu"):
     """``(case, eager output)`` for each OpInfo sample of scan op ``name`` in ``dtype``."""
+    if importlib.util.find_spec("expecttest") is None:
+        pytest.skip("torch's OpInfo database needs expecttest: pip install expecttest (or fxwrap's [test] extra)")
     (op,) = [o for o in select_ops([name]) if not o.variant_test_name]
     out = []
     for sample in op.sample_inputs(device, dtype):

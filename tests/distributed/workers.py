@@ -199,10 +199,14 @@ def case_training(rank: int, world: int, backend: str, kind: str, width: int = 3
             dist._DEFAULT_FIRST_BUCKET_BYTES = 8192
             model = DDP(model, device_ids=[rank] if device.type == "cuda" else None, bucket_cap_mb=0.01)
         else:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
+            # the mesh on the test's device (fully_shard's default is CUDA wherever there is
+            # one, which a gloo test on CPU tensors must not use)
+            mesh = init_device_mesh(device.type, (world,))
             for block in model.blocks:
-                fully_shard(block)
-            fully_shard(model)
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
         if which == "fxwrap":
             model = torch.compile(model, backend=backend_fn)
         models[which] = model
