@@ -60,7 +60,7 @@ from fxwrap.core.ir import Op, OpCode, ScheduledKernel, walk
 aten = torch.ops.aten
 
 #: ``options={"templates": ...}``: see the module docstring.
-TEMPLATE_MODES = ("auto", "off", "always")
+TEMPLATE_MODES = ("default", "auto", "off", "always")
 
 #: The ops the builder knows how to state as a ``TemplateCall`` (a product over k).
 #: ``_weight_int8pack_mm(x, w, scales)``: ``operands = (x, w viewed as (K, N), scales)``,
@@ -159,6 +159,12 @@ class Template:
         """Why this template does not compute ``call`` (dtype, layout, sizes, CPU
         features), for the schedule log; None: it does."""
         return None
+
+    #: Whether ``templates="default"`` (the default option) times this template against the
+    #: ATen call; False: only under ``templates="auto"`` / ``"always"`` or a max-autotune mode
+    #: (Inductor's rule for its GEMM templates: on the H200 the Triton GEMM won by kernel but
+    #: not by whole model, and tuning its tilings made compiles 3-4x longer; BENCHMARKS.md)
+    in_default_mode: bool = True
 
     def extern_refusal(self, call: TemplateCall) -> str | None:
         """Why the op's ATen call must not compute ``call`` (nor be timed against this

@@ -78,9 +78,11 @@ class CompileOptions:
     print a summary of every buffer a launch writes; a list of buffer, kernel or ATen op
     names: of those), ``debug_dir`` (write a debug dump of
     every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``), ``templates``
-    (GEMM templates with fused epilogues, ``fxwrap.core.templates``: ``"auto"``, the default,
-    uses a template where it is timed faster than the ATen call plus the epilogue kernel;
-    ``"always"`` wherever one applies; ``"off"`` never; default ``$FXWRAP_TEMPLATES`` or ``"auto"``)::
+    (GEMM templates with fused epilogues, ``fxwrap.core.templates``: ``"auto"`` uses a
+    template where it is timed faster than the ATen call plus the epilogue kernel;
+    ``"default"``, the default, does so with the templates marked ``in_default_mode`` (the
+    CPU's), and with every template under a max-autotune mode; ``"always"`` wherever one
+    applies; ``"off"`` never; default ``$FXWRAP_TEMPLATES`` or ``"default"``)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -100,7 +102,7 @@ class CompileOptions:
     check_nan: bool | str = False
     print_values: bool | tuple[str, ...] = False
     debug_dir: str | None = None
-    templates: str = field(default_factory=lambda: os.environ.get("FXWRAP_TEMPLATES", "auto"))
+    templates: str = field(default_factory=lambda: os.environ.get("FXWRAP_TEMPLATES", "default"))
 
     def __post_init__(self):
         if self.templates not in TEMPLATE_MODES:
@@ -193,6 +195,20 @@ class CompileSession:
         self._shared = _SharedState()
 
     @property
+    def template_mode(self) -> str:
+        """``"auto"``, ``"always"`` or ``"off"``: how the kernel builder uses ``active_templates``."""
+        mode = self.options.templates
+        return "auto" if mode == "default" else mode
+
+    @property
+    def active_templates(self) -> tuple:
+        """The templates this compile considers: all of ``templates``, or under the
+        ``"default"`` option outside max-autotune those ``in_default_mode``."""
+        if self.options.templates == "default" and not self.options.max_autotune:
+            return tuple(t for t in self.templates if getattr(t, "in_default_mode", True))
+        return self.templates
+
+    @property
     def kernel_loader(self) -> Callable:
         """What a ``Kernel`` built in this session loads its launcher with after unpickling
         (``fxwrap.plugins.manager.load_kernel``: the named target's emitter)."""
@@ -268,7 +284,7 @@ class CompileSession:
     @property
     def template_ops(self) -> frozenset:
         """Every ATen overload some template of this session computes."""
-        return frozenset(op for t in self.templates for op in t.ops)
+        return frozenset(op for t in self.active_templates for op in t.ops)
 
     def new_emitter(self, size_hints: dict | None = None) -> KernelEmitter:
         """A kernel emitter for one graph; ``size_hints`` (``{symbol: int}``) are its example sizes."""

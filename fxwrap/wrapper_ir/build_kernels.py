@@ -126,7 +126,7 @@ class KernelBuilder(build._Builder):
         self.position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
         self.reuse = session.options.reuse
         self.wrapper_passes = tuple(session.wrapper_passes)
-        self.template_mode = getattr(session.options, "templates", "off")
+        self.template_mode = session.template_mode
         # template output buffer -> the lines of its ATen call (the extern candidate)
         self.template_externs: dict[str, list[Line]] = {}
 
@@ -447,7 +447,7 @@ class KernelBuilder(build._Builder):
         call = self._template_call(node, out)
         if call is None:
             return
-        reasons = {t.name: t.refusal(call) for t in self.session.templates if node.target in t.ops}
+        reasons = {t.name: t.refusal(call) for t in self.session.active_templates if node.target in t.ops}
         if all(why is not None for why in reasons.values()):
             logs.logger("schedule").info("fxwrap: %s stays an ATen call on target %s: %s", node.name,
                                          self.target.name, "; ".join(f"template {k}: {v}" for k, v in reasons.items()))

@@ -53,7 +53,7 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
     prefix = builder.kernel_prefix
     candidates: list[tuple[str, object]] = []
     reasons: dict[str, str] = {}
-    for template in builder.session.templates:
+    for template in builder.session.active_templates:
         if call.op not in template.ops:
             continue
         why = template.refusal(call)
@@ -77,7 +77,7 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
     extern_label = f"{EXTERN} {aten_call.op}" + (" + epilogue" if epi is not None else "")
 
     times: dict[str, float] = {}
-    unsafe = {t.name: why for t in builder.session.templates
+    unsafe = {t.name: why for t in builder.session.active_templates
               if call.op in t.ops and t.name in dict(candidates) and (why := t.extern_refusal(call)) is not None}
     if not candidates:
         chosen = EXTERN

@@ -338,6 +338,7 @@ class TritonGemm(Template):
 
     name = "triton_gemm"
     ops = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
+    in_default_mode = False  # max-autotune or templates="auto" (Template.in_default_mode)
 
     def refusal(self, call: TemplateCall) -> str | None:
         if call.dtype not in GEMM_DTYPES:
