@@ -152,18 +152,24 @@ def test_symbolic_rows():
         torch.testing.assert_close(out, torch.addmm(bias, a, b) + 1, **tol(f32, K))
 
 
-def test_tf32_follows_torch_flag(monkeypatch):
+def test_tf32_follows_torch_flag():
     M, N, K = 32, 32, 32
     a_buf, b_buf, out_buf = buf("a", (M, K)), buf("b", (K, N)), buf("out", (M, N))
     call = gemm_call(aten.mm.default, a_buf, b_buf, out_buf)
     k = kernel("fxwrap_template_5", [a_buf, b_buf], [out_buf], [Store("out", N * x0 + x1, product(call))],
                ranges=(M, N))
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    assert 'input_precision="ieee"' in build_gemm(k, call)[1].text
-    if not GPU:
-        return  # the interpreter computes in float32 whatever the source says
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    assert 'input_precision="tf32"' in build_gemm(k, call)[1].text
+    # set and restored by hand: the flag is a property of torch's cuBLAS module object,
+    # which pytest's monkeypatch cannot always restore (AttributeError at teardown)
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        assert 'input_precision="ieee"' in build_gemm(k, call)[1].text
+        if GPU:  # the interpreter computes in float32 whatever the source says
+            matmul.allow_tf32 = True
+            assert 'input_precision="tf32"' in build_gemm(k, call)[1].text
+    finally:
+        matmul.allow_tf32 = before
 
 
 def test_configs_fit_the_problem():
