@@ -115,21 +115,4 @@ class CppInt8Gemm(Template):
                 f"          [&](const {it} {x0}, const {it} {x1}, const float {acc}) {{",
                 *("  " + line for line in epilogue),
                 "});"]
-        cname = emitter.function_name(kernel)
-        text = "\n".join([
-            *emitter.header_comment(kernel),
-            *emitter.headers,
-            emitter.prelude.strip("\n"),
-            INT8_GEMM_SOURCE.strip("\n"),
-            "",
-            emitter.function_head(kernel, cname),
-            "{",
-            *("  " + line if line else "" for line in body),
-            "}",
-            "",
-        ])
-        launch = {"symbol": cname, "language": emitter.language,
-                  "pointers": len(kernel.inputs) + len(kernel.outputs),
-                  "size_symbols": tuple(s.name for s in kernel.size_symbols)}
-        launch.update(emitter.launch_metadata(kernel))
-        return KernelSource(kernel.name, text, emitter.language, emitter.signature(kernel), launch)
+        return emitter.template_source(kernel, body, helpers=INT8_GEMM_SOURCE)
