@@ -51,6 +51,7 @@ import threading
 import sympy
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._sympy.functions import CeilDiv
 
 from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
 from fxwrap.core.symbolic import evaluate
@@ -60,6 +61,7 @@ from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, W
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
+from fxwrap.targets.cuda_triton.lookback import LookbackScanWriter
 from fxwrap.core import logs
 from fxwrap.targets.cuda_triton.printer import IndexPrinter
 from fxwrap.targets.cuda_triton.tiling import Planner
@@ -176,7 +178,8 @@ class TritonEmitter(KernelEmitter):
         for buf in (*kernel.inputs, *kernel.outputs):
             O.tl_type(buf.dtype, self.target_name)
         plan = Planner(self.interpret, self.size_hints, self.max_autotune).plan(kernel)
-        writer = KernelWriter(kernel, plan, self.target_name)
+        writer_class = LookbackScanWriter if plan.kind == "lookback-scan" else KernelWriter
+        writer = writer_class(kernel, plan, self.target_name)
         fname = self.function_name(kernel)
         ptrs = [f"in_ptr{i}" for i in range(len(kernel.inputs))]
         ptrs += [f"out_ptr{i}" for i in range(len(kernel.outputs))]
@@ -185,15 +188,20 @@ class TritonEmitter(KernelEmitter):
         if sizes:
             deco = f"@triton.jit(do_not_specialize={sizes!r})"
         workspaces = ()
-        if plan.kind == "split-scan":
+        xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]) if kernel.ranges else sympy.Integer(1)
+        if plan.kind == "lookback-scan":  # the ticket and status words, zeroed before the launch
+            functions = [(fname, ptrs + ["ws_ptr0"] + sizes + [f"{b}: tl.constexpr" for b in plan.block_names],
+                          writer.write())]
+            rnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges])
+            nchunks = CeilDiv(rnumel, sympy.Integer(plan.scan_chunk))
+            workspaces = (Workspace(writer.workspace_numel(xnumel, nchunks), torch.int64, zeroed=True),)
+        elif plan.kind == "split-scan":
             body_a, body_b = writer.write_split_scan()
             ws = [f"ws_ptr{i}" for i in range(len(writer.workspace_fields()))]
             scan_blocks = ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr", "SCAN_CHUNK: tl.constexpr"]
             functions = [(f"{fname}_totals", ptrs + ws + sizes + scan_blocks, body_a),
                          (fname, ptrs + ws + sizes + scan_blocks + ["CBLOCK: tl.constexpr"], body_b)]
-            xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]) if kernel.ranges else sympy.Integer(1)
             rnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges])
-            from torch.utils._sympy.functions import CeilDiv
             nchunks = CeilDiv(rnumel, sympy.Integer(plan.scan_chunk))
             workspaces = tuple(Workspace(xnumel * nchunks, T) for _, _, T in writer.workspace_fields())
         elif plan.kind == "split-outer":
@@ -233,6 +241,10 @@ class TritonEmitter(KernelEmitter):
         device = self._device(kernel)
         if device is not None and device.index is not None:
             launch["device_index"] = device.index  # loaded into, and launched on, this device
+        if plan.kind == "lookback-scan":  # one program per (row, chunk): XBLOCK is 1
+            launch["pointers"] += len(workspaces)
+            launch["pointer_dtypes"] += tuple(str(w.dtype) for w in workspaces)
+            launch["grid_extra"] = f"((({dict(numels)['r']}) + {plan.scan_chunk - 1}) // {plan.scan_chunk})"
         if plan.kind == "split-scan":
             launch["pointers"] += len(workspaces)
             launch["pointer_dtypes"] += tuple(str(w.dtype) for w in workspaces)
@@ -291,7 +303,9 @@ class TritonEmitter(KernelEmitter):
                 "looped": f"looped reduction ({plan.reduction_shape})",
                 "split-outer": "split reduction (outer): partials per r chunk, then an ordered combine",
                 "scan": "scan, one program per row",
-                "split-scan": "split scan: chunk totals, then each chunk's scan from the totals before it"}[plan.kind]
+                "split-scan": "split scan: chunk totals, then each chunk's scan from the totals before it",
+                "lookback-scan": "look-back scan: one launch; each chunk takes a ticket, publishes its total, "
+                                 "looks back for its prefix and scans"}[plan.kind]
         lines.append(f"# plan: {what}, indices {plan.index_dtype}")
         return lines
 

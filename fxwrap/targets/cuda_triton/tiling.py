@@ -12,6 +12,15 @@
   (``NSPLIT`` chunks) and stores its partial accumulators to a workspace
   ``[NSPLIT, xnumel]``; the second combines the ``NSPLIT`` partials of each ``x`` in a
   fixed order (bitwise reproducible, no atomics) and runs the x-indexed stores.
+* scan: one program per row walking it in ``RBLOCK`` steps with a carry;
+* lookback-scan: few long rows of ``cumsum``/``cumprod``/``logcumsumexp``, one launch:
+  each program takes a chunk of ``RBLOCK`` elements (in registers) by an atomic ticket,
+  publishes its total, looks back over its predecessors' published totals and prefixes
+  (``LOOKBACK`` status words at a time) and scans its chunk from there (decoupled
+  look-back, Merrill & Garland); the status words live in a zeroed workspace;
+* split-scan: the same rows in two launches (chunk totals, then each chunk's scan from the
+  totals before it): cummax/cummin, and every scan under
+  ``torch.use_deterministic_algorithms`` (a look-back's float sums depend on timing).
 
 ``Plan("pointwise1d", axes=("x",), groups={"x": [x0, x1]}, index_dtype="tl.int32",
 configs=[{"XBLOCK": 1024, "num_warps": 4}, ...])``.  Block sizes are ``tl.constexpr``
@@ -22,8 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import sympy
+import torch
 
 from fxwrap.core.ir import OpCode, ScheduledKernel, load_buffer, rvar, walk, xvar
+from fxwrap.core.numerics import compute_dtype
 from fxwrap.core.symbolic import evaluate
 
 INT32_LIMIT = 2 ** 31 - 2 ** 24  # margin for block overshoot past the last element
@@ -37,7 +48,8 @@ def next_pow2(n: int) -> int:
 class Plan:
     """Structure of one kernel; see the module docstring."""
 
-    kind: str                       # pointwise1d | pointwise2d | persistent | looped | split-outer | scan | split-scan
+    kind: str                       # pointwise1d | pointwise2d | persistent | looped | split-outer | scan |
+    #                                 lookback-scan | split-scan
     axes: tuple[str, ...]           # block axes, in tensor-dimension order
     groups: dict                    # axis -> loop vars (outermost first)
     ranges: dict                    # axis -> their ranges
@@ -45,7 +57,7 @@ class Plan:
     reduction_shape: str = ""       # "inner" | "outer" (reductions only)
     rblock: int | None = None       # persistent reductions: the fixed RBLOCK
     configs: list = field(default_factory=list)
-    extra_constexprs: tuple = ()    # split-outer: ("NSPLIT",)
+    extra_constexprs: tuple = ()    # split-outer: ("NSPLIT",); lookback-scan: ("LOOKBACK", "PUBLISH_PREFIX")
     combine_config: dict | None = None  # split-outer: the combine kernel's XBLOCK, num_warps
     scan_chunk: int | None = None   # split-scan: elements of a row per program (a multiple of RBLOCK)
 
@@ -137,7 +149,8 @@ class Planner:
         """The kernel's plan; under ``max_autotune`` with the widened candidate set
         (the default candidates first, so the first config is the same in both modes)."""
         plan = self._plan(kernel)
-        if self.max_autotune:
+        # (a long-row scan keeps its one config: its chunk fixes the workspace and the grid)
+        if self.max_autotune and plan.kind not in ("lookback-scan", "split-scan"):
             plan.configs = self.widened(plan)
         return plan
 
@@ -274,9 +287,23 @@ class Planner:
     scan_split_rblock = 2048
     scan_chunk_interpret = 32
 
+    # look-back scan: the rows a split scan would take, in one launch (see the module docstring)
+    scan_lookback = True           # False: long rows keep the two-launch split scan
+    lookback_kinds = frozenset({"cumsum", "cumprod", "logcumsumexp"})
+    lookback_min_chunk = 1024      # elements per program (GPU): RBLOCK, the chunk held in registers
+    lookback_max_chunk = 8192
+    lookback_chunk_interpret = 16  # interpreter: small, so rows have many chunks
+    lookback_window = 32           # predecessors' status words one look-back step reads (GPU)
+    lookback_window_interpret = 4  # interpreter: several look-back steps per chunk
+    # False: programs publish only their chunk's total, never their inclusive prefix, so every
+    # look-back walks to the row's start over totals (tests: the interpreter runs programs in
+    # ticket order, where the look-back would otherwise stop at the nearest predecessor)
+    lookback_publish_prefix = True
+
     def _scan(self, kernel, idt, xv, rv) -> Plan:
         """One program per row (``XBLOCK = 1``) walking it in ``RBLOCK`` steps with a carry
-        (plan ``scan``); or, for long rows and few of them, ``split-scan``."""
+        (plan ``scan``); or, for long rows and few of them, ``lookback-scan`` where every
+        scan of the kernel can (``lookback_scans``), else ``split-scan``."""
         groups = {"x": xv, "r": rv}
         ranges = {"x": list(kernel.ranges), "r": list(kernel.reduction_ranges)}
         rnumel = _static(sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges]))
@@ -287,6 +314,8 @@ class Planner:
         nw = 1 if rb <= 128 else 2 if rb <= 256 else 4 if rb <= 1024 else 8
         split_min = self.scan_split_min_rnumel_interpret if self.interpret else self.scan_split_min_rnumel
         if rhint is not None and rhint >= split_min and xhint is not None and xhint < self.split_max_programs:
+            if self.lookback_scans(kernel):
+                return self._lookback(groups, ranges, idt, rhint * xhint)
             if self.interpret:
                 rb, chunk, nw = self.scan_rblock_interpret, self.scan_chunk_interpret, 1
             else:  # about split_target_programs programs, each at least one RBLOCK step
@@ -296,6 +325,35 @@ class Planner:
                         [{"XBLOCK": 1, "RBLOCK": rb, "num_warps": nw}], scan_chunk=chunk)
         return Plan("scan", ("x", "r"), groups, ranges, idt, "inner", None,
                     [{"XBLOCK": 1, "RBLOCK": rb, "num_warps": nw}])
+
+    def lookback_scans(self, kernel) -> bool:
+        """Whether a long-row scan kernel takes the look-back plan: every scan a
+        ``lookback_kinds`` one whose running state is 32 or 64 bits (float32 for 16-bit
+        floats, int64 for integers and bool), and results need not be bitwise reproducible
+        (``torch.use_deterministic_algorithms``: the two-launch split scan combines in a
+        fixed order)."""
+        if not self.scan_lookback or torch.are_deterministic_algorithms_enabled():
+            return False
+        for red in kernel.reductions:
+            if red.kind not in self.lookback_kinds:
+                return False
+            if compute_dtype(red.dtype).itemsize not in (4, 8):
+                return False
+        return True
+
+    def _lookback(self, groups, ranges, idt, elements: int) -> Plan:
+        """Plan ``lookback-scan``: one program per chunk of ``RBLOCK`` elements of a row, about
+        ``split_target_programs`` of them (each chunk within the ``lookback_*_chunk`` bounds)."""
+        if self.interpret:
+            chunk, nw, window = self.lookback_chunk_interpret, 1, self.lookback_window_interpret
+        else:
+            chunk = next_pow2(-(-elements // self.split_target_programs))
+            chunk = max(self.lookback_min_chunk, min(self.lookback_max_chunk, chunk))
+            nw, window = max(4, min(16, chunk // 512)), self.lookback_window
+        cfg = {"XBLOCK": 1, "RBLOCK": chunk, "LOOKBACK": window,
+               "PUBLISH_PREFIX": int(bool(self.lookback_publish_prefix)), "num_warps": nw}
+        return Plan("lookback-scan", ("x", "r"), groups, ranges, idt, "inner", None, [cfg],
+                    extra_constexprs=("LOOKBACK", "PUBLISH_PREFIX"), scan_chunk=chunk)
 
     # -- split-outer -----------------------------------------------------------
     def _hint(self, ranges) -> int | None:
