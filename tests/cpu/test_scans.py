@@ -86,10 +86,14 @@ def test_nan_and_ties(target):
     assert not scan_externs([p])
 
 
-def test_split_scan_workspace_is_a_planned_buffer():
+def test_split_scan_workspace_is_a_planned_buffer(monkeypatch):
     """A long row on triton-interpret (its planner splits rows of 64 elements and more, in
-    chunks of 32): the chunk totals live in a workspace the program allocates and frees,
+    chunks of 32; the look-back plan off, so the cumsum splits too: test_lookback_scan.py
+    covers that plan): the chunk totals live in a workspace the program allocates and frees,
     counted in peak_bytes; the numbers are eager's."""
+    from fxwrap.targets.cuda_triton.tiling import Planner
+    monkeypatch.setattr(Planner, "scan_lookback", False)
+
     def f(x):
         return torch.cumsum(x, 1), torch.cummax(x, 1)
     x = torch.randn(3, 300)

@@ -79,7 +79,7 @@ def emitter():
 def build(k: ScheduledKernel, hints=None):
     """Render and load ``k``; returns ``(launcher, source)``.  The launcher takes the kernel's
     inputs, outputs and sizes and allocates the workspaces the source declares
-    (``source.workspaces``), as a program's ``Allocate`` lines would."""
+    (``source.workspaces``), as a program's ``Allocate`` (and ``ZeroFill``) lines would."""
     em = emitter()
     em.size_hints = dict(hints or {})
     src = em.render(legalize(k))  # explicit compute dtypes and 16-bit rounding, as the kernel builder does
@@ -90,7 +90,8 @@ def build(k: ScheduledKernel, hints=None):
 
     def with_workspaces(*args):
         sizes = {s: int(v) for s, v in zip(k.size_symbols, args[n:])}
-        ws = [torch.empty(evaluate(w.numel, sizes), dtype=w.dtype, device=DEVICE) for w in src.workspaces]
+        ws = [(torch.zeros if w.zeroed else torch.empty)(int(evaluate(w.numel, sizes)), dtype=w.dtype, device=DEVICE)
+              for w in src.workspaces]
         return launcher(*args[:n], *ws, *args[n:])
     return with_workspaces, src
 
