@@ -5,6 +5,12 @@ the 1-row 1M-element cumsum at 70% or more of the copy's bandwidth.
 
     python benchmarks/scans.py [--rows 1] [--n 1048576] [--op cumsum|cumprod|logcumsumexp|cummax] [--dtype float32]
     python benchmarks/scans.py --sweep            # a few shapes, one line each
+    python benchmarks/scans.py --plan split       # long rows in the two-launch split scan (compare)
+    python benchmarks/scans.py --chunk 2048 --window 64   # the look-back plan's chunk and window
+
+Each line names the plan the scan kernel ran (``lookback-scan`` for long rows of cumsum, cumprod
+and logcumsumexp: one launch after the zero fill of its status words; ``split-scan``: two launches;
+``scan``: one program per row).
 
 Times are CUDA-event medians of 11 repeats of 200 back-to-back replays of a CUDA graph of
 one call (the device's work alone: at 4 MB a call's host cost, dynamo's guards included,
@@ -21,6 +27,8 @@ import time
 import torch
 
 import fxwrap
+from fxwrap.targets.cuda_triton.tiling import Planner
+from fxwrap.wrapper_ir.lines import CallKernel
 
 OPS = {
     "cumsum": lambda x: torch.cumsum(x, -1),
@@ -70,8 +78,12 @@ def per_call_s(fn, device: str, calls: int = 200, repeats: int = 11) -> float:
 def measure(op: str, rows: int, n: int, dtype: torch.dtype, device: str, graphs: bool = True) -> dict:
     x = torch.randn(rows, n, device=device, dtype=dtype)
     fn = OPS[op]
-    compiled = fxwrap.compile(fn, target=device)
+    programs: list = []
+    torch._dynamo.reset()
+    compiled = fxwrap.compile(fn, target=device, options={"on_program": programs.append})
     torch.testing.assert_close(compiled(x), fn(x), rtol=1e-3, atol=1e-2 * max(1.0, n ** 0.5 / 100))
+    plans = [line.kernel.launch.get("plan", line.kernel.target) for p in programs for line in p.lines
+             if isinstance(line, CallKernel)]
     dst = torch.empty_like(x)
     nbytes = 2 * x.numel() * x.element_size()
     scan, copy, eager = (lambda: compiled(x)), (lambda: dst.copy_(x)), (lambda: fn(x))
@@ -80,7 +92,7 @@ def measure(op: str, rows: int, n: int, dtype: torch.dtype, device: str, graphs:
     t_scan = per_call_s(scan, device)
     t_copy = per_call_s(copy, device)
     t_eager = per_call_s(eager, device)
-    return {"op": op, "shape": (rows, n), "dtype": str(dtype), "scan_us": t_scan * 1e6, "copy_us": t_copy * 1e6,
+    return {"op": op, "plan": "+".join(plans), "shape": (rows, n), "dtype": str(dtype), "scan_us": t_scan * 1e6, "copy_us": t_copy * 1e6,
             "eager_us": t_eager * 1e6, "scan_GBps": nbytes / t_scan / 1e9, "copy_GBps": nbytes / t_copy / 1e9,
             "fraction_of_copy": t_copy / t_scan}
 
@@ -93,9 +105,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--plan", default="auto", choices=["auto", "split"],
+                    help="split: long rows in the two-launch split scan, not the look-back scan")
+    ap.add_argument("--chunk", type=int, help="the look-back scan's chunk (RBLOCK, a power of two), fixed")
+    ap.add_argument("--window", type=int, help="the look-back scan's status words per look-back step")
     ap.add_argument("--no-graphs", action="store_true", help="time plain calls (host cost included), not CUDA graph replays")
     a = ap.parse_args()
     dtype = getattr(torch, a.dtype)
+    if a.plan == "split":
+        Planner.scan_lookback = False
+    if a.chunk:
+        Planner.lookback_min_chunk = Planner.lookback_max_chunk = a.chunk
+    if a.window:
+        Planner.lookback_window = a.window
     cases = [(a.op, a.rows, a.n)]
     if a.sweep:
         cases = [("cumsum", 1, 1 << 20), ("cumsum", 1, 1 << 24), ("cumsum", 8, 1 << 17), ("cumsum", 4096, 1024),
@@ -104,7 +126,7 @@ def main() -> None:
     print(f"# {name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     for op, rows, n in cases:
         r = measure(op, rows, n, dtype, a.device, graphs=not a.no_graphs)
-        print(f"{r['op']:<13} {rows}x{n:<9} {r['dtype']:<14} fxwrap {r['scan_us']:8.1f} us ({r['scan_GBps']:7.1f} GB/s)  "
+        print(f"{r['op']:<13} {rows}x{n:<9} {r['dtype']:<14} {r['plan']:<14} fxwrap {r['scan_us']:8.1f} us ({r['scan_GBps']:7.1f} GB/s)  "
               f"copy {r['copy_us']:7.1f} us ({r['copy_GBps']:7.1f} GB/s)  eager {r['eager_us']:8.1f} us  "
               f"fraction of copy {r['fraction_of_copy']:.2f}")
 
