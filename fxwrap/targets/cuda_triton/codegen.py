@@ -298,7 +298,7 @@ class KernelWriter:
             body += self._scan_rows(top)
         else:
             body += self._reduction(top)
-        zeros = [f"{name} = tl.zeros({self.shape(key)}, {self.plan.index_dtype})"
+        zeros = [f"{name} = tl.full({self.shape(key)}, 0, {self.plan.index_dtype})"
                  for key, name in sorted(self.zeros.items())]
         # zeros go after the block setup (they use the BLOCK constexprs only)
         return zeros + body
@@ -361,7 +361,7 @@ class KernelWriter:
             if self.workspace_dtypes()[i] == torch.int8:
                 v = f"{v}.to(tl.int8)"
             a.append(f"tl.store(ws_ptr{i} + (split * xnumel + xindex), {v}, xmask)")
-        zeros_a = [f"{name} = tl.zeros({self.shape(key)}, {self.plan.index_dtype})"
+        zeros_a = [f"{name} = tl.full({self.shape(key)}, 0, {self.plan.index_dtype})"
                    for key, name in sorted(self.zeros.items())]
         body_a = casts + zeros_a + a
         # ---- kernel B: combine the NSPLIT partials in order, then the x-indexed stores
@@ -392,7 +392,7 @@ class KernelWriter:
         for st in x_stores:
             self.store(top, st, ("x",))
         b += top.lines
-        zeros_b = [f"{name} = tl.zeros({self.shape(key)}, {self.plan.index_dtype})"
+        zeros_b = [f"{name} = tl.full({self.shape(key)}, 0, {self.plan.index_dtype})"
                    for key, name in sorted(self.zeros.items())]
         if any("RBLOCK" in z for z in zeros_b):
             raise CodegenError(f"kernel {self.k.name}: the combine kernel of a split reduction "
@@ -560,7 +560,7 @@ class KernelWriter:
         return body_a, body_b
 
     def _with_zeros(self, body: list[str]) -> list[str]:
-        zeros = [f"{name} = tl.zeros({self.shape(key)}, {self.plan.index_dtype})"
+        zeros = [f"{name} = tl.full({self.shape(key)}, 0, {self.plan.index_dtype})"
                  for key, name in sorted(self.zeros.items())]
         return zeros + body if zeros else body
 
