@@ -9,6 +9,8 @@ row's start (what a program sees on a GPU when its predecessors are still lookin
 concurrency runs on a GPU: tests/cuda/test_triton_scans.py."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -180,3 +182,56 @@ def test_other_scans_keep_their_plan(case, monkeypatch):
     torch.testing.assert_close(p.run(x), fn(x), rtol=1e-5, atol=1e-4)
     plans = [line.kernel.launch["plan"] for line in p.lines if isinstance(line, CallKernel)]
     assert plans == [plan], (plans, p.code())
+
+
+def _word(value: torch.Tensor, flag: int) -> int:
+    """A packed status word: the float32 value's bits above its flag."""
+    bits = int(value.to(torch.float32).reshape(1).view(torch.int32)[0])
+    return (bits << 32) | flag
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=["packed-fp32", "three-words-int64"])
+@pytest.mark.parametrize("prefix_at", [None, 16, 14, 11, 0], ids=lambda c: f"prefix-at-{c}")
+def test_one_chunk_looks_back_over_a_mix_of_totals_and_prefixes(prefix_at, dtype):
+    """What a program sees on a GPU, set up by hand: the last chunk of a row (ticket 18 of 19)
+    runs alone over status words where its predecessors published their totals and one of them
+    (or none) its inclusive prefix: in the first look-back window (chunk 16), at its far end
+    (14), in a later window (11), at the row's start (0).  The chunk's outputs are eager's;
+    the look-back stops at that prefix: words beyond it, wrong totals or not yet published
+    ones (zero), change nothing and are not waited for."""
+    n = 300
+    x = torch.randn(1, n) if dtype == torch.float32 else torch.randint(-1000, 1000, (1, n))
+    p = fxwrap.lower(lambda x: torch.cumsum(x, 1), x, options={"target": TARGET})
+    (kernel,) = [line.kernel for line in p.lines if isinstance(line, DefineKernel)]
+    launch = kernel.launch
+    from fxwrap.targets.cuda_triton.launcher import load_module
+    fn = getattr(load_module(kernel.source, launch["symbol"], True), launch["symbol"])
+    chunks, last = -(-n // CHUNK), -(-n // CHUNK) - 1
+    state = x.to(torch.float32 if dtype == torch.float32 else torch.int64)[0]
+    total = [state[c * CHUNK:(c + 1) * CHUNK].sum() for c in range(chunks)]
+    prefix = [state[:(c + 1) * CHUNK].sum() for c in range(chunks)]
+    words = 1 if dtype == torch.float32 else 3
+    ws = torch.zeros(1 + words * chunks, dtype=torch.int64)
+    ws[0] = last  # the next ticket: this program's chunk is the row's last
+    for c in range(last):
+        is_prefix = c == prefix_at
+        if prefix_at is not None and c < prefix_at:
+            if c % 2 == 0:
+                continue  # beyond the prefix, not published yet: nothing to wait for
+            value, flag = total[c] + 1000, 1  # beyond the prefix: never combined
+        else:
+            value, flag = (prefix[c], 2) if is_prefix else (total[c], 1)
+        if words == 1:
+            ws[1 + c] = _word(value, flag)
+        else:
+            ws[1 + 3 * c], ws[1 + 3 * c + flag] = flag, int(value)
+    out = torch.zeros_like(x, dtype=torch.float32 if dtype == torch.float32 else torch.int64)
+    # (a look-back that waited for a word it does not need would spin for ever: run it aside)
+    run = threading.Thread(target=lambda: fn[(1,)](x, out, ws, **{k: v for k, v in launch["config"] if k.isupper()}),
+                           daemon=True)
+    run.start()
+    run.join(timeout=120)
+    assert not run.is_alive(), "the look-back waits for a status word beyond the nearest prefix"
+    want = torch.cumsum(x, 1)
+    torch.testing.assert_close(out[0, last * CHUNK:], want[0, last * CHUNK:], rtol=1e-5, atol=1e-4)
+    assert not out[0, :last * CHUNK].any()  # one chunk ran
