@@ -8,11 +8,11 @@ publish in a workspace, so the input is read once and written once.
 * forward progress: a program takes its chunk by a ticket (``tl.atomic_add`` on word 0
   of the workspace), not by ``tl.program_id``: a chunk only waits on chunks with smaller
   tickets, whose programs are already running;
-* a program publishes its chunk's *total* (flag 1) as soon as it has it, looks back over
-  the ``LOOKBACK`` status words before its chunk at once (nearest first) until it meets a
-  published *inclusive prefix* (flag 2) or the row's start, then publishes its own
-  inclusive prefix (unless ``PUBLISH_PREFIX`` is 0: tests), and scans its chunk from the
-  exclusive prefix;
+* a program publishes its chunk's *total* (flag 1) as soon as it has it, scans its chunk,
+  looks back over the ``LOOKBACK`` status words before its chunk at once (nearest first)
+  until it meets a published *inclusive prefix* (flag 2) or the row's start, publishes its
+  own inclusive prefix (unless ``PUBLISH_PREFIX`` is 0: tests), and stores its chunk's scan
+  combined with the exclusive prefix;
 * a 32-bit running state (float32: also for 16-bit floats) shares one 64-bit word with its
   flag, ``(bits << 32) | flag``, written by one atomic exchange and read by one volatile
   load: no ordering between two words to get right.  A 64-bit state (int64 for integer
@@ -22,13 +22,13 @@ publish in a workspace, so the input is read once and written once.
 
 The workspace is one ``int64`` buffer, zeroed before the launch (a ``ZeroFill`` line):
 ``[ticket, scan 0: words * xnumel * nchunks, scan 1: ...]``.  ``torch.cumsum(x, -1)`` of a
-float32 ``(1, 1048576)`` tensor renders as::
+float32 ``(1, 1048576)`` tensor renders as (the chunk's scan runs while its predecessors
+publish; the look-back comes after it)::
 
     @triton.jit
     def fxwrap_scan_0(in_ptr0, out_ptr0, ws_ptr0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr,
                       LOOKBACK: tl.constexpr, PUBLISH_PREFIX: tl.constexpr):
-        xnumel = 1
-        rnumel = 1048576
+        ...
         nchunks = (rnumel + RBLOCK - 1) // RBLOCK
         ticket = tl.atomic_add(ws_ptr0, 1, sem="relaxed").to(tl.int32)
         chunk = ticket % nchunks
@@ -36,24 +36,37 @@ float32 ``(1, 1048576)`` tensor renders as::
         ...
         rindex = chunk * RBLOCK + rbase
         ...
-        tmp0 = tl.load(in_ptr0 + (r0), xmask & rmask, other=0)
+        tmp0 = tl.load(in_ptr0 + (r0), rmask, other=0)
         _scan0_v = tl.where(xrmask, tmp0, tl.full([], 0, tl.float32))
         _scan0_t = tl.reduce(tl.reduce(_scan0_v, 1, _fx_add), 0, _fx_add)
         _scan0_ws = ws_ptr0 + (1 + xoffset * nchunks)
         tl.atomic_xchg(_scan0_ws + chunk, (_scan0_t.to(tl.int32, bitcast=True).to(tl.int64) << 32) | 1,
                        sem="relaxed")
+        _scan0_sc = tl.associative_scan(_scan0_v, 1, _fx_add)
         _scan0_p = tl.full([], 0, tl.float32)
         _scan0_end = chunk
         while _scan0_end > 0:
             _scan0_at = _scan0_end - 1 - lanes
             _scan0_w = tl.load(_scan0_ws + _scan0_at, _scan0_at >= 0, other=2, volatile=True)
-            ...   # the nearest prefix, whether every word up to it is published, their combine
+            _scan0_f = _scan0_w & 3
+            _scan0_x = (_scan0_w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            _scan0_first = tl.reduce(tl.where(_scan0_f == 2, lanes, LOOKBACK), 0, _fx_min)
+            _scan0_gap = tl.reduce(tl.where(_scan0_f == 0, lanes, LOOKBACK), 0, _fx_min)
+            _scan0_ready = _scan0_gap >= tl.minimum(_scan0_first + 1, LOOKBACK)
+            _scan0_s = tl.reduce(tl.where(lanes <= _scan0_first, _scan0_x, tl.full([], 0, tl.float32)), 0,
+                                 _fx_add)
+            _scan0_p = tl.where(_scan0_ready, _fx_add(_scan0_s, _scan0_p), _scan0_p)
+            _scan0_end = tl.where(_scan0_ready, tl.where(_scan0_first < LOOKBACK, 0, _scan0_end - LOOKBACK),
+                                  _scan0_end)
         _scan0_i = _fx_add(_scan0_p, _scan0_t)
         if PUBLISH_PREFIX:
             tl.atomic_xchg(_scan0_ws + chunk, (_scan0_i.to(tl.int32, bitcast=True).to(tl.int64) << 32) | 2,
                            sem="relaxed")
-        _scan0 = _fx_add(_scan0_p, tl.associative_scan(_scan0_v, 1, _fx_add))
-        tl.store(out_ptr0 + (r0), _scan0, xmask & rmask)
+        _scan0 = _fx_add(_scan0_p, _scan0_sc)
+        tl.store(out_ptr0 + (r0 + _zero_xr), _scan0, xmask & rmask)
+
+A window waits (reads again) until every word up to its nearest prefix is published; words
+beyond that prefix are neither waited for nor combined.
 
 Float results may differ in the last bits from run to run (which predecessors had published
 their prefix decides how the totals are grouped); ``Planner.lookback_scans`` keeps the
