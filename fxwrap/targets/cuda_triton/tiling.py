@@ -59,7 +59,8 @@ class Plan:
     configs: list = field(default_factory=list)
     extra_constexprs: tuple = ()    # split-outer: ("NSPLIT",); lookback-scan: ("LOOKBACK", "PUBLISH_PREFIX")
     combine_config: dict | None = None  # split-outer: the combine kernel's XBLOCK, num_warps
-    scan_chunk: int | None = None   # split-scan: elements of a row per program (a multiple of RBLOCK)
+    scan_chunk: int | None = None   # split-scan: elements of a row per program (a multiple of RBLOCK);
+    #                                 lookback-scan: RBLOCK itself
 
     @property
     def block_names(self) -> tuple[str, ...]:
