@@ -14,7 +14,8 @@ under a key of everything the program depends on::
                  the user Triton kernels it launches (sources, by Triton's cache_key;
                  configs; constant arguments); the compile options; the target's name,
                  device type, options and device capabilities; the host CPU; the loaded
-                 plugins; $CXX and FXWRAP_* settings;
+                 plugins; $CXX and FXWRAP_* settings; torch.use_deterministic_algorithms
+                 (the Triton target keeps long-row scans in a fixed combine order under it);
                  the versions of Python, torch, Triton and fxwrap, and the hash of every
                  file of the fxwrap package, so an edited checkout misses)
 
@@ -173,6 +174,7 @@ def program_key(gm: torch.fx.GraphModule, session, kind: str) -> str:
     add(host_fingerprint())
     add(getattr(session.manager, "plugins", None))
     add(plugin_digest(session.manager))
+    add(("deterministic algorithms", torch.are_deterministic_algorithms_enabled()))
     add(sorted((k, v) for k, v in os.environ.items()
                if (k.startswith("FXWRAP_") and k not in _ENV_IGNORED) or k == "CXX"))
     add((sys.version, platform.machine(), torch.__version__, triton_version(), fxwrap_version(), package_digest()))
