@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, TemplateChoice
+from fxwrap.wrapper_ir.lines import Allocate, CallExtern, CallKernel, TemplateChoice
 
 aten = torch.ops.aten
 GEMMS = {aten.mm.out, aten.addmm.out, aten.bmm.out, aten.mm.default, aten.addmm.default, aten.bmm.default}
@@ -200,3 +200,25 @@ def test_operand_made_by_a_kernel_is_stored_for_the_template():
     a, w = torch.randn(18, 26), torch.randn(26, 34)
     torch.testing.assert_close(c(a, w), fn(a, w), atol=1e-4, rtol=1e-4)
     assert len(launches(programs)) == 2 and len(template_kernels(programs)) == 1
+
+
+def test_cross_entropy_reads_the_template_result_lazily():
+    """A language model's head: ``linear`` of (B, T, C) -> logits (B, T, V) -> viewed back
+    to (B*T, V) -> cross-entropy.  Through the chain of reshapes the template's result is
+    read at an affine index, so the gather reads the log-softmax lazily: no (B*T, V)
+    float32 buffer besides the logits themselves, the same as with templates off."""
+    def head(x, w, t):
+        logits = F.linear(x, w)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), t.view(-1))
+    x, w, t = torch.randn(4, 16, 32), torch.randn(300, 32), torch.randint(0, 300, (4, 16))
+    peaks, big = {}, {}
+    for templates in ("off", "always"):
+        c, programs = compiled(head, templates=templates)
+        torch.testing.assert_close(c(x, w, t), head(x, w, t), atol=1e-4, rtol=1e-4)
+        (program,) = programs
+        peaks[templates] = program.peak_bytes
+        big[templates] = [ln.buf.name for ln in program.lines
+                          if isinstance(ln, Allocate) and tuple(ln.buf.size) == (64, 300)]
+    assert template_kernels(programs), "the head is a template kernel under 'always'"
+    assert len(big["always"]) == len(big["off"]) == 1, big
+    assert peaks["always"] <= peaks["off"], peaks
