@@ -12,6 +12,7 @@ from fxwrap.testing.opinfo import Case, compare, dynamo_settings, select_ops
 from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
 
 SCAN_OPS = ("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin")
+ACCUMULATING = ("cumsum", "cumprod", "logcumsumexp")  # rounding accumulates along the row
 aten = torch.ops.aten
 SCAN_OVERLOADS = {aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default, aten.cummax.default,
                   aten.cummin.default}
@@ -40,6 +41,27 @@ def scan_kernels(programs) -> list[str]:
             if isinstance(line, CallKernel) and "_scan_" in line.kernel.name]
 
 
+def close_to_eager(got, expected, case, name: str, dtype: torch.dtype, what: str) -> None:
+    """Eager's numbers; for an accumulating scan in bf16/fp16 that differs from eager, at
+    least eager's accuracy: eager's CUDA kernels accumulate those dtypes in the dtype itself,
+    so its error against the exact (float64) scan can exceed the dtype's tolerance, and a
+    scan that accumulates in float32 (as fxwrap's do) differs from it by more than that."""
+    try:
+        compare(got, expected, what)
+        return
+    except AssertionError:
+        if name not in ACCUMULATING or dtype not in (torch.bfloat16, torch.float16):
+            raise
+    exact = case.function()(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                              for t in case.fresh_inputs()])
+    ours = (got.double() - exact).abs().max().item()
+    eagers = (expected.double() - exact).abs().max().item()
+    scale = exact.abs().max().item()
+    # one rounding to the dtype of the largest value on top of eager's own error
+    assert ours <= eagers + torch.finfo(dtype).eps * scale, \
+        f"{what}: error {ours:.3g} against the float64 scan, eager's {eagers:.3g}"
+
+
 def check_scan_op(name: str, dtype: torch.dtype, target: str, dynamic: bool, device: str = "cpu") -> int:
     """Every sample of ``name`` compiled for ``target``: eager's numbers, no scan extern;
     returns how many scan kernels ran (a sample of a 0-d or empty tensor needs none)."""
@@ -51,7 +73,8 @@ def check_scan_op(name: str, dtype: torch.dtype, target: str, dynamic: bool, dev
             fn = torch.compile(case.function(), backend="fxwrap", dynamic=dynamic,
                                options={"target": target, "on_program": programs.append})
             got = fn(*case.fresh_inputs())
-        compare(got, expected, f"{name} {dtype} on {target} (input {tuple(case.tensors[0].shape)})")
+        close_to_eager(got, expected, case, name, dtype, f"{name} {dtype} on {target} "
+                       f"(input {tuple(case.tensors[0].shape)})")
         assert programs, f"{name}: nothing was compiled"
         assert not scan_externs(programs), f"{name} on {target}: {scan_externs(programs)} ran as ATen"
         kernels = scan_kernels(programs)

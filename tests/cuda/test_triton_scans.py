@@ -35,8 +35,13 @@ def test_long_rows_split(op, dynamic):
     fn = fns[op]
     x = torch.randn(2, LONG, device=DEVICE)
     f, programs = compiled(fn, dynamic=dynamic)
-    tol = dict(rtol=1e-4, atol=1e-3 * (LONG ** 0.5) / 10) if op == "cumsum" else dict(rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(f(x), fn(x), **tol)
+    got, want = f(x), fn(x)
+    if op == "cummax":
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    else:  # rounding accumulates over a long row: as close to the float64 scan as eager, within a factor
+        exact = fn(x.double())
+        ours, eagers = (got.double() - exact).abs().max().item(), (want.double() - exact).abs().max().item()
+        assert ours <= 2 * eagers + 8 * torch.finfo(torch.float32).eps * exact.abs().max().item(), (ours, eagers)
     assert not scan_externs(programs) and scan_kernels(programs)
     calls = [line for p in programs for line in p.lines if isinstance(line, CallKernel)]
     roles = [a.role for c in calls for a in c.kernel.signature]
