@@ -17,10 +17,13 @@ from scan_helpers import SCAN_OPS, check_scan_op, scan_externs, scan_kernels  # 
 from fxwrap.wrapper_ir.lines import CallKernel  # noqa: E402
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", SCAN_OPS)
-def test_opinfo_scans(name, dtype):
-    assert check_scan_op(name, dtype, TARGET_NAME, dynamic=False, device=DEVICE.type) > 0
+def test_opinfo_scans(name, dtype, dynamic):
+    if dynamic and not GPU:
+        pytest.skip("dynamic shapes through the slow interpreter: tests/cpu/test_scans.py runs cumsum and cummax")
+    assert check_scan_op(name, dtype, TARGET_NAME, dynamic=dynamic, device=DEVICE.type) > 0
 
 
 # GPU: a split from 32768 elements on; the interpreter splits from 64
