@@ -739,6 +739,13 @@ class Scope:
                         f"{key[0]!r} has a result (or the field does not exist)")
 
 
+def c_operand(text: str) -> str:
+    """C expression ``text`` safe as an operand of ``*``, ``/``, ``%``, ``-`` or a comparison:
+    parenthesised unless a name or a literal."""
+    t = text.strip()
+    return t if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+(LL|ULL)?", t) else f"({t})"
+
+
 def append_block(lines: list[str], head: str, body: list[str]) -> None:
     """Append ``head { body }`` to ``lines``, the body indented."""
     lines.append(head + " {")
@@ -774,8 +781,10 @@ class ScanState:
     def value(self, scope: "Scope") -> str:
         return self.em.render_cast(scope.value(self.red.value), self.red.value.dtype, self.red.dtype)
 
-    def upd(self, v: str, index: str) -> str:
-        s = self.names()
+    def upd(self, v: str, index: str, states: list[str] | None = None) -> str:
+        """The statement folding value ``v`` at scan position ``index`` into the running
+        state (``states``: the state expressions, default the locals of ``names()``)."""
+        s = self.names() if states is None else states
         if self.kind == "cumsum":
             return f"{s[0]} = {s[0]} + {v};"
         if self.kind == "cumprod":
@@ -784,8 +793,15 @@ class ScanState:
             return f"fx_logcumsumexp_upd({s[0]}, {v});"
         return f"fx_{self.kind}_upd<{self.T}>({s[0]}, {s[1]}, {v}, {index});"
 
-    def bind(self, scope: "Scope") -> None:
-        names = self.names()
+    def combine(self, into: list[str], later: list[str]) -> str:
+        """The statement folding the state ``later`` (of the elements after those ``into``
+        has seen: a chunk's total) into ``into``.  Every scan's update is its combine
+        with a one-element state (cummax: the later state's value and index), so the
+        two are one statement."""
+        return self.upd(later[0], later[1] if len(later) > 1 else "", into)
+
+    def bind(self, scope: "Scope", states: list[str] | None = None) -> None:
+        names = self.names() if states is None else states
         for field, (i, dtype) in self.fields.items():
             scope.bind_acc(self.red.name, field, names[i], dtype)
 
