@@ -31,11 +31,11 @@ OPS = {
 
 
 def programs(fn, x):
-    split = fxwrap.lower(fn, x, options={"target": "cpu"})
+    split = fxwrap.lower(fn, x, options={"target": "cpu", "cache": False})
     saved = CppEmitter.scan_split_max_rows
     CppEmitter.scan_split_max_rows = 0
     try:
-        per_row = fxwrap.lower(fn, x, options={"target": "cpu"})
+        per_row = fxwrap.lower(fn, x, options={"target": "cpu", "cache": False})
     finally:
         CppEmitter.scan_split_max_rows = saved
     return split, per_row

@@ -141,6 +141,9 @@ class CStyleEmitter(KernelEmitter):
     barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
     infinity = "INFINITY"
     renders_scans = False  # a subclass that renders scan kernels (``ScanState``) sets it
+    # the dtype a sum / product / logcumsumexp scan of a dtype runs in, where it is not the
+    # dtype's compute dtype (C++: float32 in double, as eager's CPU kernels do)
+    scan_accumulate: dict[torch.dtype, torch.dtype] = {}
     nan = "NAN"
     # storage type of each dtype (what pointers point to)
     type_names: dict[torch.dtype, str] = {
@@ -756,7 +759,9 @@ def append_block(lines: list[str], head: str, body: list[str]) -> None:
 class ScanState:
     """One scan's running state in C-family source (``fxwrap.core.ir.SCANS``): declared
     per row, updated once per ``r`` (``fx_cumsum``: ``sc0_s0 += tmp3;``), read by the
-    stores after the update as the scan's ``acc``.  bf16/fp16 run in float; the
+    stores after the update as the scan's ``acc``.  bf16/fp16 run in float, and a sum,
+    product or logcumsumexp in the emitter's ``scan_accumulate`` dtype where it has one
+    (C++: float32 in double; the ``acc`` is the state converted, rounded once); the
     prelude's ``fx_logcumsumexp_upd`` / ``fx_cummax_upd`` / ``fx_cummin_upd`` follow
     eager's CPU kernels (NaN propagates; cummax/cummin: ties and NaNs take the later
     index)."""
@@ -771,15 +776,19 @@ class ScanState:
             self.states = [(T, init), (em.ctype(torch.int64), "0")]
             self.fields = {0: (1, torch.int64), 1: (0, red.dtype)}
         else:
+            acc = em.scan_accumulate.get(red.dtype, compute_dtype(red.dtype))
+            T = self.T = em.ctype(acc)
             init = {"cumsum": "0", "cumprod": "1", "logcumsumexp": f"-{em.infinity}"}[self.kind]
             self.states = [(T, f"{T}({init})" if init[0] != "-" else init)]
-            self.fields = {0: (0, red.dtype)}
+            self.fields = {0: (0, acc)}
 
     def names(self) -> list[str]:
         return [f"{self.base}_s{i}" for i in range(len(self.states))]
 
     def value(self, scope: "Scope") -> str:
-        return self.em.render_cast(scope.value(self.red.value), self.red.value.dtype, self.red.dtype)
+        """The scanned value, in the state's dtype."""
+        acc = self.fields[0][1] if len(self.fields) == 1 else self.red.dtype
+        return self.em.render_cast(scope.value(self.red.value), self.red.value.dtype, acc)
 
     def upd(self, v: str, index: str, states: list[str] | None = None) -> str:
         """The statement folding value ``v`` at scan position ``index`` into the running
