@@ -809,6 +809,15 @@ class ScanState:
         two are one statement."""
         return self.upd(later[0], later[1] if len(later) > 1 else "", into)
 
+    def merge(self, into: list[str], other: list[str]) -> str:
+        """Like ``combine``, where ``other`` may hold elements before ``into``'s (the lanes of
+        one chunk: element ``j`` in lane ``j % lanes``): cummax/cummin compare indices
+        (``fx_cumextreme_merge``), the other scans commute."""
+        if self.kind in ("cummax", "cummin"):
+            flag = "true" if self.kind == "cummax" else "false"
+            return f"fx_cumextreme_merge<{flag}, {self.T}>({into[0]}, {into[1]}, {other[0]}, {other[1]});"
+        return self.combine(into, other)
+
     def bind(self, scope: "Scope", states: list[str] | None = None) -> None:
         names = self.names() if states is None else states
         for field, (i, dtype) in self.fields.items():

@@ -227,7 +227,7 @@ def test_cpu_split_scan_plan():
         p = _lower(f, x)
         _check_float_scan(p.run(x), x * 2, "cumsum", 1)
         (src,) = _kernel_sources(p)
-        assert ("split scan" in src) == split and ("nchunks" in src) == split, (shape, src)
+        assert ("// split scan: chunks" in src) == split and ("nchunks" in src) == split, (shape, src)
         assert _workspaces(p) == ([(shape[0] * -(-shape[1] // 4000), "torch.float32")] if split else []), shape
 
 
@@ -263,7 +263,7 @@ def test_cpu_split_scan_dynamic_shapes():
         _check_float_scan(got[2], x, "cumsum", 1)
     p = programs[0]  # (a second program: dynamo specializes the 1-row input)
     srcs = _kernel_sources(p)
-    assert srcs and all("split scan" in s and "if (" in s for s in srcs if "_scan_" in s), p.code()
+    assert srcs and all("// split scan: chunks" in s and "if (" in s for s in srcs if "_scan_" in s), p.code()
     (out,) = [line.buf for line in p.lines if isinstance(line, Allocate) and line.buf.dtype == torch.int64
               and len(line.buf.size) == 2]
     rows, n = out.size

@@ -48,6 +48,7 @@ from fxwrap.core.ir import ScheduledKernel
 from fxwrap.targets.cstyle import LocalNames, ScanState, Scope, append_block, c_operand
 
 
+
 class ScanCode:
     """Renders one scan kernel for ``CppEmitter``: ``ScanCode(em, kernel, names).render()``
     -> the function body (per-row, split, or both behind a run-time test of the sizes)."""
@@ -141,52 +142,84 @@ class ScanCode:
             totals.append(names)
         par = em.parallel_if(self.xnumel * self.rnumel)
         loop = [("task", "0", f"{em.render_index(self.xnumel)} * ngroups", "1")]
-        lines += em.parallel_for(self.names, par, loop, self.split_task(fn, states, totals, final=False))
+        lines += em.parallel_for(self.names, par, loop, self.totals_task(fn, states, totals))
         lines += self.prefixes(states, totals)
-        lines += em.parallel_for(self.names, par, loop, self.split_task(fn, states, totals, final=True))
+        lines += em.parallel_for(self.names, par, loop, self.scan_task(fn, states, totals))
         return lines
 
-    def split_task(self, fn: Scope, states: list[ScanState], totals, final: bool) -> list[str]:
-        """One task: ``scan_lanes`` consecutive chunks of one row.  Pass 1 (``final`` false)
-        writes each chunk's total; pass 2 starts each chunk from its prefix and stores."""
+    def task_head(self) -> list[str]:
+        it, lanes = self.it, self.em.scan_lanes
+        out = [f"const {it} xindex = task / ngroups;",
+               f"const {it} c0 = (task % ngroups) * {lanes};"]
+        return out + self.em.decompose("xindex", self.xv, self.k.ranges, self.names)
+
+    def totals_task(self, fn: Scope, states: list[ScanState], totals) -> list[str]:
+        """Pass 1, one task: the total of each of its chunks, in ``reduction_lanes`` vector
+        lanes (element ``j`` of the chunk in lane ``j % lanes``, the tail in lane 0) merged in
+        lane order (``ScanState.merge``), written to the workspaces."""
+        em, it, names = self.em, self.it, self.names
+        L, chunk = em.reduction_lanes, em.scan_chunk
+        out = self.task_head()
+        row = Scope(em, names, fn, declares=[v.name for v in self.xv])
+        lane_states = [[f"{s}[lane]" for s in st.names()] for st in states]
+        first = [[f"{s}[0]" for s in st.names()] for st in states]
+        body = [f"const {it} rstart = c * {chunk};",
+                f"const {it} rcount = fx_imin({chunk}, {c_operand(em.render_index(self.rnumel))} - rstart);"]
+        init = []
+        for st in states:
+            for (t, start), s in zip(st.states, st.names()):
+                body.append(f"{t} {s}[{L}];")
+                init.append(f"{s}[lane] = {start};")
+        body.append(f"for ({it} lane = 0; lane < {L}; ++lane) {{ {' '.join(init)} }}")
+        body.append(f"{it} rj = 0;")
+        vec = ["#pragma omp simd"]
+        append_block(vec, f"for ({it} lane = 0; lane < {L}; ++lane)",
+                     [f"const {it} {self.rv.name} = rstart + rj + lane;"]
+                     + self.lane_body(row, states, lane_states, final=False))
+        append_block(body, f"for (; rj + {L} <= rcount; rj += {L})", vec)
+        append_block(body, "for (; rj < rcount; ++rj)",
+                     [f"const {it} {self.rv.name} = rstart + rj;"] + self.lane_body(row, states, first, final=False))
+        merges = [st.merge(f, ls) for st, f, ls in zip(states, first, lane_states)]
+        body.append(f"for ({it} lane = 1; lane < {L}; ++lane) {{ {' '.join(merges)} }}")
+        body += [f"{w}[xindex * nchunks + c] = {f};" for fs, ws in zip(first, totals) for f, w in zip(fs, ws)]
+        row.flush_into(out)
+        append_block(out, f"for ({it} c = c0; c < fx_imin(c0 + {em.scan_lanes}, nchunks); ++c)", body)
+        return out
+
+    def scan_task(self, fn: Scope, states: list[ScanState], totals) -> list[str]:
+        """Pass 2, one task: ``scan_lanes`` consecutive chunks of one row, each from its prefix
+        as an interleaved running state (the row's last, short or fewer, one after the other),
+        with every store."""
         em, it, names = self.em, self.it, self.names
         lanes, chunk = em.scan_lanes, em.scan_chunk
         rn = em.render_index(self.rnumel)
-        out = ["const int64_t xindex = task / ngroups;",
-               f"const {it} c0 = (task % ngroups) * {lanes};"]
-        out += em.decompose("xindex", self.xv, self.k.ranges, names)
+        out = self.task_head()
         row = Scope(em, names, fn, declares=[v.name for v in self.xv])
         lane_states = [[f"{s}[lane]" for s in st.names()] for st in states]
         init: list[str] = []
         for st, ws in zip(states, totals):
             for (t, start), s, w in zip(st.states, st.names(), ws):
                 out.append(f"{t} {s}[{lanes}];")
-                if final:  # chunk c0 + lane's prefix (a lane past the row's end is never read)
-                    start = f"c0 + lane < nchunks ? {w}[xindex * nchunks + c0 + lane] : {start}"
-                init.append(f"{s}[lane] = {start};")
+                # chunk c0 + lane's prefix (a lane past the row's end is never read)
+                init.append(f"{s}[lane] = c0 + lane < nchunks ? {w}[xindex * nchunks + c0 + lane] : {start};")
         out.append(f"for ({it} lane = 0; lane < {lanes}; ++lane) {{ {' '.join(init)} }}")
         rv = self.rv.name
         # full chunks, interleaved
-        body = self.lane_body(row, states, lane_states, final)
-        full = []
+        full: list[str] = []
         append_block(full, f"for ({it} lane = 0; lane < {lanes}; ++lane)",
-                     [f"const {it} {rv} = (c0 + lane) * {chunk} + rj;"] + body)
+                     [f"const {it} {rv} = (c0 + lane) * {chunk} + rj;"]
+                     + self.lane_body(row, states, lane_states, final=True))
         interleaved: list[str] = []
         append_block(interleaved, f"for ({it} rj = 0; rj < {chunk}; ++rj)", full)
         # the row's last chunks, one after the other
-        body = self.lane_body(row, states, lane_states, final)
         one = [f"const {it} rend = fx_imin((c0 + lane + 1) * {chunk}, {rn});"]
-        append_block(one, f"for ({it} {rv} = (c0 + lane) * {chunk}; {rv} < rend; ++{rv})", body)
+        append_block(one, f"for ({it} {rv} = (c0 + lane) * {chunk}; {rv} < rend; ++{rv})",
+                     self.lane_body(row, states, lane_states, final=True))
         serial: list[str] = []
         append_block(serial, f"for ({it} lane = 0; lane < {lanes} && c0 + lane < nchunks; ++lane)", one)
         row.flush_into(out)
         append_block(out, f"if ((c0 + {lanes}) * {chunk} <= {rn})", interleaved)
         append_block(out, "else", serial)
-        if not final:
-            writes = [f"{w}[xindex * nchunks + c0 + lane] = {s};"
-                      for ls, ws in zip(lane_states, totals) for s, w in zip(ls, ws)]
-            out.append(f"for ({it} lane = 0; lane < {lanes} && c0 + lane < nchunks; ++lane) {{ "
-                       f"{' '.join(writes)} }}")
         return out
 
     def lane_body(self, row: Scope, states: list[ScanState], lane_states, final: bool) -> list[str]:
