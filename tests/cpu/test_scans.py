@@ -317,3 +317,18 @@ def test_cpu_split_scan_small_chunks(name, monkeypatch):
             torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
         else:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod", "logcumsumexp"])
+def test_cpu_scan_accumulate_in_double_is_eager_bit_for_bit(name, monkeypatch):
+    """Eager's CPU cumsum/cumprod/logcumsumexp of float32 accumulate in double; with
+    ``CppEmitter.scan_accumulate = {float32: float64}`` fxwrap does too and gives its numbers
+    bit for bit, per row and split (the split's chunk totals then round far below float32)."""
+    from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+    monkeypatch.setattr(CppEmitter, "scan_accumulate", {torch.float32: torch.float64})
+    fn = _scan_fn(name)
+    for shape in [(3, _LONG), (100, 300)]:
+        x = _scan_input(name, shape, torch.float32)
+        p = fxwrap.lower(fn, x, options={"target": "cpu", "cache": False})
+        assert bool(_workspaces(p)) == (shape[0] < 64), p.code()
+        assert torch.equal(p.run(x), fn(x)), shape

@@ -18,26 +18,36 @@ A scan kernel (``ScheduledKernel.is_scan``: ``cumsum``, ``cumprod``, ``logcumsum
 
 A row of length ``R`` that the split rule (``ScanCode.split_rule``) calls long, among few
 rows, is a **split scan** instead: it is cut into ``nchunks = ceil(R / scan_chunk)`` chunks
-of ``scan_chunk`` elements (a constant: the chunks, and so the numbers, do not depend on the
-thread count), and a task handles ``scan_lanes`` consecutive chunks as that many
-interleaved running states (independent dependency chains: the CPU overlaps them, where
-one running sum waits on the previous add every element)::
+of ``scan_chunk`` elements (a constant: the chunks, and so the numbers, never depend on the
+thread count), a task is ``scan_lanes`` consecutive chunks of one row, and three loops run::
 
-    // pass 1 (parallel over tasks): each chunk's total, from the scan's initial state
-    float sc0_s0[4]; ...
+    // 1. parallel over tasks: each chunk's total, in vector lanes (a sum's speed)
+    for (int64_t c = c0; c < fx_imin(c0 + 4, nchunks); ++c) {
+      float sc0_s0[16]; ...                      (element j of the chunk in lane j % 16)
+      sc0_s0_w[xindex * nchunks + c] = sc0_s0[0];  (the lanes merged in lane order)
+    }
+    // 2. serial, per row: each total replaced by its chunk's exclusive prefix, in place
+    // 3. parallel over tasks: the task's chunks scanned from their prefixes as interleaved
+    //    running states (independent dependency chains the CPU overlaps, where one running
+    //    sum waits on the previous add every element), with every store
     for (int64_t rj = 0; rj < 4000; ++rj)
-      for (int64_t lane = 0; lane < 4; ++lane) { const int64_t r0 = (c0 + lane)*4000 + rj; ... }
-    ws_ptr0[xindex*nchunks + c0 + lane] = sc0_s0[lane];
-    // serial, per row: the chunk totals -> each chunk's exclusive prefix, in place
-    // pass 2 (parallel over tasks): each chunk scanned from its prefix, with every store
+      for (int64_t lane = 0; lane < 4; ++lane) {
+        const int64_t r0 = (c0 + lane) * 4000 + rj;
+        ...
+        sc0_s0[lane] = sc0_s0[lane] + tmp2;
+        out_ptr0[r0 + 100000*x0] = sc0_s0[lane];
+      }
 
 A row's last (short, or fewer than ``scan_lanes``) chunks run one after the other. The
 totals live in workspaces (one per state of each scan: cummax/cummin carry the value and
 its index) of ``rows * nchunks`` elements, which the program allocates (``Allocate`` lines,
-``CStyleEmitter.workspace``). Combining the totals in chunk order keeps cummax/cummin and
-integer scans exact; a float sum, product or logcumsumexp rounds in another order than one
-serial pass (a chunk's prefix is the sum of chunk totals), like eager's own blocked kernels
-on other devices.
+``CStyleEmitter.workspace``); for sizes known at run time only, both plans are rendered
+behind the split rule's test, and the workspaces' size is the rule as a sympy expression (0
+elements where the rows run one per task).  Combining in chunk order keeps cummax/cummin
+(ties and NaNs take the later index: ``fx_cumextreme_merge`` for the lanes) and integer
+scans exact; a float sum, product or logcumsumexp rounds in another order than one serial
+pass (a chunk starts from the sum of the totals before it), within float32 accumulation's
+error (``CppEmitter.scan_accumulate`` can run them in double, as eager's CPU kernels do).
 """
 from __future__ import annotations
 
