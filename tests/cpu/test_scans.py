@@ -12,7 +12,8 @@ import torch
 
 import fxwrap
 from fxwrap.wrapper_ir.lines import Allocate, CallKernel, DefineKernel, Free, Reuse
-from scan_helpers import SCAN_OPS, check_scan_op, scan_externs, scan_kernels
+from scan_helpers import (SCAN_OPS, check_float_scan, check_scan_op, scan_externs, scan_fn, scan_input, scan_kernels,
+                          workspaces)
 
 
 @pytest.fixture(autouse=True)
@@ -146,47 +147,6 @@ def test_no_kernel_source_allocates(target):
 _LONG = 40001  # 11 chunks of 4000 (the last of 1 element): tasks of 4 + 4 interleaved, then 3 one by one
 
 
-def _workspaces(program) -> list[tuple[int, str]]:
-    """``(numel, dtype)`` of every workspace argument of the program's kernel calls."""
-    return [(int(arg.size[0]), str(arg.dtype)) for call in program.lines if isinstance(call, CallKernel)
-            for a, arg in zip(call.kernel.signature, call.args) if a.role == "workspace"]
-
-
-def _scan_fn(name: str, dim: int = 1):
-    if name in ("cummax", "cummin"):
-        return lambda x: tuple(getattr(torch, name)(x, dim))
-    return lambda x: getattr(torch, name)(x, dim)
-
-
-def _scan_input(name: str, shape, dtype: torch.dtype) -> torch.Tensor:
-    if not dtype.is_floating_point:  # a product of +-1 stays +-1 (its sign tells a wrong prefix)
-        return torch.randint(-3, 4, shape, dtype=dtype) if name != "cumprod" else \
-            (torch.randint(0, 2, shape, dtype=dtype) * 2 - 1)
-    if name == "cumprod":  # a long product stays finite when its factors are near 1
-        return (1 + 0.01 * torch.randn(shape)).to(dtype)
-    if name in ("cummax", "cummin"):  # many ties, and a NaN in the middle of one row
-        x = torch.randint(-40, 40, shape).to(dtype)
-        x.view(-1)[(x.numel() // 2 + 301) % x.numel()] = float("nan")
-        return x
-    return torch.randn(shape, dtype=dtype)
-
-
-def _check_float_scan(got: torch.Tensor, x: torch.Tensor, name: str, dim: int) -> None:
-    """A float sum, product or logcumsumexp split into chunks rounds in another order than one
-    serial pass (a chunk starts from the sum of the chunk totals before it), so it is compared
-    with the float64 scan of the same inputs, within what float32 accumulation over ``n``
-    steps may lose: ``4 * eps32 * sqrt(n)`` of the largest value (of each value for a product,
-    whose magnitudes spread), plus the output dtype's rounding (bf16: one ulp of the value).
-    A wrong prefix (a chunk missed or counted twice) is off by a chunk total, ~sqrt(4000)."""
-    exact = _scan_fn(name, dim)(x.double())
-    n = x.shape[dim]
-    accum = 4 * torch.finfo(torch.float32).eps * n ** 0.5
-    scale = exact.abs() if name == "cumprod" else exact.abs().max()
-    bound = torch.finfo(x.dtype).eps * exact.abs() + accum * scale
-    err = (got.double() - exact).abs()
-    assert got.dtype == x.dtype and bool((err <= bound).all()), (name, x.dtype, (err - bound).max().item())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32],
                          ids=["fp32", "bf16", "int64", "int32"])
 @pytest.mark.parametrize("name", SCAN_OPS)
@@ -196,8 +156,8 @@ def test_cpu_split_scan_numbers(name, dtype):
     (ties, a NaN) and integer scans exactly."""
     if not dtype.is_floating_point and name == "logcumsumexp":
         pytest.skip("logcumsumexp has no integer kernel in eager")
-    x = _scan_input(name, (3, _LONG), dtype)
-    fn = _scan_fn(name)
+    x = scan_input(name, (3, _LONG), dtype)
+    fn = scan_fn(name)
     p = _lower(fn, x)
     got, want = p.run(x), fn(x)
     # a chunk total per row and chunk, of the running state's dtype: float32 for float dtypes,
@@ -205,12 +165,12 @@ def test_cpu_split_scan_numbers(name, dtype):
     extreme = name in ("cummax", "cummin")
     state_dtype = str(torch.float32 if dtype.is_floating_point else dtype if extreme else torch.int64)
     states = [(3 * 11, state_dtype)] + ([(3 * 11, "torch.int64")] if extreme else [])
-    assert sorted(_workspaces(p)) == sorted(states), p.code()
+    assert sorted(workspaces(p)) == sorted(states), p.code()
     if extreme:
         assert torch.equal(got[1], want[1]), (got[1] != want[1]).nonzero()[:5]
         torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
     elif dtype.is_floating_point:
-        _check_float_scan(got, x, name, 1)
+        check_float_scan(got, x, name, 1)
     else:
         assert got.dtype == want.dtype == torch.int64 and torch.equal(got, want)
 
@@ -225,27 +185,27 @@ def test_cpu_split_scan_plan():
                          ((300, 50), False)]:
         x = torch.randn(shape)
         p = _lower(f, x)
-        _check_float_scan(p.run(x), x * 2, "cumsum", 1)
+        check_float_scan(p.run(x), x * 2, "cumsum", 1)
         (src,) = _kernel_sources(p)
         assert ("// split scan: chunks" in src) == split and ("nchunks" in src) == split, (shape, src)
-        assert _workspaces(p) == ([(shape[0] * -(-shape[1] // 4000), "torch.float32")] if split else []), shape
+        assert workspaces(p) == ([(shape[0] * -(-shape[1] // 4000), "torch.float32")] if split else []), shape
 
 
 @pytest.mark.parametrize("name", ["cumsum", "cummax"])
 def test_cpu_split_scan_not_last_dim(name):
     """A scan over an outer dim (rows are the other dims' elements, ``r0`` strided): split."""
     for shape, dim in [((_LONG, 3), 0), ((2, _LONG, 3), 1)]:
-        x = _scan_input(name, shape, torch.float32)
-        fn = _scan_fn(name, dim)
+        x = scan_input(name, shape, torch.float32)
+        fn = scan_fn(name, dim)
         p = _lower(fn, x)
         rows = 3 if dim == 0 else 6
-        assert (rows * 11, "torch.float32") in _workspaces(p), p.code()
+        assert (rows * 11, "torch.float32") in workspaces(p), p.code()
         got = p.run(x)
         if name == "cummax":
             assert torch.equal(got[1], fn(x)[1])
             torch.testing.assert_close(got[0], fn(x)[0], rtol=0, atol=0, equal_nan=True)
         else:
-            _check_float_scan(got, x, name, dim)
+            check_float_scan(got, x, name, dim)
 
 
 def test_cpu_split_scan_dynamic_shapes():
@@ -260,7 +220,7 @@ def test_cpu_split_scan_dynamic_shapes():
         x = torch.randn(shape)
         got, want = g(x), f(x)
         assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), shape
-        _check_float_scan(got[2], x, "cumsum", 1)
+        check_float_scan(got[2], x, "cumsum", 1)
     p = programs[0]  # (a second program: dynamo specializes the 1-row input)
     srcs = _kernel_sources(p)
     assert srcs and all("// split scan: chunks" in s and "if (" in s for s in srcs if "_scan_" in s), p.code()
@@ -303,14 +263,14 @@ def test_cpu_split_scan_small_chunks(name, monkeypatch):
     from fxwrap.targets.cpu_cpp.emitter import CppEmitter
     monkeypatch.setattr(CppEmitter, "scan_chunk", 3)
     monkeypatch.setattr(CppEmitter, "scan_split_min_length", 8)
-    fn = _scan_fn(name)
+    fn = scan_fn(name)
     for n in (8, 12, 13, 24, 25, 50):
-        x = _scan_input(name, (2, n), torch.float32)
+        x = scan_input(name, (2, n), torch.float32)
         if name in ("cummax", "cummin"):
             x[0, 2::3] = 5.0  # ties on chunk boundaries
             x[1, 3] = float("nan")
         p = fxwrap.lower(fn, x, options={"target": "cpu", "cache": False})
-        assert _workspaces(p) and _workspaces(p)[0][0] == 2 * -(-n // 3), (n, p.code())
+        assert workspaces(p) and workspaces(p)[0][0] == 2 * -(-n // 3), (n, p.code())
         got, want = p.run(x), fn(x)
         if name in ("cummax", "cummin"):
             assert torch.equal(got[1], want[1]), (n, got[1], want[1])
@@ -326,9 +286,9 @@ def test_cpu_scan_accumulate_in_double_is_eager_bit_for_bit(name, monkeypatch):
     bit for bit, per row and split (the split's chunk totals then round far below float32)."""
     from fxwrap.targets.cpu_cpp.emitter import CppEmitter
     monkeypatch.setattr(CppEmitter, "scan_accumulate", {torch.float32: torch.float64})
-    fn = _scan_fn(name)
+    fn = scan_fn(name)
     for shape in [(3, _LONG), (100, 300)]:
-        x = _scan_input(name, shape, torch.float32)
+        x = scan_input(name, shape, torch.float32)
         p = fxwrap.lower(fn, x, options={"target": "cpu", "cache": False})
-        assert bool(_workspaces(p)) == (shape[0] < 64), p.code()
+        assert bool(workspaces(p)) == (shape[0] < 64), p.code()
         assert torch.equal(p.run(x), fn(x)), shape
