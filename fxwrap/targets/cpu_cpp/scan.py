@@ -58,7 +58,6 @@ from fxwrap.core.ir import ScheduledKernel
 from fxwrap.targets.cstyle import LocalNames, ScanState, Scope, append_block, c_operand
 
 
-
 class ScanCode:
     """Renders one scan kernel for ``CppEmitter``: ``ScanCode(em, kernel, names).render()``
     -> the function body (per-row, split, or both behind a run-time test of the sizes)."""
