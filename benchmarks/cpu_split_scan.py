@@ -5,11 +5,13 @@ rendering before the split scan), timed interleaved in one process with eager an
 the same bytes, for each thread count (``torch.set_num_threads``: the kernels' OpenMP runtime
 is torch's ``libgomp``).
 
-    python benchmarks/cpu_split_scan.py [--op cumsum] [--dtype float32] [--threads 1 2] [--shapes 1x1048576 ...]
+    python benchmarks/cpu_split_scan.py [--op cumsum] [--dtype float32] [--threads 1 2] [--kernel]
+                                        [--shapes 1x1048576 1x4194304 8x262144]
 
-Prints, per shape and thread count, the best-of-``repeats`` median ms of each (rounds of one
-call of each, in turn), the split's speed-up over eager and over per-row, and the fraction of
-the copy's bandwidth the split reaches (copy time / split time; read + write of the bytes).
+Prints, per shape and thread count, the median ms of each (rounds of one call of each, in
+turn; ``--kernel``: the kernels alone on preallocated buffers, eager with ``out=``), the
+split's speed-up over eager and over per-row, and the fraction of the copy's bandwidth the
+split reaches (copy time / split time: both read and write the tensor's bytes once).
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ import torch
 
 import fxwrap
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+from fxwrap.wrapper_ir.lines import CallKernel
 
 OPS = {
-    "cumsum": lambda x: torch.cumsum(x, -1),
-    "cumprod": lambda x: torch.cumprod(x, -1),
-    "logcumsumexp": lambda x: torch.logcumsumexp(x, -1),
+    "cumsum": lambda x, **out: torch.cumsum(x, -1, **out),
+    "cumprod": lambda x, **out: torch.cumprod(x, -1, **out),
+    "logcumsumexp": lambda x, **out: torch.logcumsumexp(x, -1, **out),
     "cummax": lambda x: torch.cummax(x, -1).values,
 }
 
@@ -39,6 +42,22 @@ def programs(fn, x):
     finally:
         CppEmitter.scan_split_max_rows = saved
     return split, per_row
+
+
+def kernel_call(program, x):
+    """The program's one kernel called directly on preallocated outputs and workspaces
+    (no allocation, no wrapper): ``--kernel``."""
+    (call,) = [line for line in program.lines if isinstance(line, CallKernel)]
+    args = []
+    for arg, value in zip(call.kernel.signature, call.args):
+        if arg.role == "input":
+            args.append(x)
+        elif arg.role in ("output", "workspace"):
+            args.append(torch.empty([int(n) for n in value.size], dtype=value.dtype))
+        else:
+            args.append(int(value))
+    launcher = call.kernel.launcher()
+    return lambda: launcher(*args)
 
 
 def timed(fns: dict, rounds: int) -> dict:
@@ -61,6 +80,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--shapes", nargs="+", default=["1x1048576", "1x4194304", "8x262144"])
     ap.add_argument("--rounds", type=int, default=41)
+    ap.add_argument("--kernel", action="store_true",
+                    help="time the kernels alone on preallocated buffers (eager: out=), not whole calls")
     a = ap.parse_args()
     fn, dtype = OPS[a.op], getattr(torch, a.dtype)
     print(f"# cpu ({torch.get_num_threads()} threads available), torch {torch.__version__}, "
@@ -75,8 +96,12 @@ def main() -> None:
         dst = torch.empty_like(x)
         for threads in a.threads:
             torch.set_num_threads(threads)
-            t = timed({"eager": lambda: fn(x), "per_row": lambda: per_row.run(x), "split": lambda: split.run(x),
-                       "copy": lambda: dst.copy_(x)}, a.rounds)
+            if a.kernel and a.op != "cummax":
+                fns = {"eager": lambda: fn(x, out=dst), "per_row": kernel_call(per_row, x),
+                       "split": kernel_call(split, x)}
+            else:
+                fns = {"eager": lambda: fn(x), "per_row": lambda: per_row.run(x), "split": lambda: split.run(x)}
+            t = timed({**fns, "copy": lambda: dst.copy_(x)}, a.rounds)
             print(f"{rows}x{n:<9} {threads} thr: eager {t['eager']:7.3f} ms  per-row {t['per_row']:7.3f} ms  "
                   f"split {t['split']:7.3f} ms  copy {t['copy']:7.3f} ms | eager/split {t['eager'] / t['split']:5.2f}  "
                   f"per-row/split {t['per_row'] / t['split']:5.2f}  copy/split {t['copy'] / t['split']:5.2f}")
