@@ -82,3 +82,46 @@ def check_scan_op(name: str, dtype: torch.dtype, target: str, dynamic: bool, dev
             assert kernels, f"{name} on {target}: no scan kernel for input {tuple(case.tensors[0].shape)}"
         ran += len(kernels)
     return ran
+
+
+# -- split scans of long rows (tests/cpu/test_scans.py, tests/mps/test_mps_scans.py) --------------
+
+def workspaces(program) -> list[tuple[int, str]]:
+    """``(numel, dtype)`` of every workspace argument of the program's kernel calls."""
+    return [(int(arg.size[0]), str(arg.dtype)) for call in program.lines if isinstance(call, CallKernel)
+            for a, arg in zip(call.kernel.signature, call.args) if a.role == "workspace"]
+
+
+def scan_fn(name: str, dim: int = 1):
+    if name in ("cummax", "cummin"):
+        return lambda x: tuple(getattr(torch, name)(x, dim))
+    return lambda x: getattr(torch, name)(x, dim)
+
+
+def scan_input(name: str, shape, dtype: torch.dtype) -> torch.Tensor:
+    if not dtype.is_floating_point:  # a product of +-1 stays +-1 (its sign tells a wrong prefix)
+        return torch.randint(-3, 4, shape, dtype=dtype) if name != "cumprod" else \
+            (torch.randint(0, 2, shape, dtype=dtype) * 2 - 1)
+    if name == "cumprod":  # a long product stays finite when its factors are near 1
+        return (1 + 0.01 * torch.randn(shape)).to(dtype)
+    if name in ("cummax", "cummin"):  # many ties, and a NaN in the middle of one row
+        x = torch.randint(-40, 40, shape).to(dtype)
+        x.view(-1)[(x.numel() // 2 + 301) % x.numel()] = float("nan")
+        return x
+    return torch.randn(shape, dtype=dtype)
+
+
+def check_float_scan(got: torch.Tensor, x: torch.Tensor, name: str, dim: int) -> None:
+    """A float sum, product or logcumsumexp split into chunks rounds in another order than one
+    serial pass (a chunk starts from the sum of the chunk totals before it), so it is compared
+    with the float64 scan of the same inputs, within what float32 accumulation over ``n``
+    steps may lose: ``4 * eps32 * sqrt(n)`` of the largest value (of each value for a product,
+    whose magnitudes spread), plus the output dtype's rounding (bf16: one ulp of the value).
+    A wrong prefix (a chunk missed or counted twice) is off by a chunk total, ~sqrt(chunk size)."""
+    exact = scan_fn(name, dim)(x.double())
+    n = x.shape[dim]
+    accum = 4 * torch.finfo(torch.float32).eps * n ** 0.5
+    scale = exact.abs() if name == "cumprod" else exact.abs().max()
+    bound = torch.finfo(x.dtype).eps * exact.abs() + accum * scale
+    err = (got.double() - exact).abs()
+    assert got.dtype == x.dtype and bool((err <= bound).all()), (name, x.dtype, (err - bound).max().item())
