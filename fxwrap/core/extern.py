@@ -52,6 +52,32 @@ def is_view(op) -> bool:
     return isinstance(op, torch._ops.OpOverload) and bool(op.is_view) and not is_mutating(op)
 
 
+# Functional indexed writes -> their in-place forms (same arguments, same result shape
+# and dtype as ``self``).  Eager computes each as ``self.clone()`` and then the in-place
+# op; a program does the same with the clone as a buffer of its own, planned like any
+# other, and computed straight into it when ``self`` is a lazy value (an embedding's
+# backward: ``index_put(zeros, [ids], grad, accumulate=True)`` writes into the zeros
+# it filled, with no second buffer of the table's size).
+_IN_PLACE_WRITES = {
+    aten.index_put.default: aten.index_put_.default,
+    aten.scatter_add.default: aten.scatter_add_.default,
+    aten.scatter.src: aten.scatter_.src,
+    aten.scatter.value: aten.scatter_.value,
+    aten.scatter.reduce: aten.scatter_.reduce,
+    aten.scatter.value_reduce: aten.scatter_.value_reduce,
+    aten.scatter_reduce.two: aten.scatter_reduce_.two,
+    aten.index_add.default: aten.index_add_.default,
+    aten.index_copy.default: aten.index_copy_.default,
+    aten.index_fill.int_Scalar: aten.index_fill_.int_Scalar,
+}
+
+
+def in_place_write(op) -> torch._ops.OpOverload | None:
+    """The in-place form of a functional indexed write (``index_put`` -> ``index_put_``),
+    called on a copy of ``self`` the program owns; None for any other op."""
+    return _IN_PLACE_WRITES.get(op)
+
+
 # torch device type -> dispatch key of its backend kernels
 _BACKEND_KEYS = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU", "hpu": "HPU", "meta": "Meta"}
 

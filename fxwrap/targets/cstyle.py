@@ -141,6 +141,9 @@ class CStyleEmitter(KernelEmitter):
     barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
     infinity = "INFINITY"
     renders_scans = False  # a subclass that renders scan kernels (``ScanState``) sets it
+    # the dtype a sum / product / logcumsumexp scan of a dtype runs in, where it is not the
+    # dtype's compute dtype (C++: float32 in double, as eager's CPU kernels do)
+    scan_accumulate: dict[torch.dtype, torch.dtype] = {}
     nan = "NAN"
     # storage type of each dtype (what pointers point to)
     type_names: dict[torch.dtype, str] = {
@@ -739,6 +742,13 @@ class Scope:
                         f"{key[0]!r} has a result (or the field does not exist)")
 
 
+def c_operand(text: str) -> str:
+    """C expression ``text`` safe as an operand of ``*``, ``/``, ``%``, ``-`` or a comparison:
+    parenthesised unless a name or a literal."""
+    t = text.strip()
+    return t if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+(LL|ULL)?", t) else f"({t})"
+
+
 def append_block(lines: list[str], head: str, body: list[str]) -> None:
     """Append ``head { body }`` to ``lines``, the body indented."""
     lines.append(head + " {")
@@ -749,7 +759,9 @@ def append_block(lines: list[str], head: str, body: list[str]) -> None:
 class ScanState:
     """One scan's running state in C-family source (``fxwrap.core.ir.SCANS``): declared
     per row, updated once per ``r`` (``fx_cumsum``: ``sc0_s0 += tmp3;``), read by the
-    stores after the update as the scan's ``acc``.  bf16/fp16 run in float; the
+    stores after the update as the scan's ``acc``.  bf16/fp16 run in float, and a sum,
+    product or logcumsumexp in the emitter's ``scan_accumulate`` dtype where it has one
+    (C++: float32 in double; the ``acc`` is the state converted, rounded once); the
     prelude's ``fx_logcumsumexp_upd`` / ``fx_cummax_upd`` / ``fx_cummin_upd`` follow
     eager's CPU kernels (NaN propagates; cummax/cummin: ties and NaNs take the later
     index)."""
@@ -764,18 +776,24 @@ class ScanState:
             self.states = [(T, init), (em.ctype(torch.int64), "0")]
             self.fields = {0: (1, torch.int64), 1: (0, red.dtype)}
         else:
+            acc = em.scan_accumulate.get(red.dtype, compute_dtype(red.dtype))
+            T = self.T = em.ctype(acc)
             init = {"cumsum": "0", "cumprod": "1", "logcumsumexp": f"-{em.infinity}"}[self.kind]
             self.states = [(T, f"{T}({init})" if init[0] != "-" else init)]
-            self.fields = {0: (0, red.dtype)}
+            self.fields = {0: (0, acc)}
 
     def names(self) -> list[str]:
         return [f"{self.base}_s{i}" for i in range(len(self.states))]
 
     def value(self, scope: "Scope") -> str:
-        return self.em.render_cast(scope.value(self.red.value), self.red.value.dtype, self.red.dtype)
+        """The scanned value, in the state's dtype."""
+        acc = self.fields[0][1] if len(self.fields) == 1 else self.red.dtype
+        return self.em.render_cast(scope.value(self.red.value), self.red.value.dtype, acc)
 
-    def upd(self, v: str, index: str) -> str:
-        s = self.names()
+    def upd(self, v: str, index: str, states: list[str] | None = None) -> str:
+        """The statement folding value ``v`` at scan position ``index`` into the running
+        state (``states``: the state expressions, default the locals of ``names()``)."""
+        s = self.names() if states is None else states
         if self.kind == "cumsum":
             return f"{s[0]} = {s[0]} + {v};"
         if self.kind == "cumprod":
@@ -784,8 +802,24 @@ class ScanState:
             return f"fx_logcumsumexp_upd({s[0]}, {v});"
         return f"fx_{self.kind}_upd<{self.T}>({s[0]}, {s[1]}, {v}, {index});"
 
-    def bind(self, scope: "Scope") -> None:
-        names = self.names()
+    def combine(self, into: list[str], later: list[str]) -> str:
+        """The statement folding the state ``later`` (of the elements after those ``into``
+        has seen: a chunk's total) into ``into``.  Every scan's update is its combine
+        with a one-element state (cummax: the later state's value and index), so the
+        two are one statement."""
+        return self.upd(later[0], later[1] if len(later) > 1 else "", into)
+
+    def merge(self, into: list[str], other: list[str]) -> str:
+        """Like ``combine``, where ``other`` may hold elements before ``into``'s (the lanes of
+        one chunk: element ``j`` in lane ``j % lanes``): cummax/cummin compare indices
+        (``fx_cumextreme_merge``), the other scans commute."""
+        if self.kind in ("cummax", "cummin"):
+            flag = "true" if self.kind == "cummax" else "false"
+            return f"fx_cumextreme_merge<{flag}, {self.T}>({into[0]}, {into[1]}, {other[0]}, {other[1]});"
+        return self.combine(into, other)
+
+    def bind(self, scope: "Scope", states: list[str] | None = None) -> None:
+        names = self.names() if states is None else states
         for field, (i, dtype) in self.fields.items():
             scope.bind_acc(self.red.name, field, names[i], dtype)
 

@@ -375,6 +375,8 @@ class _Builder:
         if is_collective(target):
             self.collective(node, target, val)
             return
+        if extern.in_place_write(target) is not None and self._writes_into_copy(node, target, val):
+            return
         args = self.value(node.args)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
         if is_wait(target):
@@ -452,6 +454,31 @@ class _Builder:
             for b in (buf if isinstance(buf, (list, tuple)) else (buf,)):
                 self.in_flight[b.name] = reads
         self.env[node] = value
+
+    def _writes_into_copy(self, node, op, val) -> bool:
+        """A functional indexed write (``extern.in_place_write``) as eager runs it: ``self``
+        copied into a buffer of the program (the kernel builder computes a lazy ``self``
+        straight into it), then the in-place op on that buffer::
+
+            buf1 = empty_strided((1000, 64), (64, 1), ...)
+            fxwrap_pointwise_0(buf1)                                  # full: zeros
+            aten.index_put_.default(buf1, (buf2,), buf3, True)        # index_put
+
+        False (nothing emitted) where the result's layout is not the program's to choose."""
+        if not (isinstance(val, torch.Tensor) and self.layout_bound(val) and node.args
+                and isinstance(node.args[0], torch.fx.Node)):
+            return False
+        dst = Buffer.from_fake("", val)
+        if not _is_dense(dst, self.out.hints):
+            return False
+        dst = self.fresh_buffer_like(dst)
+        self.out.fake_values[dst.name] = val
+        self.private_copy(dst, node.args[0])
+        args = (dst, *self.value(tuple(node.args[1:])))
+        kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
+        self.emit(CallExtern(extern.in_place_write(op), args, kwargs, None))
+        self.env[node] = dst
+        return True
 
     def private_copy(self, dst: Buffer, arg) -> None:
         """``dst`` (new) gets the value of graph argument ``arg``, for a collective to work on

@@ -129,6 +129,8 @@ class KernelBuilder(build._Builder):
         self.template_mode = session.template_mode
         # template output buffer -> the lines of its ATen call (the extern candidate)
         self.template_externs: dict[str, list[Line]] = {}
+        # a reshape node of a template's result (or of such a reshape) -> that result's buffer
+        self.template_reshape_of: dict[torch.fx.Node, Buffer] = {}
 
     def _new_builder(self, gm):
         return KernelBuilder(gm, self.session)
@@ -407,14 +409,10 @@ class KernelBuilder(build._Builder):
             self._store_shared_values(node)
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
-            if node.target in _RESHAPES and args and isinstance(args[0], Stored) \
-                    and args[0].buffer.name in self.template_externs:
-                # a view of a template's result stays lazy: its readers can join the template's
-                # epilogue (``scheduler._reshaped``: a 3-D linear layer's activation)
-                args = (loads(args[0].buffer), *args[1:])
             kwargs = {k: self.rule_value(v) for k, v in node.kwargs.items()}
             try:
-                result = rule(ctx, *args, **kwargs)
+                result = self._template_reshape(node)
+                result = rule(ctx, *args, **kwargs) if result is None else result
             except Unsupported:
                 result = None
             if result is None and ctx.checkpoint is not None:
@@ -430,6 +428,30 @@ class KernelBuilder(build._Builder):
         super().call_function(node)
 
     # -- templates ------------------------------------------------------------
+    def _template_reshape(self, node) -> Loops | None:
+        """A row-major reshape (``_RESHAPES``) of a template's result, or of such a reshape,
+        as a lazy read of the template's buffer at the reshape's own row-major index, so
+        that its readers can join the template's epilogue (``scheduler._reshaped``: a 3-D
+        linear layer's activation).  The index stays affine through chains of reshapes
+        (``(B*T, V) -> (B, T, V) -> (B*T, V)``), so a gather (a cross-entropy's) still reads
+        the value lazily.  None for any other node."""
+        if node.target not in _RESHAPES or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            return None
+        source = node.args[0]
+        buf = self.template_reshape_of.get(source)
+        if buf is None:
+            value = self.env.get(source)
+            if not (isinstance(value, Buffer) and value.name in self.template_externs):
+                return None
+            buf = value
+        fake = node.meta.get("val")
+        if (not isinstance(fake, torch.Tensor) or not fake.is_contiguous() or fake.storage_offset() != 0
+                or tuple(buf.stride) != tuple(contiguous_strides(buf.size))):
+            return None
+        self.template_reshape_of[node] = buf
+        size = to_exprs(fake.shape)
+        return loads(Buffer(buf.name, size, contiguous_strides(size), buf.dtype, buf.device))
+
     def _template_or_extern(self, node) -> None:
         """``node`` (an op some template computes) as its ATen call, as without templates;
         then, when a template of the session applies, that call becomes the extern
@@ -666,7 +688,7 @@ class KernelBuilder(build._Builder):
 
 
 #: views that keep the row-major order of elements: a template's result seen through one
-#: stays lazy, so that the epilogue over it joins the template (``scheduler._reshaped``)
+#: stays lazy, so that the epilogue over it joins the template (``_template_reshape``)
 _RESHAPES = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
                        torch.ops.aten.reshape.default, torch.ops.aten.alias.default})
 

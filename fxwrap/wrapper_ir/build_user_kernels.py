@@ -45,6 +45,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxwrap.core.errors import UnsupportedUserKernel
 from fxwrap.core.symbolic import evaluate, is_non_overlapping_and_dense
 from fxwrap.runtime.kernel import KernelArg
+from fxwrap.runtime.user_kernels import jit_function_of
 from fxwrap.wrapper_ir.lines import Buffer, DefineKernel
 from fxwrap.wrapper_ir.user_kernels import CallUserKernel
 
@@ -67,12 +68,9 @@ def _side_table():
 
 def jit_function(kernel):
     """The ``JITFunction`` inside a user kernel (itself, or under ``autotune`` / ``heuristics``)."""
-    from triton.runtime.jit import JITFunction
-    inner = kernel
-    while not isinstance(inner, JITFunction):
-        inner = getattr(inner, "fn", None)
-        if inner is None:
-            raise UnsupportedUserKernel(f"{kernel!r} is not a Triton JITFunction (nor an autotuned one)")
+    inner = jit_function_of(kernel)
+    if inner is None:
+        raise UnsupportedUserKernel(f"{kernel!r} is not a Triton JITFunction (nor an autotuned one)")
     return inner
 
 

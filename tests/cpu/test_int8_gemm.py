@@ -19,6 +19,7 @@ import fxwrap
 from fxwrap.core.patterns import aten_int8_mm_refusal
 from fxwrap.targets.cpu_cpp.int8_gemm import REQUIRED_CPU_FLAGS, cpu_flags
 from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, TemplateChoice
+from fxwrap.wrapper_ir.template_choice import TEMPLATE_MIN_GAIN
 
 aten = torch.ops.aten
 INT8_MM = aten._weight_int8pack_mm.default
@@ -225,7 +226,8 @@ def test_auto_times_both_and_records_them():
     (choice,) = lines(programs, TemplateChoice)
     times = dict(choice.times)
     assert set(times) == {"cpp_int8_gemm", "extern"} and all(t > 0 for t in times.values())
-    assert choice.chosen == ("extern" if times["extern"] <= times["cpp_int8_gemm"] else "cpp_int8_gemm")
+    assert choice.chosen == ("cpp_int8_gemm" if times["cpp_int8_gemm"] < times["extern"] * (1 - TEMPLATE_MIN_GAIN)
+                             else "extern")
 
 
 def test_pattern_product_read_elsewhere_is_left_alone():

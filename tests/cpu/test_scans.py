@@ -12,7 +12,8 @@ import torch
 
 import fxwrap
 from fxwrap.wrapper_ir.lines import Allocate, CallKernel, DefineKernel, Free, Reuse
-from scan_helpers import SCAN_OPS, check_scan_op, scan_externs, scan_kernels
+from scan_helpers import (SCAN_OPS, check_float_scan, check_scan_op, scan_externs, scan_fn, scan_input, scan_kernels,
+                          workspaces)
 
 
 @pytest.fixture(autouse=True)
@@ -143,3 +144,155 @@ def test_no_kernel_source_allocates(target):
     for src in _kernel_sources(p):
         body = "\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("//", "#")))
         assert not _ALLOCATING.search(body), src
+
+
+# -- the C++ target's split scan of few long rows (targets/cpu_cpp/scan.py) ---------------------
+
+_LONG = 40001  # 11 chunks of 4000 (the last of 1 element): tasks of 4 + 4 interleaved, then 3 one by one
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.int32],
+                         ids=["fp32", "bf16", "int64", "int32"])
+@pytest.mark.parametrize("name", SCAN_OPS)
+def test_cpu_split_scan_numbers(name, dtype):
+    """Every scan op and dtype over 3 rows of 40001: a split scan (the workspace of chunk
+    totals: ceil(40001 / 4000) = 11 per row, one per state), eager's numbers; cummax/cummin
+    (ties, a NaN) and integer scans exactly."""
+    if not dtype.is_floating_point and name == "logcumsumexp":
+        pytest.skip("logcumsumexp has no integer kernel in eager")
+    x = scan_input(name, (3, _LONG), dtype)
+    fn = scan_fn(name)
+    p = _lower(fn, x)
+    got, want = p.run(x), fn(x)
+    # a chunk total per row and chunk, of the running state's dtype: float32 for float dtypes,
+    # int64 for an integer sum or product, the values' own for cummax/cummin (plus an int64 index)
+    extreme = name in ("cummax", "cummin")
+    state_dtype = str(torch.float32 if dtype.is_floating_point else dtype if extreme else torch.int64)
+    states = [(3 * 11, state_dtype)] + ([(3 * 11, "torch.int64")] if extreme else [])
+    assert sorted(workspaces(p)) == sorted(states), p.code()
+    if extreme:
+        assert torch.equal(got[1], want[1]), (got[1] != want[1]).nonzero()[:5]
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
+    elif dtype.is_floating_point:
+        check_float_scan(got, x, name, 1)
+    else:
+        assert got.dtype == want.dtype == torch.int64 and torch.equal(got, want)
+
+
+def test_cpu_split_scan_plan():
+    """The split rule: fewer than 64 rows of at least 32768 elements split (chunk totals in a
+    workspace, the source's split branch); many rows or short rows run one task per row (no
+    workspace); the kernel's source says which."""
+    def f(x):
+        return torch.cumsum(x * 2, 1)
+    for shape, split in [((2, 40000), True), ((63, 32768), True), ((64, 40000), False), ((8, 32767), False),
+                         ((300, 50), False)]:
+        x = torch.randn(shape)
+        p = _lower(f, x)
+        check_float_scan(p.run(x), x * 2, "cumsum", 1)
+        (src,) = _kernel_sources(p)
+        assert ("// split scan: chunks" in src) == split and ("nchunks" in src) == split, (shape, src)
+        assert workspaces(p) == ([(shape[0] * -(-shape[1] // 4000), "torch.float32")] if split else []), shape
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cummax"])
+def test_cpu_split_scan_not_last_dim(name):
+    """A scan over an outer dim (rows are the other dims' elements, ``r0`` strided): split."""
+    for shape, dim in [((_LONG, 3), 0), ((2, _LONG, 3), 1)]:
+        x = scan_input(name, shape, torch.float32)
+        fn = scan_fn(name, dim)
+        p = _lower(fn, x)
+        rows = 3 if dim == 0 else 6
+        assert (rows * 11, "torch.float32") in workspaces(p), p.code()
+        got = p.run(x)
+        if name == "cummax":
+            assert torch.equal(got[1], fn(x)[1])
+            torch.testing.assert_close(got[0], fn(x)[0], rtol=0, atol=0, equal_nan=True)
+        else:
+            check_float_scan(got, x, name, dim)
+
+
+def test_cpu_split_scan_dynamic_shapes():
+    """dynamic=True: one kernel with both plans behind a test of the sizes; the workspace's
+    size is the same rule as a sympy expression (0 elements where the rows run one by one)."""
+    programs: list = []
+
+    def f(x):
+        return tuple(torch.cummax(x * 2, 1)) + (torch.cumsum(x, 1),)
+    g = torch.compile(f, backend="fxwrap", dynamic=True, options={"target": "cpu", "on_program": programs.append})
+    for shape in [(2, 40000), (3, 50001), (100, 50), (70, 40000), (1, 33000)]:
+        x = torch.randn(shape)
+        got, want = g(x), f(x)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), shape
+        check_float_scan(got[2], x, "cumsum", 1)
+    p = programs[0]  # (a second program: dynamo specializes the 1-row input)
+    srcs = _kernel_sources(p)
+    assert srcs and all("// split scan: chunks" in s and "if (" in s for s in srcs if "_scan_" in s), p.code()
+    (out,) = [line.buf for line in p.lines if isinstance(line, Allocate) and line.buf.dtype == torch.int64
+              and len(line.buf.size) == 2]
+    rows, n = out.size
+    ws = [line.buf.size[0] for line in p.lines if isinstance(line, Allocate) and len(line.buf.size) == 1]
+    assert ws and all(not isinstance(e, int) and e.free_symbols for e in ws), p.code()
+    for r, length, want_numel in [(2, 40000, 20), (3, 50001, 39), (100, 50, 0), (70, 40000, 0), (8, 32767, 0)]:
+        assert {int(e.subs({rows: r, n: length})) for e in ws} == {want_numel}, (r, length)
+
+
+def test_cpu_split_scan_workspace_is_a_planned_buffer():
+    """The chunk totals of the cpu split scan are Allocate (or Reuse) lines, freed after the
+    kernel, in peak_bytes: every output of the two scan kernels plus the workspaces of the one
+    running last (cummax: a float and an int64 per chunk of each row)."""
+    def f(x):
+        return torch.cumsum(x, 1), torch.cummax(x, 1)
+    x = torch.randn(3, _LONG)
+    p = _lower(f, x)
+    got, want = p.run(x), f(x)
+    assert torch.equal(got[1][1], want[1][1]) and torch.equal(got[1][0], want[1][0])
+    ws = [arg for call in p.lines if isinstance(call, CallKernel)
+          for a, arg in zip(call.kernel.signature, call.args) if a.role == "workspace"]
+    assert sorted((int(b.size[0]), str(b.dtype)) for b in ws) == [
+        (33, "torch.float32"), (33, "torch.float32"), (33, "torch.int64")], p.code()
+    allocated = {line.buf.name for line in p.lines if isinstance(line, Allocate)}
+    reused = {line.new.name for line in p.lines if isinstance(line, Reuse)}
+    freed = {line.buf.name for line in p.lines if isinstance(line, Free)}
+    assert all(b.name in allocated | reused for b in ws) and {b.name for b in ws[1:]} <= freed, p.code()
+    outputs = 3 * _LONG * (4 + 4 + 8)
+    assert p.peak_bytes == outputs + 33 * (4 + 8), (p.peak_bytes, p.code())
+
+
+@pytest.mark.parametrize("name", SCAN_OPS)
+def test_cpu_split_scan_small_chunks(name, monkeypatch):
+    """The split scan's edges with tiny chunks (3 elements, 4 per task, from rows of 8): rows
+    of every length from one chunk to several tasks, a short last chunk, a partial last task,
+    NaNs and ties at chunk boundaries."""
+    from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+    monkeypatch.setattr(CppEmitter, "scan_chunk", 3)
+    monkeypatch.setattr(CppEmitter, "scan_split_min_length", 8)
+    fn = scan_fn(name)
+    for n in (8, 12, 13, 24, 25, 50):
+        x = scan_input(name, (2, n), torch.float32)
+        if name in ("cummax", "cummin"):
+            x[0, 2::3] = 5.0  # ties on chunk boundaries
+            x[1, 3] = float("nan")
+        p = fxwrap.lower(fn, x, options={"target": "cpu", "cache": False})
+        assert workspaces(p) and workspaces(p)[0][0] == 2 * -(-n // 3), (n, p.code())
+        got, want = p.run(x), fn(x)
+        if name in ("cummax", "cummin"):
+            assert torch.equal(got[1], want[1]), (n, got[1], want[1])
+            torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod", "logcumsumexp"])
+def test_cpu_scan_accumulate_in_double_is_eager_bit_for_bit(name, monkeypatch):
+    """Eager's CPU cumsum/cumprod/logcumsumexp of float32 accumulate in double; with
+    ``CppEmitter.scan_accumulate = {float32: float64}`` fxwrap does too and gives its numbers
+    bit for bit, per row and split (the split's chunk totals then round far below float32)."""
+    from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+    monkeypatch.setattr(CppEmitter, "scan_accumulate", {torch.float32: torch.float64})
+    fn = scan_fn(name)
+    for shape in [(3, _LONG), (100, 300)]:
+        x = scan_input(name, shape, torch.float32)
+        p = fxwrap.lower(fn, x, options={"target": "cpu", "cache": False})
+        assert bool(workspaces(p)) == (shape[0] < 64), p.code()
+        assert torch.equal(p.run(x), fn(x)), shape

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, TemplateChoice
+from fxwrap.wrapper_ir import template_choice
+from fxwrap.wrapper_ir.lines import Allocate, CallExtern, CallKernel, TemplateChoice
 
 aten = torch.ops.aten
 GEMMS = {aten.mm.out, aten.addmm.out, aten.bmm.out, aten.mm.default, aten.addmm.default, aten.bmm.default}
@@ -124,8 +125,9 @@ def test_auto_records_the_choice_with_times():
     assert len(choices) == 1
     times = dict(choices[0].times)
     assert set(times) == {"cpp_gemm", "extern"} and all(t > 0 for t in times.values())
-    faster = "extern" if times["extern"] <= times["cpp_gemm"] else "cpp_gemm"
-    assert choices[0].chosen == faster  # the extern wins ties
+    faster = "cpp_gemm" if times["cpp_gemm"] < times["extern"] * (1 - template_choice.TEMPLATE_MIN_GAIN) \
+        else "extern"
+    assert choices[0].chosen == faster  # the extern wins ties and small wins
     assert ("template cpp_gemm" in programs[0].code()) and "ms" in programs[0].code()
     # the FX node of the chosen launch carries it
     noted = [n for n in programs[0].graph_module.graph.nodes if "template cpp_gemm" in str(n.meta.get("comment", ""))]
@@ -134,6 +136,22 @@ def test_auto_records_the_choice_with_times():
         assert gemm_externs(programs)
     else:
         assert template_kernels(programs) and not gemm_externs(programs)
+
+
+@pytest.mark.parametrize("template_ms, chosen", [(0.99, "extern"), (1.0, "extern"), (0.95, "cpp_gemm")])
+def test_template_kept_only_when_faster_by_the_margin(monkeypatch, template_ms, chosen):
+    """A template within ``TEMPLATE_MIN_GAIN`` of the extern's time (timing noise) is not
+    chosen: the extern runs, with the epilogue as its own kernel."""
+    monkeypatch.setattr(template_choice, "time_candidates",
+                        lambda builder, emitter, candidates, extern: {"cpp_gemm": template_ms, "extern": 1.0})
+    fn = lambda x, w, b: torch.relu(F.linear(x, w, b))  # noqa: E731
+    c, programs = compiled(fn, templates="auto")
+    x, w, b = torch.randn(24, 40), torch.randn(56, 40), torch.randn(56)
+    torch.testing.assert_close(c(x, w, b), fn(x, w, b), atol=1e-4, rtol=1e-4)
+    (choice,) = [ln for p in programs for ln in p.lines if isinstance(ln, TemplateChoice)]
+    assert choice.chosen == chosen
+    assert bool(template_kernels(programs)) == (chosen == "cpp_gemm")
+    assert bool(gemm_externs(programs)) == (chosen == "extern")
 
 
 def test_off_is_as_before():
@@ -200,3 +218,25 @@ def test_operand_made_by_a_kernel_is_stored_for_the_template():
     a, w = torch.randn(18, 26), torch.randn(26, 34)
     torch.testing.assert_close(c(a, w), fn(a, w), atol=1e-4, rtol=1e-4)
     assert len(launches(programs)) == 2 and len(template_kernels(programs)) == 1
+
+
+def test_cross_entropy_reads_the_template_result_lazily():
+    """A language model's head: ``linear`` of (B, T, C) -> logits (B, T, V) -> viewed back
+    to (B*T, V) -> cross-entropy.  Through the chain of reshapes the template's result is
+    read at an affine index, so the gather reads the log-softmax lazily: no (B*T, V)
+    float32 buffer besides the logits themselves, the same as with templates off."""
+    def head(x, w, t):
+        logits = F.linear(x, w)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), t.view(-1))
+    x, w, t = torch.randn(4, 16, 32), torch.randn(300, 32), torch.randint(0, 300, (4, 16))
+    peaks, big = {}, {}
+    for templates in ("off", "always"):
+        c, programs = compiled(head, templates=templates)
+        torch.testing.assert_close(c(x, w, t), head(x, w, t), atol=1e-4, rtol=1e-4)
+        (program,) = programs
+        peaks[templates] = program.peak_bytes
+        big[templates] = [ln.buf.name for ln in program.lines
+                          if isinstance(ln, Allocate) and tuple(ln.buf.size) == (64, 300)]
+    assert template_kernels(programs), "the head is a template kernel under 'always'"
+    assert len(big["always"]) == len(big["off"]) == 1, big
+    assert peaks["always"] <= peaks["off"], peaks

@@ -32,7 +32,9 @@ that pass stores it and the epilogue reads it back: softmax computes one ``exp``
 per element, ``out = exp(x - max)`` in the sum pass, ``out = out / sum`` after.
 
 Scan kernels (``cumsum``...) run one task per row, a serial pass over ``r0`` that updates
-the running states and makes every store (``CStyleEmitter.scan_pass``, shared with Metal).
+the running states and makes every store (``CStyleEmitter.scan_pass``, shared with Metal);
+few long rows run as a split scan (chunk totals in a workspace, then each chunk from its
+prefix: ``targets/cpu_cpp/scan.py``).
 
 Inner loops vectorize: ``exp``, ``erf`` and ``tanh`` of float32 go through the prelude's
 branch-free ``fx_expf`` / ``fx_erff`` / ``fx_tanhf`` (libm calls do not vectorize without
@@ -42,7 +44,6 @@ are parenthesised (``rbase % (s0 - 1)``).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 
 import sympy
@@ -51,7 +52,9 @@ import torch
 from fxwrap.core.ir import Op, OpCode, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
-from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block)
+from fxwrap.targets.cpu_cpp.scan import ScanCode
+from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
+                                   c_operand as _operand)
 
 
 class CppEmitter(CStyleEmitter):
@@ -65,6 +68,10 @@ class CppEmitter(CStyleEmitter):
     load_threads = min(8, os.cpu_count() or 1)  # g++ runs as a subprocess: compile in parallel
     kernel_qualifier = 'extern "C"'
     renders_scans = True
+    # float32 scans (and bf16/fp16 ones, computed in float32) accumulate in float32; eager's CPU
+    # cumsum/cumprod/logcumsumexp of float32 accumulate in double: {torch.float32: torch.float64}
+    # here gives its numbers bit for bit, at ~1.4x the time of a one-thread row (AMD EPYC, 2026-11)
+    scan_accumulate: dict = {}
     prelude = PRELUDE
     # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
     # (they vectorize; libm calls vectorize only under -ffast-math)
@@ -81,8 +88,15 @@ class CppEmitter(CStyleEmitter):
     split_max_tiles = 64        # column tiling: split r when there are fewer tiles than this...
     split_col_chunk = 256       # ... into chunks of at least this many r steps
     max_chunks = 64
+    # scans (targets/cpu_cpp/scan.py): a split scan when there are fewer rows than
+    # scan_split_max_rows, of at least scan_split_min_length elements; chunks of scan_chunk
+    # elements, scan_lanes of them interleaved per task
+    scan_split_max_rows = 64
+    scan_split_min_length = 32768
+    scan_chunk = 4000
+    scan_lanes = 4
     reserved_names = frozenset("""xindex rindex rbase rcount rj lane tile task chunk nchunks
-        chunk_size rstart rend xnumel rnumel xo xl xbase xcount xj tiles nxb ptile c""".split())
+        chunk_size rstart rend xnumel rnumel xo xl xbase xcount xj tiles nxb ptile c ngroups c0""".split())
 
     def __init__(self, target=None, compiler=None):
         super().__init__(target)
@@ -189,23 +203,8 @@ class CppEmitter(CStyleEmitter):
         return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
 
     def scan(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
-        """A scan kernel: one task per row (``omp parallel for`` over the rows), each a
-        serial pass over ``r0`` that updates the running states and makes every store
-        (the scanned value's producer inlined before the update, the epilogue after)."""
-        fn = Scope(self, names, None, kernel=kernel)
-        row = Scope(self, names, fn, declares=[v.name for v in self.xvars(kernel)])
-        head, update, inner = self.scan_pass(kernel, names, row)
-        it = self.index_type
-        rv = self.rvars(kernel)[0]
-        body = self.decompose("xindex", self.xvars(kernel), kernel.ranges, names)
-        row.flush_into(body)
-        body += head
-        append_block(body, f"for ({it} {rv.name} = 0; {rv.name} < {self.render_index(kernel.reduction_ranges[0])};"
-                     f" ++{rv.name})", update)
-        xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges])
-        par = self.parallel_if(xnumel * sympy.sympify(kernel.reduction_ranges[0])) if kernel.ranges else None
-        loop = [("xindex", "0", self.render_index(xnumel), "1")]
-        return fn.lines + self.parallel_for(names, par, loop, body)
+        """A scan kernel: one task per row, or a split scan of few long rows (``ScanCode``)."""
+        return ScanCode(self, kernel, names).render()
 
     # ------------------------------------------------------------------ load
     def load(self, source: KernelSource) -> Callable:
@@ -261,12 +260,6 @@ def _stride(index, var) -> int | None:
         return 0
     d = sympy.diff(index, var)
     return int(d) if d.is_Integer else None
-
-
-def _operand(text: str) -> str:
-    """C expression ``text`` safe as an operand of ``*``, ``/``, ``%`` or ``-``."""
-    t = text.strip()
-    return t if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+(LL|ULL)?", t) else f"({t})"
 
 
 class _ReductionCode:

@@ -367,6 +367,16 @@ template <typename T> static inline void fx_cummax_upd(T& va, int64_t& ia, T v, 
 template <typename T> static inline void fx_cummin_upd(T& va, int64_t& ia, T v, int64_t i) {
   if (fx_isnan(v) || (!fx_isnan(va) && v <= va)) { va = v; ia = i; }
 }
+// cummax/cummin of two parts of a row in either order (a split scan's lanes): the state
+// after both is a NaN if either has one, else the extreme; a tie (NaN or value) takes the
+// later index, as one pass over the row would
+template <bool IsMax, typename T>
+static inline void fx_cumextreme_merge(T& va, int64_t& ia, T vb, int64_t ib) {
+  const bool na = fx_isnan(va), nb = fx_isnan(vb);
+  const bool b_wins = (na || nb) ? (nb && (!na || ib > ia))
+                                 : ((IsMax ? va < vb : vb < va) || (va == vb && ib > ia));
+  if (b_wins) { va = vb; ia = ib; }
+}
 template <typename T> static inline void fx_welford_upd(T& mean, T& m2, int64_t& n, T v) {
   n += 1;
   const T d = v - mean;

@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from fxwrap.runtime.user_kernels import jit_function_of
+
 
 class UserKernelNotSaved(RuntimeError):
     """A program launching a user Triton kernel that cannot be saved or loaded: names the kernel
@@ -34,12 +36,9 @@ class UserKernelNotSaved(RuntimeError):
 
 
 def _jit_of(kernel):
-    from triton.runtime.jit import JITFunction
-    inner = kernel
-    while not isinstance(inner, JITFunction):
-        inner = getattr(inner, "fn", None)
-        if inner is None:
-            raise UserKernelNotSaved(f"{kernel!r} holds no Triton JITFunction")
+    inner = jit_function_of(kernel)
+    if inner is None:
+        raise UserKernelNotSaved(f"{kernel!r} holds no Triton JITFunction")
     return inner
 
 

@@ -36,6 +36,7 @@ from fxwrap.core.numerics import compute_dtype
 from fxwrap.core.symbolic import python_source
 from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, LocalNames
 from fxwrap.targets.mps_metal.prelude import PRELUDE
+from fxwrap.targets.mps_metal.scan import MetalScan
 from fxwrap.runtime.provenance import describe
 
 
@@ -91,8 +92,15 @@ class MetalEmitter(CStyleEmitter):
     }
     # what a buffer may hold; anything else stays an ATen extern (no double on Metal)
     supported_dtypes = frozenset(type_names)
-    reserved_names = frozenset({"xindex", "rindex"})
+    reserved_names = frozenset({"xindex", "rindex", "c"})
     default_threadgroup_size = {"mps": 256, "shim": 32}  # shim: OS threads per team
+    # scans (mps_metal/scan.py): one threadgroup per row when there are fewer rows than
+    # scan_split_max_rows, of at least scan_split_min_length elements, cut into at most
+    # scan_max_chunks chunks of at least scan_min_chunk elements (a guess: not timed on a GPU)
+    scan_split_max_rows = 256
+    scan_split_min_length = 4096
+    scan_max_chunks = 1024
+    scan_min_chunk = 256
 
     # ------------------------------------------------------------------ types
     def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
@@ -109,8 +117,12 @@ class MetalEmitter(CStyleEmitter):
         return super().symbol_name(sym)
 
     # ------------------------------------------------------------------ signature
+    def grouped(self, kernel: ScheduledKernel) -> bool:
+        """One threadgroup per row (reductions, split scans), not one thread per element."""
+        return bool(kernel.reductions) and (not kernel.is_scan or MetalScan(self, kernel).splits())
+
     def thread_args(self, kernel: ScheduledKernel) -> tuple[tuple[str, str], ...]:
-        return REDUCTION_THREAD_ARGS if kernel.reductions and not kernel.is_scan else POINTWISE_THREAD_ARGS
+        return REDUCTION_THREAD_ARGS if self.grouped(kernel) else POINTWISE_THREAD_ARGS
 
     def params(self, kernel: ScheduledKernel) -> list[str]:
         params = super().params(kernel)
@@ -125,21 +137,8 @@ class MetalEmitter(CStyleEmitter):
 
     # ------------------------------------------------------------------ body
     def render_body(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
-        if kernel.is_scan:  # one thread per row, a serial pass over it
-            fn = Scope(self, names, None, kernel=kernel)
-            row = Scope(self, names, fn, declares=[v.name for v in self.xvars(kernel)])
-            head, update, _ = self.scan_pass(kernel, names, row)
-            rv = self.rvars(kernel)[0].name
-            out = [f"const {self.index_type} xindex = {self.thread_index};",
-                   f"if (xindex >= {self.numel(kernel.ranges)}) return;"]
-            out += self.decompose("xindex", self.xvars(kernel), kernel.ranges, names)
-            row.flush_into(out)
-            out += head
-            out.append(f"for ({self.index_type} {rv} = 0; {rv} < {self.render_index(kernel.reduction_ranges[0])}; "
-                       f"++{rv}) {{")
-            out += ["  " + ln if ln else ln for ln in update]
-            out.append("}")
-            return fn.lines + out
+        if kernel.is_scan:  # one thread per row, or one threadgroup per long row (MetalScan)
+            return MetalScan(self, kernel, names).render()
         if kernel.reductions:
             from fxwrap.targets.mps_metal.reduction import MetalReduction
             return MetalReduction(self, kernel, names).render()
@@ -173,7 +172,7 @@ class MetalEmitter(CStyleEmitter):
                             f"{self.target_name} exceeds its device's "
                             f"max_threads_per_threadgroup {limit} (DeviceInterface.capabilities()); "
                             f"set Target.options['threadgroup_size'] to at most {limit}")
-        grouped = bool(kernel.reductions) and not kernel.is_scan  # a scan: one thread per row
+        grouped = self.grouped(kernel)
         return {"kind": "reduction" if grouped else "pointwise",
                 "grid": python_expr(numel), "threadgroup_size": tg,
                 "thread_args": tuple(attr for _, attr in self.thread_args(kernel)),
