@@ -103,6 +103,16 @@ template <typename T> static inline T fx_round(T x) { if constexpr (fx_is_float<
 template <typename T> static inline T fx_sign(T x) { return (T)((T(0) < x) - (x < T(0))); }
 template <typename T> static inline T fx_reciprocal(T x) { return T(1) / x; }
 template <typename T> static inline T fx_rsqrt(T x) { return T(1) / std::sqrt(x); }
+// a * b + c rounded once where the CPU has FMA (one instruction, and never less accurate
+// than the two roundings of a * b + c, the form used without it): the Horner steps of the
+// polynomials below.  -ffp-contract=off keeps the compiler from fusing anything else.
+static inline float fx_fmaf(float a, float b, float c) {
+#if defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 // e^x in float32, branch-free and inline so that `#pragma omp simd` loops vectorize it
 // (std::exp is a libm call that gcc vectorizes only under -ffast-math).  Error under
 // 1 ulp; overflow gives inf, underflow 0 (through the subnormals), NaN stays NaN.
@@ -116,12 +126,12 @@ static inline float fx_expf(float x) {
   r = r - n * -2.12194440e-4f;
   // e^r on [-ln2/2, ln2/2]: 1 + r + r^2 * P(r), minimax coefficients
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r;
+  p = fx_fmaf(p, r, 1.3981999507e-3f);
+  p = fx_fmaf(p, r, 8.3334519073e-3f);
+  p = fx_fmaf(p, r, 4.1665795894e-2f);
+  p = fx_fmaf(p, r, 1.6666665459e-1f);
+  p = fx_fmaf(p, r, 5.0000001201e-1f);
+  p = fx_fmaf(p, r * r, r);
   p = p + 1.0f;
   // times 2^n as two normal powers of two (n in [-150, 128])
   const int32_t ni = (int32_t)n;
@@ -144,10 +154,10 @@ static inline float fx_tanhf(float x) {
   const float a = std::fabs(x);
   const float u = x * x;
   float p = -6.3564959e-03f;
-  p = p * u + 2.1127241e-02f;
-  p = p * u + -5.3865079e-02f;
-  p = p * u + 1.3332699e-01f;
-  p = p * u + -3.3333319e-01f;
+  p = fx_fmaf(p, u, 2.1127241e-02f);
+  p = fx_fmaf(p, u, -5.3865079e-02f);
+  p = fx_fmaf(p, u, 1.3332699e-01f);
+  p = fx_fmaf(p, u, -3.3333319e-01f);
   const float small = x * (1.0f + u * p);  // keeps the sign of -0
   const float e = fx_expf(2.0f * (a < 9.0f ? a : 9.0f));
   const float big = std::copysign(1.0f - 2.0f / (e + 1.0f), x);
@@ -164,28 +174,28 @@ static inline float fx_erff(float x) {
   // |x| <= 1: x * P(x^2)
   const float u = x * x;
   float p = 7.847259e-05f;
-  p = p * u + -8.008189e-04f;
-  p = p * u + 5.188099e-03f;
-  p = p * u + -2.6853692e-02f;
-  p = p * u + 1.12835824e-01f;
-  p = p * u + -3.7612626e-01f;
-  p = p * u + 1.1283791e+00f;
+  p = fx_fmaf(p, u, -8.008189e-04f);
+  p = fx_fmaf(p, u, 5.188099e-03f);
+  p = fx_fmaf(p, u, -2.6853692e-02f);
+  p = fx_fmaf(p, u, 1.12835824e-01f);
+  p = fx_fmaf(p, u, -3.7612626e-01f);
+  p = fx_fmaf(p, u, 1.1283791e+00f);
   const float small = x * p;
   // 1 < |x| < 3.92: Q(|x| - 2.46); beyond, erf(x) rounds to +-1
   const float v = (a < 3.92f ? a : 3.92f) - 2.46f;
   float q = -9.166921e-06f;
-  q = q * v + 2.5363142e-05f;
-  q = q * v + 5.1896404e-05f;
-  q = q * v + -3.0136696e-04f;
-  q = q * v + 3.9067873e-04f;
-  q = q * v + 4.615697e-04f;
-  q = q * v + -2.963120e-03f;
-  q = q * v + 6.7981537e-03f;
-  q = q * v + -9.904965e-03f;
-  q = q * v + 9.832828e-03f;
-  q = q * v + -6.5357485e-03f;
-  q = q * v + 2.6562088e-03f;
-  q = q * v + 9.994967e-01f;
+  q = fx_fmaf(q, v, 2.5363142e-05f);
+  q = fx_fmaf(q, v, 5.1896404e-05f);
+  q = fx_fmaf(q, v, -3.0136696e-04f);
+  q = fx_fmaf(q, v, 3.9067873e-04f);
+  q = fx_fmaf(q, v, 4.615697e-04f);
+  q = fx_fmaf(q, v, -2.963120e-03f);
+  q = fx_fmaf(q, v, 6.7981537e-03f);
+  q = fx_fmaf(q, v, -9.904965e-03f);
+  q = fx_fmaf(q, v, 9.832828e-03f);
+  q = fx_fmaf(q, v, -6.5357485e-03f);
+  q = fx_fmaf(q, v, 2.6562088e-03f);
+  q = fx_fmaf(q, v, 9.994967e-01f);
   q = q < 1.0f ? q : 1.0f;
   const float big = std::copysign(a < 3.92f ? q : 1.0f, x);
   return a <= 1.0f ? small : (a > 1.0f ? big : x);  // NaN: x
