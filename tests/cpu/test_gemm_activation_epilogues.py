@@ -113,3 +113,23 @@ def test_bfloat16_rounding_stored_as_float32_is_kept():
     assert near(rounded) >= 0.98 and near(unrounded) <= 0.5
     (source,) = kernel_sources(programs)
     assert "fx_bf16_round(" in source[source.index("extern \"C\""):]
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+def test_dynamic_rows_bfloat16(act):
+    """One program for every row count (a size symbol in the template's loops)."""
+    activation, helper = ACTIVATIONS[act]
+
+    def fn(x, w, b):
+        return activation(F.linear(x, w, b))
+
+    torch._dynamo.reset()
+    programs: list = []
+    backend = fxwrap.Backend("cpu", {"templates": "always", "on_program": programs.append})
+    c = torch.compile(fn, backend=backend, dynamic=True)
+    w, b = torch.randn(70, 48, dtype=torch.bfloat16) / 7, torch.randn(70, dtype=torch.bfloat16)
+    for rows in (3, 29, 64):
+        x = torch.randn(rows, 48, dtype=torch.bfloat16)
+        assert_matches_eager(c(x, w, b), fn(x, w, b), torch.bfloat16)
+    sources = kernel_sources(programs)
+    assert len(programs) == 1 and len(sources) == 1 and helper in sources[0]
