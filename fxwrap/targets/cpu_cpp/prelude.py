@@ -107,7 +107,7 @@ template <typename T> static inline T fx_rsqrt(T x) { return T(1) / std::sqrt(x)
 // than the two roundings of a * b + c, the form used without it): the Horner steps of the
 // polynomials below.  -ffp-contract=off keeps the compiler from fusing anything else.
 static inline float fx_fmaf(float a, float b, float c) {
-#if defined(__FMA__)
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
   return __builtin_fmaf(a, b, c);
 #else
   return a * b + c;
