@@ -364,11 +364,24 @@ class CStyleEmitter(KernelEmitter):
                 raise EmitError(f"kernel {kernel.name} stores to {st.buffer!r}, which is not one of "
                                 f"its outputs {[b.name for b in kernel.outputs]}")
             ptr, dtype = pointers[st.buffer]
-            value = scope.value(st.value)
+            value = scope.value(self.stored_value(st.value, dtype))
             value = self.render_cast(value, st.value.dtype, dtype)
             scope.flush_into(out)
             out.append(f"{ptr}[{self.render_index(st.index)}] = {self.to_storage(value, dtype)};")
         return out
+
+    def stored_value(self, value: Op, dtype: torch.dtype) -> Op:
+        """The node whose local a store of ``value`` into a ``dtype`` buffer converts:
+        ``value`` itself, or, where ``value`` is the float32 -> 16-bit ``cast`` to ``dtype``,
+        its float operand -- the store's own conversion (``to_storage``) is that same
+        rounding, and the rounded local is rendered only if something else reads it::
+
+            out_ptr0[x0] = fx_float_to_bf16(tmp12);   // not fx_float_to_bf16(fx_bf16_round(tmp12))
+        """
+        if (value.op == OpCode.CAST and value.dtype == dtype and dtype in self.half_types
+                and value.src[0].dtype == torch.float32):
+            return value.src[0]
+        return value
 
     def to_storage(self, value: str, dtype: torch.dtype) -> str:
         if dtype in self.half_types:

@@ -38,8 +38,10 @@ prefix: ``targets/cpu_cpp/scan.py``).
 
 Inner loops vectorize: ``exp``, ``erf`` and ``tanh`` of float32 go through the prelude's
 branch-free ``fx_expf`` / ``fx_erff`` / ``fx_tanhf`` (libm calls do not vectorize without
-``-ffast-math``, which fxwrap never uses), and sizes inside ``/``, ``%`` and ``*``
-are parenthesised (``rbase % (s0 - 1)``).
+``-ffast-math``, which fxwrap never uses; their Horner steps are FMAs where the CPU has
+them, their clamps and range tests integer operations on the float's bits, since gcc
+makes mask-register chains of IEEE float selects), and sizes inside ``/``, ``%`` and
+``*`` are parenthesised (``rbase % (s0 - 1)``).
 """
 from __future__ import annotations
 

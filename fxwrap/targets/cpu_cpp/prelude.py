@@ -103,12 +103,36 @@ template <typename T> static inline T fx_round(T x) { if constexpr (fx_is_float<
 template <typename T> static inline T fx_sign(T x) { return (T)((T(0) < x) - (x < T(0))); }
 template <typename T> static inline T fx_reciprocal(T x) { return T(1) / x; }
 template <typename T> static inline T fx_rsqrt(T x) { return T(1) / std::sqrt(x); }
+// a * b + c rounded once where the CPU has FMA (one instruction, and never less accurate
+// than the two roundings of a * b + c, the form used without it): the Horner steps of the
+// polynomials below.  -ffp-contract=off keeps the compiler from fusing anything else.
+static inline float fx_fmaf(float a, float b, float c) {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+// Clamps and range tests on a float's bits: an integer min or compare vectorizes to one
+// instruction, where gcc turns a float compare-and-select (IEEE semantics, no -ffast-math)
+// into a chain of mask operations that costs the polynomials below as much again.  As
+// unsigned, a non-negative float's bits grow with its value (a NaN's above +inf's), a
+// negative float's with its magnitude; as signed, every negative float is below every
+// non-negative one.
+static inline uint32_t fx_u32min(uint32_t a, uint32_t b) { return a < b ? a : b; }
+static inline int32_t fx_i32min(int32_t a, int32_t b) { return a < b ? a : b; }
+// the bits of x clamped to [lo, hi] for floats lo < 0 < hi (lo_bits, hi_bits their bits);
+// a NaN becomes lo or hi (by its sign)
+static inline uint32_t fx_clamp_bits(uint32_t x_bits, uint32_t lo_bits, uint32_t hi_bits) {
+  return (uint32_t)fx_i32min((int32_t)fx_u32min(x_bits, lo_bits), (int32_t)hi_bits);
+}
 // e^x in float32, branch-free and inline so that `#pragma omp simd` loops vectorize it
 // (std::exp is a libm call that gcc vectorizes only under -ffast-math).  Error under
 // 1 ulp; overflow gives inf, underflow 0 (through the subnormals), NaN stays NaN.
 static inline float fx_expf(float x) {
-  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-  const float xs = x != x ? 0.0f : xc;
+  // x clamped to [-104, 89] (NaN to either end: restored at the return) through fx_clamp_bits
+  const float xs = fx_bits_to_float(fx_clamp_bits(fx_float_to_bits(x), __builtin_bit_cast(uint32_t, -104.0f),
+                                                  __builtin_bit_cast(uint32_t, 89.0f)));
   // n = round(x / ln2): adding 1.5 * 2^23 rounds to an integer (ties to even)
   const float n = (xs * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   // r = x - n * ln2 in two steps (Cody-Waite): n * 0.693359375f is exact
@@ -116,12 +140,12 @@ static inline float fx_expf(float x) {
   r = r - n * -2.12194440e-4f;
   // e^r on [-ln2/2, ln2/2]: 1 + r + r^2 * P(r), minimax coefficients
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r;
+  p = fx_fmaf(p, r, 1.3981999507e-3f);
+  p = fx_fmaf(p, r, 8.3334519073e-3f);
+  p = fx_fmaf(p, r, 4.1665795894e-2f);
+  p = fx_fmaf(p, r, 1.6666665459e-1f);
+  p = fx_fmaf(p, r, 5.0000001201e-1f);
+  p = fx_fmaf(p, r * r, r);
   p = p + 1.0f;
   // times 2^n as two normal powers of two (n in [-150, 128])
   const int32_t ni = (int32_t)n;
@@ -138,20 +162,22 @@ template <typename T> static inline T fx_exp(T x) {
 template <typename T> static inline T fx_sigmoid(T x) { return T(1) / (T(1) + fx_exp(-x)); }
 // tanh in float32, branch-free through fx_expf (vectorizes; std::tanh is a libm call):
 // x + x^3 * P(x^2) for |x| < 0.55 (least-squares fit of the relative error, 3e-9 before
-// rounding), 1 - 2 / (e^(2|x|) + 1) with x's sign beyond; +-1 past |x| = 9 (where the
-// float32 result is +-1), NaN stays NaN
+// rounding), 1 - 2 / (e^(2|x|) + 1) with x's sign beyond, |x| clamped at 10 (the float32
+// result is +-1 from 9.011 on), NaN stays NaN
 static inline float fx_tanhf(float x) {
-  const float a = std::fabs(x);
+  const uint32_t abs_bits = fx_float_to_bits(x) & 0x7FFFFFFFu;
   const float u = x * x;
   float p = -6.3564959e-03f;
-  p = p * u + 2.1127241e-02f;
-  p = p * u + -5.3865079e-02f;
-  p = p * u + 1.3332699e-01f;
-  p = p * u + -3.3333319e-01f;
+  p = fx_fmaf(p, u, 2.1127241e-02f);
+  p = fx_fmaf(p, u, -5.3865079e-02f);
+  p = fx_fmaf(p, u, 1.3332699e-01f);
+  p = fx_fmaf(p, u, -3.3333319e-01f);
   const float small = x * (1.0f + u * p);  // keeps the sign of -0
-  const float e = fx_expf(2.0f * (a < 9.0f ? a : 9.0f));
+  const float e = fx_expf(2.0f * fx_bits_to_float(fx_u32min(abs_bits, __builtin_bit_cast(uint32_t, 10.0f))));
   const float big = std::copysign(1.0f - 2.0f / (e + 1.0f), x);
-  return a < 0.55f ? small : (a >= 0.55f ? big : x);  // NaN: x
+  // big for 0.55 <= |x| <= inf (one unsigned compare); small (NaN for a NaN x) otherwise
+  constexpr uint32_t big_from = __builtin_bit_cast(uint32_t, 0.55f), inf_bits = 0x7F800000u;
+  return abs_bits - big_from <= inf_bits - big_from ? big : small;
 }
 template <typename T> static inline T fx_tanh(T x) {
   if constexpr (std::is_same<T, float>::value) return fx_tanhf(x); else return std::tanh(x);
@@ -160,35 +186,39 @@ template <typename T> static inline T fx_tanh(T x) {
 // |x| - 2.46 up to 3.92, +-1 beyond; least-squares fits, error under 2e-7 (eager's
 // vectorized erf is itself an approximation of that order)
 static inline float fx_erff(float x) {
-  const float a = std::fabs(x);
+  const uint32_t abs_bits = fx_float_to_bits(x) & 0x7FFFFFFFu;
+  constexpr uint32_t one_bits = __builtin_bit_cast(uint32_t, 1.0f), top_bits = __builtin_bit_cast(uint32_t, 3.92f);
   // |x| <= 1: x * P(x^2)
   const float u = x * x;
   float p = 7.847259e-05f;
-  p = p * u + -8.008189e-04f;
-  p = p * u + 5.188099e-03f;
-  p = p * u + -2.6853692e-02f;
-  p = p * u + 1.12835824e-01f;
-  p = p * u + -3.7612626e-01f;
-  p = p * u + 1.1283791e+00f;
+  p = fx_fmaf(p, u, -8.008189e-04f);
+  p = fx_fmaf(p, u, 5.188099e-03f);
+  p = fx_fmaf(p, u, -2.6853692e-02f);
+  p = fx_fmaf(p, u, 1.12835824e-01f);
+  p = fx_fmaf(p, u, -3.7612626e-01f);
+  p = fx_fmaf(p, u, 1.1283791e+00f);
   const float small = x * p;
   // 1 < |x| < 3.92: Q(|x| - 2.46); beyond, erf(x) rounds to +-1
-  const float v = (a < 3.92f ? a : 3.92f) - 2.46f;
+  const float v = fx_bits_to_float(fx_u32min(abs_bits, top_bits)) - 2.46f;
   float q = -9.166921e-06f;
-  q = q * v + 2.5363142e-05f;
-  q = q * v + 5.1896404e-05f;
-  q = q * v + -3.0136696e-04f;
-  q = q * v + 3.9067873e-04f;
-  q = q * v + 4.615697e-04f;
-  q = q * v + -2.963120e-03f;
-  q = q * v + 6.7981537e-03f;
-  q = q * v + -9.904965e-03f;
-  q = q * v + 9.832828e-03f;
-  q = q * v + -6.5357485e-03f;
-  q = q * v + 2.6562088e-03f;
-  q = q * v + 9.994967e-01f;
-  q = q < 1.0f ? q : 1.0f;
-  const float big = std::copysign(a < 3.92f ? q : 1.0f, x);
-  return a <= 1.0f ? small : (a > 1.0f ? big : x);  // NaN: x
+  q = fx_fmaf(q, v, 2.5363142e-05f);
+  q = fx_fmaf(q, v, 5.1896404e-05f);
+  q = fx_fmaf(q, v, -3.0136696e-04f);
+  q = fx_fmaf(q, v, 3.9067873e-04f);
+  q = fx_fmaf(q, v, 4.615697e-04f);
+  q = fx_fmaf(q, v, -2.963120e-03f);
+  q = fx_fmaf(q, v, 6.7981537e-03f);
+  q = fx_fmaf(q, v, -9.904965e-03f);
+  q = fx_fmaf(q, v, 9.832828e-03f);
+  q = fx_fmaf(q, v, -6.5357485e-03f);
+  q = fx_fmaf(q, v, 2.6562088e-03f);
+  q = fx_fmaf(q, v, 9.994967e-01f);
+  // q at most 1 (q > 0 where it is used), exactly 1 past 3.92
+  const float q1 = fx_bits_to_float(abs_bits < top_bits ? fx_u32min(fx_float_to_bits(q), one_bits) : one_bits);
+  const float big = std::copysign(q1, x);
+  // big for 1 < |x| <= inf (one unsigned compare); small (NaN for a NaN x) otherwise
+  constexpr uint32_t inf_bits = 0x7F800000u;
+  return abs_bits - (one_bits + 1) <= inf_bits - (one_bits + 1) ? big : small;
 }
 template <typename T> static inline T fx_erf(T x) {
   if constexpr (std::is_same<T, float>::value) return fx_erff(x); else return std::erf(x);
