@@ -17,6 +17,8 @@ import os
 import platform
 import shlex
 import subprocess
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 from fxwrap.targets.host.cache import KernelCache, default_cache_dir
@@ -80,12 +82,16 @@ def without_header(source: str) -> str:
 
 
 class CppCompiler:
-    """Compiles kernel sources to shared objects through a ``KernelCache``."""
+    """Compiles kernel sources to shared objects through a ``KernelCache``.  Threads may
+    call ``compile`` at once: a source being compiled by one thread is waited for by the
+    others (one ``g++`` per distinct source in a process; processes race through the cache)."""
 
     def __init__(self, cxx: str | None = None, flags=None, cache_dir=None):
         self.cxx = cxx or os.environ.get("CXX") or "g++"
         self.flags = tuple(flags) if flags is not None else DEFAULT_FLAGS
         self.cache = KernelCache(cache_dir if cache_dir is not None else default_cache_dir())
+        self._lock = threading.Lock()
+        self._building: dict[str, Future] = {}  # key -> the shared object's path, being built
 
     @property
     def version(self) -> str:
@@ -118,11 +124,29 @@ class CppCompiler:
                 raise CompileError(f"{self.cxx} failed (exit {proc.returncode}) on the kernel saved "
                                    f"at {keep}\ncommand: {shlex.join(cmd)}\n{proc.stderr[-8000:]}")
 
-        if _CACHE_LOG.isEnabledFor(logging.DEBUG):
-            hit = self.cache.lookup(key) is not None
-            _CACHE_LOG.debug("%s %s (%s)", "hit" if hit else "miss, compiling", self.cache.path(key),
-                                       _kernel_title(source))
-        return self.cache.get_or_build(key, source, build)
+        with self._lock:
+            building = self._building.get(key)
+            if building is None:
+                building = self._building[key] = Future()
+                owner = True
+            else:
+                owner = False
+        if not owner:  # another thread compiles this source now: its result
+            return building.result()
+        try:
+            if _CACHE_LOG.isEnabledFor(logging.DEBUG):
+                hit = self.cache.lookup(key) is not None
+                _CACHE_LOG.debug("%s %s (%s)", "hit" if hit else "miss, compiling", self.cache.path(key),
+                                 _kernel_title(source))
+            path = self.cache.get_or_build(key, source, build)
+        except BaseException as exc:
+            building.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                del self._building[key]
+        building.set_result(path)
+        return path
 
 
 _DEFAULTS: dict[tuple, CppCompiler] = {}
