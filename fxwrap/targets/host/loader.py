@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from fxwrap.targets.host.compiler import CompileError, CppCompiler, default_compiler, without_header
+from fxwrap.targets.host.compiler import CompileError, CppCompiler, SharedPrelude, default_compiler, without_header
 
 #: the symbol a kernel's shared object exports (``shared_source``)
 SHARED_SYMBOL = "fxwrap_kernel_entry"
@@ -78,18 +78,18 @@ def shared_source(source: str, symbol: str) -> tuple[str, str]:
 
 
 def launcher_for(source: str, symbol: str, pointers: int, sizes: int,
-                 compiler: CppCompiler | None = None) -> Callable:
-    """Compile (cached, shared between kernels equal but for their names: ``shared_source``)
-    and bind ``symbol`` of ``source``."""
+                 compiler: CppCompiler | None = None, prelude: SharedPrelude | None = None) -> Callable:
+    """Compile (cached, shared between kernels equal but for their names: ``shared_source``;
+    ``prelude`` precompiled: ``CppCompiler.compile``) and bind ``symbol`` of ``source``."""
     comp = compiler or default_compiler()
     text, exported = shared_source(source, symbol)
-    path = comp.compile(text)
+    path = comp.compile(text, prelude=prelude)
     try:
         lib = load_library(path)
     except OSError as exc:
         # a cache entry corrupted behind our back: rebuild it once
         comp.cache.evict(comp.key(text))
-        path = comp.compile(text)
+        path = comp.compile(text, prelude=prelude)
         try:
             lib = load_library(path)
         except OSError:
