@@ -179,6 +179,11 @@ def epilogue_group(group: Group) -> Group:
 # -- timing ----------------------------------------------------------------------
 ROUNDS = 7
 TARGET_SECONDS = 2e-3  # each timed sample runs the candidate this long at least
+# stopping rule: after MIN_ROUNDS rounds, stop once the fastest candidate's best round is
+# CLEAR_MARGIN times faster than every other's best (more rounds only lower a best a little:
+# a shared machine's noise adds time)
+MIN_ROUNDS = 3
+CLEAR_MARGIN = 1.25
 
 
 def timing_keys(builder, candidates: list, extern: list) -> dict[str, str]:
@@ -194,7 +199,8 @@ def timing_keys(builder, candidates: list, extern: list) -> dict[str, str]:
 
 
 def time_candidates(builder, emitter, candidates: list, extern: list, keys: dict | None = None) -> dict[str, float]:
-    """``{candidate: ms}`` (the fastest of ``ROUNDS`` rounds) of each template candidate and of the extern (``EXTERN``),
+    """``{candidate: ms}`` (the fastest of ``ROUNDS`` rounds, ``MIN_ROUNDS`` when one is clearly fastest) of each
+    template candidate and of the extern (``EXTERN``),
     on random inputs at the size hints, interleaved round by round; cached on disk, and for
     the builder's program in memory (a group equal to one timed before is not timed again,
     even with the disk cache off)."""
@@ -266,6 +272,12 @@ def _buffers(value) -> list[Buffer]:
     return [v for v in _flat(value) if isinstance(v, Buffer)]
 
 
+def _clear_winner(samples: dict[str, list[float]]) -> bool:
+    """The fastest best round is ``CLEAR_MARGIN`` times faster than each other best round."""
+    best = sorted(min(s) for s in samples.values())
+    return len(best) < 2 or best[1] >= CLEAR_MARGIN * best[0]
+
+
 def _measure(runs: dict, load, hints: dict, target) -> dict[str, float]:
     tensors: dict[str, torch.Tensor] = {}
     gen = torch.Generator().manual_seed(0)
@@ -321,9 +333,11 @@ def _measure(runs: dict, load, hints: dict, target) -> dict[str, float]:
         once = run(calls, 1)
         reps[name] = max(1, min(100, int(TARGET_SECONDS / max(once, 1e-7))))
     samples: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(ROUNDS):
+    for done in range(1, ROUNDS + 1):
         for name, calls in steps.items():
             samples[name].append(run(calls, reps[name]))
+        if done >= MIN_ROUNDS and _clear_winner(samples):
+            break
     # the fastest round: other processes on the machine only ever add time (a shared CPU's
     # medians swing 2x between candidates run a moment apart)
     return {name: min(s) * 1e3 for name, s in samples.items()}

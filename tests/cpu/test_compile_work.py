@@ -164,3 +164,29 @@ def test_candidates_compile_before_timing_and_choose_as_serially(monkeypatch):
         torch.testing.assert_close(program.run(*args), _linears(*args), atol=1e-4, rtol=1e-4)
         results[threads] = (program.code(), [k.source for k in _kernels(program)])
     assert results[1] == results[4]
+
+
+def _scripted_measure(ms_a: float, ms_b: float):
+    """``_measure`` of two candidates whose every timed call takes the given times (a
+    stand-in device clock); returns (times, how many timings were taken)."""
+    calls = []
+
+    def time_calls(fn, n, device):
+        fn()
+        calls.append(n)
+        warmups = 4  # each candidate: a warm-up and a single timed call first
+        k = len(calls) - 1
+        which = (k // 2) if k < warmups else (k - warmups) % 2
+        return (ms_a if which == 0 else ms_b) * 1e-3  # per call
+    target = types.SimpleNamespace(device=types.SimpleNamespace(time_calls=time_calls))
+    times = template_choice._measure({"a": [[]], "b": [[]]}, None, {}, target)
+    return times, len(calls) - 4
+
+
+def test_timing_stops_early_only_when_one_candidate_is_clearly_faster():
+    times, rounds = _scripted_measure(1.0, 2.0)
+    assert rounds == 2 * template_choice.MIN_ROUNDS
+    assert times["a"] < times["b"]
+    times, rounds = _scripted_measure(1.0, 1.1)  # close: every round
+    assert rounds == 2 * template_choice.ROUNDS
+    assert times["a"] < times["b"]
