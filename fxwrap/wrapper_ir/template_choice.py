@@ -135,7 +135,7 @@ def decide(builder, choice: Candidates, emitter) -> list:
     elif not choice.timed:  # mode "always", or an extern that must not run: neither timed nor chosen
         chosen = candidates[0][0]
     else:
-        times = time_candidates(builder, emitter, candidates, extern, choice.keys)
+        times = time_candidates(builder, emitter, candidates, extern)
         best = min(times[name] for name, _ in candidates)
         chosen = EXTERN if best >= times[EXTERN] * (1 - TEMPLATE_MIN_GAIN) else min(
             (name for name, _ in candidates), key=lambda n: (times[n], [c[0] for c in candidates].index(n)))
@@ -198,7 +198,7 @@ def timing_keys(builder, candidates: list, extern: list) -> dict[str, str]:
             for name, parts in runs.items()}
 
 
-def time_candidates(builder, emitter, candidates: list, extern: list, keys: dict | None = None) -> dict[str, float]:
+def time_candidates(builder, emitter, candidates: list, extern: list) -> dict[str, float]:
     """``{candidate: ms}`` (the fastest of ``ROUNDS`` rounds, ``MIN_ROUNDS`` when one is clearly fastest) of each
     template candidate and of the extern (``EXTERN``),
     on random inputs at the size hints, interleaved round by round; cached on disk, and for
@@ -209,7 +209,7 @@ def time_candidates(builder, emitter, candidates: list, extern: list, keys: dict
     cache = TimingCache()
     runs = {name: [made] for name, made in candidates}
     runs[EXTERN] = extern
-    keys = keys or timing_keys(builder, candidates, extern)
+    keys = timing_keys(builder, candidates, extern)
     seen = builder.template_timings  # this program's timings, by key
     times = {name: seen[key] if key in seen else cache.get(key) for name, key in keys.items()}
     missing = [name for name, ms in times.items() if ms is None]
