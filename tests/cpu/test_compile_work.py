@@ -94,6 +94,13 @@ def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
         commands.append(list(cmd))
         return run(cmd, *args, **kwargs)
     monkeypatch.setattr(subprocess, "run", recording_run)
+    src = _pointwise_source(0.5)  # the first kernel does not wait for the header: compiled whole
+    launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
+    x, y = torch.randn(5), torch.empty(5)
+    launch(x, y, 5)
+    torch.testing.assert_close(y, x * 0.5)
+    assert comp.precompiled_header(SHARED_PRELUDE, wait=True) is not None
+    commands = [c for c in commands if "c++-header" in c]  # the header's build, in its thread
     for scale in (1.5, 2.5):
         src = _pointwise_source(scale)
         launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
@@ -112,6 +119,7 @@ def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
     # prelude.h as text: still the right numbers
     gch.write_bytes(b"not a precompiled header")
     other = CppCompiler(cache_dir=tmp_path)
+    assert other.precompiled_header(SHARED_PRELUDE) is not None  # found on disk: no build
     src = _pointwise_source(3.5)
     launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=other, prelude=SHARED_PRELUDE)
     x, y = torch.randn(9), torch.empty(9)

@@ -135,6 +135,7 @@ class CppCompiler:
         self._building: dict[str, Future] = {}  # key -> the shared object's path, being built
         self._preludes: dict[tuple, Path | None] = {}  # (prelude, extra flags) -> its header (None: none)
         self._prelude_lock = threading.Lock()
+        self._prelude_builds: dict[tuple, threading.Thread] = {}  # headers being built
 
     @property
     def version(self) -> str:
@@ -205,39 +206,60 @@ class CppCompiler:
         return path
 
 
-    def precompiled_header(self, prelude: SharedPrelude, extra_flags=()) -> Path | None:
-        """``prelude.h`` (with ``prelude.h.gch`` beside it) in the cache, built on first use
-        (once per process; processes race harmlessly: each file is renamed into place);
-        None where the compiler cannot precompile it."""
+    def precompiled_header(self, prelude: SharedPrelude, extra_flags=(), wait: bool = False) -> Path | None:
+        """``prelude.h`` (with ``prelude.h.gch`` beside it) in the cache; None while it is
+        being built (on first use, in a thread of its own: the kernels compile meanwhile
+        without it, so a small program never waits for it; ``wait``: until it is built) and
+        where the compiler cannot precompile it.  Processes race harmlessly: each file is
+        renamed into place."""
         wanted = (prelude, tuple(extra_flags))
         with self._prelude_lock:
             if wanted in self._preludes:
-                return self._preludes[wanted]
-            h = hashlib.sha256()
-            for part in ("fxwrap precompiled prelude", prelude.header(), " ".join(self.flags + tuple(extra_flags)),
-                         self.cxx, self.version, host_fingerprint()):
-                h.update(part.encode())
-                h.update(b"\0")
-            key = h.hexdigest()
-            folder = self.cache.dir / "pch" / key[:2] / key
-            header, gch = folder / "prelude.h", folder / "prelude.h.gch"
-            if not gch.is_file():
-                try:
-                    folder.mkdir(parents=True, exist_ok=True)
-                    write_atomically(header, prelude.header().encode())
-                    tmp = folder / f".prelude.{os.getpid()}.{threading.get_ident()}.gch.tmp"
-                    flags = [f for f in (*self.flags, *extra_flags) if f != "-shared"]
-                    proc = subprocess.run([*shlex.split(self.cxx), *flags, "-x", "c++-header", str(header), "-o",
-                                           str(tmp)], capture_output=True, text=True)
-                    if proc.returncode == 0 and tmp.is_file():
-                        os.replace(tmp, gch)
-                    else:
-                        tmp.unlink(missing_ok=True)
-                        _CACHE_LOG.debug("no precompiled prelude (%s): %s", self.cxx, proc.stderr[-2000:])
-                except OSError as exc:
-                    _CACHE_LOG.debug("no precompiled prelude: %s", exc)
+                ready, build = self._preludes[wanted], None
+            else:
+                h = hashlib.sha256()
+                for part in ("fxwrap precompiled prelude", prelude.header(),
+                             " ".join(self.flags + tuple(extra_flags)), self.cxx, self.version, host_fingerprint()):
+                    h.update(part.encode())
+                    h.update(b"\0")
+                key = h.hexdigest()
+                folder = self.cache.dir / "pch" / key[:2] / key
+                header, gch = folder / "prelude.h", folder / "prelude.h.gch"
+                if gch.is_file() and header.is_file():
+                    ready = self._preludes[wanted] = header
+                    build = None
+                else:
+                    ready = self._preludes[wanted] = None
+                    build = threading.Thread(target=self._build_header, name="fxwrap-pch", daemon=True,
+                                             args=(wanted, prelude, extra_flags, folder))
+                    self._prelude_builds[wanted] = build
+                    build.start()
+            pending = self._prelude_builds.get(wanted)
+        if wait and pending is not None:
+            pending.join()
+            with self._prelude_lock:
+                ready = self._preludes[wanted]
+        return ready
+
+    def _build_header(self, wanted, prelude: SharedPrelude, extra_flags, folder: Path) -> None:
+        header, gch = folder / "prelude.h", folder / "prelude.h.gch"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomically(header, prelude.header().encode())
+            tmp = folder / f".prelude.{os.getpid()}.{threading.get_ident()}.gch.tmp"
+            flags = [f for f in (*self.flags, *extra_flags) if f != "-shared"]
+            proc = subprocess.run([*shlex.split(self.cxx), *flags, "-x", "c++-header", str(header), "-o", str(tmp)],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0 and tmp.is_file():
+                os.replace(tmp, gch)
+            else:
+                tmp.unlink(missing_ok=True)
+                _CACHE_LOG.debug("no precompiled prelude (%s): %s", self.cxx, proc.stderr[-2000:])
+        except OSError as exc:
+            _CACHE_LOG.debug("no precompiled prelude: %s", exc)
+        with self._prelude_lock:
             self._preludes[wanted] = header if gch.is_file() else None
-            return self._preludes[wanted]
+            self._prelude_builds.pop(wanted, None)
 
 
 _DEFAULTS: dict[tuple, CppCompiler] = {}
