@@ -33,6 +33,8 @@ of them); inputs, constants and anything reachable from the outputs are never fr
 """
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -293,8 +295,29 @@ def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], root_of
 def _fits(old: Buffer, new: Buffer, old_bytes: int, new_bytes: int) -> bool:
     """Storage of ``old`` holds ``new`` for every size, not only at the hints."""
     if old.storage_bytes.free_symbols or new.storage_bytes.free_symbols:
-        return sympy.simplify(old.storage_bytes - new.storage_bytes) == 0
+        return _equal_for_every_size(old.storage_bytes, new.storage_bytes)
     return old_bytes >= new_bytes
+
+
+#: sizes the symbols of two storage sizes are compared at before ``sympy.simplify`` is asked
+_PROBES = ((2, 3, 5, 7, 11, 13), (17, 4, 9, 6, 19, 23))
+
+
+@functools.lru_cache(maxsize=4096)
+def _equal_for_every_size(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """``a == b`` for every value of their (positive integer) size symbols: ``sympy.simplify``'s
+    answer, asked only when neither expansion proves it (``expand(a - b) == 0``) nor a probe
+    disproves it (a difference at some sizes; simplify of a difference took seconds each)."""
+    diff = a - b
+    if diff == 0 or sympy.expand(diff) == 0:
+        return True
+    symbols = sorted(diff.free_symbols, key=lambda s: s.name)
+    for values in _PROBES:
+        point = {s: sympy.Integer(values[i % len(values)] + i // len(values)) for i, s in enumerate(symbols)}
+        value = diff.xreplace(point)
+        if value.is_number and value != 0:
+            return False
+    return sympy.simplify(diff) == 0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ are expressions without free symbols.  PyTorch hands us ``SymInt``s whose
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 import sympy
@@ -138,10 +139,16 @@ def contiguous_strides(size: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
     return tuple(reversed(strides))
 
 
+@functools.lru_cache(maxsize=8192)
 def _divides(d: sympy.Expr, term: sympy.Expr) -> sympy.Expr | None:
     """``term / d`` when it is an integer polynomial (``768*x0`` by 256: ``3*x0``), else None."""
     if d == 1:
         return term
+    if d.is_Integer and d > 0:  # an integer times atoms (a term of an expanded index): no cancel
+        coeff, rest = term.as_coeff_Mul()
+        if coeff.is_Integer and all(f.is_Atom or isinstance(f, (FloorDiv, ModularIndexing))
+                                    for f in sympy.Mul.make_args(rest)):
+            return coeff // d * rest if coeff % d == 0 else None
     quotient = sympy.cancel(term / d)
     numer, denom = sympy.fraction(quotient)
     if denom != 1:
@@ -282,6 +289,13 @@ def simplify_index(expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Exp
     expr = sympy.sympify(expr)
     if not expr.free_symbols & set(ranges):
         return expr
+    return _simplify_index(expr, tuple(ranges.items()))
+
+
+@functools.lru_cache(maxsize=8192)
+def _simplify_index(expr: sympy.Expr, range_items: tuple) -> sympy.Expr:
+    """``simplify_index`` (memoized: the layers of a model repeat their indices)."""
+    ranges = dict(range_items)
 
     def walk(e):
         if e.is_Atom:

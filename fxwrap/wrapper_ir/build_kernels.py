@@ -131,6 +131,9 @@ class KernelBuilder(build._Builder):
         self.template_externs: dict[str, list[Line]] = {}
         # a reshape node of a template's result (or of such a reshape) -> that result's buffer
         self.template_reshape_of: dict[torch.fx.Node, Buffer] = {}
+        # template candidates' times of this program, by timing key (template_choice.time_candidates)
+        self.template_timings: dict[str, float] = {}
+        self._launchers: dict[int, object] = {}  # id(KernelSource) -> its launcher, loaded once
 
     def _new_builder(self, gm):
         return KernelBuilder(gm, self.session)
@@ -599,37 +602,81 @@ class KernelBuilder(build._Builder):
             items = fuse(self.items)
             needed = referenced_outside(items, buffers_read)
         with self.timer.phase("render"):
-            lines, loads = self._render(items, needed, built)
+            rendered = self._render(items, needed, built)
         with self.timer.phase("compile kernels"):
-            _load_all(self._emitter, loads, self.label)
+            # every kernel known now at once: the plain kernels and the template candidates
+            # that will be timed (their compiles overlap; timing then runs on a quiet machine)
+            self._load_each([entry[1] for entry in rendered if isinstance(entry, tuple) and entry[1] is not None]
+                            + [made for entry in rendered if isinstance(entry, template_choice.Candidates)
+                               for made in entry.kernels_to_time()])
+        with self.timer.phase("template choice"):
+            lines, loads = self._choose(rendered, built)
+        with self.timer.phase("compile kernels"):
+            self._load_each([made for made, _ in loads])
+            for made, _ in loads:
+                made.kernel.bind(self._launchers[id(made.source)])
         built.lines = overlap_collectives(lines)
         return built
 
-    def _render(self, items, needed, built):
+    def _render(self, items, needed, built) -> list:
+        """Each item rendered, in program order: a line as it is, a group as ``(group,
+        KernelLines or None when it stores nothing)``, a template group as its
+        ``template_choice.Candidates``."""
         inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
         emitter = self.session.new_emitter(self.out.hints)  # example sizes (autotuning of symbolic kernels)
         self._emitter = emitter
-        lines: list[Line] = []
-        loads: list = []  # (Kernel, KernelSource), bound together at the end
+        rendered: list = []
         count = 0
         for item in items:
             if not isinstance(item, Group):
-                lines.append(item)
+                rendered.append(item)
                 continue
             keep = needed[id(item)]
             if item.template is not None:
-                made = template_choice.choose(self, item, keep, inputs, count, emitter)
+                rendered.append(template_choice.candidates(self, item, keep, inputs, count, emitter))
                 count += 1
-                for kernel_lines in made:
-                    self._add_kernel(kernel_lines, item, lines, loads, built)
                 continue
             kind = "scan" if any(r.is_scan for r in item.reductions) else \
                 "reduction" if item.reductions else "pointwise"
-            made = self.kernel_lines(item, f"{self.kernel_prefix}_{kind}_{count}", keep, inputs, emitter.render)
+            rendered.append((item, self.kernel_lines(item, f"{self.kernel_prefix}_{kind}_{count}", keep, inputs,
+                                                     emitter.render)))
             count += 1
-            if made is not None:
-                self._add_kernel(made, item, lines, loads, built)
+        return rendered
+
+    def _choose(self, rendered: list, built) -> tuple[list, list]:
+        """The program's lines from the rendered items (each template group's candidate
+        chosen, ``template_choice.decide``) and the ``(KernelLines, group)`` to bind."""
+        lines: list[Line] = []
+        loads: list = []
+        for entry in rendered:
+            if isinstance(entry, template_choice.Candidates):
+                for made in template_choice.decide(self, entry, self._emitter):
+                    self._add_kernel(made, entry.group, lines, loads, built)
+            elif isinstance(entry, tuple):
+                group, made = entry
+                if made is not None:
+                    self._add_kernel(made, group, lines, loads, built)
+            else:
+                lines.append(entry)
         return lines, loads
+
+    def load_kernel(self, source):
+        """``source``'s launcher (``KernelSource``), loaded once per program."""
+        launcher = self._launchers.get(id(source))
+        if launcher is None:
+            self._launchers[id(source)] = launcher = self._emitter.load(source)
+        return launcher
+
+    def _load_each(self, kernels: list) -> None:
+        """Load (compile) the launchers of ``kernels`` (``KernelLines``) not loaded yet,
+        ``emitter.load_threads`` at once (see ``_load_all``)."""
+        todo, seen = [], set()
+        for made in kernels:
+            if id(made.source) not in self._launchers and id(made.source) not in seen:
+                seen.add(id(made.source))
+                todo.append(made.source)
+        for source, launcher in zip(todo, _load_all(self._emitter, todo, self.label)):
+            self._launchers[id(source)] = launcher
 
     def kernel_lines(self, group: Group, name: str, keep: set, inputs: set, render) -> "KernelLines | None":
         """Group -> legalized ``ScheduledKernel`` -> ``render(sk)`` (a ``KernelSource``) -> its
@@ -682,7 +729,7 @@ class KernelBuilder(build._Builder):
             lines.extend(made)
             return
         lines.extend(made.lines)
-        loads.append((made.kernel, made.source))
+        loads.append((made, group))
         built.kernels.append(KernelRecord(made.scheduled, made.source, tuple(group.roots), group.started_because))
         _log_kernel(made.scheduled, made.source, group)
 
@@ -714,25 +761,24 @@ def _log_kernel(sk: ScheduledKernel, source, group: Group) -> None:
         logs.logger("kernels").debug("%s (%s):\n%s", sk.name, source.language, source.text)
 
 
-def _load_all(emitter, loads: list, label: str = "program") -> None:
-    """Bind every kernel's launcher; ``emitter.load_threads`` of them at once (loading
-    waits on compiler subprocesses: Triton's ptxas, g++), with a progress bar on a
+def _load_all(emitter, sources: list, label: str = "program") -> list:
+    """The launchers of ``sources`` (``KernelSource``), ``emitter.load_threads`` of them at once
+    (loading waits on compiler subprocesses: Triton's ptxas, g++), with a progress bar on a
     terminal when there are more than a handful."""
-    threads = min(int(getattr(emitter, "load_threads", 1) or 1), len(loads))
-    with Progress(len(loads), label) as progress:
-        def load(ks):
-            launcher = emitter.load(ks[1])
+    if not sources:
+        return []
+    threads = min(int(getattr(emitter, "load_threads", 1) or 1), len(sources))
+    with Progress(len(sources), label) as progress:
+        def load(source):
+            launcher = emitter.load(source)
             progress.advance()
             return launcher
 
         if threads > 1:
             from concurrent.futures import ThreadPoolExecutor
             with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-load") as pool:
-                launchers = list(pool.map(load, loads))
-        else:
-            launchers = [load(ks) for ks in loads]
-    for (kernel, _), launcher in zip(loads, launchers):
-        kernel.bind(launcher)
+                return list(pool.map(load, sources))
+        return [load(source) for source in sources]
 
 
 class _RenderFailed(Exception):

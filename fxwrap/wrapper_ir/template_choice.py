@@ -53,13 +53,47 @@ EXTERN = "extern"
 TEMPLATE_MIN_GAIN = 0.03
 
 
+@dataclasses.dataclass
+class Candidates:
+    """One template group's candidates, rendered (``candidates``) and not yet chosen
+    (``decide``): each template's ``KernelLines``, the extern's lines and its epilogue
+    kernel, and the timing-cache keys of all of them."""
+
+    group: Group
+    count: int
+    candidates: list  # (template name, KernelLines)
+    extern: list      # [extern lines (a list of lines), epilogue KernelLines?]
+    extern_lines: list
+    extern_label: str
+    reasons: dict     # template name -> why it refused the call
+    unsafe: dict      # template name -> why the extern must not run
+    keys: dict        # candidate name -> its timing-cache key ({} when nothing is timed)
+
+    @property
+    def timed(self) -> bool:
+        return bool(self.keys)
+
+    def kernels_to_time(self) -> list:
+        """The ``KernelLines`` that timing will run (each template's and the epilogue kernel)."""
+        if not self.timed:
+            return []
+        return [made for _, made in self.candidates] + [part for part in self.extern[1:]]
+
+
 def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -> list:
     """The lines (``KernelLines`` or plain line lists, in order) computing template group
-    ``group``: the chosen candidate's, preceded by a ``TemplateChoice`` comment."""
+    ``group``: the chosen candidate's, preceded by a ``TemplateChoice`` comment
+    (``candidates`` then ``decide``)."""
+    return decide(builder, candidates(builder, group, keep, inputs, count, emitter), emitter)
+
+
+def candidates(builder, group: Group, keep: set, inputs: set, count: int, emitter) -> Candidates:
+    """Render every candidate of template group ``group`` (kernels named from ``count``);
+    nothing runs yet: the kernel builder compiles the kernels of every group's candidates
+    at once (``Candidates.kernels_to_time``) before any group is timed (``decide``)."""
     call = group.template
-    mode = builder.template_mode
     prefix = builder.kernel_prefix
-    candidates: list[tuple[str, object]] = []
+    made_templates: list[tuple[str, object]] = []
     reasons: dict[str, str] = {}
     for template in builder.session.active_templates:
         if call.op not in template.ops:
@@ -70,7 +104,7 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
             continue
         made = builder.kernel_lines(group, f"{prefix}_template_{count}", keep, inputs,
                                     lambda sk, t=template: t.render(sk, emitter))
-        candidates.append((template.name, made))
+        made_templates.append((template.name, made))
     extern_lines = list(builder.template_externs[call.output.name])
     epilogue = epilogue_group(group)
     views = _copies_as_views(builder, epilogue, call)  # a reshape of the result: a View, as without templates
@@ -83,13 +117,22 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
     extern = [extern_lines] + ([epi] if epi is not None else [])
     aten_call = next(ln for ln in extern_lines if isinstance(ln, CallExtern))
     extern_label = f"{EXTERN} {aten_call.op}" + (" + epilogue" if epi is not None else "")
-
-    times: dict[str, float] = {}
     unsafe = {t.name: why for t in builder.session.active_templates
-              if call.op in t.ops and t.name in dict(candidates) and (why := t.extern_refusal(call)) is not None}
+              if call.op in t.ops and t.name in dict(made_templates) and (why := t.extern_refusal(call)) is not None}
+    timed = made_templates and builder.template_mode != "always" and not unsafe
+    keys = timing_keys(builder, made_templates, extern) if timed else {}
+    return Candidates(group, count, made_templates, extern, extern_lines, extern_label, reasons, unsafe, keys)
+
+
+def decide(builder, choice: Candidates, emitter) -> list:
+    """The lines of ``choice``'s chosen candidate (see ``choose``): the fastest on the size
+    hints where the candidates are timed (the extern wins ties), else the first template."""
+    call, prefix, count = choice.group.template, builder.kernel_prefix, choice.count
+    candidates, extern, extern_lines = choice.candidates, choice.extern, choice.extern_lines
+    times: dict[str, float] = {}
     if not candidates:
         chosen = EXTERN
-    elif mode == "always" or unsafe:  # an extern that must not run is neither timed nor chosen
+    elif not choice.timed:  # mode "always", or an extern that must not run: neither timed nor chosen
         chosen = candidates[0][0]
     else:
         times = time_candidates(builder, emitter, candidates, extern)
@@ -101,10 +144,10 @@ def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -
         ms = f": {times[name]:.3f} ms" if name in times else ""
         parts.append(f"template {name}{ms}" + (" (chosen)" if name == chosen else ""))
     ms = f": {times[EXTERN]:.3f} ms" if EXTERN in times else ""
-    ms += "".join(f" (not run: {why})" for why in unsafe.values())
-    parts.append(f"{extern_label}{ms}" + (" (chosen)" if chosen == EXTERN else ""))
+    ms += "".join(f" (not run: {why})" for why in choice.unsafe.values())
+    parts.append(f"{choice.extern_label}{ms}" + (" (chosen)" if chosen == EXTERN else ""))
     note = TemplateChoice("; ".join(parts), chosen, tuple(sorted(times.items())))
-    record = TemplateChoiceRecord(f"{prefix}_template_{count}", call, chosen, dict(times), reasons)
+    record = TemplateChoiceRecord(f"{prefix}_template_{count}", call, chosen, dict(times), choice.reasons)
     builder.out.template_choices.append(record)
     logs.logger("autotune").info("fxwrap: %s: %s", call.describe(), note.text)
     if chosen == EXTERN:
@@ -136,28 +179,49 @@ def epilogue_group(group: Group) -> Group:
 # -- timing ----------------------------------------------------------------------
 ROUNDS = 7
 TARGET_SECONDS = 2e-3  # each timed sample runs the candidate this long at least
+# stopping rule: after MIN_ROUNDS rounds, stop once the fastest candidate's best round is
+# CLEAR_MARGIN times faster than every other's best (more rounds only lower a best a little:
+# a shared machine's noise adds time)
+MIN_ROUNDS = 3
+CLEAR_MARGIN = 1.25
+
+
+def timing_keys(builder, candidates: list, extern: list) -> dict[str, str]:
+    """``{candidate: timing-cache key}`` of each template candidate and of the extern: what
+    its time depends on (``_digest``: kernels without their names), the target, the threads
+    and the size hints."""
+    hints = builder.out.hints
+    runs = {name: [made] for name, made in candidates}
+    runs[EXTERN] = extern
+    return {name: TimingCache.key("fxwrap template timing", builder.target.name, torch.get_num_threads(),
+                                  [_digest(part, hints) for part in parts], sorted((str(k), v) for k, v in hints.items()))
+            for name, parts in runs.items()}
 
 
 def time_candidates(builder, emitter, candidates: list, extern: list) -> dict[str, float]:
-    """``{candidate: ms}`` (the fastest of ``ROUNDS`` rounds) of each template candidate and of the extern (``EXTERN``),
-    on random inputs at the size hints, interleaved round by round; cached on disk."""
+    """``{candidate: ms}`` (the fastest of ``ROUNDS`` rounds, ``MIN_ROUNDS`` when one is clearly fastest) of each
+    template candidate and of the extern (``EXTERN``),
+    on random inputs at the size hints, interleaved round by round; cached on disk, and for
+    the builder's program in memory (a group equal to one timed before is not timed again,
+    even with the disk cache off)."""
     hints = builder.out.hints
     target = builder.target
     cache = TimingCache()
     runs = {name: [made] for name, made in candidates}
     runs[EXTERN] = extern
-    keys = {name: cache.key("fxwrap template timing", target.name, torch.get_num_threads(),
-                            [_digest(part, hints) for part in parts], sorted((str(k), v) for k, v in hints.items()))
-            for name, parts in runs.items()}
-    times = {name: cache.get(key) for name, key in keys.items()}
+    keys = timing_keys(builder, candidates, extern)
+    seen = builder.template_timings  # this program's timings, by key
+    times = {name: seen[key] if key in seen else cache.get(key) for name, key in keys.items()}
     missing = [name for name, ms in times.items() if ms is None]
     if missing:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         with unset_fake_temporarily(), torch.no_grad():
-            measured = _measure({name: runs[name] for name in missing}, emitter, hints, target)
+            load = getattr(builder, "load_kernel", emitter.load)  # the builder's: each kernel loaded once
+            measured = _measure({name: runs[name] for name in missing}, load, hints, target)
         for name, ms in measured.items():
             times[name] = ms
             cache.put(keys[name], ms)
+    seen.update((keys[name], ms) for name, ms in times.items())
     return times
 
 
@@ -208,7 +272,13 @@ def _buffers(value) -> list[Buffer]:
     return [v for v in _flat(value) if isinstance(v, Buffer)]
 
 
-def _measure(runs: dict, emitter, hints: dict, target) -> dict[str, float]:
+def _clear_winner(samples: dict[str, list[float]]) -> bool:
+    """The fastest best round is ``CLEAR_MARGIN`` times faster than each other best round."""
+    best = sorted(min(s) for s in samples.values())
+    return len(best) < 2 or best[1] >= CLEAR_MARGIN * best[0]
+
+
+def _measure(runs: dict, load, hints: dict, target) -> dict[str, float]:
     tensors: dict[str, torch.Tensor] = {}
     gen = torch.Generator().manual_seed(0)
 
@@ -241,7 +311,7 @@ def _measure(runs: dict, emitter, hints: dict, target) -> dict[str, float]:
         calls = []
         for part in parts:
             if hasattr(part, "source"):
-                launcher = emitter.load(part.source)
+                launcher = load(part.source)
                 args = [value(a) for a in part.lines[-1].args]
                 calls.append((launcher, args, {}))
             else:
@@ -263,9 +333,11 @@ def _measure(runs: dict, emitter, hints: dict, target) -> dict[str, float]:
         once = run(calls, 1)
         reps[name] = max(1, min(100, int(TARGET_SECONDS / max(once, 1e-7))))
     samples: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(ROUNDS):
+    for done in range(1, ROUNDS + 1):
         for name, calls in steps.items():
             samples[name].append(run(calls, reps[name]))
+        if done >= MIN_ROUNDS and _clear_winner(samples):
+            break
     # the fastest round: other processes on the machine only ever add time (a shared CPU's
     # medians swing 2x between candidates run a moment apart)
     return {name: min(s) * 1e3 for name, s in samples.items()}

@@ -1,5 +1,6 @@
 """Kernels of one program are loaded together: ``KernelEmitter.load_threads`` at once,
-each launcher bound to its own kernel (what a compiler-subprocess-bound load needs)."""
+each launcher returned in its source's place and bound to its own kernel (what a
+compiler-subprocess-bound load needs)."""
 import threading
 import time
 
@@ -38,7 +39,8 @@ def _loads(n):
 
 def test_loads_run_concurrently_and_bind_each_kernel_its_launcher():
     emitter, loads = _SlowEmitter(), _loads(8)
-    _load_all(emitter, loads)
+    for (kernel, _), launcher in zip(loads, _load_all(emitter, [source for _, source in loads])):
+        kernel.bind(launcher)
     assert emitter.most > 1 and len(emitter.threads) > 1
     x = torch.randn(5)
     for i, (kernel, _) in enumerate(loads):
@@ -50,5 +52,5 @@ def test_loads_run_concurrently_and_bind_each_kernel_its_launcher():
 def test_one_thread_loads_in_order():
     emitter, loads = _SlowEmitter(), _loads(3)
     emitter.load_threads = 1
-    _load_all(emitter, loads)
-    assert emitter.most == 1
+    launchers = _load_all(emitter, [source for _, source in loads])
+    assert emitter.most == 1 and len(launchers) == 3

@@ -466,3 +466,22 @@ def test_unread_views_are_dropped_with_their_provenance():
     x_val = torch.randn(4, 8)
     gm = to_graph_module([x], planned, {}, {})
     torch.testing.assert_close(gm(x_val)[0], x_val.t() * 2)
+
+
+def test_equal_for_every_size_agrees_with_simplify():
+    """The memory planner's size equality (expansion, then probes, then simplify) answers as
+    ``sympy.simplify(a - b) == 0`` does."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    from fxwrap.core.memory import _equal_for_every_size
+
+    s0, s1 = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
+    pairs = [(4 * s0 * s1, 4 * s1 * s0), (4 * (s0 + 1) * s1, 4 * s0 * s1 + 4 * s1), (4 * s0, 4 * s1),
+             (8 * s0, 4 * s0), (4 * sympy.Max(s0, 1) * 3, 12 * s0), (4 * FloorDiv(s0, 2) * 2, 4 * s0),
+             (4 * FloorDiv(2 * s0, 2), 4 * s0), (16 * s0 * s1, 16 * s0 * s1 + 16)]
+    for a, b in pairs:
+        _equal_for_every_size.cache_clear()
+        assert _equal_for_every_size(a, b) == (sympy.simplify(a - b) == 0), (a, b)
+    assert _equal_for_every_size(4 * (s0 + 1) * s1, 4 * s0 * s1 + 4 * s1)
+    assert not _equal_for_every_size(4 * FloorDiv(s0, 2) * 2, 4 * s0)

@@ -172,3 +172,34 @@ def test_simplify_index_keeps_every_value():
                 for k in range(sizes[2]):
                     point = {xs[0]: i, xs[1]: j, xs[2]: k}
                     assert _eval_index(simple, point) == _eval_index(expr, point), (expr, simple, point)
+
+
+def test_divides_without_cancel_agrees_with_cancel():
+    """``symbolic._divides`` skips ``sympy.cancel`` for an integer times atoms; its answer is
+    cancel's on every such term (and on the terms that still go through cancel)."""
+    import random
+
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    from fxwrap.core.symbolic import _divides
+
+    def by_cancel(d, term):
+        quotient = sympy.cancel(term / d)
+        if sympy.fraction(quotient)[1] != 1:
+            return None
+        return quotient if quotient.as_coeff_Mul()[0].is_Integer else None
+
+    x0, x1, s0 = sympy.Symbol("x0", integer=True, nonnegative=True), sympy.Symbol("x1", integer=True,
+                                                                                  nonnegative=True), \
+        sympy.Symbol("s0", integer=True, positive=True)
+    atoms = [x0, x1, s0, FloorDiv(x0, 3), ModularIndexing(x1, 1, 7), sympy.Integer(1)]
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(300):
+        coeff = rng.choice([1, 2, 3, 6, 48, 96, 256, 768, -512, 1000])
+        term = sympy.Integer(coeff) * sympy.Mul(*rng.sample(atoms, rng.randint(1, 3)))
+        for d in (sympy.Integer(rng.choice([2, 3, 16, 256, 7])), s0, 2 * s0):
+            _divides.cache_clear()
+            assert _divides(d, term) == by_cancel(d, term), (d, term)
+            checked += 1
+    assert checked == 900

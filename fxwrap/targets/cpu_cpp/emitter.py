@@ -55,8 +55,13 @@ from fxwrap.core.ir import Op, OpCode, ScheduledKernel, Store, acc_key, load_buf
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cpu_cpp.scan import ScanCode
+from fxwrap.targets.host.compiler import SharedPrelude
 from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
                                    c_operand as _operand)
+
+#: the prelude, precompiled once (host.compiler: g++ then skips parsing it in every kernel),
+#: with the intrinsics header the GEMM templates include
+SHARED_PRELUDE = SharedPrelude(PRELUDE, extra="#if defined(__x86_64__)\n#include <immintrin.h>\n#endif")
 
 
 class CppEmitter(CStyleEmitter):
@@ -214,7 +219,7 @@ class CppEmitter(CStyleEmitter):
         from fxwrap.targets.host.loader import launcher_for
         return launcher_for(source.text, source.launch["symbol"],
                             source.launch["pointers"], len(source.launch["size_symbols"]),
-                            compiler=self._compiler)
+                            compiler=self._compiler, prelude=SHARED_PRELUDE)
 
     def saved_loader(self, kernel) -> Callable:
         """The kernel's shared object, carried by a ``host.saved.SharedObjectLoader``."""

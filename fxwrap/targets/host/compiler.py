@@ -7,9 +7,23 @@ The compiler is ``$CXX`` (default ``g++``).  The cache key is the sha256 of the
 source, the flags, the compiler's ``--version`` text and the host CPU (because of
 ``-march=native``), so a cache shared between machines or toolchains never hands out
 a wrong binary.
+
+A source that opens with an emitter's ``SharedPrelude`` (the helpers every kernel starts
+with) is compiled with that prelude as a precompiled header, built once per prelude,
+flags, compiler and host in the cache (``pch/``): the compiler then skips parsing it (and
+``<immintrin.h>``) for every kernel::
+
+    CppCompiler().compile(source_text, prelude=SharedPrelude(PRELUDE, extra="#include <immintrin.h>"))
+    # g++ <flags> -include ~/.cache/fxwrap/cpu_cpp/pch/9c/9c41...e0/prelude.h kernel.cpp -o kernel.so
+    #   (kernel.cpp: the source less the prelude; prelude.h.gch next to prelude.h)
+
+The key and the cached ``.cpp`` are the full source's; the binary is the same code (a
+precompiled header that does not fit the flags is ignored by the compiler, which then
+reads ``prelude.h`` as text).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import hashlib
@@ -17,9 +31,11 @@ import os
 import platform
 import shlex
 import subprocess
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
-from fxwrap.targets.host.cache import KernelCache, default_cache_dir
+from fxwrap.targets.host.cache import KernelCache, default_cache_dir, write_atomically
 
 # the ``cache`` stage's logger (``fxwrap.core.logs``), by name: a saved program loads this
 # module without the compiler's modules
@@ -34,6 +50,33 @@ DEFAULT_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c
 
 class CompileError(RuntimeError):
     """The C++ compiler rejected a kernel; carries the command, its output and the source path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedPrelude:
+    """Code that kernel sources open with (after their ``//`` comment lines), compiled once
+    into a precompiled header; ``extra``: more code precompiled after it (system headers
+    some kernels include later, which their include guards then make free)::
+
+        SharedPrelude("#include <cmath>\nstatic inline float fx_relu(float x) { ... }",
+                      extra="#if defined(__x86_64__)\n#include <immintrin.h>\n#endif")
+    """
+
+    text: str
+    extra: str = ""
+
+    def split(self, source: str) -> str | None:
+        """``source`` less the prelude where it opens with it (only comment lines and blank
+        lines before it); None otherwise."""
+        text = self.text.strip("\n")
+        at = source.find(text)
+        if not text or at < 0 or any(ln.strip() and not ln.lstrip().startswith("//")
+                                     for ln in source[:at].split("\n")):
+            return None
+        return source[:at] + source[at + len(text):]
+
+    def header(self) -> str:
+        return f"{self.text.strip(chr(10))}\n{self.extra.strip(chr(10))}\n"
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,12 +123,19 @@ def without_header(source: str) -> str:
 
 
 class CppCompiler:
-    """Compiles kernel sources to shared objects through a ``KernelCache``."""
+    """Compiles kernel sources to shared objects through a ``KernelCache``.  Threads may
+    call ``compile`` at once: a source being compiled by one thread is waited for by the
+    others (one ``g++`` per distinct source in a process; processes race through the cache)."""
 
     def __init__(self, cxx: str | None = None, flags=None, cache_dir=None):
         self.cxx = cxx or os.environ.get("CXX") or "g++"
         self.flags = tuple(flags) if flags is not None else DEFAULT_FLAGS
         self.cache = KernelCache(cache_dir if cache_dir is not None else default_cache_dir())
+        self._lock = threading.Lock()
+        self._building: dict[str, Future] = {}  # key -> the shared object's path, being built
+        self._preludes: dict[tuple, Path | None] = {}  # (prelude, extra flags) -> its header (None: none)
+        self._prelude_lock = threading.Lock()
+        self._prelude_builds: dict[tuple, threading.Thread] = {}  # headers being built
 
     @property
     def version(self) -> str:
@@ -105,11 +155,24 @@ class CppCompiler:
     def command(self, src: Path, out: Path, extra_flags=()) -> list[str]:
         return [*shlex.split(self.cxx), *self.flags, *extra_flags, str(src), "-o", str(out)]
 
-    def compile(self, source: str, extra_flags=()) -> Path:
-        """The cached shared object for ``source``, compiling it if needed."""
+    def compile(self, source: str, extra_flags=(), prelude: SharedPrelude | None = None) -> Path:
+        """The cached shared object for ``source``, compiling it if needed (with ``prelude``
+        precompiled where ``source`` opens with it)."""
         key = self.key(source, extra_flags)
 
         def build(src: Path, out: Path) -> None:
+            rest = prelude.split(source) if prelude is not None else None
+            header = self.precompiled_header(prelude, extra_flags) if rest is not None else None
+            if header is not None:
+                short = src.with_name(f"{src.stem}.pch.cpp")
+                try:
+                    short.write_text(rest)
+                    cmd = [*shlex.split(self.cxx), *self.flags, *extra_flags, "-include", str(header), str(short),
+                           "-o", str(out)]
+                    if subprocess.run(cmd, capture_output=True, text=True).returncode == 0:
+                        return
+                finally:  # a failure with the header: compile the whole source, which reports it
+                    short.unlink(missing_ok=True)
             cmd = self.command(src, out, extra_flags)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -118,11 +181,85 @@ class CppCompiler:
                 raise CompileError(f"{self.cxx} failed (exit {proc.returncode}) on the kernel saved "
                                    f"at {keep}\ncommand: {shlex.join(cmd)}\n{proc.stderr[-8000:]}")
 
-        if _CACHE_LOG.isEnabledFor(logging.DEBUG):
-            hit = self.cache.lookup(key) is not None
-            _CACHE_LOG.debug("%s %s (%s)", "hit" if hit else "miss, compiling", self.cache.path(key),
-                                       _kernel_title(source))
-        return self.cache.get_or_build(key, source, build)
+        with self._lock:
+            building = self._building.get(key)
+            if building is None:
+                building = self._building[key] = Future()
+                owner = True
+            else:
+                owner = False
+        if not owner:  # another thread compiles this source now: its result
+            return building.result()
+        try:
+            if _CACHE_LOG.isEnabledFor(logging.DEBUG):
+                hit = self.cache.lookup(key) is not None
+                _CACHE_LOG.debug("%s %s (%s)", "hit" if hit else "miss, compiling", self.cache.path(key),
+                                 _kernel_title(source))
+            path = self.cache.get_or_build(key, source, build)
+        except BaseException as exc:
+            building.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                del self._building[key]
+        building.set_result(path)
+        return path
+
+
+    def precompiled_header(self, prelude: SharedPrelude, extra_flags=(), wait: bool = False) -> Path | None:
+        """``prelude.h`` (with ``prelude.h.gch`` beside it) in the cache; None while it is
+        being built (on first use, in a thread of its own: the kernels compile meanwhile
+        without it, so a small program never waits for it; ``wait``: until it is built) and
+        where the compiler cannot precompile it.  Processes race harmlessly: each file is
+        renamed into place."""
+        wanted = (prelude, tuple(extra_flags))
+        with self._prelude_lock:
+            if wanted in self._preludes:
+                ready, build = self._preludes[wanted], None
+            else:
+                h = hashlib.sha256()
+                for part in ("fxwrap precompiled prelude", prelude.header(),
+                             " ".join(self.flags + tuple(extra_flags)), self.cxx, self.version, host_fingerprint()):
+                    h.update(part.encode())
+                    h.update(b"\0")
+                key = h.hexdigest()
+                folder = self.cache.dir / "pch" / key[:2] / key
+                header, gch = folder / "prelude.h", folder / "prelude.h.gch"
+                if gch.is_file() and header.is_file():
+                    ready = self._preludes[wanted] = header
+                    build = None
+                else:
+                    ready = self._preludes[wanted] = None
+                    build = threading.Thread(target=self._build_header, name="fxwrap-pch", daemon=True,
+                                             args=(wanted, prelude, extra_flags, folder))
+                    self._prelude_builds[wanted] = build
+                    build.start()
+            pending = self._prelude_builds.get(wanted)
+        if wait and pending is not None:
+            pending.join()
+            with self._prelude_lock:
+                ready = self._preludes[wanted]
+        return ready
+
+    def _build_header(self, wanted, prelude: SharedPrelude, extra_flags, folder: Path) -> None:
+        header, gch = folder / "prelude.h", folder / "prelude.h.gch"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomically(header, prelude.header().encode())
+            tmp = folder / f".prelude.{os.getpid()}.{threading.get_ident()}.gch.tmp"
+            flags = [f for f in (*self.flags, *extra_flags) if f != "-shared"]
+            proc = subprocess.run([*shlex.split(self.cxx), *flags, "-x", "c++-header", str(header), "-o", str(tmp)],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0 and tmp.is_file():
+                os.replace(tmp, gch)
+            else:
+                tmp.unlink(missing_ok=True)
+                _CACHE_LOG.debug("no precompiled prelude (%s): %s", self.cxx, proc.stderr[-2000:])
+        except OSError as exc:
+            _CACHE_LOG.debug("no precompiled prelude: %s", exc)
+        with self._prelude_lock:
+            self._preludes[wanted] = header if gch.is_file() else None
+            self._prelude_builds.pop(wanted, None)
 
 
 _DEFAULTS: dict[tuple, CppCompiler] = {}

@@ -10,15 +10,27 @@ Arguments are the kernel's signature in order: tensors for the ``pointers`` buff
 arguments (inputs, then outputs), ints for the size symbols.  The pointer a kernel
 receives is ``tensor.data_ptr()``: the first element of the view, storage offset
 included; kernel index expressions are relative to it.
+
+Kernels that differ only in their names share one shared object: what is compiled is
+``shared_source``'s text, the source without its header comment and with the kernel's
+symbol renamed to ``SHARED_SYMBOL``, so the three layers of a model, or a forward and
+a backward graph, compile each distinct kernel once::
+
+    shared_source("// fxwrap kernel fxwrap_pointwise_7\n...void fxwrap_pointwise_7(...)", "fxwrap_pointwise_7")
+    ("...void fxwrap_kernel_entry(...)", "fxwrap_kernel_entry")
 """
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from fxwrap.targets.host.compiler import CompileError, CppCompiler, default_compiler
+from fxwrap.targets.host.compiler import CompileError, CppCompiler, SharedPrelude, default_compiler, without_header
+
+#: the symbol a kernel's shared object exports (``shared_source``)
+SHARED_SYMBOL = "fxwrap_kernel_entry"
 
 _LIBS: dict[str, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
@@ -53,22 +65,36 @@ def make_launcher(fn, pointers: int, sizes: int, name: str = "launch") -> Callab
     return launch
 
 
+def shared_source(source: str, symbol: str) -> tuple[str, str]:
+    """``(text, exported symbol)`` to compile for kernel ``source`` whose function is
+    ``symbol``: the source less its header comment, every whole-word ``symbol`` renamed to
+    ``SHARED_SYMBOL`` (equal kernels of other names give the same text, so one cache entry);
+    the source as it is where it does not name ``symbol`` or already uses ``SHARED_SYMBOL``."""
+    body = without_header(source)
+    own = re.compile(rf"\b{re.escape(symbol)}\b")
+    if re.search(rf"\b{SHARED_SYMBOL}\b", body) or not own.search(body):
+        return source, symbol
+    return own.sub(SHARED_SYMBOL, body), SHARED_SYMBOL
+
+
 def launcher_for(source: str, symbol: str, pointers: int, sizes: int,
-                 compiler: CppCompiler | None = None) -> Callable:
-    """Compile (cached) and bind ``symbol`` of ``source``."""
+                 compiler: CppCompiler | None = None, prelude: SharedPrelude | None = None) -> Callable:
+    """Compile (cached, shared between kernels equal but for their names: ``shared_source``;
+    ``prelude`` precompiled: ``CppCompiler.compile``) and bind ``symbol`` of ``source``."""
     comp = compiler or default_compiler()
-    path = comp.compile(source)
+    text, exported = shared_source(source, symbol)
+    path = comp.compile(text, prelude=prelude)
     try:
         lib = load_library(path)
     except OSError as exc:
         # a cache entry corrupted behind our back: rebuild it once
-        comp.cache.evict(comp.key(source))
-        path = comp.compile(source)
+        comp.cache.evict(comp.key(text))
+        path = comp.compile(text, prelude=prelude)
         try:
             lib = load_library(path)
         except OSError:
             raise CompileError(f"kernel {symbol}: cannot load {path}: {exc}") from exc
-    fn = c_function(lib, symbol, pointers, sizes)
+    fn = c_function(lib, exported, pointers, sizes)
     launch = make_launcher(fn, pointers, sizes, name=symbol)
     launch.library = str(path)
     return launch

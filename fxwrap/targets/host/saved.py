@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
-from fxwrap.targets.host.loader import c_function, load_library, make_launcher
+from fxwrap.targets.host.loader import SHARED_SYMBOL, c_function, load_library, make_launcher
 
 
 def saved_binary_path(binary: bytes) -> Path:
@@ -71,9 +71,12 @@ class SharedObjectLoader:
 
 
 def bind_c_kernel(library: Path, kernel) -> Callable:
-    """A C++ kernel's launcher from its shared object (what ``loader.launcher_for`` binds)."""
+    """A C++ kernel's launcher from its shared object (what ``loader.launcher_for`` binds:
+    ``SHARED_SYMBOL``, or the kernel's own symbol in a file saved before kernels shared objects)."""
     launch = kernel.launch
-    fn = c_function(load_library(library), launch["symbol"], launch["pointers"], len(launch["size_symbols"]))
+    lib = load_library(library)
+    symbol = SHARED_SYMBOL if hasattr(lib, SHARED_SYMBOL) else launch["symbol"]
+    fn = c_function(lib, symbol, launch["pointers"], len(launch["size_symbols"]))
     launcher = make_launcher(fn, launch["pointers"], len(launch["size_symbols"]), name=launch["symbol"])
     launcher.library = str(library)
     return launcher
