@@ -64,7 +64,8 @@ def _plans(programs) -> list[str]:
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("op", ["cumsum", "logcumsumexp", "cummax", "cumprod", "cumsum-int"])
-def test_long_rows(op, dynamic):
+def test_long_rows(op, dynamic, monkeypatch):
+    monkeypatch.setattr(Planner, "lookback_min_elements", 0)  # GPU: the look-back from the split's sizes on
     fn = LONG_FNS[op]
     x = torch.randn(2, LONG, device=DEVICE)
     f, programs = compiled(fn, dynamic=dynamic)
@@ -81,9 +82,10 @@ def test_long_rows(op, dynamic):
         assert any("look-back scan" in c.kernel.source for c in calls)
 
 
-def test_two_scans_of_one_kernel_share_the_workspace():
+def test_two_scans_of_one_kernel_share_the_workspace(monkeypatch):
     """A hand-built kernel with two scans (float32: one packed word per chunk; int64: three)
     and one ticket: each scan's status words in their own area of the one workspace."""
+    monkeypatch.setattr(Planner, "lookback_min_elements", 0)
     rows, n = 3, (1 << 17 if GPU else 300)
     k = kernel("scans2", [buf("a", (rows, n)), buf("b", (rows, n), torch.int64)],
                [buf("o", (rows, n)), buf("p", (rows, n), torch.int64)],
@@ -114,7 +116,8 @@ needs_gpu = pytest.mark.skipif(not GPU, reason="the look-back's concurrency need
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(1, 1 << 20), (4, 300_000)], ids=["1x1M", "4x300k"])
 @pytest.mark.parametrize("op", ["cumsum", "cumprod", "logcumsumexp", "cumsum-int"])
-def test_lookback_on_gpu(op, shape, dtype):
+def test_lookback_on_gpu(op, shape, dtype, monkeypatch):
+    monkeypatch.setattr(Planner, "lookback_min_elements", 0)
     if op == "cumsum-int" and dtype != torch.float32:
         pytest.skip("one integer case")
     fn = LONG_FNS[op]
@@ -127,9 +130,10 @@ def test_lookback_on_gpu(op, shape, dtype):
 
 
 @needs_gpu
-def test_lookback_integer_sums_are_exact_on_every_call():
+def test_lookback_integer_sums_are_exact_on_every_call(monkeypatch):
     """Integer sums do not depend on how the look-back groups the totals: 200 calls of a 1M
     cumsum, each equal to eager's bit for bit (a race in the status words shows up here)."""
+    monkeypatch.setattr(Planner, "lookback_min_elements", 0)
     fn = LONG_FNS["cumsum-int"]
     torch._dynamo.reset()
     f, programs = compiled(fn)
@@ -146,6 +150,7 @@ def test_lookback_over_totals_only(op, monkeypatch):
     """No program publishes its inclusive prefix: every look-back walks over the totals of all
     the chunks before it (chunks of 1024: up to 1024 of them per row, 32 per step)."""
     monkeypatch.setattr(Planner, "lookback_publish_prefix", False)
+    monkeypatch.setattr(Planner, "lookback_min_elements", 0)
     monkeypatch.setattr(Planner, "lookback_max_chunk", 1024)
     fn = LONG_FNS[op]
     torch._dynamo.reset()
@@ -168,4 +173,17 @@ def test_one_row_1m_cumsum_bandwidth():
     r = scans.measure("cumsum", 1, 1 << 20, torch.float32, "cuda")
     print(f"\n1x1M cumsum ({r['plan']}): fxwrap {r['scan_us']:.1f} us, copy {r['copy_us']:.1f} us, eager {r['eager_us']:.1f} us, "
           f"fraction of copy {r['fraction_of_copy']:.2f}")
-    assert r["fraction_of_copy"] > 0.0 and r["plan"] == "lookback-scan", r
+    assert r["fraction_of_copy"] > 0.0 and r["plan"] == "split-scan", r
+
+
+@needs_gpu
+def test_long_row_plan_by_size():
+    """The two-launch split scan up to ``lookback_min_elements`` (it was faster on the H200
+    there), the one-launch look-back from there on."""
+    fn = LONG_FNS["cumsum"]
+    for n, plan in ((1 << 20, "split-scan"), (Planner.lookback_min_elements, "lookback-scan")):
+        torch._dynamo.reset()
+        f, programs = compiled(fn)
+        x = torch.randn(1, n, device=DEVICE)
+        _assert_close_to_exact("cumsum", fn, x, f(x))
+        assert _plans(programs) == [plan], (n, _plans(programs))

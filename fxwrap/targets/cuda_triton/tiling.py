@@ -299,6 +299,10 @@ class Planner:
     # of 2048 elements) the look-back chain waited on them: 8.5 us for a 1x1M cumsum on
     # the H200 against 6.2 us for the two-launch split scan.
     lookback_target_programs = 132
+    # elements of the scanned rows from which the look-back plan runs (GPU): below, the two
+    # launches of the split scan were faster on the H200 (cumsum 1x1M 6.1 vs 9.4 us, 1x4M
+    # 12.7 vs 17.2, 8x131072 5.9 vs 6.7), above, the look-back (1x16M 55.3 vs 63.2 us)
+    lookback_min_elements = 1 << 23
     lookback_chunk_interpret = 16  # interpreter: small, so rows have many chunks
     lookback_window = 32           # predecessors' status words one look-back step reads (GPU)
     lookback_window_interpret = 4  # interpreter: several look-back steps per chunk
@@ -321,7 +325,7 @@ class Planner:
         nw = 1 if rb <= 128 else 2 if rb <= 256 else 4 if rb <= 1024 else 8
         split_min = self.scan_split_min_rnumel_interpret if self.interpret else self.scan_split_min_rnumel
         if rhint is not None and rhint >= split_min and xhint is not None and xhint < self.split_max_programs:
-            if self.lookback_scans(kernel):
+            if self.lookback_scans(kernel) and (self.interpret or rhint * xhint >= self.lookback_min_elements):
                 return self._lookback(groups, ranges, idt, rhint * xhint)
             if self.interpret:
                 rb, chunk, nw = self.scan_rblock_interpret, self.scan_chunk_interpret, 1
