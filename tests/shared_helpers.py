@@ -14,6 +14,8 @@ import torch._dynamo
 
 import fxwrap
 from fxwrap.core.ir import Op, ScheduledKernel
+from fxwrap.core.numerics import legalize
+from fxwrap.core.symbolic import evaluate
 from fxwrap.testing.suite import fresh_state  # noqa: F401  (the folders' conftest.py register it)
 from fxwrap.wrapper_ir.lines import Buffer
 
@@ -96,3 +98,22 @@ def unary_float(x):
             x.clamp_min(0.1), x.clamp_max(0.2), torch.isnan(x / x), torch.isinf(1 / (x * 0)),
             torch.signbit(x), torch.logical_not(x > 0), torch.nn.functional.hardtanh(x),
             torch.nn.functional.leaky_relu(x), torch.nn.functional.elu(x))
+
+
+def build_with(em, k: ScheduledKernel, device=CPU):
+    """Render ``k`` with emitter ``em`` and load it; returns ``(launcher, source)``.  The
+    launcher takes the kernel's inputs, outputs and sizes and allocates the workspaces the
+    source declares (``source.workspaces``) on ``device``, zeroed where declared, as a
+    program's ``Allocate`` (and ``ZeroFill``) lines would."""
+    src = em.render(legalize(k))  # explicit compute dtypes and 16-bit rounding, as the kernel builder does
+    launcher = em.load(src)
+    if not src.workspaces:
+        return launcher, src
+    n = len(k.inputs) + len(k.outputs)
+
+    def with_workspaces(*args):
+        sizes = {s: int(v) for s, v in zip(k.size_symbols, args[n:])}
+        ws = [(torch.zeros if w.zeroed else torch.empty)(int(evaluate(w.numel, sizes)), dtype=w.dtype, device=device)
+              for w in src.workspaces]
+        return launcher(*args[:n], *ws, *args[n:])
+    return with_workspaces, src

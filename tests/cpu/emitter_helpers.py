@@ -11,14 +11,12 @@ import sympy
 import torch
 
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
-from fxwrap.core.numerics import legalize
-from fxwrap.core.symbolic import evaluate
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS not in sys.path:  # also when imported from a subprocess that only added this folder
     sys.path.append(_TESTS)
-from shared_helpers import CPU, acc, buf, const, contiguous, kernel, ld, op  # noqa: F401
+from shared_helpers import CPU, acc, buf, build_with, const, contiguous, kernel, ld, op  # noqa: F401
 
 x0, x1, x2 = xvar(0), xvar(1), xvar(2)
 r0, r1 = rvar(0), rvar(1)
@@ -40,21 +38,8 @@ def emitter() -> CppEmitter:
 
 
 def build(k: ScheduledKernel):
-    """Render and load ``k``; returns ``(launcher, source)``.  The launcher takes the kernel's
-    inputs, outputs and sizes and allocates the workspaces the source declares
-    (``source.workspaces``), as a program's ``Allocate`` lines would."""
-    em = emitter()
-    src = em.render(legalize(k))  # explicit compute dtypes and 16-bit rounding, as the kernel builder does
-    launcher = em.load(src)
-    if not src.workspaces:
-        return launcher, src
-    n = len(k.inputs) + len(k.outputs)
-
-    def with_workspaces(*args):
-        sizes = {s: int(v) for s, v in zip(k.size_symbols, args[n:])}
-        ws = [torch.empty(evaluate(w.numel, sizes), dtype=w.dtype) for w in src.workspaces]
-        return launcher(*args[:n], *ws, *args[n:])
-    return with_workspaces, src
+    """Render and load ``k`` with the C++ emitter: ``shared_helpers.build_with``."""
+    return build_with(emitter(), k)
 
 
 def rand(shape, dtype=torch.float32, low=-3.0, high=3.0, gen=None) -> torch.Tensor:

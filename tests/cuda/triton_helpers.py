@@ -14,8 +14,6 @@ import torch
 
 import fxwrap
 from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
-from fxwrap.core.numerics import legalize
-from fxwrap.core.symbolic import evaluate
 from fxwrap.targets.cuda_triton import plugin as triton_plugin
 from fxwrap.wrapper_ir.lines import Buffer
 
@@ -23,7 +21,7 @@ _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS not in sys.path:  # also when imported from a subprocess that only added this folder
     sys.path.append(_TESTS)
 import shared_helpers
-from shared_helpers import acc, const, contiguous, kernel, kernels, ld, op, random_input  # noqa: F401
+from shared_helpers import acc, build_with, const, contiguous, kernel, kernels, ld, op, random_input  # noqa: F401
 
 GPU = torch.cuda.is_available()
 TARGET_NAME = "cuda" if GPU else "triton-interpret"
@@ -77,23 +75,11 @@ def emitter():
 
 
 def build(k: ScheduledKernel, hints=None):
-    """Render and load ``k``; returns ``(launcher, source)``.  The launcher takes the kernel's
-    inputs, outputs and sizes and allocates the workspaces the source declares
-    (``source.workspaces``), as a program's ``Allocate`` (and ``ZeroFill``) lines would."""
+    """Render and load ``k`` with the Triton emitter (size hints ``hints``):
+    ``shared_helpers.build_with`` on DEVICE."""
     em = emitter()
     em.size_hints = dict(hints or {})
-    src = em.render(legalize(k))  # explicit compute dtypes and 16-bit rounding, as the kernel builder does
-    launcher = em.load(src)
-    if not src.workspaces:
-        return launcher, src
-    n = len(k.inputs) + len(k.outputs)
-
-    def with_workspaces(*args):
-        sizes = {s: int(v) for s, v in zip(k.size_symbols, args[n:])}
-        ws = [(torch.zeros if w.zeroed else torch.empty)(int(evaluate(w.numel, sizes)), dtype=w.dtype, device=DEVICE)
-              for w in src.workspaces]
-        return launcher(*args[:n], *ws, *args[n:])
-    return with_workspaces, src
+    return build_with(em, k, DEVICE)
 
 
 __all__ = ["GPU", "TARGET", "TARGET_NAME", "DEVICE", "TOL", "make", "compiled", "kernels", "check", "x0", "x1", "x2",
