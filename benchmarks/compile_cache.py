@@ -61,20 +61,7 @@ def child(model_name: str, variant: str) -> dict:
             spent["backend"] += time.perf_counter() - start
 
     api.compile_aten_graph, api.Backend.__call__ = timed, timed_backend
-    entry = next(m for m in suite_models.MODELS if m.name == model_name)
-    training = variant.startswith("training")
-    torch.manual_seed(0)
-    model, make_inputs, loss_fn = entry.build("cpu", "small")
-    model.train(training)
-    inputs = make_inputs(1)
-    compiled = torch.compile(model, backend="fxwrap")
-
-    def step():
-        if training:
-            loss_fn(compiled(*inputs)).backward()
-        else:
-            with torch.no_grad():
-                compiled(*inputs)
+    step = suite_models.cpu_step(model_name, variant, lambda model: torch.compile(model, backend="fxwrap"))
 
     start = time.perf_counter()
     step()

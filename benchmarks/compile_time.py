@@ -59,21 +59,9 @@ def child(backend: str, model_name: str, variant: str) -> dict:
             init(self, *args, **kwargs)
             timers.append(self)
         logs.PhaseTimer.__init__ = recording_init
-    entry = next(m for m in suite_models.MODELS if m.name == model_name)
-    training = variant.startswith("training")
-    torch.manual_seed(0)
-    model, make_inputs, loss_fn = entry.build("cpu", "small")
-    model.train(training)
-    inputs = make_inputs(1)
-    compiled = torch.compile(model) if backend == "inductor" else \
-        torch.compile(model, backend="fxwrap", options={"cache": False})
-
-    def step():
-        if training:
-            loss_fn(compiled(*inputs)).backward()
-        else:
-            with torch.no_grad():
-                compiled(*inputs)
+    step = suite_models.cpu_step(
+        model_name, variant, lambda model: torch.compile(model) if backend == "inductor" else
+        torch.compile(model, backend="fxwrap", options={"cache": False}))
 
     start = time.perf_counter()
     step()

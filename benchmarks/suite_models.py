@@ -279,3 +279,25 @@ def parameter_count(model: nn.Module) -> int:
 
 
 __all__ = ["MODELS", "SuiteModel", "missing", "parameter_count"]
+
+
+def cpu_step(name: str, variant: str, compile_model: Callable) -> Callable[[], None]:
+    """One step of suite model ``name`` (small, CPU) compiled by ``compile_model(model)``:
+    a forward under ``no_grad`` for ``inference-*`` variants, forward and backward of the
+    loss for ``training-*`` ones; the compile times (benchmarks/compile_*.py) time its
+    first call."""
+    entry = next(m for m in MODELS if m.name == name)
+    training = variant.startswith("training")
+    torch.manual_seed(0)
+    model, make_inputs, loss_fn = entry.build("cpu", "small")
+    model.train(training)
+    inputs = make_inputs(1)
+    compiled = compile_model(model)
+
+    def step():
+        if training:
+            loss_fn(compiled(*inputs)).backward()
+        else:
+            with torch.no_grad():
+                compiled(*inputs)
+    return step
