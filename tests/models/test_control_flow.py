@@ -252,7 +252,13 @@ def test_while_loop_dynamic(options):
     compiled = compile_fxwrap(scaled_loop, "torch.compile", True, **options)
     for n in (5, 7):
         x, w = torch.randn(n, 3), torch.randn(3)
-        torch.testing.assert_close(compiled(x, w), scaled_loop(x, w), rtol=1e-5, atol=1e-6)
+        (got, count), (want, want_count) = compiled(x, w), scaled_loop(x, w)
+        assert torch.equal(count, want_count)
+        # four rounds of sin(t * w) + mean(t) amplify float32 rounding (a seed gave 3.6e-6 off
+        # eager at 0.1): as close to the float64 loop as eager, within a factor
+        exact = scaled_loop(x.double(), w.double())[0]
+        ours, eagers = (got.double() - exact).abs().max().item(), (want.double() - exact).abs().max().item()
+        assert ours <= 2 * eagers + 4 * torch.finfo(torch.float32).eps * exact.abs().max().item(), (ours, eagers)
     program = compiled.programs[0]
     assert any(isinstance(i, SizeInput) for i in body_inputs(program))
     assert_subgraphs_have_kernels(program, ["while_loop_cond_graph_0", "while_loop_body_graph_0"])
