@@ -7,7 +7,8 @@ process, interleaved (each round runs every backend once, so machine noise hits 
 
 Cases: ``relu(linear(x, w, b))`` 128x768 by 3072x768 (issue 18) and the linear layers of
 the model suite's small models (benchmarks/suite_models.py): GPT (tokens 8 x 128, dim
-192: qkv, proj + residual, fc1 + gelu, fc2 + residual), Llama (dim 192, hidden 512: w1 +
+192: qkv, proj + residual, fc1 + tanh gelu as the model has it (and
+with the erf gelu), fc2 + residual), Llama (dim 192, hidden 512: w1 +
 silu, w2 + residual, no bias), MLP (batch 64: 256 -> 512 + gelu).  Backends: eager,
 Inductor (default; ``--max-autotune`` adds mode="max-autotune-no-cudagraphs"), fxwrap
 with templates "off" (the ATen call + an epilogue kernel), "auto" (the timed choice) and
@@ -33,7 +34,8 @@ CASES = {
     "relu_linear": (128, 768, 3072, True, "relu"),
     "gpt_qkv": (1024, 192, 576, True, "none"),
     "gpt_proj_residual": (1024, 192, 192, True, "residual"),
-    "gpt_fc1_gelu": (1024, 192, 768, True, "gelu"),
+    "gpt_fc1_gelu": (1024, 192, 768, True, "gelu_tanh"),
+    "gpt_fc1_gelu_erf": (1024, 192, 768, True, "gelu"),
     "gpt_fc2_residual": (1024, 768, 192, True, "residual"),
     "llama_w1_silu": (1024, 192, 512, False, "silu"),
     "llama_w2_residual": (1024, 512, 192, False, "residual"),
@@ -43,6 +45,7 @@ EPILOGUES = {
     "none": lambda y, r: y,
     "relu": lambda y, r: torch.relu(y),
     "gelu": lambda y, r: F.gelu(y),
+    "gelu_tanh": lambda y, r: F.gelu(y, approximate="tanh"),
     "silu": lambda y, r: F.silu(y),
     "residual": lambda y, r: y + r,
 }

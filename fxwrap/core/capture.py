@@ -66,7 +66,7 @@ def _default_decompositions() -> dict:
 def _kernel_decompositions() -> dict:
     from torch._decomp import get_decompositions
     return get_decompositions([
-        aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.gelu, aten.silu,
+        aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.silu,
         # batch norm: inference a pointwise epilogue (the first decomposes into the
         # second); training a Welford reduction over (N, H, W) plus pointwise math
         aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,

@@ -16,7 +16,8 @@ from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, DefineKernel
 ACTIVATIONS = {
     # name -> (activation, the prelude function the epilogue must call)
     "gelu": (F.gelu, "fx_erf("),
-    "gelu_tanh": (lambda y: F.gelu(y, approximate="tanh"), "fx_tanh("),
+    # tanh GELU lowers as y * sigmoid(2z) (core/rules/pointwise.py): one exp, no tanh
+    "gelu_tanh": (lambda y: F.gelu(y, approximate="tanh"), "fx_sigmoid("),
     "silu": (F.silu, "fx_sigmoid("),
 }
 # (rows, depth, columns): one element; remainders past MR = 8 rows, NR = 32 columns and an
