@@ -221,6 +221,11 @@ class LoweringContext:
         return self.val.dtype
 
     @property
+    def capabilities(self) -> dict:
+        """The target device's ``capabilities()`` (empty without a program builder)."""
+        return {}
+
+    @property
     def out_size(self) -> tuple:
         return tuple(to_expr(s) for s in self.val.shape)
 

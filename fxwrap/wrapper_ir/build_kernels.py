@@ -55,6 +55,10 @@ class _Ctx(LoweringContext):
         self.outputs_made = 0  # var_mean: one reduction call per output
 
     @property
+    def capabilities(self) -> dict:
+        return self._kernel_builder.session.capabilities
+
+    @property
     def builder(self):
         if self.checkpoint is None:
             self.checkpoint = _Checkpoint(self._kernel_builder)

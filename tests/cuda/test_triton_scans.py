@@ -54,7 +54,11 @@ def _assert_close_to_exact(op: str, fn, x, got) -> None:
     exact = fn(x.double())
     ours, eagers = (got.double() - exact).abs().max().item(), (want.double() - exact).abs().max().item()
     eps = torch.finfo(got.dtype).eps
-    assert ours <= 2 * eagers + 8 * eps * exact.abs().max().item(), (op, got.dtype, ours, eagers)
+    # a product's rounding errors compound (relative ones, one per factor, growing like the
+    # square root of the row for random ones): eager's own may be lucky on one seed
+    # (300 factors: eager 3.7 eps, fxwrap 16.8 eps at one seed in 300)
+    steps = 4 * x.shape[-1] ** 0.5 if op == "cumprod" else 8
+    assert ours <= 2 * eagers + steps * eps * exact.abs().max().item(), (op, got.dtype, ours, eagers)
 
 
 def _plans(programs) -> list[str]:

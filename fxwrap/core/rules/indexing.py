@@ -322,7 +322,23 @@ def _index_tensor(value) -> Loops:
 
 
 def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
-    """The index tensor in memory, with a host-side bounds check before its use."""
+    """The index values, checked to index a dim of ``size`` (``[-size, size)`` when
+    ``negative_ok``) before any read through them.
+
+    On a target that checks indices inside its kernels (``capabilities()["index_checks"]
+    == "in_kernel"``: Triton's ``tl.device_assert``, as Inductor and eager's own CUDA
+    index kernels do) each value goes through ``index_check`` where it is used, and the
+    index may stay lazy; lanes past the end load 0, so the size must be positive.
+    Elsewhere the index tensor is put in memory and a ``check_index_bounds`` extern
+    runs before the kernel: on a CPU it raises ``IndexError``, on an accelerator it
+    asserts on the device without reading back (five small ATen calls)."""
+    if ctx.capabilities.get("index_checks") == "in_kernel" and sympy.sympify(size).is_positive:
+        values = as_loops(index)
+        low = index_value(-sympy.sympify(size)) if negative_ok else Op.const(0, I64)
+
+        def checked(i):
+            return Op("index_check", I64, (cast(values(i), I64), low, index_value(size)))
+        return Loops(values.size, I64, ctx.device, checked)
     buf = ctx.stored(index).buffer
     ctx.emit(Comment(f"{ctx.node.name}: every index of {buf.name} in range for dim {dim}"))
     ctx.emit(CallExtern(check_index_bounds, (buf, size, dim, negative_ok), (), None))

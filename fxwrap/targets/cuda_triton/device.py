@@ -60,6 +60,9 @@ class CudaDevice(DeviceInterface):
             dtypes.insert(2, "bfloat16")
         return {"name": props.name, "capability": (major, minor),
                 "convolution_layout": "channels_last",  # cuDNN: NHWC, no transposes around a conv
+                # gathers check their index values inside the kernel (tl.device_assert), not
+                # by ATen calls before it (fxwrap.core.rules.indexing._checked)
+                "index_checks": "in_kernel",
                 "multiprocessors": props.multi_processor_count,
                 "warp_size": getattr(props, "warp_size", 32),
                 "memory_bytes": props.total_memory,

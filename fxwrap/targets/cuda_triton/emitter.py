@@ -231,6 +231,8 @@ class TritonEmitter(KernelEmitter):
         numels = tuple((axis, host.render(sympy.Mul(*[sympy.sympify(r) for r in plan.ranges[axis]]))
                         if plan.ranges[axis] else "1") for axis in plan.axes)
         configs = [self._config_tuple(plan, c) for c in plan.configs]
+        if "_fx_index_check" in helpers:
+            configs = [c + O.INDEX_CHECK_OPTIONS for c in configs]
         launch = {"symbol": fname, "language": self.language, "plan": plan.kind,
                   "reduction_shape": plan.reduction_shape, "index_dtype": plan.index_dtype,
                   "pointers": len(kernel.inputs) + len(kernel.outputs),
@@ -277,7 +279,8 @@ class TritonEmitter(KernelEmitter):
         chunks = f"((({numel['r']}) + {plan.scan_chunk - 1}) // {plan.scan_chunk})"
         cfg = dict(launch["config"])
         chunked = (("XBLOCK", 1), ("RBLOCK", cfg["RBLOCK"]), ("SCAN_CHUNK", plan.scan_chunk))
-        warps = (("num_warps", cfg["num_warps"]),)
+        warps = (("num_warps", cfg["num_warps"]),) + tuple(
+            kv for kv in launch["config"] if kv in O.INDEX_CHECK_OPTIONS)
         base = {k: launch[k] for k in ("language", "pointers", "pointer_dtypes", "size_symbols", "interpret")}
         if "device_index" in launch:
             base["device_index"] = launch["device_index"]

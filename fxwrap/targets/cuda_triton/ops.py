@@ -37,6 +37,14 @@ _BITS = {torch.int64: 64, torch.int32: 32, torch.int16: 16, torch.int8: 8, torch
 
 # Helper functions (Triton source).  Keyed by name; ``requires`` lists helpers they call.
 HELPERS: dict[str, str] = {
+    # an index value, checked where it is used (op ``index_check``); the kernel is compiled
+    # with ``debug`` on (INDEX_CHECK_OPTIONS) or Triton drops the assert
+    "_fx_index_check": """
+@triton.jit
+def _fx_index_check(v, low, high):
+    tl.device_assert((v >= low) & (v < high), "fxwrap: index out of bounds")
+    return v
+""",
     "_fx_ifloordiv": """
 @triton.jit
 def _fx_ifloordiv(a, b):
@@ -311,6 +319,8 @@ class OpRenderer:
                           "add it to fxwrap.targets.cuda_triton.ops or let the lowering fall back")
         if name == "where":
             return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+        if name == "index_check":
+            return f"{self._need('_fx_index_check')}({a[0]}, {a[1]}, {a[2]})"
         if name not in BINARY or len(a) != 2:
             raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}; it is "
                           "not a loop-IR op (see fxwrap.core.ir), so the lowering should emit an "
@@ -377,6 +387,12 @@ class OpRenderer:
                       + ("; add it to fxwrap.targets.cuda_triton.ops" if known else
                          "; it is not a loop-IR op (see fxwrap.core.ir), so the lowering should emit "
                          "an extern call instead"))
+
+
+# launch options of a kernel that checks index values (``_fx_index_check``): Triton keeps
+# ``tl.device_assert`` only in a kernel compiled with ``debug``; its integer-overflow
+# checks, which ``debug`` would also turn on, stay off (as Inductor's kernels do)
+INDEX_CHECK_OPTIONS = (("debug", True), ("sanitize_overflow", False))
 
 
 def helper_source(names) -> list[str]:
