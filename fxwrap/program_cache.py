@@ -39,6 +39,7 @@ import types
 from pathlib import Path
 
 import torch
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 
 from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, fxwrap_version, pickled, triton_version
 from fxwrap.runtime.graph_records import kernels_of
@@ -118,8 +119,14 @@ def _describe(value) -> object:
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().to("cpu").contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    """The bytes of a real constant of the graph (``torch.tensor([...])`` in the user's
+    code).  The key is computed while AOTAutograd's fake mode is active, which would take
+    the constant for a tensor it forgot to fake: the copy runs with it unset."""
+    if is_fake(t):  # no bytes to read: its description (layout, dtype) is in the key
+        return b"fake"
+    with unset_fake_temporarily():
+        t = t.detach().to("cpu").contiguous()
+        return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def _shape_env_state(gm: torch.fx.GraphModule) -> object:
@@ -197,7 +204,8 @@ class ProgramCache:
         except FileNotFoundError:
             return None
         try:
-            entry = pickle.loads(data)
+            with unset_fake_temporarily():  # constants come back as real tensors
+                entry = pickle.loads(data)
             if entry.get("key") != key:
                 raise ValueError("the entry holds another key")
             program = _program_from_entry(entry, session)
@@ -212,7 +220,10 @@ class ProgramCache:
                  "graph_module": program.graph_module, "memory": program.memory, "constants": program.constants,
                  "hints": program.hints}
         try:
-            data, _ = pickled(state, SavingPickler)
+            # the compile runs under AOTAutograd's fake mode: a constant pickled there keeps
+            # no bytes (it loaded as a tensor of null data and the kernel reading it crashed)
+            with unset_fake_temporarily():
+                data, _ = pickled(state, SavingPickler)
         except Exception as exc:  # noqa: BLE001 - an unpicklable program is compiled every time
             log.info("fxwrap program cache: %s program not cached (%s: %s)", program.kind, type(exc).__name__, exc)
             return

@@ -197,3 +197,26 @@ def test_the_key_covers_plugin_sources(tmp_path, monkeypatch):
     assert first == program_cache.plugin_digest(manager)
     (package / "helpers.py").write_text("SCALE = 3.0\n")  # a file the plugin's package holds
     assert program_cache.plugin_digest(manager) != first
+
+
+def test_graph_constants_are_keyed_by_their_bytes(tmp_path, monkeypatch):
+    """``torch.tensor([...])`` in the user's code is a real constant of the ATen graph; the
+    key reads its bytes while AOTAutograd's fake mode is active (that used to fail the
+    compile: "Please convert all Tensors to FakeTensors first", HF GPT-2 on CUDA); a
+    constant of other values is another program."""
+    monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")
+
+    def make(values):
+        def fn(x):
+            empty = torch.tensor([], dtype=x.dtype)
+            return torch.cat([x, empty]) * torch.tensor(values, dtype=x.dtype)
+        return fn
+
+    x = torch.randn(2)
+    for values in ([1.5, -2.0], [1.5, -2.0], [0.25, 3.0]):
+        torch._dynamo.reset()
+        fn = make(values)
+        got = torch.compile(fn, backend="fxwrap", fullgraph=True)(x)
+        torch.testing.assert_close(got, fn(x))
+    assert len(_entries(tmp_path)) == 2  # the second compile loaded the first's program
