@@ -25,6 +25,7 @@ from fxwrap.core import logs
 from fxwrap.core.capture import capture_backend
 from fxwrap.core import patterns
 from fxwrap.core.layout import channels_last_convolutions
+from fxwrap.core.matmul_padding import pad_matmul_columns
 from fxwrap.core.memory import MemoryPlan, describe_plan, plan_memory
 from fxwrap.dump import ProgramDump
 from fxwrap.plugins.manager import get_plugin_manager
@@ -144,6 +145,10 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if kind == "inference" and session.capabilities.get("convolution_layout") == "channels_last":
         with timer.phase("layout"):
             channels_last_convolutions(gm)
+    alignment = session.capabilities.get("matmul_alignment_bytes")
+    if alignment and kind in ("inference", "forward") and session.generates_kernels and options.kernels:
+        with timer.phase("layout"):
+            pad_matmul_columns(gm, alignment)
     if session.generates_kernels and options.kernels and options.templates != "off":
         with timer.phase("patterns"):
             rewrite_patterns(gm, session)

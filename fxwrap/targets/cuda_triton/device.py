@@ -63,6 +63,9 @@ class CudaDevice(DeviceInterface):
                 # gathers check their index values inside the kernel (tl.device_assert), not
                 # by ATen calls before it (fxwrap.core.rules.indexing._checked)
                 "index_checks": "in_kernel",
+                # cuBLAS's fast GEMM kernels want 16-byte leading dimensions: a product with
+                # an odd column count computes padded rows (fxwrap.core.matmul_padding)
+                "matmul_alignment_bytes": 16,
                 "multiprocessors": props.multi_processor_count,
                 "warp_size": getattr(props, "warp_size", 32),
                 "memory_bytes": props.total_memory,
