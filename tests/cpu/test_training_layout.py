@@ -47,15 +47,17 @@ class ResidualNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(z, 1).flatten(1)), features
 
 
-def _train(model, run, steps, inputs, targets):
-    """``steps`` SGD steps of ``model`` called through ``run``; the losses, per step every
-    parameter's gradient, and the feature maps."""
+def _train(model, run, steps, inputs, targets, autocast_dtype=None):
+    """``steps`` SGD steps of ``model`` called through ``run`` (under autocast to
+    ``autocast_dtype`` if given); the losses, per step every parameter's gradient, and the
+    feature maps."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses, grads, outputs = [], [], []
     for x, t in zip(inputs[:steps], targets[:steps]):
         optimizer.zero_grad(set_to_none=True)
-        logits, features = run(x)
-        loss = F.cross_entropy(logits, t) + features.square().mean()
+        with torch.autocast(x.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits, features = run(x)
+            loss = F.cross_entropy(logits.float(), t) + features.float().square().mean()
         loss.backward()
         losses.append(loss.detach())
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
@@ -64,7 +66,21 @@ def _train(model, run, steps, inputs, targets):
     return losses, grads, outputs
 
 
-def _compiled_steps(target, steps=3, dynamic=False, shape=(4, 3, 12, 12)):
+def _assert_close(got, want, tol, what):
+    if tol is None:  # 16-bit: the error of the whole tensor, relative to it, with a floor (the
+        # gradient of a bias before batch norm is zero but for rounding)
+        error = (got.float() - want.float()).norm()
+        bound = 0.05 * want.float().norm() + 0.01 * want.numel() ** 0.5
+        assert error <= bound, f"{what}: error {error:.3g} (norm {want.float().norm():.3g})"
+    else:
+        torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{what}: {m}")
+
+
+def compiled_steps(target, steps=3, dynamic=False, shape=(4, 3, 12, 12), device="cpu", autocast_dtype=None,
+                   fwd_tol=FWD_TOL, grad_tol=GRAD_TOL):
+    """``steps`` SGD steps of ``ResidualNet`` compiled by fxwrap for ``target`` and in eager,
+    from the same weights and batches: the losses, feature maps (values and layout) and
+    every gradient of every step agree.  Returns the fxwrap programs."""
     torch.manual_seed(11)
     model = ResidualNet()
     with torch.no_grad():
@@ -72,34 +88,34 @@ def _compiled_steps(target, steps=3, dynamic=False, shape=(4, 3, 12, 12)):
             if isinstance(m, nn.BatchNorm2d):
                 m.weight.copy_(torch.rand_like(m.weight) + 0.5)
                 m.bias.copy_(torch.randn_like(m.bias))
+    model = model.to(device)
     ref = copy.deepcopy(model)
-    inputs = [torch.randn(shape) for _ in range(steps)]
-    targets = [torch.randint(0, 10, (shape[0],)) for _ in range(steps)]
+    inputs = [torch.randn(shape, device=device) for _ in range(steps)]
+    targets = [torch.randint(0, 10, (shape[0],), device=device) for _ in range(steps)]
     programs = []
     compiled = torch.compile(model, backend="fxwrap", dynamic=dynamic,
                              options={"target": target, "on_program": programs.append})
-    got = _train(model, compiled, steps, inputs, targets)
-    want = _train(ref, ref, steps, inputs, targets)
+    got = _train(model, compiled, steps, inputs, targets, autocast_dtype)
+    want = _train(ref, ref, steps, inputs, targets, autocast_dtype)
     for step in range(steps):
-        torch.testing.assert_close(got[0][step], want[0][step], **FWD_TOL, msg=lambda m: f"loss {step}: {m}")
-        torch.testing.assert_close(got[2][step], want[2][step], **FWD_TOL)
+        _assert_close(got[0][step], want[0][step], fwd_tol, f"loss of step {step}")
+        _assert_close(got[2][step], want[2][step], fwd_tol, f"feature map of step {step}")
         assert got[2][step].stride() == want[2][step].stride()  # a user-visible output: eager's layout
         for name, grad in want[1][step].items():
-            torch.testing.assert_close(got[1][step][name], grad, **GRAD_TOL,
-                                       msg=lambda m, n=name: f"step {step}, grad of {n}: {m}")
+            _assert_close(got[1][step][name], grad, grad_tol, f"step {step}, grad of {name}")
     return programs
 
 
-def _program(programs, kind):
+def program_of(programs, kind):
     (program,) = [p for p in programs if p.kind == kind]
     return program
 
 
-def _externs(program, op):
+def externs(program, op):
     return [line for line in program.lines if type(line).__name__ == "CallExtern" and line.op is op]
 
 
-def _channels_last(buf) -> bool:
+def channels_last(buf) -> bool:
     return len(buf.stride) == 4 and buf.stride[1] == 1 and buf.size[1] > 1
 
 
@@ -121,14 +137,19 @@ def _conversion_kernels(program):
 
 @pytest.mark.parametrize("target", ["cpu", "reference", "triton-interpret"])
 def test_training_steps_match_eager_with_channels_last_programs(target):
-    programs = _compiled_steps(target, steps=3 if target == "cpu" else 2)
-    forward, backward = _program(programs, "forward"), _program(programs, "backward")
-    convolutions = _externs(forward, aten.convolution.default)
+    assert_channels_last_programs(compiled_steps(target, steps=3 if target == "cpu" else 2))
+
+
+def assert_channels_last_programs(programs):
+    """Every convolution of the forward program reads channels-last input and weight, every
+    convolution_backward of the backward program channels-last grad_output, input, weight."""
+    forward, backward = program_of(programs, "forward"), program_of(programs, "backward")
+    convolutions = externs(forward, aten.convolution.default)
     assert len(convolutions) == 3
-    assert all(_channels_last(c.args[0]) and _channels_last(c.args[1]) for c in convolutions)
-    backwards = _externs(backward, aten.convolution_backward.default)
+    assert all(channels_last(c.args[0]) and channels_last(c.args[1]) for c in convolutions)
+    backwards = externs(backward, aten.convolution_backward.default)
     assert len(backwards) == 3
-    assert all(_channels_last(b.args[0]) and _channels_last(b.args[1]) and _channels_last(b.args[2])
+    assert all(channels_last(b.args[0]) and channels_last(b.args[1]) and channels_last(b.args[2])
                for b in backwards)
 
 
@@ -138,24 +159,24 @@ def test_layout_conversions_only_at_the_programs_edges():
     backward reads the saved activations as the forward left them (channels-last), converts
     only its inputs (the image and the weights, saved in NCHW) and gives each weight
     gradient back its parameter's layout."""
-    programs = _compiled_steps("cpu", steps=1)
-    forward, backward = _program(programs, "forward"), _program(programs, "backward")
+    programs = compiled_steps("cpu", steps=1)
+    forward, backward = program_of(programs, "forward"), program_of(programs, "backward")
     assert sorted(_conversion_kernels(forward)) == [(False, True)] + [(True, False)] * 4
     activations = [b for b in backward.inputs if hasattr(b, "stride") and len(b.stride) == 4
                    and b.size[0] == 4 and b.size[1] > 3 and b.size[2] > 1]  # batch 4: not a weight
     # all channels-last but the last: the incoming gradient of the feature map (the user's layout)
-    assert [_channels_last(b) for b in activations] == [True] * (len(activations) - 1) + [False]
+    assert [channels_last(b) for b in activations] == [True] * (len(activations) - 1) + [False]
     assert len(activations) >= 4
     assert sorted(_conversion_kernels(backward)) == [(False, True)] * 3 + [(True, False)] * 4
 
 
 def test_backward_guard_accepts_the_forwards_layout_and_rejects_another():
-    programs = _compiled_steps("cpu", steps=1)
-    backward = _program(programs, "backward")
+    programs = compiled_steps("cpu", steps=1)
+    backward = program_of(programs, "backward")
     args = [torch.empty_strided(tuple(int(s) for s in b.size), tuple(int(s) for s in b.stride), dtype=b.dtype)
             for b in backward.inputs]
     backward.input_guard(*args)  # the layouts the forward returns: accepted
-    wrong = next(i for i, b in enumerate(backward.inputs) if _channels_last(b) and min(b.size[2:]) > 1)
+    wrong = next(i for i, b in enumerate(backward.inputs) if channels_last(b) and min(b.size[2:]) > 1)
     args[wrong] = args[wrong].contiguous()
     with pytest.raises(InputMismatchError, match="strides"):
         backward.input_guard(*args)
@@ -165,9 +186,9 @@ def test_backward_guard_accepts_the_forwards_layout_and_rejects_another():
 
 def test_dynamic_shapes_keep_the_traced_layout(caplog):
     with caplog.at_level(logging.INFO, logger="fxwrap"):
-        programs = _compiled_steps("cpu", steps=2, dynamic=True)
-    forward = _program(programs, "forward")
-    assert not any(_channels_last(c.args[0]) for c in _externs(forward, aten.convolution.default))
+        programs = compiled_steps("cpu", steps=2, dynamic=True)
+    forward = program_of(programs, "forward")
+    assert not any(channels_last(c.args[0]) for c in externs(forward, aten.convolution.default))
     assert "symbolic sizes" in caplog.text
 
 
@@ -213,3 +234,8 @@ def test_restrided_input_propagates_where_the_graph_allows():
     (got,) = program(a.contiguous(memory_format=torch.channels_last))
     torch.testing.assert_close(got, graph(a)[0])
     assert got.stride() == (36, 9, 3, 1)  # the output keeps its traced layout
+
+
+def test_bf16_autocast_training_steps_run_channels_last():
+    assert_channels_last_programs(compiled_steps("cpu", steps=2, autocast_dtype=torch.bfloat16,
+                                                 fwd_tol=None, grad_tol=None))
