@@ -51,6 +51,7 @@ from collections.abc import Collection, Sequence
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 log = logging.getLogger("fxwrap.layout")
@@ -115,7 +116,8 @@ def follow_input_layouts(gm: torch.fx.GraphModule, example_inputs: Sequence,
     """Make a backward graph read its inputs in the layout they will come in.
 
     ``example_inputs`` are AOTAutograd's example inputs for ``gm``: the placeholders' fake
-    values, those of saved activations re-strided to what the compiled forward returns.
+    values, those of saved activations re-strided to what the compiled forward returns
+    (only fake tensors of static layout are followed).
     Where they differ from the placeholders' ``meta["val"]`` the graph is propagated
     again from them (with ``channels_last``: and its convolution backwards converted);
     where that propagation fails, each such input is copied into its traced layout first
@@ -126,7 +128,7 @@ def follow_input_layouts(gm: torch.fx.GraphModule, example_inputs: Sequence,
     restrided = []
     for i, (node, given) in enumerate(zip(placeholders, example_inputs)):
         val = values[i]
-        if isinstance(val, torch.Tensor) and isinstance(given, torch.Tensor) \
+        if isinstance(val, torch.Tensor) and isinstance(given, FakeTensor) \
                 and _static(val) and _static(given) \
                 and tuple(val.shape) == tuple(given.shape) and val.stride() != given.stride():
             values[i] = given
