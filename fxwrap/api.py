@@ -22,9 +22,9 @@ import torch
 
 from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
-from fxwrap.core.capture import capture_backend
+from fxwrap.core.capture import capture_backend, report_output_strides, saved_activation_outputs
 from fxwrap.core import patterns
-from fxwrap.core.layout import channels_last_convolutions
+from fxwrap.core.layout import channels_last_convolutions, follow_input_layouts, has_channels_last_convolution
 from fxwrap.core.matmul_padding import pad_matmul_columns
 from fxwrap.core.memory import MemoryPlan, describe_plan, plan_memory
 from fxwrap.dump import ProgramDump
@@ -38,7 +38,7 @@ from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
 from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
 from fxwrap.wrapper_ir.fx import annotated_code, input_guard_of, to_graph_module
-from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
+from fxwrap.wrapper_ir.lines import Buffer, Line, Return, SizeInput
 from fxwrap.wrapper_ir.printer import program_source
 
 log = logging.getLogger("fxwrap")
@@ -79,6 +79,18 @@ class Program:
 
     def code(self) -> str:
         return program_source(self.inputs, self.lines)
+
+    @property
+    def output_strides(self) -> list[tuple[int, ...] | None]:
+        """The strides of each output the program returns; None for a non-tensor output
+        or one whose strides depend on size symbols."""
+        returned = next((line for line in reversed(self.lines) if isinstance(line, Return)), None)
+        strides = []
+        for value in (returned.values if returned is not None else ()):
+            stride = value.stride if isinstance(value, Buffer) else None
+            static = stride is not None and all(getattr(s, "is_Integer", isinstance(s, int)) for s in stride)
+            strides.append(tuple(int(s) for s in stride) if static else None)
+        return strides
 
     def __call__(self, *graph_inputs):
         """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's)."""
@@ -124,27 +136,38 @@ def compile_session(target: Target, options: CompileOptions | dict | None = None
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession, kind: str = "inference",
-                       options: CompileOptions | dict | None = None) -> Program:
+                       options: CompileOptions | dict | None = None,
+                       example_inputs: Sequence[Any] | None = None) -> Program:
     """ATen graph -> Wrapper IR -> memory plan -> GraphModule -> target's runner.
 
     ``target``: a ``Target`` (compiled with the process-wide plugin manager's session
     for it, and ``options``) or a ``CompileSession`` (with its own options).  With the
     whole-program cache on (``options.cache``), a program saved by an earlier process
-    for the same graph, options, target and versions is loaded instead."""
+    for the same graph, options, target and versions is loaded instead.
+    ``example_inputs``: AOTAutograd's example inputs; a backward graph is compiled for
+    their strides (those the compiled forward returns its saved activations in)."""
     logs.configure()
     session = target if isinstance(target, CompileSession) else compile_session(target, options)
     target, options = session.target, session.options
+    timer = logs.PhaseTimer(f"{kind} program")
+    channels_last = session.capabilities.get("convolution_layout") == "channels_last"
+    saved_outputs = saved_activation_outputs(gm) if kind == "forward" else None
+    if kind == "backward" and example_inputs is not None:
+        with timer.phase("layout"):
+            # the forward's saved activations come channels-last: so do its convolution backwards
+            follow_input_layouts(gm, example_inputs, channels_last and _restrided_channels_last(gm, example_inputs))
     cache = key = None
     if cache_enabled(options):
-        cache, key = ProgramCache(), program_key(gm, session, kind)
+        # which forward outputs keep the channels-last layout is no part of the graph's text
+        key_kind = kind if saved_outputs is None else f"{kind} saving {saved_outputs.start}:{saved_outputs.stop}"
+        cache, key = ProgramCache(), program_key(gm, session, key_kind)
         program = cache.load(key, session)
         if program is not None:
             return program
     dump = ProgramDump.start(options.debug_dir, gm, kind)  # None unless a debug dump was asked for
-    timer = logs.PhaseTimer(f"{kind} program")
-    if kind == "inference" and session.capabilities.get("convolution_layout") == "channels_last":
+    if channels_last and kind in ("inference", "forward") and _takes_layout_pass(gm, kind, saved_outputs):
         with timer.phase("layout"):
-            channels_last_convolutions(gm)
+            channels_last_convolutions(gm, saved_outputs=saved_outputs or ())
     alignment = session.capabilities.get("matmul_alignment_bytes")
     if alignment and kind in ("inference", "forward") and session.generates_kernels and options.kernels:
         with timer.phase("layout"):
@@ -181,6 +204,41 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if cache is not None:
         cache.store(key, program)
     return program
+
+
+def _takes_layout_pass(gm: torch.fx.GraphModule, kind: str, saved_outputs: range | None) -> bool:
+    """Whether an inference or forward graph goes channels-last.  A forward graph only where
+    AOTAutograd says which outputs are saved activations and every input is of static shape:
+    the backward graph is compiled for the strides the forward reports, which must be numbers."""
+    if kind == "inference":
+        return True
+    if not has_channels_last_convolution(gm):
+        return False
+    if saved_outputs is None:
+        log.info("channels-last layout not applied to the forward graph: no AOTAutograd metadata "
+                 "says which outputs are saved for the backward")
+        return False
+    dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
+               and isinstance(v := n.meta.get("val"), (torch.Tensor, torch.SymInt))
+               and not all(isinstance(s, int) for s in (v.shape if isinstance(v, torch.Tensor) else (v,)))]
+    if dynamic:
+        log.info("channels-last layout not applied to the forward graph: inputs %s have symbolic "
+                 "sizes, and the backward graph needs the saved activations' strides as numbers",
+                 ", ".join(dynamic))
+        return False
+    return True
+
+
+def _restrided_channels_last(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether one of a backward graph's inputs comes channels-last where it was traced
+    otherwise: the forward graph went channels-last, and the backward follows."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, given in zip(placeholders, example_inputs):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and isinstance(given, torch.Tensor) and given.dim() == 4 \
+                and given.stride() != val.stride() and given.is_contiguous(memory_format=torch.channels_last):
+            return True
+    return False
 
 
 def rewrite_patterns(gm: torch.fx.GraphModule, session: CompileSession) -> None:
@@ -268,7 +326,9 @@ class Backend:
         session = get_plugin_manager().session(target).configured(options)
 
         def compile_graph(aten_gm, aten_inputs, kind):
-            program = compile_aten_graph(aten_gm, session, kind)
+            program = compile_aten_graph(aten_gm, session, kind, example_inputs=aten_inputs)
+            if kind == "forward":  # the backward graph is compiled for these (core/capture.py)
+                report_output_strides(program.output_strides)
             if options.on_program is not None:
                 options.on_program(program)
             if not lowering:

@@ -12,6 +12,13 @@ ATen/prims graphs after applying ``decompositions`` and calls
 (``runtime.boxed.ListCall``) is called that way, so the program can release each input
 (a saved activation, in the backward) at its last use.  With ``dynamic=True`` the graphs take size
 symbols (``s0``) as inputs beside the tensors.
+
+A training pair talks to AOTAutograd through the compile's ``TracingContext``:
+``saved_activation_outputs(gm)`` reads which outputs of the forward graph being compiled
+are the activations saved for the backward graph (``fw_metadata``), and
+``report_output_strides(strides)`` tells AOTAutograd the strides the compiled forward
+really returns, which it gives the backward graph's example inputs (re-strided) when it
+compiles the backward (at once, or lazily at the first backward call).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from functorch.compile import make_boxed_func
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+from torch._guards import TracingContext
 
 from fxwrap.core import logs
 
@@ -115,6 +123,36 @@ def capture_backend(compile_graph: Callable, decompositions: dict, partition: st
         keep_inference_input_mutations=True,
         partition_fn=_PARTITIONS[partition],
     )
+
+
+def saved_activation_outputs(gm: torch.fx.GraphModule) -> range | None:
+    """The positions of forward graph ``gm``'s outputs that AOTAutograd saves for the
+    backward graph (tensors; after them come saved size symbols); None outside an
+    AOTAutograd training compile, or when the metadata does not fit the graph.  Private
+    API: ``TracingContext.fw_metadata.tensors_saved_for_backwards_slice`` (torch 2.11+)."""
+    context = TracingContext.try_get()
+    try:
+        saved = context.fw_metadata.tensors_saved_for_backwards_slice
+    except (AttributeError, AssertionError, TypeError):  # no context or metadata, counts unset
+        return None
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0]
+    count = len(values) if isinstance(values, (tuple, list)) else 1
+    if not isinstance(saved, slice) or saved.step not in (None, 1) or saved.start is None \
+            or not 0 <= saved.start <= count:
+        return None
+    return range(*saved.indices(count))  # stop: None or -(saved size symbols)
+
+
+def report_output_strides(strides: list[tuple[int, ...] | None]) -> None:
+    """Tell AOTAutograd the strides each output of the forward graph being compiled
+    really has (None: a non-tensor or a symbolic layout); it re-strides the backward
+    graph's example inputs of saved activations to match.  Nothing outside a compile
+    that asks for them.  Private API: ``TracingContext.output_strides`` (torch 2.11+)."""
+    context = TracingContext.try_get()
+    if context is not None and getattr(context, "output_strides", None) is not None:
+        context.output_strides.clear()
+        context.output_strides.extend(strides)
 
 
 def _min_cut(joint_module, joint_inputs, **kwargs):

@@ -2,10 +2,11 @@
 
 cuDNN and oneDNN compute a 2-D convolution fastest on NHWC (channels-last) tensors; on
 NCHW ones they transpose the input and the weight in and the result out around every
-convolution.  ``channels_last_convolutions(gm)`` gives every 4-D convolution a
-channels-last input and weight, lets the layout flow through the ops after it (batch
-norm, ReLU, residual adds and pooling keep a channels-last input's layout), and gives
-the graph's outputs back the layout they were traced with::
+convolution.  ``channels_last_convolutions(gm)`` gives every 4-D convolution (and every
+4-D ``convolution_backward``: its grad_output, input and weight) channels-last tensors,
+lets the layout flow through the ops after it (batch norm, ReLU, residual adds and
+pooling keep a channels-last input's layout), and gives the graph's outputs back the
+layout they were traced with::
 
     convolution = aten.convolution(x, w, b, ...)          # x, w: NCHW
     relu = aten.relu(convolution)
@@ -25,16 +26,32 @@ buffers the Wrapper IR allocates have the new strides.  The pass leaves the grap
 it was when it has no 4-D convolution, when a node's semantics depend on its input's
 strides (``as_strided`` and friends), when propagation fails (a ``view`` that only a
 contiguous tensor allows) or when an output had a layout the pass cannot restore.
-Only inference graphs take it: a forward graph's outputs include the activations its
-backward graph reads with the traced strides.
+
+Training pairs.  A forward graph's outputs are the user's values and then the
+activations AOTAutograd saves for the backward graph.  ``saved_outputs`` names the
+latter: they keep the layout the pass gave them (no copy back to NCHW), the user's
+values get their traced layout back.  The backward graph was traced for the traced
+strides of those activations; AOTAutograd hands its compiler example inputs re-strided
+to what the compiled forward reported it returns (``TracingContext.output_strides``),
+and ``follow_input_layouts(gm, example_inputs)`` makes the backward graph's placeholders
+say the same, propagates the new strides through the graph (then converting its
+convolution backwards too) and, where that propagation fails, copies each re-strided
+input back into its traced layout at the top of the graph::
+
+    # saved activation relu_1 arrives NHWC, the graph was traced for NCHW
+    relu_1 = placeholder                        # meta: (1024, 1, 128, 16)
+    ...
+    convolution_backward = aten.convolution_backward(grad_cl, relu_1, w_cl, ...)
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Sequence
 
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 log = logging.getLogger("fxwrap.layout")
@@ -46,63 +63,144 @@ _STRIDE_DEPENDENT = {
     aten.as_strided_copy.default,
 }
 
+# convolution op -> (position of its input, of its `transposed` flag, positions made channels-last)
+_CONVOLUTIONS = {
+    aten.convolution.default: (0, 6, (0, 1)),
+    aten.convolution_backward.default: (1, 7, (0, 1, 2)),
+}
 
-def _is_channels_last_conv(node: torch.fx.Node) -> bool:
-    if node.op != "call_function" or node.target is not aten.convolution.default:
-        return False
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-    transposed = node.args[6] if len(node.args) > 6 else False
-    return isinstance(val, torch.Tensor) and val.dim() == 4 and not transposed
+
+def _channels_last_positions(node: torch.fx.Node) -> tuple[int, ...]:
+    """The argument positions of a 4-D, not transposed convolution (or its backward)
+    that the pass makes channels-last; () for any other node."""
+    if node.op != "call_function" or node.target not in _CONVOLUTIONS:
+        return ()
+    input_at, transposed_at, positions = _CONVOLUTIONS[node.target]
+    source = node.args[input_at] if len(node.args) > input_at else None
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    transposed = node.args[transposed_at] if len(node.args) > transposed_at else False
+    if isinstance(val, torch.Tensor) and val.dim() == 4 and not transposed:
+        return positions
+    return ()
 
 
 def _is_channels_last(val: torch.Tensor) -> bool:
     return val.is_contiguous(memory_format=torch.channels_last)
 
 
-def channels_last_convolutions(gm: torch.fx.GraphModule) -> bool:
-    """Rewrite ``gm`` as the module docstring says; True if it changed.  The rewrite is
-    made on a copy of the graph, which replaces ``gm.graph`` only once it propagated."""
-    if not any(_is_channels_last_conv(n) for n in gm.graph.nodes):
+def has_channels_last_convolution(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` has a convolution the pass would make channels-last."""
+    return any(_channels_last_positions(n) for n in gm.graph.nodes)
+
+
+def channels_last_convolutions(gm: torch.fx.GraphModule, saved_outputs: Collection[int] = (),
+                               input_values: Sequence | None = None) -> bool:
+    """Rewrite ``gm`` as the module docstring says; True if it changed.
+
+    ``saved_outputs``: positions of the (flat) outputs that keep the layout the pass gives
+    them (a forward graph's saved activations); every other output gets its traced
+    layout back.  ``input_values``: the fake values to propagate from, one per
+    placeholder (default: the placeholders' own); they become the placeholders'
+    ``meta["val"]`` when the rewrite is kept.  The rewrite is made on a copy of the graph,
+    which replaces ``gm.graph`` only once it propagated."""
+    if not has_channels_last_convolution(gm):
         return False
     if any(n.target in _STRIDE_DEPENDENT for n in gm.graph.nodes):
+        log.info("channels-last layout not applied: the graph has a stride-dependent op (as_strided)")
         return False
+    return _relayout(gm, input_values, convert=True, saved_outputs=saved_outputs)
+
+
+def follow_input_layouts(gm: torch.fx.GraphModule, example_inputs: Sequence,
+                         channels_last: bool) -> list[str]:
+    """Make a backward graph read its inputs in the layout they will come in.
+
+    ``example_inputs`` are AOTAutograd's example inputs for ``gm``: the placeholders' fake
+    values, those of saved activations re-strided to what the compiled forward returns
+    (only fake tensors of static layout are followed).
+    Where they differ from the placeholders' ``meta["val"]`` the graph is propagated
+    again from them (with ``channels_last``: and its convolution backwards converted);
+    where that propagation fails, each such input is copied into its traced layout first
+    (``aten.copy(aten.empty_strided(traced), input)``), so the rest of the graph reads the
+    layout it was traced for.  Returns the names of the re-strided placeholders."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = [n.meta.get("val") for n in placeholders]
+    restrided = []
+    for i, (node, given) in enumerate(zip(placeholders, example_inputs)):
+        val = values[i]
+        if isinstance(val, torch.Tensor) and isinstance(given, FakeTensor) \
+                and _static(val) and _static(given) \
+                and tuple(val.shape) == tuple(given.shape) and val.stride() != given.stride():
+            values[i] = given
+            restrided.append(node)
+    if channels_last and channels_last_convolutions(gm, input_values=values):
+        return [n.name for n in restrided]
+    if not restrided:
+        return []
+    stride_dependent = any(n.target in _STRIDE_DEPENDENT for n in gm.graph.nodes)
+    if not stride_dependent and _relayout(gm, values, convert=False):
+        return [n.name for n in restrided]
+    _copy_to_traced_layout(gm, {n: values[placeholders.index(n)] for n in restrided})
+    return [n.name for n in restrided]
+
+
+def _static(val: torch.Tensor) -> bool:
+    return all(isinstance(s, int) for s in (*val.shape, *val.stride()))
+
+
+def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: bool,
+              saved_outputs: Collection[int] = ()) -> bool:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     outputs = graph.graph_copy(gm.graph, env)
     traced = {env[n]: n.meta.get("val") for n in gm.graph.nodes if n in env}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
+    if input_values is None:
+        input_values = [n.meta.get("val") for n in placeholders]
+    fake_mode = detect_fake_mode([v for v in input_values if isinstance(v, torch.Tensor)])
     if fake_mode is None or any("val" not in n.meta for n in placeholders):
+        log.info("channels-last layout not applied: the graph's inputs have no fake values")
         return False
+    for node, value in zip(placeholders, input_values):
+        node.meta["val"] = value
 
-    for conv in [n for n in graph.nodes if _is_channels_last_conv(n)]:
-        for position in (0, 1):
-            arg = conv.args[position]
-            if not isinstance(arg, torch.fx.Node) or _is_channels_last(arg.meta["val"]):
-                continue
-            with graph.inserting_before(conv):
-                clone = graph.call_function(aten.clone.default, (arg,),
-                                            {"memory_format": torch.channels_last})
-            conv.replace_input_with(arg, clone)
+    clones = []
+    if convert:
+        for node in [n for n in graph.nodes if _channels_last_positions(n)]:
+            for position in _channels_last_positions(node):
+                arg = node.args[position]
+                if not isinstance(arg, torch.fx.Node) or _is_channels_last(arg.meta["val"]):
+                    continue
+                with graph.inserting_before(node):
+                    clone = graph.call_function(aten.clone.default, (arg,),
+                                                {"memory_format": torch.channels_last})
+                args = list(node.args)
+                args[position] = clone
+                node.args = tuple(args)
+                clones.append(clone)
 
     single = not isinstance(outputs, (tuple, list))
     values = [outputs] if single else list(outputs)
     graph.output(outputs)
     candidate = torch.fx.GraphModule(gm, graph)
-    try:
-        with fake_mode:
-            FakeTensorProp(candidate, mode=fake_mode).propagate_dont_convert_inputs(
-                *[n.meta["val"] for n in placeholders])
-    except Exception as error:  # a view only a contiguous tensor allows, an unsupported op
-        log.info("channels-last layout not applied: %s", error)
+    if not _propagate(candidate, fake_mode, input_values):
+        return False
+    # a clone whose input the propagation made channels-last already is a copy for nothing
+    # (the relu after a converted convolution, feeding the next one): drop it, propagate again
+    needless = [c for c in clones if _is_channels_last(c.args[0].meta["val"])]
+    for clone in needless:
+        clone.replace_all_uses_with(clone.args[0])
+        graph.erase_node(clone)
+    if needless and not _propagate(candidate, fake_mode, input_values):
         return False
 
     output = next(n for n in graph.nodes if n.op == "output")
     restored = []
-    for value in values:
+    for position, value in enumerate(values):
         before = traced.get(value) if isinstance(value, torch.fx.Node) else None
         after = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
-        if not isinstance(before, torch.Tensor) or before.stride() == after.stride():
+        if position in saved_outputs or not isinstance(before, torch.Tensor) \
+                or before.stride() == after.stride():
             restored.append(value)
             continue
         if not before.is_contiguous():
@@ -119,3 +217,43 @@ def channels_last_convolutions(gm: torch.fx.GraphModule) -> bool:
     gm.graph = graph
     gm.recompile()
     return True
+
+
+def _propagate(candidate: torch.fx.GraphModule, fake_mode, input_values: Sequence) -> bool:
+    try:
+        with fake_mode:
+            FakeTensorProp(candidate, mode=fake_mode).propagate_dont_convert_inputs(*input_values)
+    except Exception as error:  # a view only a contiguous tensor allows, an unsupported op
+        log.info("channels-last layout not applied: %s", error)
+        return False
+    return True
+
+
+def _copy_to_traced_layout(gm: torch.fx.GraphModule, given: dict[torch.fx.Node, torch.Tensor]) -> None:
+    """Each placeholder of ``given`` takes that value's layout and is copied into a tensor of
+    its traced layout, which its users read instead."""
+    graph = gm.graph
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for node, value in given.items():
+        traced = node.meta["val"]
+        with graph.inserting_before(first):
+            empty = graph.call_function(aten.empty_strided.default, (list(traced.shape), list(traced.stride())),
+                                        {"dtype": traced.dtype, "device": traced.device})
+            copy = graph.call_function(aten.copy.default, (empty, node))
+        node.replace_all_uses_with(copy, delete_user_cb=lambda user: user is not copy)
+        fake_mode = detect_fake_mode([traced])
+        with fake_mode:
+            empty.meta["val"] = torch.empty_strided(traced.shape, traced.stride(), dtype=traced.dtype,
+                                                    device=traced.device)
+            copy.meta["val"] = aten.copy.default(empty.meta["val"], value)
+        if copy.meta["val"].stride() != traced.stride():
+            raise RuntimeError(f"fxwrap: the backward graph's input {node.name} arrives with strides "
+                               f"{value.stride()} but was traced with {traced.stride()}, and aten.copy "
+                               f"cannot restore that layout (it gave {copy.meta['val'].stride()}); this is "
+                               "a bug in fxwrap's layout choice (fxwrap.core.layout): please report it "
+                               "with the graphs FXWRAP_DEBUG_DIR=dir writes")
+        node.meta["val"] = value
+        log.info("backward input %s arrives with strides %s (traced %s): copied into the traced layout",
+                 node.name, value.stride(), traced.stride())
+    graph.lint()
+    gm.recompile()

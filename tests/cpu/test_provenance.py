@@ -52,9 +52,9 @@ def _lower_recording(monkeypatch, fn, *inputs, **kwargs):
     graphs = {}
     compile_graph = fxwrap.api.compile_aten_graph
 
-    def recording(gm, target, kind="inference", options=None):
+    def recording(gm, target, kind="inference", options=None, **kwargs):
         graphs[kind] = [(n.name, n.target) for n in gm.graph.nodes if n.op == "call_function"]
-        return compile_graph(gm, target, kind, options)
+        return compile_graph(gm, target, kind, options, **kwargs)
 
     monkeypatch.setattr(fxwrap.api, "compile_aten_graph", recording)
     return fxwrap.lower(fn, *inputs, **kwargs), graphs

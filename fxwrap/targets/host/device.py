@@ -23,6 +23,6 @@ class CpuDevice(DeviceInterface):
         return {"cores": os.cpu_count() or 1, "threads": torch.get_num_threads(),
                 "dtypes": ["float64", "float32", "bfloat16", "float16", "int64", "int32",
                            "int16", "int8", "uint8", "bool"],
-                # oneDNN convolves NHWC fastest: inference graphs with 2-D convolutions
+                # oneDNN convolves NHWC fastest: graphs with 2-D convolutions (inference and training)
                 # run channels-last (fxwrap.core.layout)
                 "convolution_layout": "channels_last"}
