@@ -165,7 +165,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         if program is not None:
             return program
     dump = ProgramDump.start(options.debug_dir, gm, kind)  # None unless a debug dump was asked for
-    if channels_last and kind in ("inference", "forward") and _takes_layout_pass(gm, kind, saved_outputs):
+    if channels_last and kind in ("inference", "forward") and _takes_layout_pass(gm, kind, saved_outputs, session):
         with timer.phase("layout"):
             channels_last_convolutions(gm, saved_outputs=saved_outputs or ())
     alignment = session.capabilities.get("matmul_alignment_bytes")
@@ -206,12 +206,16 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     return program
 
 
-def _takes_layout_pass(gm: torch.fx.GraphModule, kind: str, saved_outputs: range | None) -> bool:
+def _takes_layout_pass(gm: torch.fx.GraphModule, kind: str, saved_outputs: range | None, session) -> bool:
     """Whether an inference or forward graph goes channels-last.  A forward graph only where
     AOTAutograd says which outputs are saved activations and every input is of static shape:
     the backward graph is compiled for the strides the forward reports, which must be numbers."""
     if kind == "inference":
         return True
+    if not session.capabilities.get("training_convolution_layout") == "channels_last":
+        log.info("channels-last layout not applied to the forward graph: the device does not ask for "
+                 "it in training (capabilities()['training_convolution_layout'])")
+        return False
     if not has_channels_last_convolution(gm):
         return False
     if saved_outputs is None:

@@ -25,4 +25,4 @@ class CpuDevice(DeviceInterface):
                            "int16", "int8", "uint8", "bool"],
                 # oneDNN convolves NHWC fastest: graphs with 2-D convolutions (inference and training)
                 # run channels-last (fxwrap.core.layout)
-                "convolution_layout": "channels_last"}
+                "convolution_layout": "channels_last", "training_convolution_layout": "channels_last"}
