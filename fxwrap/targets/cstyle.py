@@ -158,6 +158,10 @@ class CStyleEmitter(KernelEmitter):
         torch.bfloat16: ("fx_bf16_to_float", "fx_float_to_bf16", "fx_bf16_round"),
         torch.float16: ("fx_half_to_float", "fx_float_to_half", "fx_half_round"),
     }
+    # 16-bit floats whose exact value a float local holds (a load, a rounding, an exact op
+    # of them: ``EXACT_16BIT``) -> the function storing such a local without rounding it
+    # again; a dtype not listed is stored through its rounding conversion (``half_types``)
+    exact_half_stores: dict[torch.dtype, str] = {}
     code_for_op: dict[str, Callable[..., str]] = CSTYLE_OPS
 
     def __init__(self, target=None):
@@ -364,10 +368,11 @@ class CStyleEmitter(KernelEmitter):
                 raise EmitError(f"kernel {kernel.name} stores to {st.buffer!r}, which is not one of "
                                 f"its outputs {[b.name for b in kernel.outputs]}")
             ptr, dtype = pointers[st.buffer]
-            value = scope.value(self.stored_value(st.value, dtype))
-            value = self.render_cast(value, st.value.dtype, dtype)
+            node = self.stored_value(st.value, dtype)
+            value = self.render_cast(scope.value(node), st.value.dtype, dtype)
             scope.flush_into(out)
-            out.append(f"{ptr}[{self.render_index(st.index)}] = {self.to_storage(value, dtype)};")
+            exact = node.dtype == dtype  # the local holds a value of the buffer's dtype
+            out.append(f"{ptr}[{self.render_index(st.index)}] = {self.to_storage(value, dtype, exact)};")
         return out
 
     def stored_value(self, value: Op, dtype: torch.dtype) -> Op:
@@ -383,7 +388,15 @@ class CStyleEmitter(KernelEmitter):
             return value.src[0]
         return value
 
-    def to_storage(self, value: str, dtype: torch.dtype) -> str:
+    def to_storage(self, value: str, dtype: torch.dtype, exact: bool = False) -> str:
+        """``value`` (a local) as ``dtype``'s storage type; ``exact``: the local already holds
+        a value of ``dtype`` (a 16-bit float then needs no rounding: ``exact_half_stores``)::
+
+            out_ptr0[x0] = fx_float_to_bf16(tmp3);   // tmp3 = tmp1 * tmp2, a float32 product
+            out_ptr0[x0] = fx_bf16_bits(tmp4);       // tmp4 = fx_max(tmp3, 0.0f), tmp3 rounded
+        """
+        if exact and dtype in self.exact_half_stores:
+            return f"{self.exact_half_stores[dtype]}({value})"
         if dtype in self.half_types:
             return f"{self.half_types[dtype][1]}({value})"
         return value
