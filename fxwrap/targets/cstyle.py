@@ -52,7 +52,7 @@ import torch
 from fxwrap.core.errors import EmitError
 from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, ScheduledKernel, acc_key, is_indirect,
                             is_loop_var, load_buffer, load_index, load_mask, rvar, value_deps, walk, xvar)
-from fxwrap.core.numerics import compute_dtype, illegal
+from fxwrap.core.numerics import compute_dtype, holds_exact, illegal
 from fxwrap.core.templates import accumulators
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, Workspace, kernel_function_name, kernel_header,
@@ -371,7 +371,9 @@ class CStyleEmitter(KernelEmitter):
             node = self.stored_value(st.value, dtype)
             value = self.render_cast(scope.value(node), st.value.dtype, dtype)
             scope.flush_into(out)
-            exact = node.dtype == dtype  # the local holds a value of the buffer's dtype
+            # the local holds a value of the buffer's dtype: a 16-bit one, or a float32 one
+            # that is exactly one (relu of a rounded value: holds_exact)
+            exact = node.dtype == dtype or holds_exact(node, dtype)
             out.append(f"{ptr}[{self.render_index(st.index)}] = {self.to_storage(value, dtype, exact)};")
         return out
 
@@ -485,6 +487,8 @@ class CStyleEmitter(KernelEmitter):
         legalized, so the operands already have the dtype ``op`` is computed in."""
         name = op.op
         if name == OpCode.CAST:
+            if op.dtype in self.exact_half_stores and holds_exact(op.src[0], op.dtype):
+                return args[0]  # the rounding of a value it holds exactly: nothing to round
             return self.render_cast(args[0], arg_dtypes[0], op.dtype)
         fn = self.code_for_op.get(name)
         if fn is None:
