@@ -154,14 +154,18 @@ static inline float fx_expf(float x) {
   // r = x - n * ln2 in two steps (Cody-Waite): n * 0.693359375f is exact
   float r = xs - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  // e^r on [-ln2/2, ln2/2]: 1 + r + r^2 * P(r), minimax coefficients
-  float p = 1.9875691500e-4f;
-  p = fx_fmaf(p, r, 1.3981999507e-3f);
-  p = fx_fmaf(p, r, 8.3334519073e-3f);
-  p = fx_fmaf(p, r, 4.1665795894e-2f);
-  p = fx_fmaf(p, r, 1.6666665459e-1f);
-  p = fx_fmaf(p, r, 5.0000001201e-1f);
-  p = fx_fmaf(p, r * r, r);
+  // e^r on [-ln2/2, ln2/2]: 1 + r + r^2 * P(r), minimax coefficients; P(r) = P_lo(r) +
+  // r^3 * P_hi(r), two chains of two steps instead of one of five (a shorter dependency
+  // chain; P_hi's part is under 0.001 of P: the error stays under 1 ulp)
+  const float r2 = r * r;
+  float p_hi = 1.9875691500e-4f;
+  p_hi = fx_fmaf(p_hi, r, 1.3981999507e-3f);
+  p_hi = fx_fmaf(p_hi, r, 8.3334519073e-3f);
+  float p_lo = 4.1665795894e-2f;
+  p_lo = fx_fmaf(p_lo, r, 1.6666665459e-1f);
+  p_lo = fx_fmaf(p_lo, r, 5.0000001201e-1f);
+  float p = fx_fmaf(p_hi, r2 * r, p_lo);
+  p = fx_fmaf(p, r2, r);
   p = p + 1.0f;
   // times 2^n as two normal powers of two (n in [-150, 128])
   const int32_t ni = (int32_t)n;
