@@ -92,6 +92,39 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return DEFAULT.compute_dtype(dtype)
 
 
+def holds_exact(value: Op, dtype: torch.dtype) -> bool:
+    """Whether the float32 ``value`` is, for every input, a value of the 16-bit ``dtype``
+    (so ``cast.dtype`` of it rounds nothing): a 16-bit value read back (``cast.f32`` of a
+    ``dtype`` value), a constant of ``dtype``, or an ``EXACT_16BIT`` op of such values.
+    A NaN among them is one a ``dtype`` value holds.  Legalized bf16 ``relu`` is::
+
+        %1 = cast.f32 %0              (%0: a bf16 load or rounding)
+        %2 = maximum.f32 %1 0.0       holds_exact(%2, torch.bfloat16) -> True
+        %3 = cast.bf16 %2             (a store may write %2's high half)
+    """
+    if value.dtype != torch.float32 or dtype not in LOW_PRECISION:
+        return False
+    seen: dict[Op, bool] = {}
+
+    def exact(v: Op) -> bool:
+        if v in seen:
+            return seen[v]
+        if v.op == OpCode.CAST:
+            ok = v.src[0].dtype == dtype
+        elif v.op == OpCode.CONST:
+            x = v.arg
+            ok = x != x or torch.tensor(x, dtype=dtype).item() == x
+        elif v.op in EXACT_16BIT and v.dtype == torch.float32:
+            operands = v.src[1:] if v.op == OpCode.WHERE else v.src  # where: the condition is bool
+            ok = all(exact(o) for o in operands)
+        else:
+            ok = False
+        seen[v] = ok
+        return ok
+
+    return exact(value)
+
+
 def _cast(x: Op, dtype: torch.dtype) -> Op:
     """``x`` as ``dtype``: one ``cast`` node (none when it already is).
 

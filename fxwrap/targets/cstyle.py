@@ -52,7 +52,7 @@ import torch
 from fxwrap.core.errors import EmitError
 from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, ScheduledKernel, acc_key, is_indirect,
                             is_loop_var, load_buffer, load_index, load_mask, rvar, value_deps, walk, xvar)
-from fxwrap.core.numerics import compute_dtype, illegal
+from fxwrap.core.numerics import compute_dtype, holds_exact, illegal
 from fxwrap.core.templates import accumulators
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, Workspace, kernel_function_name, kernel_header,
@@ -158,6 +158,10 @@ class CStyleEmitter(KernelEmitter):
         torch.bfloat16: ("fx_bf16_to_float", "fx_float_to_bf16", "fx_bf16_round"),
         torch.float16: ("fx_half_to_float", "fx_float_to_half", "fx_half_round"),
     }
+    # 16-bit floats whose exact value a float local holds (a load, a rounding, an exact op
+    # of them: ``EXACT_16BIT``) -> the function storing such a local without rounding it
+    # again; a dtype not listed is stored through its rounding conversion (``half_types``)
+    exact_half_stores: dict[torch.dtype, str] = {}
     code_for_op: dict[str, Callable[..., str]] = CSTYLE_OPS
 
     def __init__(self, target=None):
@@ -364,10 +368,13 @@ class CStyleEmitter(KernelEmitter):
                 raise EmitError(f"kernel {kernel.name} stores to {st.buffer!r}, which is not one of "
                                 f"its outputs {[b.name for b in kernel.outputs]}")
             ptr, dtype = pointers[st.buffer]
-            value = scope.value(self.stored_value(st.value, dtype))
-            value = self.render_cast(value, st.value.dtype, dtype)
+            node = self.stored_value(st.value, dtype)
+            value = self.render_cast(scope.value(node), st.value.dtype, dtype)
             scope.flush_into(out)
-            out.append(f"{ptr}[{self.render_index(st.index)}] = {self.to_storage(value, dtype)};")
+            # the local holds a value of the buffer's dtype: a 16-bit one, or a float32 one
+            # that is exactly one (relu of a rounded value: holds_exact)
+            exact = node.dtype == dtype or holds_exact(node, dtype)
+            out.append(f"{ptr}[{self.render_index(st.index)}] = {self.to_storage(value, dtype, exact)};")
         return out
 
     def stored_value(self, value: Op, dtype: torch.dtype) -> Op:
@@ -383,7 +390,15 @@ class CStyleEmitter(KernelEmitter):
             return value.src[0]
         return value
 
-    def to_storage(self, value: str, dtype: torch.dtype) -> str:
+    def to_storage(self, value: str, dtype: torch.dtype, exact: bool = False) -> str:
+        """``value`` (a local) as ``dtype``'s storage type; ``exact``: the local already holds
+        a value of ``dtype`` (a 16-bit float then needs no rounding: ``exact_half_stores``)::
+
+            out_ptr0[x0] = fx_float_to_bf16(tmp3);   // tmp3 = tmp1 * tmp2, a float32 product
+            out_ptr0[x0] = fx_bf16_bits(tmp4);       // tmp4 = fx_max(tmp3, 0.0f), tmp3 rounded
+        """
+        if exact and dtype in self.exact_half_stores:
+            return f"{self.exact_half_stores[dtype]}({value})"
         if dtype in self.half_types:
             return f"{self.half_types[dtype][1]}({value})"
         return value
@@ -472,6 +487,8 @@ class CStyleEmitter(KernelEmitter):
         legalized, so the operands already have the dtype ``op`` is computed in."""
         name = op.op
         if name == OpCode.CAST:
+            if op.dtype in self.exact_half_stores and holds_exact(op.src[0], op.dtype):
+                return args[0]  # the rounding of a value it holds exactly: nothing to round
             return self.render_cast(args[0], arg_dtypes[0], op.dtype)
         fn = self.code_for_op.get(name)
         if fn is None:

@@ -9,7 +9,7 @@ import torch
 
 import fxwrap
 from fxwrap.core.ir import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, Store, format_ssa, walk, xvar
-from fxwrap.core.numerics import DEFAULT, LOW_PRECISION, Numerics, legalize, numerics_for
+from fxwrap.core.numerics import DEFAULT, LOW_PRECISION, Numerics, holds_exact, legalize, numerics_for
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.targets.reference.emitter import ReferenceLauncher
 from fxwrap.wrapper_ir.lines import Buffer
@@ -197,3 +197,23 @@ def test_lowered_programs_are_already_legal(dtype):
         if sk is not None:
             assert legalize(sk) is sk
             assert_legal(sk)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_holds_exact_follows_exact_ops_of_16bit_values(dtype):
+    """``holds_exact``: a float32 value that is a 16-bit value for every input (a read-back,
+    a constant of the type, an ``EXACT_16BIT`` op of them) -- and nothing else."""
+    a = op("cast", F32, ld("a", dtype))                     # a 16-bit load, read back
+    b = op("cast", F32, op("cast", dtype, ld("f", F32)))    # a rounding, read back
+    rounded_other = op("cast", F32, ld("h", F16 if dtype == BF16 else BF16))
+    relu = op("maximum", F32, a, Op.const(0.0, F32))
+    cond = op("gt", BOOL, a, b)
+    exact = [a, b, relu, op("neg", F32, relu), op("abs", F32, b), op("where", F32, cond, a, op("floor", F32, b)),
+             op("minimum", F32, a, Op.const(float("inf"), F32)), Op.const(float("nan"), F32), Op.const(-0.0, F32)]
+    inexact = [ld("f", F32), rounded_other, op("add", F32, a, b), op("mul", F32, a, Op.const(0.5, F32)),
+               op("maximum", F32, a, Op.const(0.1, F32)), op("where", F32, cond, a, ld("f", F32)),
+               op("maximum", F32, a, Op.const(65536.0 * 3 + 1, F32))]
+    assert [holds_exact(v, dtype) for v in exact] == [True] * len(exact)
+    assert [holds_exact(v, dtype) for v in inexact] == [False] * len(inexact)
+    assert not holds_exact(ld("a", dtype), dtype)  # a 16-bit value itself is not a float32 one
+    assert not holds_exact(a, F32)                  # exact in float32 means nothing

@@ -80,6 +80,8 @@ class CppEmitter(CStyleEmitter):
     # here gives its numbers bit for bit, at ~1.4x the time of a one-thread row (AMD EPYC, 2026-11)
     scan_accumulate: dict = {}
     prelude = PRELUDE
+    # a float local holding a bf16 value is stored as its high half (no second rounding)
+    exact_half_stores = {torch.bfloat16: "fx_bf16_bits"}
     # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
     # (they vectorize; libm calls vectorize only under -ffast-math)
     code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
