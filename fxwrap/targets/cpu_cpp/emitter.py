@@ -80,6 +80,7 @@ class CppEmitter(CStyleEmitter):
     # here gives its numbers bit for bit, at ~1.4x the time of a one-thread row (AMD EPYC, 2026-11)
     scan_accumulate: dict = {}
     prelude = PRELUDE
+    writes_in_place = True  # one loop nest per kernel: each element read, then written
     # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
     # (they vectorize; libm calls vectorize only under -ffast-math)
     code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
