@@ -47,6 +47,21 @@ aten = torch.ops.aten
 _SAME_LAYOUT_COPIES = (aten.clone.default, aten._to_copy.default)
 
 
+def _reaches_output(node: torch.fx.Node) -> bool:
+    """The node's value, or a view of it (through any chain of views), is a graph output."""
+    stack, seen = [node], {node}
+    while stack:
+        for user in stack.pop().users:
+            if user.op == "output":
+                return True
+            shares = (getattr(user.target, "is_view", False) or user.target is operator.getitem
+                      or user.target is aten._unsafe_view.default)
+            if shares and user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return False
+
+
 def _writes_into(node: torch.fx.Node) -> bool:
     """The node's op writes into an argument (an in-place or out= op, ``copy_``)."""
     schema = getattr(node.target, "_schema", None)
@@ -321,11 +336,13 @@ class KernelBuilder(build._Builder):
 
         becomes ``fxwrap_pointwise_4(buf9, ..., buf14)`` and ``convolution(buf14, ...)``.
         Only where nothing can tell the two apart: the copy is no graph output, its
-        source no graph input, and no op of the graph writes into either."""
+        source no graph input, and no op of the graph writes into either.  (The copy of a
+        view of an input, ``clone(permute(x))``, then reads the input's storage: fine, as
+        the copy never leaves the program, not even as a view.)"""
         src = node.args[0] if node.target in _SAME_LAYOUT_COPIES and node.args else None
         if not isinstance(src, torch.fx.Node) or src.op == "placeholder":
             return None
-        if any(u.op == "output" or _writes_into(u) for u in (*node.users, *src.users)):
+        if _reaches_output(node) or any(_writes_into(u) for u in (*node.users, *src.users)):
             return None
         fake, src_fake = node.meta.get("val"), src.meta.get("val")
         if not isinstance(fake, torch.Tensor) or not isinstance(src_fake, torch.Tensor):

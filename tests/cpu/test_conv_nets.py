@@ -184,3 +184,25 @@ def test_kernel_reading_other_elements_does_not_write_in_place(dynamic):
             torch.testing.assert_close(program.run(x), fn(x), rtol=1e-5, atol=1e-5)
     convs = _defined_by(program.lines, aten.convolution.default)
     assert not [line for line in program.lines if isinstance(line, Reuse) and line.old.name in convs]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_copy_in_its_source_layout_never_leaves_as_an_alias(dynamic):
+    """``clone`` of a permuted input keeps the permuted layout, so a kernel need not store
+    it again inside the program; but returned (here as a view) it must be a storage of
+    its own, as eager's: writing into the output leaves the input as it was."""
+    def fn(x):
+        y = x.permute(0, 2, 3, 1).clone()
+        return y.permute(0, 3, 1, 2), torch.flip(y, (1,)).sum()  # flip: an extern reading y
+
+    x = torch.randn(2, 3, 4, 5)
+    program = _lower(fn, x, dynamic=dynamic)
+    x = torch.randn(2, 3, 4, 5)
+    before = x.clone()
+    out, total = program.run(x)
+    want_out, want_total = fn(x)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(total, want_total)
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    out.add_(1.0)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
