@@ -41,31 +41,6 @@ from fxwrap.wrapper_ir.lines import (Allocate, Buffer, CallExtern, CallKernel, D
 from fxwrap.runtime.provenance import Origin, describe
 
 log = logging.getLogger("fxwrap")
-aten = torch.ops.aten
-
-#: copies whose result equals their input when dtype, device and layout stay the same
-_SAME_LAYOUT_COPIES = (aten.clone.default, aten._to_copy.default)
-
-
-def _reaches_output(node: torch.fx.Node) -> bool:
-    """The node's value, or a view of it (through any chain of views), is a graph output."""
-    stack, seen = [node], {node}
-    while stack:
-        for user in stack.pop().users:
-            if user.op == "output":
-                return True
-            shares = (getattr(user.target, "is_view", False) or user.target is operator.getitem
-                      or user.target is aten._unsafe_view.default)
-            if shares and user not in seen:
-                seen.add(user)
-                stack.append(user)
-    return False
-
-
-def _writes_into(node: torch.fx.Node) -> bool:
-    """The node's op writes into an argument (an in-place or out= op, ``copy_``)."""
-    schema = getattr(node.target, "_schema", None)
-    return node.op == "call_function" and (schema is None or schema.is_mutable)
 
 
 class _Ctx(LoweringContext):
@@ -238,9 +213,6 @@ class KernelBuilder(build._Builder):
         view = self._realize_as_view(node)
         if view is not None:
             return view
-        same = self._realize_as_source(node)
-        if same is not None:
-            return same
         fake = node.meta["val"]
         hints = self.out.hints
         size = [evaluate(n, hints) for n in to_exprs(fake.shape)]
@@ -324,41 +296,6 @@ class KernelBuilder(build._Builder):
             return None
         self.view(node, (base,), fake)
         return self.env[node]
-
-    def _realize_as_source(self, node: torch.fx.Node) -> Buffer | None:
-        """A copy (``clone``, ``_to_copy``) into exactly the layout, dtype and device of
-        its source, needed in memory: the source's own buffer, not a second store of the
-        same values.  A layout pass's ``clone(x, memory_format=channels_last)`` before a
-        convolution of an ``x`` that turned out channels-last already::
-
-            fxwrap_pointwise_4(buf9, ..., buf14, buf15)   # buf15: a copy of buf14
-            buf17 = aten.convolution.default(buf15, ...)
-
-        becomes ``fxwrap_pointwise_4(buf9, ..., buf14)`` and ``convolution(buf14, ...)``.
-        Only where nothing can tell the two apart: the copy is no graph output, its
-        source no graph input, and no op of the graph writes into either.  (The copy of a
-        view of an input, ``clone(permute(x))``, then reads the input's storage: fine, as
-        the copy never leaves the program, not even as a view.)"""
-        src = node.args[0] if node.target in _SAME_LAYOUT_COPIES and node.args else None
-        if not isinstance(src, torch.fx.Node) or src.op == "placeholder":
-            return None
-        if _reaches_output(node) or any(_writes_into(u) for u in (*node.users, *src.users)):
-            return None
-        fake, src_fake = node.meta.get("val"), src.meta.get("val")
-        if not isinstance(fake, torch.Tensor) or not isinstance(src_fake, torch.Tensor):
-            return None
-        layout = (to_exprs(fake.shape), to_exprs(fake.stride()), fake.dtype, fake.device)
-        if layout != (to_exprs(src_fake.shape), to_exprs(src_fake.stride()), src_fake.dtype, src_fake.device):
-            return None
-        hints = self.out.hints
-        if fake.storage_offset() != 0 or not is_non_overlapping_and_dense(
-                [evaluate(n, hints) for n in layout[0]], [evaluate(st, hints) for st in layout[1]]):
-            return None
-        buf = self.value(src)
-        if not isinstance(buf, Buffer) or (buf.size, buf.stride, buf.dtype, buf.device) != layout:
-            return None
-        self.env[node] = buf
-        return buf
 
     def _realize_expanded(self, node, loops: Loops, buf: Buffer, size, stride) -> Buffer | None:
         """An expanded layout (stride 0 over dims of size > 1, the rest dense): a kernel

@@ -2,9 +2,9 @@
 max-pools, residual adds, with odd channel counts, strides, groups, dilation, batch 1,
 float32 and bfloat16, static and ``dynamic=True``; and the structure of their programs:
 batch norm + ReLU written in place into the convolution's result, a pooled activation
-stored once (not once more for the channels-last copy the layout pass puts before the
-next convolution), a small output that keeps no large storage alive, and kernels that
-must not write in place (an input read at another element) that do not."""
+stored once (the layout pass drops the channels-last clone it would need otherwise), a
+small output that keeps no large storage alive, and kernels that must not write in
+place (an input read at another element) that do not."""
 from __future__ import annotations
 
 import pytest
