@@ -451,6 +451,75 @@ class ScheduledKernel:
         each row that also makes the stores."""
         return any(r.is_scan for r in self.reductions)
 
+    def in_place_pairs(self) -> tuple[tuple[str, str], ...]:
+        """``(input, output)`` buffer names where the output may be written into the
+        input's storage, when the input dies at this kernel (the memory planner decides,
+        ``core/memory.py``).  Batch norm and ReLU after a convolution::
+
+            fxwrap_pointwise_2: ranges=(16, 32, 64, 64) reduction_ranges=()
+              %0 = load.f32 buf2[131072*x0 + x1 + 2048*x2 + 32*x3]
+              ...
+              %9 = maximum.f32 %8 %7
+              buf7[131072*x0 + x1 + 2048*x2 + 32*x3] = %9
+
+        gives ``(("buf2", "buf7"),)``: every load of ``buf2`` is at the element the
+        one store of ``buf7`` writes, the two have one layout and dtype, and that
+        layout is dense (each element written by exactly one iteration).  So each
+        element of ``buf2`` is read only by the iteration that then overwrites it, in
+        any order, vectorization or split of the iterations.  A kernel with
+        reductions, a scan or a template gives none (a reduction reads elements other
+        iterations write).
+        """
+        if self.template is not None or self.reductions or self.reduction_ranges:
+            return ()
+        xs = [xvar(i) for i in range(len(self.ranges))]
+        loads: dict[str, list] = {}
+        for node in walk(*(st.value for st in self.stores)):
+            if node.op == "load":
+                loads.setdefault(load_buffer(node), []).append(load_index(node))
+        stored: dict[str, list[Store]] = {}
+        for st in self.stores:
+            stored.setdefault(st.buffer, []).append(st)
+        ins = {b.name: b for b in self.inputs}
+        pairs = []
+        for out in self.outputs:
+            if out.name in ins or len(stored.get(out.name, ())) != 1:
+                continue
+            index = stored[out.name][0].index
+            if not _dense_store(out, self.ranges, xs, index):
+                continue
+            for inp in self.inputs:
+                if inp.name in stored or (inp.size, inp.stride, inp.offset, inp.dtype, inp.device) != (
+                        out.size, out.stride, out.offset, out.dtype, out.device):
+                    continue
+                reads = loads.get(inp.name, ())
+                if reads and all(isinstance(r, sympy.Expr) and sympy.expand(r - index) == 0 for r in reads):
+                    pairs.append((inp.name, out.name))
+        return tuple(pairs)
+
+
+def _dense_store(buf, ranges, xs, index) -> bool:
+    """The store ``buf[index]`` over ``ranges`` writes every element of ``buf`` once:
+    the ranges are its sizes, the index is its strided offset, and its strides are a
+    dense, non-overlapping layout (contiguous after some permutation of the dims)."""
+    if len(ranges) != len(buf.size) or any(sympy.expand(sympy.sympify(r) - n) != 0
+                                           for r, n in zip(ranges, buf.size)):
+        return False
+    if sympy.sympify(buf.offset) != 0:
+        return False
+    expected = sum((x * st for x, st, n in zip(xs, buf.stride, buf.size) if n != 1), sympy.Integer(0))
+    if sympy.expand(index - expected) != 0:
+        return False
+    dims = [d for d, n in enumerate(buf.size) if n != 1]
+    span = sympy.Integer(1)
+    while dims:
+        d = next((d for d in dims if sympy.expand(sympy.sympify(buf.stride[d]) - span) == 0), None)
+        if d is None:
+            return False
+        dims.remove(d)
+        span = span * buf.size[d]
+    return True
+
 
 def walk(*roots: Op, skip: Container[Op] = ()) -> list[Op]:
     """Every distinct node under ``roots``, operands before users, in a deterministic

@@ -25,9 +25,12 @@ Rules: a buffer is freed right after the last line that touches it or any view o
 it (``View`` lines, and results of externs whose schema says they alias an input,
 such as ``split``'s pieces, are views); a dead buffer's storage is handed to a new
 allocation of the same device and dtype that fits in it, and only when keeping the
-old storage alive until then does not raise the peak of the frees-only plan.  A
-pointwise extern may write its output into an input that dies at that call (in
-place) when that input is read in the call only with the output's exact layout.
+old storage alive until then does not raise the peak of the frees-only plan; a
+storage that leaves the program (an output) takes only a dead storage of its own
+size (a small result must not keep a large storage alive for its caller).  A
+pointwise extern, or a kernel whose emitter allows it (``Line.in_place_pairs``), may
+write its output into an input that dies at that line (in place) when that input is
+read in the line only with the output's exact layout.
 Storages a functional extern reads are never reused (the op might return an alias
 of them); inputs, constants and anything reachable from the outputs are never freed.
 """
@@ -39,11 +42,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import sympy
-import torch
 
 from fxwrap.core.symbolic import evaluate
 from fxwrap.wrapper_ir.lines import (
-    Allocate, Buffer, CallExtern, Free, Line, Reuse, buffers_in,
+    Allocate, Buffer, Free, Line, Reuse,
 )
 
 
@@ -153,8 +155,9 @@ class _Planner:
         new.nbytes = old.nbytes
 
     def run(self) -> None:
-        by_def = {s.defined_at: s for s in self.storages
-                  if s.reusable and isinstance(self.lines[s.defined_at], Allocate)}
+        # a new allocation may take a dead storage even when its own storage is never
+        # handed on later (``reusable``: an extern that may return an alias reads it)
+        by_def = {s.defined_at: s for s in self.storages if isinstance(self.lines[s.defined_at], Allocate)}
         dead: list[_Storage] = []
         for j in range(self.n):
             new = by_def.get(j)
@@ -183,6 +186,8 @@ class _Planner:
             if old.root.device != new.root.device or old.root.dtype != new.root.dtype:
                 continue
             if not _fits(old.root, new.root, old.nbytes, new.nbytes):
+                continue
+            if not new.freeable and old.nbytes != new.nbytes:
                 continue
             if not (self.fits_under_peak(range(old.last_use + 1, j), old.nbytes)
                     and self.fits_under_peak(range(j, new.end(self.n) + 1), old.nbytes - new.nbytes)):
@@ -248,45 +253,31 @@ def plan_memory(lines: list[Line], hints: Mapping[sympy.Symbol, int] | None = No
                       len(planner.replaced))
 
 
-def _is_pointwise(op) -> bool:
-    """Pointwise per the op's tags, or its functional overload's (``relu.out`` has none)."""
-    if torch.Tag.pointwise in getattr(op, "tags", ()):
-        return True
-    packet = getattr(op, "overloadpacket", None)
-    if packet is None or op._schema.overload_name not in ("out",):
-        return False
-    functional = getattr(packet, "default", None)
-    return functional is not None and torch.Tag.pointwise in functional.tags
-
-
 def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], root_of: dict[str, str],
                     absorbed: set[str]):
-    """An input of the pointwise extern writing ``new`` that dies at that very call.
+    """An input of the line writing ``new`` that dies at that very line and whose storage
+    the line lets ``new`` take (``Line.in_place_pairs``: a pointwise extern's ``out=``,
+    a kernel whose emitter allows it).
 
-    Elementwise ops read each element before writing the same element, so when an
-    input has exactly the output's layout, is read in the call through no other
-    layout (no view of it with other strides or offset), and this is its last use,
-    the output may take its storage (in place), saving one buffer at the call.
+    Each element of such an input is read only before the same element of ``new`` is
+    written, so when it has exactly ``new``'s layout, is read in the line through no
+    other layout (no view of it with other strides or offset), and this is its last
+    use, ``new`` may take its storage (in place), saving one buffer at the line.
     """
     writer = next((i for i in range(j + 1, len(lines))
                    if new.root in lines[i].reads()), None)
     if writer is None:
         return None
     line = lines[writer]
-    if not (isinstance(line, CallExtern) and line.out is None and _is_pointwise(line.op)):
-        return None
-    outs = {b.name for b in buffers_in([v for _, v in line.kwargs])}
-    if new.root.name not in outs:
-        return None
-    inputs = [b for b in line.reads() if b.name not in outs]
+    candidates = [i for i, o in line.in_place_pairs() if o.name == new.root.name]
     b = new.root
     layout = (b.size, b.stride, b.offset, b.dtype, b.device)
-    for buf in inputs:
+    for buf in candidates:
         donor = owned.get(buf.name)
         if (donor is None or donor.root.name in absorbed or not donor.reusable
                 or not donor.freeable or donor.last_use != writer):
             continue
-        reads = [r for r in inputs if root_of.get(r.name, r.name) == donor.root.name]
+        reads = [r for r in line.reads() if root_of.get(r.name, r.name) == donor.root.name]
         if all((r.size, r.stride, r.offset, r.dtype, r.device) == layout for r in reads):
             return donor
     return None

@@ -141,6 +141,9 @@ class CStyleEmitter(KernelEmitter):
     barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
     infinity = "INFINITY"
     renders_scans = False  # a subclass that renders scan kernels (``ScanState``) sets it
+    # the program may write a kernel's output into an input's storage where the kernel
+    # allows it (``ScheduledKernel.in_place_pairs``: those pointers lose ``restrict``)
+    writes_in_place = False
     # the dtype a sum / product / logcumsumexp scan of a dtype runs in, where it is not the
     # dtype's compute dtype (C++: float32 in double, as eager's CPU kernels do)
     scan_accumulate: dict[torch.dtype, torch.dtype] = {}
@@ -207,6 +210,9 @@ class CStyleEmitter(KernelEmitter):
                   "pointers": len(kernel.inputs) + len(kernel.outputs) + len(self.workspaces),
                   "size_symbols": tuple(s.name for s in kernel.size_symbols)}
         launch.update(self.launch_metadata(kernel))
+        in_place = self.in_place_pairs(kernel)
+        if in_place:
+            launch["in_place"] = in_place
         return KernelSource(kernel.name, text, self.language, sig, launch,
                             tuple(ws for _, ws in self.workspaces))
 
@@ -285,10 +291,17 @@ class CStyleEmitter(KernelEmitter):
         qual = f"{self.kernel_qualifier} " if self.kernel_qualifier else ""
         return f"{qual}void {cname}({', '.join(params)})"
 
+    def in_place_pairs(self, kernel: ScheduledKernel) -> tuple[tuple[str, str], ...]:
+        """``(input, output)`` buffer names the memory planner may give one storage
+        (``launch["in_place"]``, read by ``CallKernel.in_place_pairs``): the kernel's own
+        ``in_place_pairs`` where this emitter ``writes_in_place``, else none."""
+        return kernel.in_place_pairs() if self.writes_in_place else ()
+
     def params(self, kernel: ScheduledKernel) -> list[str]:
         in_names = [b.name for b in kernel.inputs]
         out_names = [b.name for b in kernel.outputs]
         aliased = set(in_names) & set(out_names)
+        aliased |= {name for pair in self.in_place_pairs(kernel) for name in pair}
         params = []
         for i, buf in enumerate(kernel.inputs):
             params.append(self.pointer_param(f"in_ptr{i}", buf.dtype, const=True,

@@ -178,6 +178,13 @@ class Line:
         on the device without reading back (``check_index_bounds``)."""
         return False
 
+    def in_place_pairs(self) -> list[tuple[Buffer, Buffer]]:
+        """``(input, output)`` pairs of buffers it reads and writes where the output may
+        take the input's storage when the input dies at this line: each element of the
+        input is read only to compute the same element of the output, before that
+        element is written (the memory planner's in-place reuse)."""
+        return []
+
     def host_readback(self) -> str | None:
         """Why the line needs a device value on the host (which a captured CUDA graph
         cannot replay), or None."""
@@ -381,6 +388,16 @@ class CallKernel(Line):
     def size_exprs(self):
         return _exprs_in(self.args)
 
+    def in_place_pairs(self):
+        """The pairs its kernel's emitter allowed (``launch["in_place"]``, argument names:
+        ``ScheduledKernel.in_place_pairs``), as the buffers passed for them."""
+        pairs = getattr(self.kernel, "launch", {}).get("in_place", ())
+        if not pairs:
+            return []
+        by_arg = {arg.name: value for arg, value in zip(self.kernel.signature, self.args)
+                  if isinstance(value, Buffer)}
+        return [(by_arg[i], by_arg[o]) for i, o in pairs if i in by_arg and o in by_arg]
+
     def with_origins(self, origins):
         return self if self.origins else replace(self, origins=tuple(origins))
 
@@ -460,12 +477,34 @@ class CallExtern(Line):
         return _aliased_argument(self.op, index, self.args)
 
     @property
+    def allocates(self):
+        """Its result is new storage the op allocated (an ``aten`` op whose schema says no
+        result aliases an argument, and no view op): the planner may hand it on once dead,
+        to a kernel writing in place into it (batch norm after a convolution) or to a new
+        buffer that fits in it."""
+        op = self.op
+        return (isinstance(self.out, Buffer) and isinstance(op, torch._ops.OpOverload)
+                and op.namespace == "aten" and not op.is_view and op not in _ALIASING_ATEN_OPS
+                and all(r.alias_info is None for r in op._schema.returns))
+
+    @property
     def may_return_alias(self):
         return self.out is not None
 
     @property
     def is_device_check(self):
         return bool(getattr(self.op, "is_device_check", False))
+
+    def in_place_pairs(self):
+        """A pointwise op writing into ``out=`` buffers: each input with each output
+        (an elementwise op reads each element before it writes the same element; the
+        planner also checks that the input is read with the output's exact layout)."""
+        if self.out is not None or not is_pointwise_op(self.op):
+            return []
+        outs = buffers_in([v for _, v in self.kwargs])
+        names = {b.name for b in outs}
+        inputs = [b for b in self.reads() if b.name not in names]
+        return [(i, o) for o in outs for i in inputs]
 
     @property
     def metadata_only(self):
@@ -681,6 +720,26 @@ class Return(Line):
     def to_fx(self, converter):
         values = tuple(converter.arg(v) if v is not None else None for v in self.values)
         converter.graph.output(values[0] if self.bare else values)
+
+
+#: ``aten`` ops whose result may share an argument's storage although their schema says
+#: nothing (``_unsafe_view`` is a view that claims not to be one)
+_ALIASING_ATEN_OPS = frozenset(op for op in (
+    getattr(torch.ops.aten._unsafe_view, "default", None),
+    getattr(torch.ops.aten.lift_fresh, "default", None),
+) if op is not None)
+
+
+def is_pointwise_op(op) -> bool:
+    """Pointwise per the op's tags, or its functional overload's (``relu.out`` has none)."""
+    if torch.Tag.pointwise in getattr(op, "tags", ()):
+        return True
+    packet = getattr(op, "overloadpacket", None)
+    schema = getattr(op, "_schema", None)
+    if packet is None or schema is None or schema.overload_name not in ("out",):
+        return False
+    functional = getattr(packet, "default", None)
+    return functional is not None and torch.Tag.pointwise in functional.tags
 
 
 def buffers_in(value) -> list[Buffer]:

@@ -82,6 +82,7 @@ class CppEmitter(CStyleEmitter):
     prelude = PRELUDE
     # a float local holding a bf16 value is stored as its high half (no second rounding)
     exact_half_stores = {torch.bfloat16: "fx_bf16_bits"}
+    writes_in_place = True  # one loop nest per kernel: each element read, then written
     # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
     # (they vectorize; libm calls vectorize only under -ffast-math)
     code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
