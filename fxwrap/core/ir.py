@@ -466,7 +466,9 @@ class ScheduledKernel:
         one store of ``buf7`` writes, the two have one layout and dtype, and that
         layout is dense (each element written by exactly one iteration).  So each
         element of ``buf2`` is read only by the iteration that then overwrites it, in
-        any order, vectorization or split of the iterations.  A kernel with
+        any order, vectorization or split of the iterations.  With several stores, an
+        input that a later store reads pairs with none (the emitter writes each store
+        before it loads what the next one reads: batch norm's running-statistics kernel).  A kernel with
         reductions, a scan or a template gives none (a reduction reads elements other
         iterations write).
         """
@@ -481,6 +483,9 @@ class ScheduledKernel:
         for st in self.stores:
             stored.setdefault(st.buffer, []).append(st)
         ins = {b.name: b for b in self.inputs}
+        # an emitter computes and writes the stores in order, loading what each reads as it
+        # goes: an input read by a store after the output's would be read overwritten
+        read_by = [{load_buffer(n) for n in walk(st.value) if n.op == "load"} for st in self.stores]
         pairs = []
         for out in self.outputs:
             if out.name in ins or len(stored.get(out.name, ())) != 1:
@@ -488,8 +493,11 @@ class ScheduledKernel:
             index = stored[out.name][0].index
             if not _dense_store(out, self.ranges, xs, index):
                 continue
+            position = next(i for i, st in enumerate(self.stores) if st.buffer == out.name)
+            read_later = set().union(*read_by[position + 1:])
             for inp in self.inputs:
-                if inp.name in stored or (inp.size, inp.stride, inp.offset, inp.dtype, inp.device) != (
+                if inp.name in stored or inp.name in read_later or (
+                        inp.size, inp.stride, inp.offset, inp.dtype, inp.device) != (
                         out.size, out.stride, out.offset, out.dtype, out.device):
                     continue
                 reads = loads.get(inp.name, ())

@@ -78,3 +78,15 @@ def test_reduction_kernel_does_not_pair():
     value = Op("sub", F32, (Op.load("a", 8 * x0 + x1, F32), Op.acc("r", 0, F32)))
     k = _kernel([a], [out], (8, 8), [Store("out", 8 * x0 + x1, value)], [red], (8,))
     assert k.in_place_pairs() == ()
+
+
+def test_an_input_a_later_store_reads_pairs_only_with_the_last_reader():
+    """Two stores (batch norm's running mean and variance in one kernel): the first store
+    may not take the storage of an input the second store still reads (the emitter writes
+    ``out0`` before it loads ``b`` for ``out1``: training running statistics came out wrong)."""
+    a, b = _buf("a", (8,), (1,)), _buf("b", (8,), (1,))
+    out0, out1 = _buf("out0", (8,), (1,)), _buf("out1", (8,), (1,))
+    first = Op("add", F32, (_relu_of("a", x0), Op.load("b", x0, F32)))
+    second = Op("mul", F32, (Op.load("b", x0, F32), Op.const(0.9, F32)))
+    k = _kernel([a, b], [out0, out1], (8,), [Store("out0", x0, first), Store("out1", x0, second)])
+    assert set(k.in_place_pairs()) == {("a", "out0"), ("b", "out1")}
