@@ -179,11 +179,9 @@ def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: 
                 node.args = tuple(args)
                 clones.append(clone)
 
-    single = not isinstance(outputs, (tuple, list))
-    values = [outputs] if single else list(outputs)
     graph.output(outputs)
     candidate = torch.fx.GraphModule(gm, graph)
-    if not _propagate(candidate, fake_mode, input_values):
+    if not propagate(candidate, fake_mode, input_values):
         return False
     # a clone whose input the propagation made channels-last already is a copy for nothing
     # (the relu after a converted convolution, feeding the next one): drop it, propagate again
@@ -191,21 +189,36 @@ def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: 
     for clone in needless:
         clone.replace_all_uses_with(clone.args[0])
         graph.erase_node(clone)
-    if needless and not _propagate(candidate, fake_mode, input_values):
+    if needless and not propagate(candidate, fake_mode, input_values):
         return False
 
+    if not restore_traced_outputs(graph, traced, saved_outputs, "channels-last layout"):
+        return False
+    gm.graph = graph
+    gm.recompile()
+    return True
+
+
+def restore_traced_outputs(graph: torch.fx.Graph, traced: dict, keep: Collection[int] = (),
+                           what: str = "layout pass") -> bool:
+    """After a layout rewrite of ``graph`` (values propagated): each output whose strides
+    changed gets its traced layout back through ``aten.clone`` (``traced``: node -> its
+    value before the rewrite), but those at positions in ``keep``.  False (the output node
+    unchanged) when a changed output was traced with a layout a clone cannot give back
+    (not contiguous); ``what`` names the pass in the log."""
     output = next(n for n in graph.nodes if n.op == "output")
+    outputs = output.args[0]
+    single = not isinstance(outputs, (tuple, list))
+    values = [outputs] if single else list(outputs)
     restored = []
     for position, value in enumerate(values):
         before = traced.get(value) if isinstance(value, torch.fx.Node) else None
         after = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
-        if position in saved_outputs or not isinstance(before, torch.Tensor) \
-                or before.stride() == after.stride():
+        if position in keep or not isinstance(before, torch.Tensor) or before.stride() == after.stride():
             restored.append(value)
             continue
         if not before.is_contiguous():
-            log.info("channels-last layout not applied: output %s was traced with strides %s",
-                     value.name, before.stride())
+            log.info("%s not applied: output %s was traced with strides %s", what, value.name, before.stride())
             return False
         with graph.inserting_before(output):
             back = graph.call_function(aten.clone.default, (value,),
@@ -214,17 +227,18 @@ def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: 
         restored.append(back)
     output.args = (restored[0] if single else type(outputs)(restored),)
     graph.lint()
-    gm.graph = graph
-    gm.recompile()
     return True
 
 
-def _propagate(candidate: torch.fx.GraphModule, fake_mode, input_values: Sequence) -> bool:
+def propagate(candidate: torch.fx.GraphModule, fake_mode, input_values: Sequence,
+              what: str = "channels-last layout") -> bool:
+    """Propagate ``input_values`` (fake) through ``candidate``, setting every node's
+    ``meta["val"]``; False (logged, naming ``what``) where an op refuses the new layouts."""
     try:
         with fake_mode:
             FakeTensorProp(candidate, mode=fake_mode).propagate_dont_convert_inputs(*input_values)
     except Exception as error:  # a view only a contiguous tensor allows, an unsupported op
-        log.info("channels-last layout not applied: %s", error)
+        log.info("%s not applied: %s", what, error)
         return False
     return True
 

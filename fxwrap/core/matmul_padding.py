@@ -30,7 +30,8 @@ import logging
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from fxwrap.core.layout import propagate, restore_traced_outputs
 
 log = logging.getLogger("fxwrap.layout")
 aten = torch.ops.aten
@@ -108,37 +109,12 @@ def pad_matmul_columns(gm: torch.fx.GraphModule, alignment: int, min_flops: int 
         graph.erase_node(node)
         padded += 1
 
-    single = not isinstance(outputs, (tuple, list))
-    values = [outputs] if single else list(outputs)
     graph.output(outputs)
     candidate = torch.fx.GraphModule(gm, graph)
-    try:
-        with fake_mode:
-            FakeTensorProp(candidate, mode=fake_mode).propagate_dont_convert_inputs(
-                *[n.meta["val"] for n in placeholders])
-    except Exception as error:  # a view only a contiguous tensor allows, an unsupported op
-        log.info("matmul padding not applied: %s", error)
+    what = "matmul padding"
+    if not propagate(candidate, fake_mode, [n.meta["val"] for n in placeholders], what) \
+            or not restore_traced_outputs(graph, traced, (), what):
         return False
-
-    output = next(n for n in graph.nodes if n.op == "output")
-    restored = []
-    for value in values:
-        before = traced.get(value) if isinstance(value, torch.fx.Node) else None
-        after = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
-        if not isinstance(before, torch.Tensor) or before.stride() == after.stride():
-            restored.append(value)
-            continue
-        if not before.is_contiguous():
-            log.info("matmul padding not applied: output %s was traced with strides %s",
-                     value.name, before.stride())
-            return False
-        with graph.inserting_before(output):
-            back = graph.call_function(aten.clone.default, (value,),
-                                       {"memory_format": torch.contiguous_format})
-        back.meta["val"] = before
-        restored.append(back)
-    output.args = (restored[0] if single else type(outputs)(restored),)
-    graph.lint()
     gm.graph = graph
     gm.recompile()
     log.info("matmul padding: %d product(s) padded to %d-byte rows", padded, alignment)
