@@ -828,6 +828,17 @@ class ScanState:
     def names(self) -> list[str]:
         return [f"{self.base}_s{i}" for i in range(len(self.states))]
 
+    def total_workspaces(self, numel, declare: str) -> tuple[list[str], list[str]]:
+        """A split scan's chunk totals: lines declaring one workspace of ``numel`` elements
+        per state (``declare``: the pointer's declaration, ``{t}`` its element type, e.g.
+        ``"{t}* const"``), and the workspaces' names (``sc0_s0_w``)."""
+        dtype_of = {name: dtype for dtype, name in self.em.type_names.items()}
+        lines, names = [], []
+        for (t, _), s in zip(self.states, self.names()):
+            names.append(f"{s}_w")
+            lines.append(f"{declare.format(t=t)} {s}_w = {self.em.workspace(numel, dtype_of[t])};")
+        return lines, names
+
     def value(self, scope: "Scope") -> str:
         """The scanned value, in the state's dtype."""
         acc = self.fields[0][1] if len(self.fields) == 1 else self.red.dtype

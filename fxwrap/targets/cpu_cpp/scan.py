@@ -136,7 +136,6 @@ class ScanCode:
         em, it = self.em, self.it
         lanes, chunk = em.scan_lanes, em.scan_chunk
         states = [ScanState(em, i, red) for i, red in enumerate(self.k.reductions)]
-        dtype_of = {name: dtype for dtype, name in em.type_names.items()}
         nch = em.render_index(self.nchunks())
         lines = [f"// split scan: chunks of {chunk} elements, {lanes} interleaved per task",
                  f"const {it} nchunks = {nch};",
@@ -144,10 +143,8 @@ class ScanCode:
         totals: list[list[str]] = []  # per scan, per state: the workspace of chunk totals
         numel = self.xnumel * self.nchunks() * rule
         for st in states:
-            names = []
-            for (t, _), s in zip(st.states, st.names()):
-                names.append(f"{s}_w")
-                lines.append(f"{t}* const {s}_w = {em.workspace(numel, dtype_of[t])};")
+            declared, names = st.total_workspaces(numel, "{t}* const")
+            lines += declared
             totals.append(names)
         par = em.parallel_if(self.xnumel * self.rnumel)
         loop = [("task", "0", f"{em.render_index(self.xnumel)} * ngroups", "1")]

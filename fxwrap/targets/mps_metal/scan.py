@@ -100,16 +100,13 @@ class MetalScan:
         rv = em.rvars(self.k)[0].name
         fn = Scope(em, names, None, kernel=self.k)
         states = [ScanState(em, i, red) for i, red in enumerate(self.k.reductions)]
-        dtype_of = {name: dtype for dtype, name in em.type_names.items()}
         out = [f"// split scan: {nch} chunks of {size} elements per row, one threadgroup per row",
                f"const {it} xindex = fx_group;"]
         out += em.decompose("xindex", self.xv, self.k.ranges, names)
         totals = []
         for st in states:
-            ws = []
-            for (t, _), s in zip(st.states, st.names()):
-                ws.append(f"{s}_w")
-                out.append(f"device {t}* {s}_w = {em.workspace(rows * nch, dtype_of[t])};")
+            declared, ws = st.total_workspaces(rows * nch, "device {t}*")
+            out += declared
             totals.append(ws)
         row = Scope(em, names, fn, declares=[v.name for v in self.xv])
         chunk_range = f"for ({it} {rv} = c * {size}; {rv} < fx_imin((c + 1) * {size}, {em.int_literal(n)}); ++{rv})"
