@@ -23,7 +23,7 @@ import torch
 
 import fxwrap
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
-from fxwrap.wrapper_ir.lines import CallKernel
+from fxwrap.ir.lines import CallKernel
 
 OPS = {
     "cumsum": lambda x, **out: torch.cumsum(x, -1, **out),

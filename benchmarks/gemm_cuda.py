@@ -116,7 +116,7 @@ def template_config(programs) -> str:
 
 def choice_times(programs) -> str:
     """The compile-time medians the choice was made on (``TemplateChoice.times``), in ms."""
-    from fxwrap.wrapper_ir.lines import TemplateChoice
+    from fxwrap.ir.lines import TemplateChoice
     for p in programs:
         for line in p.lines:
             if isinstance(line, TemplateChoice) and line.times:

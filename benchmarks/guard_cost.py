@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import suite_models  # noqa: E402
 
 import fxwrap  # noqa: E402
-from fxwrap.core.symbolic import evaluate  # noqa: E402
+from fxwrap.ir.symbolic import evaluate  # noqa: E402
 
 
 def _sync(device):

@@ -78,7 +78,7 @@ def compile_variants(fn, programs):
 
 
 def fxwrap_choice(programs) -> str:
-    from fxwrap.wrapper_ir.lines import TemplateChoice
+    from fxwrap.ir.lines import TemplateChoice
     notes = [ln.text for p in programs for ln in p.lines if isinstance(ln, TemplateChoice)]
     return " | ".join(notes) if notes else "no template group (externs and kernels only)"
 

@@ -32,7 +32,7 @@ import torch
 
 import fxwrap
 from fxwrap.targets.cuda_triton.tiling import Planner
-from fxwrap.wrapper_ir.lines import CallKernel
+from fxwrap.ir.lines import CallKernel
 
 OPS = {
     "cumsum": lambda x: torch.cumsum(x, -1),

@@ -37,9 +37,9 @@ _EXPORTS: dict[str, str] = {
     "Origin": "fxwrap.runtime.provenance",
     "Template": "fxwrap.core.templates", "TemplateCall": "fxwrap.core.templates",
 }
-_SUBMODULES: dict[str, str] = {"lines": "fxwrap.wrapper_ir.lines",
-                                "control_flow": "fxwrap.wrapper_ir.control_flow",
-                                "collectives": "fxwrap.wrapper_ir.collectives"}
+_SUBMODULES: dict[str, str] = {"lines": "fxwrap.ir.lines",
+                                "control_flow": "fxwrap.ir.control_flow",
+                                "collectives": "fxwrap.ir.collectives"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
@@ -79,5 +79,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.cpu_cpp.emitter import CppEmitter  # noqa: F401
     from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
-    from fxwrap.wrapper_ir import collectives, control_flow, lines  # noqa: F401
+    from fxwrap.ir import collectives, control_flow, lines  # noqa: F401
     from fxwrap.runtime.provenance import Origin  # noqa: F401

@@ -38,7 +38,7 @@ from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
 from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
 from fxwrap.wrapper_ir.fx import annotated_code, input_guard_of, to_graph_module
-from fxwrap.wrapper_ir.lines import Buffer, Line, Return, SizeInput
+from fxwrap.ir.lines import Buffer, Line, Return, SizeInput
 from fxwrap.wrapper_ir.printer import program_source
 
 log = logging.getLogger("fxwrap")

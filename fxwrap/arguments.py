@@ -32,7 +32,7 @@ from fxwrap.runtime.guards import InputMismatchError
 if TYPE_CHECKING:
     import sympy
 
-    from fxwrap.wrapper_ir.lines import Buffer, SizeInput
+    from fxwrap.ir.lines import Buffer, SizeInput
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class ArgumentMap:
         name of the function's local that dynamo read (``input_names``, one per dynamo
         input).  None when the program's inputs are not dynamo's (a backward program) or
         a value is unknown."""
-        from fxwrap.wrapper_ir.lines import Buffer, SizeInput  # the compiler's types; loading needs neither
+        from fxwrap.ir.lines import Buffer, SizeInput  # the compiler's types; loading needs neither
 
         if len(graph_inputs) != len(dynamo_inputs):
             return None
@@ -180,7 +180,7 @@ def parameter_names(fn, count: int) -> tuple[str, ...]:
 
 def _size_source(symbol: sympy.Symbol, graph_inputs, sources):
     """``("size", symbol, j, dim)`` for the first argument tensor with ``symbol`` as a dim."""
-    from fxwrap.wrapper_ir.lines import Buffer
+    from fxwrap.ir.lines import Buffer
 
     for graph_input, source in zip(graph_inputs, sources):
         if isinstance(graph_input, Buffer) and source[0] == "arg":

@@ -23,7 +23,7 @@ Loading checks the header, unpickles, rebuilds the GraphModule and binds every k
 ``import fxwrap; fxwrap.load(path)`` imports no dynamo, AOTAutograd, Inductor, sympy or
 fxwrap compiler module (``fxwrap.core``, ``fxwrap.wrapper_ir``, ``fxwrap.plugins``, the
 emitters) and compiles nothing.  The ``reference`` target is the exception: its kernels
-are loop IR that it evaluates with torch, so loading one imports ``fxwrap.core.ir`` and
+are loop IR that it evaluates with torch, so loading one imports ``fxwrap.ir.loops`` and
 sympy (still no dynamo).
 
 A file loads only with the fxwrap and torch versions that saved it (and Triton's, for

@@ -32,7 +32,7 @@ from html import escape
 from pathlib import Path
 
 from fxwrap.core.capture import aten_graph_text
-from fxwrap.core.ir import format_kernel
+from fxwrap.ir.loops import format_kernel
 from fxwrap.core.memory import describe_plan, storage_lifetimes
 from fxwrap.wrapper_ir.fx import annotated_code
 from fxwrap.runtime.provenance import describe, origin_of

@@ -17,7 +17,7 @@ import torch
 import fxwrap
 from fxwrap.runtime.guards import check_inputs
 from fxwrap.wrapper_ir.fx import to_graph_module
-from fxwrap.wrapper_ir.lines import DefineKernel
+from fxwrap.ir.lines import DefineKernel
 
 
 def _sin1(x):

@@ -13,11 +13,11 @@ import torch
 import torch._dynamo
 
 import fxwrap
-from fxwrap.core.ir import Op, ScheduledKernel
+from fxwrap.ir.loops import Op, ScheduledKernel
 from fxwrap.core.numerics import legalize
-from fxwrap.core.symbolic import evaluate
+from fxwrap.ir.symbolic import evaluate
 from fxwrap.testing.suite import fresh_state  # noqa: F401  (the folders' conftest.py register it)
-from fxwrap.wrapper_ir.lines import Buffer
+from fxwrap.ir.lines import Buffer
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,7 @@ was meant: NaN for every negative input."""
 import torch
 
 from fxwrap import hookimpl
-from fxwrap.core.ir import Op
+from fxwrap.ir.loops import Op
 from fxwrap.core.lowering import const
 
 aten = torch.ops.aten

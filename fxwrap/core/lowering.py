@@ -26,10 +26,10 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from fxwrap.core.ir import Op, OpCode, load_mask, result_dtype, rewrite
+from fxwrap.ir.loops import Op, OpCode, load_mask, result_dtype, rewrite
 from fxwrap.core.numerics import compute_dtype  # bf16/fp16 compute in float32 (rules import it from here)
-from fxwrap.core.symbolic import to_expr
-from fxwrap.wrapper_ir.lines import Buffer
+from fxwrap.ir.symbolic import to_expr
+from fxwrap.ir.lines import Buffer
 
 aten = torch.ops.aten
 prims = torch.ops.prims

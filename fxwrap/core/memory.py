@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from fxwrap.core.symbolic import evaluate
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.symbolic import evaluate
+from fxwrap.ir.lines import (
     Allocate, Buffer, Free, Line, Reuse,
 )
 

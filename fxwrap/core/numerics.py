@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxwrap.core.ir import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, Store, rewrite
+from fxwrap.ir.loops import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, Store, rewrite
 
 LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
 """Float dtypes no target computes in: held as float32 values rounded to their precision."""

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_buffer,
+from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_buffer,
                             load_key,
                             rewrite, rvar, walk, xvar)
-from fxwrap.core.symbolic import simplify_index
+from fxwrap.ir.symbolic import simplify_index
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 

@@ -55,7 +55,7 @@ from pathlib import Path
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, OpCode, ScheduledKernel, walk
+from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, walk
 
 aten = torch.ops.aten
 

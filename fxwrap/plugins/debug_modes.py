@@ -31,7 +31,7 @@ from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.provenance import describe
 from fxwrap.wrapper_ir.debug_lines import CheckFinite, PrintValues
-from fxwrap.wrapper_ir.lines import Buffer, Line
+from fxwrap.ir.lines import Buffer, Line
 
 #: The name the plugin manager registers this module under.
 PLUGIN_NAME = "fxwrap-debug-modes"

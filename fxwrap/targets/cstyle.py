@@ -50,7 +50,7 @@ import sympy
 import torch
 
 from fxwrap.core.errors import EmitError
-from fxwrap.core.ir import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, ScheduledKernel, acc_key, is_indirect,
+from fxwrap.ir.loops import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, ScheduledKernel, acc_key, is_indirect,
                             is_loop_var, load_buffer, load_index, load_mask, rvar, value_deps, walk, xvar)
 from fxwrap.core.numerics import compute_dtype, holds_exact, illegal
 from fxwrap.core.templates import accumulators
@@ -75,7 +75,7 @@ def _is_bool(dtype: torch.dtype) -> bool:
     return dtype == torch.bool
 
 
-# One rendering per op of fxwrap.core.ir: argument strings (C locals, already of the op's
+# One rendering per op of fxwrap.ir.loops: argument strings (C locals, already of the op's
 # compute type) -> a C expression.  Subclasses copy the dict and replace entries.
 CSTYLE_OPS: dict[str, Callable[..., str]] = {
     # unary
@@ -800,7 +800,7 @@ def append_block(lines: list[str], head: str, body: list[str]) -> None:
 
 
 class ScanState:
-    """One scan's running state in C-family source (``fxwrap.core.ir.SCANS``): declared
+    """One scan's running state in C-family source (``fxwrap.ir.loops.SCANS``): declared
     per row, updated once per ``r`` (``fx_cumsum``: ``sc0_s0 += tmp3;``), read by the
     stores after the update as the scan's ``acc``.  bf16/fp16 run in float, and a sum,
     product or logcumsumexp in the emitter's ``scan_accumulate`` dtype where it has one

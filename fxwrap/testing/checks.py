@@ -16,7 +16,7 @@ import sympy
 import torch
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.lines import (
     Allocate, Buffer, CallExtern, Free, GetItem, Return, Reuse, View, buffers_in, buffers_read,
 )
 

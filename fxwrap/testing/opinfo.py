@@ -27,7 +27,7 @@ import torch._dynamo
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
+from fxwrap.ir.lines import CallExtern, CallKernel
 
 DTYPE = torch.float32
 DEVICE = "cpu"

@@ -26,7 +26,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, TemplateChoice
+from fxwrap.ir.lines import CallExtern, CallKernel, TemplateChoice
 
 aten = torch.ops.aten
 _PRODUCTS = {aten.mm.out, aten.addmm.out, aten.bmm.out, aten.mm.default, aten.addmm.default, aten.bmm.default}

@@ -34,11 +34,11 @@ import torch.fx
 from fxwrap.core import extern
 from fxwrap.core.overlap import overlap_collectives
 from fxwrap.wrapper_ir import build_control_flow, build_user_kernels
-from fxwrap.wrapper_ir.collectives import (
+from fxwrap.ir.collectives import (
     IN_PLACE_COLLECTIVES, OUT_COLLECTIVES, CallCollective, WaitCollective, is_collective, is_wait,
 )
-from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, simplest, to_expr
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, simplest, to_expr
+from fxwrap.ir.lines import (
     Allocate, Buffer, CallExtern, GetItem, Line, Return, SizeInput, View, storage_offset_symbol,
 )
 from fxwrap.runtime.provenance import Origin, origin_of

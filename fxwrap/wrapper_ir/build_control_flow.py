@@ -35,9 +35,9 @@ import logging
 import torch
 
 from fxwrap.core.memory import plan_memory
-from fxwrap.core.symbolic import evaluate, is_non_overlapping_and_dense
-from fxwrap.wrapper_ir.control_flow import Conditional, NestedProgram, WhileLoop
-from fxwrap.wrapper_ir.lines import Buffer, Comment, SizeInput
+from fxwrap.ir.symbolic import evaluate, is_non_overlapping_and_dense
+from fxwrap.ir.control_flow import Conditional, NestedProgram, WhileLoop
+from fxwrap.ir.lines import Buffer, Comment, SizeInput
 
 log = logging.getLogger("fxwrap")
 

@@ -25,7 +25,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxwrap.core import extern
 from fxwrap.core.errors import EmitError
 from fxwrap.core import logs
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, format_kernel, rvar, xvar
+from fxwrap.ir.loops import Op, Reduction, ScheduledKernel, Store, format_kernel, rvar, xvar
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, broadcast, cast, loads
 from fxwrap.core.numerics import legalize
 from fxwrap.core.progress import Progress
@@ -33,10 +33,10 @@ from fxwrap.core.overlap import overlap_collectives
 from fxwrap.core.scheduler import Group, Job, fuse, referenced_outside, to_kernel, worth_storing
 from fxwrap.core.templates import TemplateCall
 from fxwrap.wrapper_ir import template_choice
-from fxwrap.core.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
+from fxwrap.ir.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.wrapper_ir import build
-from fxwrap.wrapper_ir.lines import (Allocate, Buffer, CallExtern, CallKernel, DefineKernel, Line, View, ZeroFill,
+from fxwrap.ir.lines import (Allocate, Buffer, CallExtern, CallKernel, DefineKernel, Line, View, ZeroFill,
                                      buffers_defined, buffers_read)
 from fxwrap.runtime.provenance import Origin, describe
 

@@ -43,11 +43,11 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxwrap.core.errors import UnsupportedUserKernel
-from fxwrap.core.symbolic import evaluate, is_non_overlapping_and_dense
+from fxwrap.ir.symbolic import evaluate, is_non_overlapping_and_dense
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.runtime.user_kernels import jit_function_of
-from fxwrap.wrapper_ir.lines import Buffer, DefineKernel
-from fxwrap.wrapper_ir.user_kernels import CallUserKernel
+from fxwrap.ir.lines import Buffer, DefineKernel
+from fxwrap.ir.user_kernels import CallUserKernel
 
 aten = torch.ops.aten
 

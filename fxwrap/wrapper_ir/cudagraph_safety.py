@@ -10,7 +10,7 @@ The runtime's ``CudaGraphRunner`` takes the reason and falls back to plain runs.
 """
 from __future__ import annotations
 
-from fxwrap.wrapper_ir.lines import Buffer, SizeInput
+from fxwrap.ir.lines import Buffer, SizeInput
 
 def graph_safety(program) -> str | None:
     """Why ``program`` must not be captured into a CUDA graph, or None when it may be."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fxwrap.runtime import debug
-from fxwrap.wrapper_ir.lines import Buffer, Line
+from fxwrap.ir.lines import Buffer, Line
 
 
 @dataclass(frozen=True)

@@ -43,12 +43,12 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
-from fxwrap.core.symbolic import SizeArithmetic, evaluate_with
+from fxwrap.ir.symbolic import SizeArithmetic, evaluate_with
 from fxwrap.runtime.graph_records import NodeRef, OpRef, attribute, decode, encode
 from fxwrap.runtime.guards import check_inputs
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.memory import free
-from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput
+from fxwrap.ir.lines import Buffer, Line, SizeInput
 from fxwrap.wrapper_ir.guards import build_input_guard
 from fxwrap.runtime.provenance import describe
 

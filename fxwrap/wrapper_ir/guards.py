@@ -23,7 +23,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from fxwrap.runtime.guards import (
     InputGuard, OtherInputSpec, SizeCondition, SizeInputSpec, SymbolBinding, TensorInputSpec,
 )
-from fxwrap.wrapper_ir.lines import Buffer, SizeInput
+from fxwrap.ir.lines import Buffer, SizeInput
 
 _PRINTER = PythonPrinter()
 _EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "int": int}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.wrapper_ir.lines import Buffer, Line
+from fxwrap.ir.lines import Buffer, Line
 from fxwrap.runtime.provenance import describe
 
 

@@ -36,11 +36,11 @@ import sympy
 import torch
 
 from fxwrap.core import logs
-from fxwrap.core.ir import Op, OpCode, Store, rewrite, walk
+from fxwrap.ir.loops import Op, OpCode, Store, rewrite, walk
 from fxwrap.core.scheduler import Group
-from fxwrap.core.symbolic import contiguous_strides, evaluate
+from fxwrap.ir.symbolic import contiguous_strides, evaluate
 from fxwrap.core.templates import TemplateChoiceRecord, TimingCache
-from fxwrap.wrapper_ir.lines import Buffer, CallExtern, TemplateChoice, View
+from fxwrap.ir.lines import Buffer, CallExtern, TemplateChoice, View
 
 log = logging.getLogger("fxwrap")
 

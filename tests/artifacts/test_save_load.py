@@ -36,9 +36,9 @@ def _inputs(seed: int = 0):
 
 # target -> modules its kernels legitimately import when loaded
 TARGETS = {"cpu": (), "triton-interpret": (), "mps_shim": (),
-           # the reference target runs the loop IR itself (fxwrap.core.ir over wrapper_ir.lines'
+           # the reference target runs the loop IR itself (fxwrap.ir.loops over wrapper_ir.lines'
     # buffers, sympy sizes), never dynamo
-           "reference": ("sympy", "fxwrap.core", "fxwrap.wrapper_ir.lines", "fxwrap.wrapper_ir",
+           "reference": ("sympy", "fxwrap.core", "fxwrap.ir.lines", "fxwrap.wrapper_ir",
                          "fxwrap.targets.reference.emitter")}
 
 

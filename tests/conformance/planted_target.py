@@ -17,7 +17,7 @@ import torch
 
 import fxwrap
 from fxwrap.core.lowering import Unsupported
-from fxwrap.wrapper_ir.lines import Comment, Free
+from fxwrap.ir.lines import Comment, Free
 
 aten = torch.ops.aten
 NAME = "planted"

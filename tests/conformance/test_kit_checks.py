@@ -11,7 +11,7 @@ import torch
 import fxwrap
 from fxwrap.testing import check_memory_plan, check_ran_in_kernels, check_same_output
 from fxwrap.testing.ops import OP_CASES_BY_ID
-from fxwrap.wrapper_ir.lines import Allocate, Comment, Free, buffers_read
+from fxwrap.ir.lines import Allocate, Comment, Free, buffers_read
 
 aten = torch.ops.aten
 

@@ -10,7 +10,7 @@ import sys
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
+from fxwrap.ir.loops import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

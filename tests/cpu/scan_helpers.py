@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fxwrap.testing.opinfo import Case, compare, dynamo_settings, select_ops
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
+from fxwrap.ir.lines import CallExtern, CallKernel
 
 SCAN_OPS = ("cumsum", "cumprod", "logcumsumexp", "cummax", "cummin")
 ACCUMULATING = ("cumsum", "cumprod", "logcumsumexp")  # rounding accumulates along the row

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import DefineKernel
+from fxwrap.ir.lines import DefineKernel
 
 BF16 = torch.bfloat16
 

@@ -16,7 +16,7 @@ from fxwrap.targets.host.compiler import CppCompiler, SharedPrelude
 from fxwrap.targets.host.loader import SHARED_SYMBOL, launcher_for, shared_source
 from fxwrap.targets.host.saved import bind_c_kernel
 from fxwrap.wrapper_ir import template_choice
-from fxwrap.wrapper_ir.lines import CallKernel, TemplateChoice
+from fxwrap.ir.lines import CallKernel, TemplateChoice
 
 
 def _mlp(widths):

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, Return, Reuse
+from fxwrap.ir.lines import CallExtern, CallKernel, Return, Reuse
 
 aten = torch.ops.aten
 

@@ -16,7 +16,7 @@ import fxwrap
 from fxwrap.core import logs
 from fxwrap.core.progress import Progress
 from fxwrap.testing.suite import fresh_state as _fresh_state
-from fxwrap.wrapper_ir.lines import CallKernel
+from fxwrap.ir.lines import CallKernel
 
 fresh_state = pytest.fixture(autouse=True)(_fresh_state)
 
@@ -105,7 +105,7 @@ def test_autotune_stage_on_triton_interpret(caplog, no_fxwrap_log):
 
 def test_logging_off_builds_no_text(monkeypatch, no_fxwrap_log):
     """With no logger enabled, no stage formats its text (the kernel IR is never printed)."""
-    import fxwrap.core.ir as ir
+    import fxwrap.ir.loops as ir
 
     def forbidden(*args, **kwargs):
         raise AssertionError("format_kernel called with logging off")

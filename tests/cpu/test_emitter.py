@@ -18,7 +18,7 @@ from torch.utils._sympy.functions import CeilDiv, FloorDiv, Max, Min, ModularInd
 
 from emitter_helpers import (Store, acc, buf, build, cast, const, emitter, kernel, ld, op, rand,
                              s0, s1, x0, x1)
-from fxwrap.core.ir import BINARY, UNARY, Op, Reduction
+from fxwrap.ir.loops import BINARY, UNARY, Op, Reduction
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 from fxwrap.targets.cstyle import CStyleEmitter, EmitError
 
@@ -66,7 +66,7 @@ SPECIALS = [0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1.0, -1.0, float("inf"), float
 
 
 def test_tables_cover_the_ir():
-    """Every op of fxwrap.core.ir has a rendering, and these tests exercise all of them."""
+    """Every op of fxwrap.ir.loops has a rendering, and these tests exercise all of them."""
     tested = (set(FLOAT_UNARY) | set(PREDICATES) | set(FLOAT_BINARY) | set(COMPARE)
               | set(INT_UNARY) | set(INT_BINARY) | {"lshift", "rshift", "pow", "cast", "where"})
     assert UNARY | BINARY <= tested

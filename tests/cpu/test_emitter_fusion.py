@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallKernel
+from fxwrap.ir.lines import CallKernel
 
 
 def compiled(fn, dynamic):
@@ -92,9 +92,9 @@ def test_hoist_blocked_by_mutation():
     """A job may not move up, into the group before it, over an extern that writes what
     it reads (scheduler-level: after functionalization no compiled graph of plain
     PyTorch code puts an in-place extern between two jobs)."""
-    from fxwrap.core.ir import Store, xvar
+    from fxwrap.ir.loops import Store, xvar
     from fxwrap.core.scheduler import Job, fuse
-    from fxwrap.wrapper_ir.lines import CallExtern
+    from fxwrap.ir.lines import CallExtern
     from shared_helpers import buf, ld
 
     x, y = buf("x", (8,)), buf("y", (8,))

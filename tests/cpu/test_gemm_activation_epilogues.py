@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, DefineKernel
+from fxwrap.ir.lines import CallExtern, CallKernel, DefineKernel
 
 ACTIVATIONS = {
     # name -> (activation, the prelude function the epilogue must call)

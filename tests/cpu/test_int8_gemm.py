@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import fxwrap
 from fxwrap.core.patterns import aten_int8_mm_refusal
 from fxwrap.targets.cpu_cpp.int8_gemm import REQUIRED_CPU_FLAGS, cpu_flags
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, TemplateChoice
+from fxwrap.ir.lines import CallExtern, CallKernel, TemplateChoice
 from fxwrap.wrapper_ir.template_choice import TEMPLATE_MIN_GAIN
 
 aten = torch.ops.aten

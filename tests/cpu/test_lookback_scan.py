@@ -16,7 +16,7 @@ import torch
 
 import fxwrap
 from fxwrap.targets.cuda_triton.tiling import Planner
-from fxwrap.wrapper_ir.lines import Allocate, CallKernel, DefineKernel, ZeroFill
+from fxwrap.ir.lines import Allocate, CallKernel, DefineKernel, ZeroFill
 from scan_helpers import scan_externs
 
 TARGET = "triton-interpret"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import DefineKernel
+from fxwrap.ir.lines import DefineKernel
 
 
 def _kernel_sources(program) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 
 import fxwrap
 import shared_helpers
-from fxwrap.wrapper_ir.lines import CallExtern
+from fxwrap.ir.lines import CallExtern
 
 import os
 TARGET = os.environ.get("FXWRAP_TEST_TARGET", "cpu")

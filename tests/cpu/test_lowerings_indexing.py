@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import Allocate
+from fxwrap.ir.lines import Allocate
 
 import test_lowerings as harness
 from test_lowerings import make

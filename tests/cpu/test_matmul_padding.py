@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import fxwrap
 from fxwrap.core import matmul_padding
 from fxwrap.plugins.session import CompileSession
-from fxwrap.wrapper_ir.lines import CallExtern
+from fxwrap.ir.lines import CallExtern
 
 
 EXTERN = {"templates": "off"}  # the product an ATen call (out=), as on CUDA by default

@@ -12,11 +12,11 @@ import torch
 
 import fxwrap
 import fxwrap.api
-from fxwrap.core.ir import ScheduledKernel
+from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.testing.suite import fresh_state as _fresh_state
 from fxwrap.wrapper_ir.fx import annotated_code
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
+from fxwrap.ir.lines import CallExtern, CallKernel
 from fxwrap.runtime.provenance import Origin, describe, module_path, origin_of, user_frame
 
 fresh_state = pytest.fixture(autouse=True)(_fresh_state)

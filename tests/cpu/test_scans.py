@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import Allocate, CallKernel, DefineKernel, Free, Reuse
+from fxwrap.ir.lines import Allocate, CallKernel, DefineKernel, Free, Reuse
 from scan_helpers import (SCAN_OPS, check_float_scan, check_scan_op, scan_externs, scan_fn, scan_input, scan_kernels,
                           workspaces)
 

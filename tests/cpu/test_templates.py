@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import fxwrap
 from fxwrap.wrapper_ir import template_choice
-from fxwrap.wrapper_ir.lines import Allocate, CallExtern, CallKernel, TemplateChoice
+from fxwrap.ir.lines import Allocate, CallExtern, CallKernel, TemplateChoice
 
 aten = torch.ops.aten
 GEMMS = {aten.mm.out, aten.addmm.out, aten.bmm.out, aten.mm.default, aten.addmm.default, aten.bmm.default}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import DefineKernel
+from fxwrap.ir.lines import DefineKernel
 
 F32 = torch.finfo(torch.float32)
 

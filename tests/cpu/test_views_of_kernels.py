@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallKernel, View
+from fxwrap.ir.lines import CallKernel, View
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

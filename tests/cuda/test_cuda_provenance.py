@@ -8,7 +8,7 @@ import os
 import torch
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
+from fxwrap.ir.lines import CallExtern, CallKernel
 
 HERE = os.path.basename(__file__)
 CUDA = torch.cuda.is_available()

@@ -21,7 +21,7 @@ import torch
 import fxwrap
 from fxwrap.plugins.session import CompileSession
 from fxwrap.runtime.checks import check_index_bounds
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel
+from fxwrap.ir.lines import CallExtern, CallKernel
 
 pytest.importorskip("triton")
 CUDA = torch.cuda.is_available()

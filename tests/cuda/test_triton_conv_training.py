@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def _conv_inputs_channels_last(programs) -> list[bool]:
     """For each convolution (and its backward) call: whether its input is channels-last."""
-    from fxwrap.wrapper_ir.lines import CallExtern
+    from fxwrap.ir.lines import CallExtern
     found = []
     for p in programs:
         for ln in p.lines:

@@ -10,7 +10,7 @@ import torch
 from triton_helpers import DEVICE, GPU, TOL, buf, const, emitter, kernel, ld, op, s0, x0, x1, x2
 import dataclasses
 
-from fxwrap.core.ir import Store
+from fxwrap.ir.loops import Store
 from fxwrap.core.templates import TemplateCall
 from fxwrap.targets.cuda_triton.gemm import TritonGemm, gemm_configs
 

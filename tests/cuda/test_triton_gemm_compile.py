@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, TemplateChoice
+from fxwrap.ir.lines import CallExtern, CallKernel, TemplateChoice
 from triton_helpers import DEVICE, GPU, TARGET
 
 aten = torch.ops.aten

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from scan_helpers import SCAN_OPS, check_scan_op, scan_externs, scan_kernels  # noqa: E402
 from triton_helpers import Reduction, Store, acc, build, buf, kernel, ld, r0, x0  # noqa: E402
 from fxwrap.targets.cuda_triton.tiling import Planner  # noqa: E402
-from fxwrap.wrapper_ir.lines import CallKernel, ZeroFill  # noqa: E402
+from fxwrap.ir.lines import CallKernel, ZeroFill  # noqa: E402
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

@@ -28,7 +28,7 @@ from torch.library import triton_op, wrap_triton
 from triton.runtime.jit import JITFunction
 
 import fxwrap
-from fxwrap.wrapper_ir.user_kernels import CallUserKernel
+from fxwrap.ir.user_kernels import CallUserKernel
 from triton_helpers import DEVICE, GPU, TARGET_NAME
 
 

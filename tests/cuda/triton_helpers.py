@@ -13,9 +13,9 @@ import sympy
 import torch
 
 import fxwrap
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
+from fxwrap.ir.loops import Op, Reduction, ScheduledKernel, Store, rvar, xvar  # noqa: F401
 from fxwrap.targets.cuda_triton import plugin as triton_plugin
-from fxwrap.wrapper_ir.lines import Buffer
+from fxwrap.ir.lines import Buffer
 
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS not in sys.path:  # also when imported from a subprocess that only added this folder

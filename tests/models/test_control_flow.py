@@ -14,7 +14,7 @@ from torch._higher_order_ops.while_loop import while_loop
 
 import fxwrap
 from fxwrap.runtime.kernel import Kernel
-from fxwrap.wrapper_ir.lines import SizeInput
+from fxwrap.ir.lines import SizeInput
 from models_helpers import DYNAMIC, compile_fxwrap
 
 
@@ -170,7 +170,7 @@ def test_branch_returning_its_input_gets_a_copy():
     from fxwrap.wrapper_ir.build_control_flow import nested_program
     from fxwrap.wrapper_ir.build_kernels import KernelBuilder
     from fxwrap.wrapper_ir.fx import to_graph_module
-    from fxwrap.wrapper_ir.lines import Buffer, CallKernel, Return
+    from fxwrap.ir.lines import Buffer, CallKernel, Return
 
     gm = make_fx(lambda a, b: (a, b.sin()), tracing_mode="fake")(torch.randn(4, 3), torch.randn(4, 3))
     manager = get_plugin_manager()
@@ -193,13 +193,13 @@ def test_branch_returning_its_input_gets_a_copy():
 def test_cond_is_no_cuda_graph():
     """The op reads its predicate on the host: a program with it is never captured
     (``cudagraph_safety`` asks each line; the predicate read is the line's answer)."""
-    from fxwrap.wrapper_ir.control_flow import Conditional
+    from fxwrap.ir.control_flow import Conditional
     program = fxwrap.lower(branchy, torch.randn(4, 3), torch.randn(4, 3))
     line = next(line for line in program.lines if isinstance(line, Conditional))
     assert "predicate" in line.host_readback()
     assert line.reads()[0] is line.predicate and len(line.programs) == 2
     # the predicate and operands stay live across the whole line: freed after it, never before
-    from fxwrap.wrapper_ir.lines import Free
+    from fxwrap.ir.lines import Free
     at = program.lines.index(line)
     frees = {ln.buf.name: i for i, ln in enumerate(program.lines) if isinstance(ln, Free)}
     assert frees[line.predicate.name] > at
@@ -219,8 +219,8 @@ def transposed_loop(x):
 def test_while_loop_carries_values_in_their_own_layout(options):
     """A carried value laid out column-major stays so: the body writes each result straight
     into the layout it takes it in (one kernel, no copy), so iterations chain as they are."""
-    from fxwrap.wrapper_ir.control_flow import WhileLoop
-    from fxwrap.wrapper_ir.lines import Return
+    from fxwrap.ir.control_flow import WhileLoop
+    from fxwrap.ir.lines import Return
     compiled = compile_fxwrap(transposed_loop, "torch.compile", False, **options)
     x = torch.randn(4, 6)
     torch.testing.assert_close(compiled(x), transposed_loop(x), rtol=1e-5, atol=1e-6)
@@ -242,7 +242,7 @@ def scaled_loop(x, w):
 
 
 def body_inputs(program):
-    from fxwrap.wrapper_ir.control_flow import WhileLoop
+    from fxwrap.ir.control_flow import WhileLoop
     return next(line for line in program.lines if isinstance(line, WhileLoop)).body_program.inputs
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.wrapper_ir.lines import CallKernel
+from fxwrap.ir.lines import CallKernel
 from scan_helpers import SCAN_OPS, check_float_scan, check_scan_op, scan_fn, scan_input, workspaces
 
 

@@ -15,8 +15,8 @@ import torch._dynamo
 import torch.fx
 
 import fxwrap
-from fxwrap.core.symbolic import evaluate
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.symbolic import evaluate
+from fxwrap.ir.lines import (
     Allocate, Buffer, CallKernel, Comment, DefineKernel, Free, Return, SizeInput, View,
     buffers_defined,
 )

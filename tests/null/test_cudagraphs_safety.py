@@ -11,7 +11,7 @@ import torch
 import fxwrap
 from fxwrap.runtime.cudagraphs import CudaGraphRunner
 from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.lines import (
     Allocate, Buffer, CallExtern, DefineSymbol, Return, SizeInput,
 )
 

@@ -25,10 +25,10 @@ PACKAGE = Path(fxwrap.__file__).parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("fxwrap.runtime",)),
     ("logs", ("fxwrap.core.logs", "fxwrap.core.progress")),
-    ("symbolic", ("fxwrap.core.symbolic",)),
-    ("loop IR", ("fxwrap.core.ir",)),
-    ("lines", ("fxwrap.wrapper_ir.lines", "fxwrap.wrapper_ir.control_flow", "fxwrap.wrapper_ir.user_kernels",
-               "fxwrap.wrapper_ir.collectives")),
+    ("symbolic", ("fxwrap.ir", "fxwrap.ir.symbolic")),
+    ("loop IR", ("fxwrap.ir.loops",)),
+    ("lines", ("fxwrap.ir.lines", "fxwrap.ir.control_flow", "fxwrap.ir.user_kernels",
+               "fxwrap.ir.collectives")),
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",
                   "fxwrap.core.lowering", "fxwrap.core.numerics", "fxwrap.core.rules")),
     ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.memory", "fxwrap.core.overlap")),
@@ -48,7 +48,7 @@ SHARED_TARGET_MODULES = ("fxwrap.targets", "fxwrap.targets.base", "fxwrap.target
                          "fxwrap.targets.index_printer", "fxwrap.targets.host")
 
 # modules that must never load with the runtime alone
-COMPILER_MODULES = ("fxwrap.core", "fxwrap.wrapper_ir", "fxwrap.plugins", "fxwrap.targets", "fxwrap.api",
+COMPILER_MODULES = ("fxwrap.core", "fxwrap.ir", "fxwrap.wrapper_ir", "fxwrap.plugins", "fxwrap.targets", "fxwrap.api",
                     "fxwrap.arguments", "torch._dynamo", "torch._functorch.aot_autograd",
                     "torch._inductor", "sympy")
 
@@ -208,4 +208,29 @@ def test_import_fxwrap_is_lazy_and_every_public_name_resolves():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     loaded_by_import, resolved = out.stdout.splitlines()
     assert loaded_by_import == ""
-    assert resolved == "fxwrap.api fxwrap.runtime.kernel fxwrap.wrapper_ir.lines"
+    assert resolved == "fxwrap.api fxwrap.runtime.kernel fxwrap.ir.lines"
+
+
+# the folders, lowest first: a module in one may import its own folder and those beneath it.
+# ``fxwrap.plugins.hookspecs`` (the hook markers) sits beneath the targets that use them.
+FOLDERS = ("fxwrap.runtime", "fxwrap.ir", "fxwrap.core", "fxwrap.wrapper_ir", "fxwrap.plugins.hookspecs",
+           "fxwrap.targets", "fxwrap.plugins", "fxwrap")
+
+
+def folder_of(module: str) -> int:
+    return max((rank for rank, f in enumerate(FOLDERS) if _prefixed(module, f)),
+               key=lambda rank: len(FOLDERS[rank]))
+
+
+def test_folders_are_the_layers():
+    """``core/`` never imports ``wrapper_ir/``, ``ir/`` never imports ``core/``: the folder
+    order is the layer order, not only the module table above."""
+    bad = [str(i) for i in all_imports()
+           if not i.source.startswith("fxwrap.testing") and folder_of(i.target) > folder_of(i.source)]
+    assert not bad, "imports up the folders:\n  " + "\n  ".join(bad)
+
+
+def test_the_folder_check_catches_core_importing_wrapper_ir():
+    assert folder_of("fxwrap.wrapper_ir.lines_x") > folder_of("fxwrap.core.lowering")
+    assert folder_of("fxwrap.ir.lines") < folder_of("fxwrap.core.lowering")
+    assert folder_of("fxwrap.plugins.hookspecs") < folder_of("fxwrap.targets.cstyle") < folder_of("fxwrap.plugins.manager")

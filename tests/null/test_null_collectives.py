@@ -9,14 +9,14 @@ import torch
 from fxwrap.core.memory import plan_memory
 from fxwrap.core.overlap import overlap_collectives
 from fxwrap.wrapper_ir.fx import to_graph_module
-from fxwrap.wrapper_ir.lines import Allocate, Buffer, CallExtern, Free, Return, Reuse
+from fxwrap.ir.lines import Allocate, Buffer, CallExtern, Free, Return, Reuse
 from fxwrap.wrapper_ir.printer import program_source
 
 c10d = getattr(torch.ops, "_c10d_functional", None)
 if c10d is None or not hasattr(c10d, "all_gather_into_tensor_out"):
     pytest.skip("this torch build has no _c10d_functional ops", allow_module_level=True)
 
-from fxwrap.wrapper_ir.collectives import CallCollective, WaitCollective  # noqa: E402
+from fxwrap.ir.collectives import CallCollective, WaitCollective  # noqa: E402
 
 aten = torch.ops.aten
 

@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import fxwrap
 from fxwrap.wrapper_ir.fx import UnknownLine, to_graph_module
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.lines import (
     Allocate, Buffer, CallExtern, CallKernel, Comment, GetItem, Line, Return, Reuse, SizeInput,
     View,
 )

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, Reduction, ScheduledKernel, Store, rvar, xvar
-from fxwrap.wrapper_ir.lines import Buffer
+from fxwrap.ir.loops import Op, Reduction, ScheduledKernel, Store, rvar, xvar
+from fxwrap.ir.lines import Buffer
 
 F32 = torch.float32
 CPU = torch.device("cpu")

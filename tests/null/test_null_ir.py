@@ -1,4 +1,4 @@
-"""The loop IR (``fxwrap.core.ir``): interned nodes, O(1) hashing, one rewrite engine.
+"""The loop IR (``fxwrap.ir.loops``): interned nodes, O(1) hashing, one rewrite engine.
 
 The DAGs here share sub-expressions the way ``x = x * sigmoid(x)`` repeated does:
 depth ``n`` is ``2n + 1`` distinct nodes but a tree of about ``2**n``; every walk
@@ -14,7 +14,7 @@ import pytest
 import sympy
 import torch
 
-from fxwrap.core.ir import (BOOL_RESULT, EXACT_16BIT, OP_INFO, Op, OpCode, acc_key, format_ssa, load_buffer,
+from fxwrap.ir.loops import (BOOL_RESULT, EXACT_16BIT, OP_INFO, Op, OpCode, acc_key, format_ssa, load_buffer,
                             load_index, load_mask, result_dtype, rewrite, tree_size, value_deps, walk, xvar)
 
 F32, I64 = torch.float32, torch.int64

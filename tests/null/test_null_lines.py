@@ -30,7 +30,7 @@ import torch
 from fxwrap.core.memory import plan_memory
 from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
 from fxwrap.wrapper_ir.fx import to_graph_module
-from fxwrap.wrapper_ir.lines import Allocate, Buffer, CallExtern, Comment, Free, Line, Return, Reuse
+from fxwrap.ir.lines import Allocate, Buffer, CallExtern, Comment, Free, Line, Return, Reuse
 from fxwrap.wrapper_ir.printer import program_source
 
 aten = torch.ops.aten
@@ -171,7 +171,7 @@ def test_default_line_touches_nothing():
 def test_zero_fill_of_a_reused_workspace_zeroes_it():
     """``ZeroFill`` (a workspace its kernel needs zeroed) survives the planner's reuse of a
     dead buffer's storage: the reused storage holds the sin values until the fill."""
-    from fxwrap.wrapper_ir.lines import ZeroFill
+    from fxwrap.ir.lines import ZeroFill
     cpu = torch.device("cpu")
     arg0, buf0, ws1, buf2 = (Buffer(n, (6, 5), (5, 1), F32, cpu) for n in ("arg0", "buf0", "ws1", "buf2"))
     lines = [Allocate(buf0), CallExtern(aten.sin.out, (arg0,), (("out", buf0),)),

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from fxwrap.core.memory import plan_memory
-from fxwrap.core.symbolic import evaluate
+from fxwrap.ir.symbolic import evaluate
 from fxwrap.wrapper_ir.fx import to_graph_module
 from fxwrap.wrapper_ir.printer import program_source
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.lines import (
     Allocate, Buffer, CallExtern, CallKernel, Comment, Free, GetItem, Return, Reuse, View, buffers_in, buffers_read,
 )
 

@@ -8,7 +8,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from fxwrap.wrapper_ir.fx import to_graph_module
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.lines import (
     Allocate, Buffer, CallExtern, DefineSymbol, Return, SizeInput, View,
 )
 from fxwrap.wrapper_ir.printer import program_source
@@ -130,7 +130,7 @@ def _eval_index(expr, point):
 def test_simplify_index_removes_reshape_round_trips():
     from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-    from fxwrap.core.symbolic import simplify_index
+    from fxwrap.ir.symbolic import simplify_index
     x0, x1 = sympy.Symbol("x0", integer=True, nonnegative=True), sympy.Symbol("x1", integer=True, nonnegative=True)
     s0, s1 = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
     flat = 768 * x0 + x1  # (1024, 768) read as (8, 128, 768) and back
@@ -152,7 +152,7 @@ def test_simplify_index_keeps_every_value():
 
     from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-    from fxwrap.core.symbolic import simplify_index
+    from fxwrap.ir.symbolic import simplify_index
     rng = random.Random(3)
     xs = [sympy.Symbol(f"x{i}", integer=True, nonnegative=True) for i in range(3)]
     for _ in range(60):
@@ -181,7 +181,7 @@ def test_divides_without_cancel_agrees_with_cancel():
 
     from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-    from fxwrap.core.symbolic import _divides
+    from fxwrap.ir.symbolic import _divides
 
     def by_cancel(d, term):
         quotient = sympy.cancel(term / d)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.core.ir import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, Store, format_ssa, walk, xvar
+from fxwrap.ir.loops import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, Store, format_ssa, walk, xvar
 from fxwrap.core.numerics import DEFAULT, LOW_PRECISION, Numerics, holds_exact, legalize, numerics_for
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.targets.reference.emitter import ReferenceLauncher
-from fxwrap.wrapper_ir.lines import Buffer
+from fxwrap.ir.lines import Buffer
 
 BF16, F16, F32, F64, I64, I32, BOOL = (torch.bfloat16, torch.float16, torch.float32, torch.float64,
                                        torch.int64, torch.int32, torch.bool)

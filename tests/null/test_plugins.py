@@ -16,7 +16,7 @@ from fxwrap.plugins import hookspecs
 from fxwrap.plugins.manager import (
     HOOKS, PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
 )
-from fxwrap.wrapper_ir.lines import Comment
+from fxwrap.ir.lines import Comment
 
 aten = torch.ops.aten
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fxwrap
 from fxwrap.plugins.manager import PluginError, PluginManager, installed_entry_points, use_plugin_manager
-from fxwrap.wrapper_ir.lines import CallExtern, CallKernel, TemplateChoice
+from fxwrap.ir.lines import CallExtern, CallKernel, TemplateChoice
 from fxwrap.wrapper_ir.template_choice import TEMPLATE_MIN_GAIN
 
 aten = torch.ops.aten

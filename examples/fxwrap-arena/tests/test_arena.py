@@ -12,7 +12,7 @@ import torch
 
 import fxwrap
 from fxwrap.wrapper_ir.fx import to_graph_module
-from fxwrap.wrapper_ir.lines import (
+from fxwrap.ir.lines import (
     Allocate, Buffer, CallExtern, CallKernel, DefineKernel, Free, Return, Reuse, SizeInput, View,
 )
 from fxwrap_arena.wrapper import ArenaProgram, ArenaWrapper, first_fit

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import fxwrap
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.testing.templates import TemplateConformance
-from fxwrap.wrapper_ir.lines import TemplateChoice
+from fxwrap.ir.lines import TemplateChoice
 from fxwrap.wrapper_ir.template_choice import TEMPLATE_MIN_GAIN
 
 

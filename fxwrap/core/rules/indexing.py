@@ -9,7 +9,7 @@ size ``(3, 6)`` and ``b`` of size ``(s0, 6)``, both contiguous, is at ``(x0, x1)
           load(b, 6*x0 + x1 - 18, x0 >= 3))
 
 Data-dependent reads are *indirect* loads (the offset is a value of the kernel,
-see ``fxwrap.core.ir``).  ``torch.gather(x, 1, idx)`` with ``x`` of stride
+see ``fxwrap.ir.loops``).  ``torch.gather(x, 1, idx)`` with ``x`` of stride
 ``(6, 1)`` and ``idx`` of stride ``(3, 1)`` reads, at ``(x0, x1)``::
 
     load(x, index(6*x0) + cast<i64>(load(idx, 3*x0 + x1)))
@@ -29,12 +29,12 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from fxwrap.core.ir import Op, OpCode, load_buffer, load_index, load_mask, rewrite, xvar
+from fxwrap.ir.loops import Op, OpCode, load_buffer, load_index, load_mask, rewrite, xvar
 from fxwrap.core.lowering import (
     Loops, Stored, Unsupported, as_loops, broadcast, cast, const, index_value, masked, register,
 )
 from fxwrap.runtime.checks import check_index_bounds
-from fxwrap.wrapper_ir.lines import CallExtern, Comment
+from fxwrap.ir.lines import CallExtern, Comment
 
 aten = torch.ops.aten
 I64 = torch.int64

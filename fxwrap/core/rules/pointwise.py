@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.ir import Op
+from fxwrap.ir.loops import Op
 from fxwrap.core.lowering import Loops, Unsupported, as_loops, broadcast, cast, compute_dtype, const, register
 
 aten = torch.ops.aten

@@ -36,10 +36,10 @@ import operator
 import sympy
 import torch
 
-from fxwrap.core.ir import Op
+from fxwrap.ir.loops import Op
 from fxwrap.core.lowering import Loops, Unsupported, as_loops, cast, const, index_value, masked, register
 from fxwrap.core.rules.indexing import _cmp, read
-from fxwrap.core.symbolic import to_expr
+from fxwrap.ir.symbolic import to_expr
 
 aten = torch.ops.aten
 I64 = torch.int64

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fxwrap.core.ir import Op
+from fxwrap.ir.loops import Op
 from fxwrap.core.lowering import Unsupported, as_loops, cast, compute_dtype, const, register
 
 aten = torch.ops.aten

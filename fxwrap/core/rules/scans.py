@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from fxwrap.core.ir import Op
+from fxwrap.ir.loops import Op
 from fxwrap.core.lowering import Loops, Unsupported, as_loops, cast, compute_dtype, register
 
 aten = torch.ops.aten

@@ -51,7 +51,7 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.core.ir import Op, OpCode, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
+from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cpu_cpp.scan import ScanCode

@@ -54,7 +54,7 @@ from __future__ import annotations
 import sympy
 from torch.utils._sympy.functions import CeilDiv
 
-from fxwrap.core.ir import ScheduledKernel
+from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.targets.cstyle import LocalNames, ScanState, Scope, append_block, c_operand
 
 

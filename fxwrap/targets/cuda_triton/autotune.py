@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from fxwrap.core import logs
-from fxwrap.core.symbolic import evaluate, storage_elements
+from fxwrap.ir.symbolic import evaluate, storage_elements
 
 
 

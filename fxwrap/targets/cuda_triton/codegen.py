@@ -28,7 +28,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.ir import (Op, OpCode, Reduction, ScheduledKernel, acc_key, direct_indices, is_indirect,
+from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, acc_key, direct_indices, is_indirect,
                             is_loop_var, load_buffer, load_index, load_mask, loop_var_names, split_stores,
                             value_deps, walk)
 from fxwrap.targets.cstyle import EmitError  # the builder keeps such kernels as ATen externs

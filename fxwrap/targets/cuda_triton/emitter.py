@@ -53,8 +53,8 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._sympy.functions import CeilDiv
 
-from fxwrap.core.ir import REDUCTIONS, ScheduledKernel
-from fxwrap.core.symbolic import evaluate
+from fxwrap.ir.loops import REDUCTIONS, ScheduledKernel
+from fxwrap.ir.symbolic import evaluate
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, Workspace, kernel_function_name,
                                   kernel_header, kernel_signature)

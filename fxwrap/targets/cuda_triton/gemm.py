@@ -72,7 +72,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from fxwrap.core.ir import ScheduledKernel
+from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.core.templates import Template, TemplateCall, accumulators
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, _Scope

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from fxwrap.core.ir import BINARY, BOOL_RESULT, UNARY
+from fxwrap.ir.loops import BINARY, BOOL_RESULT, UNARY
 from fxwrap.core.numerics import compute_dtype, illegal
 
 
@@ -323,7 +323,7 @@ class OpRenderer:
             return f"{self._need('_fx_index_check')}({a[0]}, {a[1]}, {a[2]})"
         if name not in BINARY or len(a) != 2:
             raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}; it is "
-                          "not a loop-IR op (see fxwrap.core.ir), so the lowering should emit an "
+                          "not a loop-IR op (see fxwrap.ir.loops), so the lowering should emit an "
                           "extern call instead")
         b = a[1]
         infix = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -385,7 +385,7 @@ class OpRenderer:
         known = name in BINARY
         raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}"
                       + ("; add it to fxwrap.targets.cuda_triton.ops" if known else
-                         "; it is not a loop-IR op (see fxwrap.core.ir), so the lowering should emit "
+                         "; it is not a loop-IR op (see fxwrap.ir.loops), so the lowering should emit "
                          "an extern call instead"))
 
 

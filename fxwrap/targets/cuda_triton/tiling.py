@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from fxwrap.core.ir import OpCode, ScheduledKernel, load_buffer, rvar, walk, xvar
+from fxwrap.ir.loops import OpCode, ScheduledKernel, load_buffer, rvar, walk, xvar
 from fxwrap.core.numerics import compute_dtype
-from fxwrap.core.symbolic import evaluate
+from fxwrap.ir.symbolic import evaluate
 
 INT32_LIMIT = 2 ** 31 - 2 ** 24  # margin for block overshoot past the last element
 

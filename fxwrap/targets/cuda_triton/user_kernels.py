@@ -1,5 +1,5 @@
 """Launching user-written Triton kernels: the ``cuda`` and ``triton-interpret`` side of a
-``CallUserKernel`` line (``wrapper_ir/user_kernels.py``).
+``CallUserKernel`` line (``ir/user_kernels.py``).
 
 The launcher takes the line's FX arguments, ``(*tensors_and_scalars, *grid0, *grid1, ...)``,
 and launches the user's kernel with them by name, its constant arguments added::

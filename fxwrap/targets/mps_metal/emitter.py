@@ -31,9 +31,9 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.ir import ScheduledKernel
+from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.core.numerics import compute_dtype
-from fxwrap.core.symbolic import python_source
+from fxwrap.ir.symbolic import python_source
 from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, LocalNames
 from fxwrap.targets.mps_metal.prelude import PRELUDE
 from fxwrap.targets.mps_metal.scan import MetalScan

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sympy
 
-from fxwrap.core.ir import REDUCTIONS, OpCode, Reduction, ScheduledKernel, acc_key, split_stores, walk
+from fxwrap.ir.loops import REDUCTIONS, OpCode, Reduction, ScheduledKernel, acc_key, split_stores, walk
 from fxwrap.targets.cstyle import EmitError, LocalNames, ReductionAccumulator, Scope, append_block
 
 

@@ -40,7 +40,7 @@ import math
 
 import sympy
 
-from fxwrap.core.ir import ScheduledKernel
+from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.targets.cstyle import LocalNames, ScanState, Scope, append_block
 
 

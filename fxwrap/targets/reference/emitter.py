@@ -20,10 +20,10 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.ir import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, load_buffer, load_mask, rvar,
+from fxwrap.ir.loops import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, load_buffer, load_mask, rvar,
                             walk, xvar)
 from fxwrap.core.numerics import illegal
-from fxwrap.core.symbolic import SizeArithmetic, evaluate_with
+from fxwrap.ir.symbolic import SizeArithmetic, evaluate_with
 from fxwrap.targets.base import KernelEmitter, KernelSource, kernel_header
 
 _UNARY = {
@@ -270,4 +270,4 @@ def kernel_loader(kernel) -> ReferenceLauncher:
     return ReferenceLauncher(kernel.launch["kernel"])
 
 
-kernel_loader.fxwrap_saved = True  # imports the loop IR (fxwrap.core.ir, sympy), no dynamo
+kernel_loader.fxwrap_saved = True  # imports the loop IR (fxwrap.ir.loops, sympy), no dynamo

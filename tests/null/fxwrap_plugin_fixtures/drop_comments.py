@@ -3,7 +3,7 @@ provenance (``origins``) of the kernel and extern calls."""
 import dataclasses
 
 from fxwrap import hookimpl
-from fxwrap.wrapper_ir.lines import Comment
+from fxwrap.ir.lines import Comment
 
 calls = []  # targets the pass ran for
 

@@ -7,12 +7,12 @@ import sympy
 import torch
 
 import fxwrap
-from fxwrap.core.ir import Op, OpCode, Store, rewrite
-from fxwrap.core.symbolic import contiguous_strides
+from fxwrap.ir.loops import Op, OpCode, Store, rewrite
+from fxwrap.ir.symbolic import contiguous_strides
 from fxwrap.targets.base import KernelSource, WrapperCodegen
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.reference.emitter import ReferenceEmitter, ReferenceLauncher
-from fxwrap.wrapper_ir.lines import Buffer
+from fxwrap.ir.lines import Buffer
 
 aten = torch.ops.aten
 rendered = []  # kernel names the template rendered

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fxwrap.runtime.provenance import Origin
-from fxwrap.wrapper_ir.lines import Buffer, CallExtern, Line
+from fxwrap.ir.lines import Buffer, CallExtern, Line
 
 
 def _c10d_ops(*names: str) -> frozenset:

@@ -29,7 +29,7 @@ from typing import Any
 import sympy
 import torch
 
-from fxwrap.core.symbolic import storage_elements, to_expr, to_exprs
+from fxwrap.ir.symbolic import storage_elements, to_expr, to_exprs
 from fxwrap.runtime.provenance import Origin
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from fxwrap.wrapper_ir.lines import Buffer, Line, SizeInput, _exprs_in, buffers_in
+from fxwrap.ir.lines import Buffer, Line, SizeInput, _exprs_in, buffers_in
 
 
 @dataclass(frozen=True, eq=False)

@@ -165,7 +165,7 @@ class _OpCodeBase(enum.StrEnum):
         try:
             return _CODES[name]
         except (KeyError, TypeError):
-            raise ValueError(f"{name!r} is not a loop-IR op code (fxwrap.core.ir.OP_INFO lists them); "
+            raise ValueError(f"{name!r} is not a loop-IR op code (fxwrap.ir.loops.OP_INFO lists them); "
                              "a lowering that needs another op should emit an extern call") from None
 
 

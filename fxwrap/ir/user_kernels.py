@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import sympy
 
-from fxwrap.wrapper_ir.lines import CallKernel
+from fxwrap.ir.lines import CallKernel
 
 
 @dataclass(frozen=True)
