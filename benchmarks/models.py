@@ -4,6 +4,7 @@
     python benchmarks/models.py --device cuda                   # every model and variant
     python benchmarks/models.py --models gpt,convnet --variants inference-fp32 --profile
     python benchmarks/models.py --device cuda --markdown out.md --json out.json
+    python benchmarks/models.py --device cuda --mode reduce-overhead  # both compilers under CUDA graphs
 
 Per model and variant (``inference-fp32``, ``inference-bf16``, ``training-fp32``,
 ``training-bf16``): milliseconds per iteration of each backend (the median of rounds
@@ -187,9 +188,10 @@ def run_one(entry, variant, args, device) -> dict:
 
     eager = base
     backends = {"eager": eager,
-                "inductor": torch.compile(copy.deepcopy(base)),
+                "inductor": torch.compile(copy.deepcopy(base), mode=args.mode),
                 "fxwrap": torch.compile(copy.deepcopy(base), backend="fxwrap",
-                                        options={**args.options, "on_program": on_program, "cache": False})}
+                                        options={**args.options, "mode": args.mode, "on_program": on_program,
+                                                 "cache": False})}
     result = {"model": entry.name, "variant": variant}
     outs = {}
     for name, model in backends.items():
@@ -298,6 +300,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--mode", default="default", choices=("default", "reduce-overhead", "max-autotune"),
+                        help="torch.compile mode of both compilers (reduce-overhead: CUDA graphs)")
     parser.add_argument("--options", type=json.loads, default={},
                         help='fxwrap options as JSON, e.g. \'{"partition": "min_cut"}\'')
     args = parser.parse_args(argv)
@@ -315,7 +319,7 @@ def main(argv=None) -> int:
     # the compile column measures a compile, not a cache hit (see the module docstring)
     importlib.import_module("torch._inductor.config").fx_graph_cache = False
     importlib.import_module("torch._functorch.config").enable_autograd_cache = False
-    print(f"# {device}: torch {torch.__version__}, {torch.get_num_threads()} threads"
+    print(f"# {device}: torch {torch.__version__}, {torch.get_num_threads()} threads, mode {args.mode}"
           + (f", {torch.cuda.get_device_name()}" if device == "cuda" else ""), flush=True)
     results = []
     for entry in suite_models.MODELS:
