@@ -171,6 +171,15 @@ class Template:
         template: it gives wrong numbers or crashes there), or None (the default)."""
         return None
 
+    def pattern_refusal(self, op, args: tuple) -> str | None:
+        """Why the ATen graph should not be rewritten into ``op`` for this template (a
+        pattern rewrite of ``fxwrap.core.patterns``: ``_weight_int8pack_mm`` for the
+        dequantize-and-linear pattern), given the rewritten op's arguments as fake tensors
+        (their sizes may be symbolic), or None (the default): rewrite where the op's own
+        ATen kernel is a good fallback.  A template that wins only on some shapes keeps
+        the others on the pattern's own path."""
+        return None
+
     def render(self, kernel: ScheduledKernel, emitter):
         raise NotImplementedError(f"template {self.name or type(self).__name__} has no render()")
 
