@@ -172,6 +172,8 @@ def test_int8_with_more_rows_keeps_the_dequantize_pattern():
     torch.testing.assert_close(c(x, w, s), fn(x, w, s), **tol(f32, 32))
     assert "triton_gemv" not in chosen(programs)
     assert not any("_weight_int8pack_mm" in ln.kernel.source for ln in lines(programs, CallKernel))
+    assert not [ln for ln in lines(programs, CallExtern) if ln.op == INT8_MM]  # not ATen's int8 op either
+    assert chosen(programs) == ["triton_gemm"]  # the dequantized weight's product
 
 
 def test_more_rows_go_to_the_gemm_template():
