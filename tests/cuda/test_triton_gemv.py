@@ -73,7 +73,8 @@ EPILOGUES = {
 
 
 def check_forced_gemv(programs, launches=1):
-    assert chosen(programs) and set(chosen(programs)) == {"triton_gemv"}, [c.text for c in lines(programs, TemplateChoice)]
+    texts = [c.text for c in lines(programs, TemplateChoice)]
+    assert chosen(programs) and set(chosen(programs)) == {"triton_gemv"}, texts
     assert not product_externs(programs), "a matrix product still runs as an ATen call"
     assert len(gemv_kernels(programs)) >= 1
     assert len(lines(programs, CallKernel)) == launches, "the epilogue (or a dequantization) is a kernel of its own"
