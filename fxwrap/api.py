@@ -250,15 +250,16 @@ def rewrite_patterns(gm: torch.fx.GraphModule, session: CompileSession) -> None:
     for: the dequantize-and-linear pattern becomes ``_weight_int8pack_mm`` where a template
     of the session computes that op and asks for the rewrite (``Template.pattern_refusal``),
     and only where ATen's own kernel of it (the template's fallback and rival) runs on the
-    device and is exact for the shapes."""
+    device and is exact for the shapes, or where the template promises to compute every
+    call it asks for (``Template.pattern_guarantee``: then it is the op's only kernel)."""
     templates = [t for t in session.active_templates if patterns.INT8_MM in t.ops]
     if not templates:
         return
 
     def allow(x, w, scale) -> bool:
-        if patterns.aten_int8_mm_refusal(x.dtype, x.shape[-1], x.device.type, x.is_contiguous()) is not None:
-            return False
-        return any(t.pattern_refusal(patterns.INT8_MM, (x, w, scale)) is None for t in templates)
+        aten_ok = patterns.aten_int8_mm_refusal(x.dtype, x.shape[-1], x.device.type, x.is_contiguous()) is None
+        return any(t.pattern_refusal(patterns.INT8_MM, (x, w, scale)) is None and (aten_ok or t.pattern_guarantee)
+                   for t in templates)
 
     patterns.int8_weight_only_linears(gm, allow)
 

@@ -237,3 +237,27 @@ def test_aten_int8_kernel_is_trusted_only_where_it_is_right():
     assert aten_int8_mm_refusal(bf16, 4096, "cuda", False) is not None
     assert aten_int8_mm_refusal(bf16, 4096, "cpu") is None and aten_int8_mm_refusal(bf16, 100, "cpu") is not None
     assert "no vulkan kernel" in aten_int8_mm_refusal(bf16, 64, "vulkan")
+
+
+def test_int8_without_an_aten_kernel_the_gemv_is_the_path(monkeypatch):
+    """Where ATen's ``_weight_int8pack_mm`` cannot run on the device (no kernel in this torch),
+    one-row activations are still rewritten -- the GEMV promises to compute them
+    (``pattern_guarantee``) and the extern is neither timed nor chosen --, and more rows
+    keep the dequantize-and-mm pattern: ATen's op never runs."""
+    from fxwrap.core import patterns
+
+    monkeypatch.setattr(patterns, "aten_int8_mm_refusal", lambda *a, **k: "no kernel of the op here (test)")
+
+    def fn(x, w, s, r):
+        return F.linear(x, w.to(x.dtype)) * s + r
+
+    w, s = int8_weight(37, 64)
+    for rows, want_gemv in ((1, True), (3, False)):
+        c, programs = compiled(fn, templates="default")
+        x, r = rand(1, rows, 64), rand(1, rows, 37)
+        torch.testing.assert_close(c(x, w, s, r), fn(x, w, s, r), **tol(f32, 64))
+        assert not [ln for ln in lines(programs, CallExtern) if ln.op == INT8_MM]
+        assert bool(gemv_kernels(programs)) == want_gemv
+        if want_gemv:
+            [choice] = lines(programs, TemplateChoice)
+            assert choice.chosen == "triton_gemv" and "not run: no kernel of the op here" in choice.text

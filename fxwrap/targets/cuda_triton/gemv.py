@@ -30,18 +30,18 @@ first multiply: the weight is read as int8, a quarter of a float32 copy's bytes.
         rn = ntile * NBLOCK + tl.arange(0, NBLOCK)
         rk = tl.arange(0, KBLOCK)
         rbn = rn % N
-        a_ptrs = in_ptr0 + (0 * (4096) + rk * (1))
+        a_ptrs = in_ptr0 + (0 * (4096) + rk[None, :] * (1))
         b_ptrs = in_ptr1 + (rk[None, :] * (1) + rbn[:, None] * (4096))
         partial = tl.zeros([NBLOCK, KBLOCK], dtype=tl.float32)
         for kstep in range(0, (K + KBLOCK - 1) // KBLOCK):
             if EVEN_K:
-                a = tl.load(a_ptrs)
+                a = tl.load(a_ptrs, eviction_policy="evict_last")      # x: [1, KBLOCK], kept in L2
                 b = tl.load(b_ptrs, eviction_policy="evict_first")
             else:
                 kleft = K - kstep * KBLOCK
-                a = tl.load(a_ptrs, mask=rk < kleft, other=0.0)
+                a = tl.load(a_ptrs, mask=rk[None, :] < kleft, other=0.0, eviction_policy="evict_last")
                 b = tl.load(b_ptrs, mask=rk[None, :] < kleft, other=0.0, eviction_policy="evict_first")
-            partial += b.to(tl.float32) * a.to(tl.float32)[None, :]
+            partial += b.to(tl.float32) * a.to(tl.float32)
             a_ptrs += KBLOCK * (1)
             b_ptrs += KBLOCK * (1)
         acc = tl.sum(partial, axis=1)[None, :]
@@ -62,7 +62,8 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from fxwrap.core.patterns import INT8_MM, aten_int8_mm_refusal
+from fxwrap.core import patterns
+from fxwrap.core.patterns import INT8_MM
 from fxwrap.core.templates import Template, TemplateCall, accumulators
 from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.targets.cuda_triton.codegen import CodegenError, _Scope
@@ -153,18 +154,18 @@ class GemvWriter(GemmWriter):
                  "rn = ntile * NBLOCK + tl.arange(0, NBLOCK)",
                  "rk = tl.arange(0, KBLOCK)",
                  f"rbn = {self._wrapped('rn', 'N', self.b, -1)}",
-                 f"a_ptrs = {self._operand(self.a, '0', 'rk')}",
+                 f"a_ptrs = {self._operand(self.a, '0', 'rk[None, :]')}",
                  f"b_ptrs = {self._operand(self.b, 'rk[None, :]', 'rbn[:, None]')}",
                  "partial = tl.zeros([NBLOCK, KBLOCK], dtype=tl.float32)",
                  "for kstep in range(0, (K + KBLOCK - 1) // KBLOCK):",
                  "    if EVEN_K:",
-                 "        a = tl.load(a_ptrs)",
+                 '        a = tl.load(a_ptrs, eviction_policy="evict_last")',
                  '        b = tl.load(b_ptrs, eviction_policy="evict_first")',
                  "    else:",
                  "        kleft = K - kstep * KBLOCK",
-                 "        a = tl.load(a_ptrs, mask=rk < kleft, other=0.0)",
+                 '        a = tl.load(a_ptrs, mask=rk[None, :] < kleft, other=0.0, eviction_policy="evict_last")',
                  '        b = tl.load(b_ptrs, mask=rk[None, :] < kleft, other=0.0, eviction_policy="evict_first")',
-                 "    partial += b.to(tl.float32) * a.to(tl.float32)[None, :]",
+                 "    partial += b.to(tl.float32) * a.to(tl.float32)",
                  f"    a_ptrs += KBLOCK * ({self.idx(self.a.stride[-1])})",
                  f"    b_ptrs += KBLOCK * ({self.idx(self.b.stride[-2])})",
                  "acc = tl.sum(partial, axis=1)[None, :]",
@@ -206,6 +207,7 @@ class TritonGemv(Template):
     name = "triton_gemv"
     ops = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, INT8_MM})
     in_default_mode = True
+    pattern_guarantee = True  # pattern_refusal below accepts only what refusal accepts
 
     def refusal(self, call: TemplateCall) -> str | None:
         a, b = call.operands[:2]
@@ -229,14 +231,17 @@ class TritonGemv(Template):
             return None
         x = call.operands[0]
         contiguous = sympy.sympify(x.stride[-1]) == 1 or sympy.sympify(x.size[-1]) == 1
-        return aten_int8_mm_refusal(call.dtype, call.size("k"), call.output.device.type, contiguous)
+        return patterns.aten_int8_mm_refusal(call.dtype, call.size("k"), call.output.device.type, contiguous)
 
     def pattern_refusal(self, op, args: tuple) -> str | None:
-        x = args[0]
+        x, w = args[:2]
         rows = x.shape[0]
         if isinstance(rows, torch.SymInt) or rows != 1:
             return (f"activations of {rows} rows: {self.name} computes one-row products, the dequantizing "
                     "kernel and the library GEMM the others")
+        if x.dtype not in GEMM_DTYPES or w.dtype != torch.int8 or any(isinstance(d, int) and d == 0
+                                                                      for d in (*x.shape, *w.shape)):
+            return f"{x.dtype} activations and a {w.dtype} weight of {tuple(w.shape)}"
         return None
 
     def render(self, kernel: ScheduledKernel, emitter):
