@@ -13,7 +13,7 @@ weight element, no cross-thread traffic in the loop), reduces it once, and runs 
 epilogue on the ``[1, NBLOCK]`` result.  An int8 weight (``_weight_int8pack_mm``, the
 rewrite of ``linear(x, w_int8.to(x.dtype)) * scale``: ``fxwrap.core.patterns``) is
 widened to float32 in registers (exact) and its per-channel scale is the epilogue's
-first multiply: the weight is read as int8, a quarter of a float32 copy's bytes.
+first multiply: the weight is read as int8, half the bytes of a bfloat16 copy.
 
 ``F.silu(F.linear(x, w, b))`` with ``x`` ``(1, 4096)``, ``w`` ``(11008, 4096)`` bfloat16
 (``addmm(b, x, permute(w))``) renders as::
