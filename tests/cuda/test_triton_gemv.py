@@ -261,3 +261,32 @@ def test_int8_without_an_aten_kernel_the_gemv_is_the_path(monkeypatch):
         if want_gemv:
             [choice] = lines(programs, TemplateChoice)
             assert choice.chosen == "triton_gemv" and "not run: no kernel of the op here" in choice.text
+
+
+def test_tilings_read_4_to_16_kib_of_weight_per_step():
+    """``gemv_configs`` at decode shapes: powers of two capped at the problem, 4-16 KiB of
+    weight per program and step along the weight's contiguous axis (K for an nn.Linear
+    weight, twice the elements for int8), N-wide tiles for a weight contiguous along N."""
+    import sympy
+    from fxwrap.core.templates import TemplateCall
+    from fxwrap.ir.lines import Buffer
+    from fxwrap.targets.cuda_triton.gemv import gemv_configs
+
+    def call(k, n, dtype, along_n=False):
+        x = Buffer("x", (1, k), (k, 1), torch.bfloat16, torch.device("cuda"))
+        w = Buffer("w", (k, n), (n, 1) if along_n else (1, k), dtype, torch.device("cuda"))
+        out = Buffer("out", (1, n), (n, 1), torch.bfloat16, torch.device("cuda"))
+        sizes = (("batch", sympy.Integer(1)), ("m", sympy.Integer(1)), ("n", sympy.Integer(n)), ("k", sympy.Integer(k)))
+        return TemplateCall(aten.mm.default, "mm", (x, w), out, sizes, tuple((d, int(v)) for d, v in sizes))
+
+    for dtype in (bf16, torch.int8):
+        configs = gemv_configs(call(4096, 11008, dtype), interpret=False)
+        assert len(configs) >= 8 and len(set(configs)) == len(configs)
+        for c in configs:
+            assert 4096 <= c.block_n * c.block_k * dtype.itemsize <= 16384
+            assert c.block_k & (c.block_k - 1) == 0 and c.block_n & (c.block_n - 1) == 0 and c.num_warps <= 8
+    small = gemv_configs(call(64, 24, bf16), interpret=False)
+    assert all(c.block_k <= 64 and c.block_n <= 32 for c in small)
+    wide = gemv_configs(call(4096, 4096, bf16, along_n=True), interpret=False)
+    assert all(c.block_n >= 128 and c.block_k <= 64 for c in wide)
+    assert gemv_configs(call(4096, 4096, bf16), interpret=True) == [gemv_configs(call(64, 24, bf16), interpret=True)[0]]
