@@ -290,3 +290,17 @@ def test_tilings_read_4_to_16_kib_of_weight_per_step():
     wide = gemv_configs(call(4096, 4096, bf16, along_n=True), interpret=False)
     assert all(c.block_n >= 128 and c.block_k <= 64 for c in wide)
     assert gemv_configs(call(4096, 4096, bf16), interpret=True) == [gemv_configs(call(64, 24, bf16), interpret=True)[0]]
+
+
+def test_symbolic_k_and_n():
+    """``dynamic=True``: K and N are size symbols (the one row stays a static 1), the
+    kernel takes them as arguments and masks the K tail: eager's numbers at every size."""
+    def fn(x, w, b):
+        return F.relu(F.linear(x, w, b))
+
+    c, programs = compiled(fn, dynamic=True)
+    for k, n in ((40, 24), (56, 33), (72, 17)):
+        x, w, b = rand(1, k), rand(n, k), rand(n)
+        torch.testing.assert_close(c(x, w, b), fn(x, w, b), **tol(f32, k))
+    [launch] = gemv_kernels(programs)
+    assert [a.role for a in launch.kernel.signature][-2:] == ["size", "size"] and chosen(programs) == ["triton_gemv"]
