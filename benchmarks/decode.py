@@ -236,34 +236,39 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def generate(step, reset, prompt, tokens: int, positions, forced=None, keep_logits: int = 0):
-    """Prompt then ``tokens`` greedy tokens through ``step(token [1,1], pos [1]) -> logits``;
-    ``forced``: the tokens to feed instead of the argmax (teacher forcing).  Returns
-    ``(generated tokens [tokens], logits of the first keep_logits steps after the prompt)``."""
+def token_tensors(tokens: torch.Tensor) -> list:
+    """``[1, n]`` token ids -> ``n`` fresh ``[1, 1]`` tensors, laid out as an argmax's result
+    (a slice of the row would have other strides: dynamo would compile the step again)."""
+    return [torch.full((1, 1), int(t), dtype=torch.long, device=tokens.device) for t in tokens.view(-1).tolist()]
+
+
+def generate(step, reset, prompt: list, tokens: int, positions, forced: list | None = None, keep_logits: int = 0):
+    """The ``prompt`` tokens then ``tokens`` greedy tokens through ``step(token [1, 1], pos [1])
+    -> logits``; ``forced``: the tokens to feed instead of the argmax (teacher forcing).
+    Returns ``(generated tokens [1, tokens], logits of the first keep_logits steps after
+    the prompt)``."""
     reset()
     out, kept = [], []
-    tok = prompt[:, :1]
-    total = prompt.shape[1] + tokens - 1
-    for i in range(total):
-        mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    tok = prompt[0]
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    for i in range(len(prompt) + tokens - 1):
         if mark is not None:
             mark()
         logits = step(tok, positions[i])
-        if i + 1 < prompt.shape[1]:
-            tok = prompt[:, i + 1: i + 2]
+        if i + 1 < len(prompt):
+            tok = prompt[i + 1]
             continue
         nxt = logits[:, -1].argmax(-1, keepdim=True)
-        j = len(out)
         if len(kept) < keep_logits:
             kept.append(logits[0, -1].float().clone())
+        tok = forced[len(out)] if forced is not None else nxt
         out.append(nxt)
-        tok = forced[:, j: j + 1] if forced is not None else nxt
     return torch.cat(out, dim=1), kept
 
 
 def run_model(name, build, variants, args, device, say) -> list:
     rows = []
-    prompt = torch.randint(0, args.vocab, (1, args.prompt), device=device, generator=None)
+    prompt = token_tensors(torch.randint(0, args.vocab, (1, args.prompt), device=device))
     positions = [torch.tensor([i], device=device) for i in range(args.max_seq)]
     reference = None
     for variant in variants:
@@ -288,11 +293,12 @@ def run_model(name, build, variants, args, device, say) -> list:
             steps = args.prompt + args.tokens - 1
             row["ms"] = 1e3 * elapsed / steps
             row["tok_s"] = steps / elapsed
+            check = min(CHECK_STEPS, args.tokens)
             if reference is None:
-                reference = (toks, generate(compiled, reset, prompt, CHECK_STEPS, positions, forced=toks,
-                                            keep_logits=CHECK_STEPS)[1])
-            forced_logits = generate(compiled, reset, prompt, CHECK_STEPS, positions, forced=reference[0],
-                                     keep_logits=CHECK_STEPS)[1]
+                reference = (toks, generate(compiled, reset, prompt, check, positions, forced=token_tensors(toks),
+                                            keep_logits=check)[1])
+            forced_logits = generate(compiled, reset, prompt, check, positions,
+                                     forced=token_tensors(reference[0]), keep_logits=check)[1]
             err = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
                       for a, b in zip(forced_logits, reference[1]))
             agree = sum(int(a.argmax() == b.argmax()) for a, b in zip(forced_logits, reference[1]))
