@@ -248,11 +248,20 @@ def _restrided_channels_last(gm: torch.fx.GraphModule, example_inputs: Sequence[
 def rewrite_patterns(gm: torch.fx.GraphModule, session: CompileSession) -> None:
     """The ATen-graph rewrites of ``fxwrap.core.patterns`` that the session's templates ask
     for: the dequantize-and-linear pattern becomes ``_weight_int8pack_mm`` where a template
-    computes that op, and only where ATen's own kernel of it (the template's fallback and
-    rival) is exact for the shapes."""
-    if any(patterns.INT8_MM in t.ops for t in session.templates):
-        patterns.int8_weight_only_linears(
-            gm, lambda x, w, scale: patterns.aten_int8_mm_refusal(x.dtype, x.shape[-1]) is None)
+    of the session computes that op and asks for the rewrite (``Template.pattern_refusal``),
+    and only where ATen's own kernel of it (the template's fallback and rival) runs on the
+    device and is exact for the shapes, or where the template promises to compute every
+    call it asks for (``Template.pattern_guarantee``: then it is the op's only kernel)."""
+    templates = [t for t in session.active_templates if patterns.INT8_MM in t.ops]
+    if not templates:
+        return
+
+    def allow(x, w, scale) -> bool:
+        aten_ok = patterns.aten_int8_mm_refusal(x.dtype, x.shape[-1], x.device.type, x.is_contiguous()) is None
+        return any(t.pattern_refusal(patterns.INT8_MM, (x, w, scale)) is None and (aten_ok or t.pattern_guarantee)
+                   for t in templates)
+
+    patterns.int8_weight_only_linears(gm, allow)
 
 
 def finish_program(program: Program, session: CompileSession) -> Program:

@@ -21,7 +21,8 @@ along its columns directly.)  Every node's ``meta["val"]`` is propagated again, 
 views see the padded strides; a graph output whose strides changed gets its traced layout
 back through a ``clone`` (an output of the model is returned as eager returns it).  Only
 products large enough to pay for the copies are padded (``MIN_FLOPS``), with static
-sizes.  The device asks for it: ``capabilities()["matmul_alignment_bytes"]``.
+sizes, and never a one-row product (a decode step's: it reads the weight once, the padding
+would copy all of it on every call; the GEMV template reads it unpadded).  The device asks for it: ``capabilities()["matmul_alignment_bytes"]``.
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def _padded_width(node: torch.fx.Node, alignment: int, min_flops: int) -> int | 
         return None
     m, n = val.shape
     size = val.element_size()
+    if m == 1:  # a one-row product (decode) reads each weight once: padding would copy it every call
+        return None
     if (n * size) % alignment == 0 or 2 * m * n * a.shape[1] < min_flops or val.stride() != (n, 1):
         return None
     step = alignment // size

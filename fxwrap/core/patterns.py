@@ -23,7 +23,7 @@ to the activations' dtype before scaling (two roundings in bf16), the op rounds
 ``sum * scale`` once; both sum in fp32, so they agree to the dtype's tolerance.
 
 Only rewritten where the result is the same op as the pattern computes: ``x`` bf16 or
-fp32 on the CPU, ``w`` a contiguous 2-D int8 tensor, ``scale`` exactly ``[N]`` (a
+fp32 (any device: ``allow`` says which), ``w`` a contiguous 2-D int8 tensor, ``scale`` exactly ``[N]`` (a
 ``[1, N]`` scale is read through a view) of ``x``'s dtype (another dtype promotes the
 product: the pattern's result dtype differs), the mul's result the pattern's dtype;
 and where ``allow(x, w, scale)`` (the fake tensors) says so: the caller decides what
@@ -45,11 +45,23 @@ INT8_MM = aten._weight_int8pack_mm.default
 _ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def aten_int8_mm_refusal(dtype: torch.dtype, k) -> str | None:
-    """Why ATen's CPU kernel of ``_weight_int8pack_mm`` must not run for activations of
-    ``dtype`` and a reduction of ``k`` (a size: int or sympy), or None.  In torch 2.13 its
-    bfloat16 path reads past the rows when ``k`` is not a multiple of 32: wrong numbers
-    (``k=100``) or a crash (``k=45``)."""
+def aten_int8_mm_refusal(dtype: torch.dtype, k, device_type: str = "cpu", rows_contiguous: bool = True) -> str | None:
+    """Why ATen's kernel of ``_weight_int8pack_mm`` on ``device_type`` must not run for
+    activations of ``dtype``, a reduction of ``k`` (a size: int or sympy) and activations
+    whose rows are (``rows_contiguous``) or are not contiguous, or None.
+
+    * a device with no ATen kernel of the op (``torch._C._dispatch_has_kernel_for_dispatch_key``):
+      torch 2.13's CUDA kernel exists, older builds may lack it;
+    * CUDA: the kernel indexes ``x`` as contiguous rows whatever its strides (torch 2.11-2.13);
+    * CPU: in torch 2.13 the bfloat16 path reads past the rows when ``k`` is not a multiple
+      of 32: wrong numbers (``k=100``) or a crash (``k=45``).
+    """
+    key = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}.get(device_type)
+    if key is None or not torch._C._dispatch_has_kernel_for_dispatch_key(str(INT8_MM.name()), key):
+        return f"torch {torch.__version__} has no {device_type} kernel of {INT8_MM}"
+    if device_type != "cpu":
+        return None if rows_contiguous else \
+            f"ATen's {device_type} kernel of {INT8_MM} reads x as contiguous rows whatever its strides"
     if dtype != torch.bfloat16:
         return None
     static = isinstance(k, int) or (getattr(k, "is_number", False) and not isinstance(k, torch.SymInt))
@@ -110,7 +122,7 @@ def _match(mul: torch.fx.Node):
         xv, mv, sv, outv = _val(x), _val(mm), _val(scale), _val(mul)
         if not all(isinstance(v, torch.Tensor) for v in (xv, mv, sv, outv)):
             continue
-        if xv.dtype not in _ACTIVATION_DTYPES or xv.device.type != "cpu" or outv.dtype != xv.dtype:
+        if xv.dtype not in _ACTIVATION_DTYPES or outv.dtype != xv.dtype:
             continue
         w = _dequantized_weight(_transposed(rhs), xv.dtype)
         if w is None:

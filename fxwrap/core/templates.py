@@ -171,6 +171,20 @@ class Template:
         template: it gives wrong numbers or crashes there), or None (the default)."""
         return None
 
+    #: Whether ``pattern_refusal(op, args) is None`` promises that ``refusal`` accepts the
+    #: rewritten call: the rewrite may then produce an op whose own ATen kernel cannot run on
+    #: the device (there is none, or it is wrong there), this template being its kernel
+    pattern_guarantee: bool = False
+
+    def pattern_refusal(self, op, args: tuple) -> str | None:
+        """Why the ATen graph should not be rewritten into ``op`` for this template (a
+        pattern rewrite of ``fxwrap.core.patterns``: ``_weight_int8pack_mm`` for the
+        dequantize-and-linear pattern), given the rewritten op's arguments as fake tensors
+        (their sizes may be symbolic), or None (the default): rewrite where the op's own
+        ATen kernel is a good fallback (or anywhere, with ``pattern_guarantee``).  A template
+        that wins only on some shapes keeps the others on the pattern's own path."""
+        return None
+
     def render(self, kernel: ScheduledKernel, emitter):
         raise NotImplementedError(f"template {self.name or type(self).__name__} has no render()")
 

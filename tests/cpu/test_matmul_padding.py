@@ -94,3 +94,16 @@ def test_aligned_and_small_products_are_left_alone(aligned, monkeypatch):
     monkeypatch.setattr(matmul_padding, "MIN_FLOPS", 1 << 40)
     h, wte = torch.randn(18, 32, generator=gen), torch.randn(1001, 32, generator=gen)
     assert _widths(fxwrap.lower(head, h, wte, target="cpu", options=EXTERN)) == [1001]
+
+
+def test_a_one_row_product_is_left_alone(aligned):
+    """A decode step's head (one row): padding would copy the whole weight on every call."""
+    gen = torch.Generator().manual_seed(11)
+    h, wte = torch.randn(1, 1, 32, generator=gen), torch.randn(1001, 32, generator=gen)
+
+    def decode_head(h, wte):  # logits (1, 1, vocab) of one token
+        return F.linear(h, wte).view(1, 1, -1)
+
+    program = fxwrap.lower(decode_head, h, wte, target="cpu", options=EXTERN)
+    torch.testing.assert_close(program.run(h, wte), decode_head(h, wte))
+    assert _widths(program) == [1001]

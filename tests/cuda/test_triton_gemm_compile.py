@@ -162,6 +162,7 @@ from fxwrap.testing.templates import TemplateConformance  # noqa: E402
 class TestTritonGemmConformance(TemplateConformance):
     target = "triton-interpret"
     template = "triton_gemm"
+    shares_with = ("triton_gemv",)  # listed first: "always" gives it the one-row products
     dtypes = (f32, bf16)
     ops = ("mm", "addmm", "bmm")
 

@@ -32,6 +32,14 @@ def test_triton_gemm_only_under_max_autotune_or_when_asked(mode):
     assert "triton_gemm" in {t.name for t in session.templates}  # registered, not considered
 
 
+def test_triton_gemv_is_in_the_default_mode():
+    """The one-row GEMV is timed against the ATen call in the default mode too (a few small
+    kernels to compile; a decode step's products are where it beats cuBLAS)."""
+    pytest.importorskip("triton", reason="the Triton targets need triton")
+    assert "triton_gemv" in _names("triton-interpret", templates="default")
+    assert "triton_gemv" in _names("triton-interpret", templates="default", mode="max-autotune")
+
+
 def test_unknown_template_mode_is_refused():
     with pytest.raises(ValueError, match="templates='sometimes' is not one of"):
         CompileOptions(templates="sometimes")

@@ -161,7 +161,7 @@ class GemmWriter:
         self.tf32 = tf32
         self.interpret = interpret
         self.target_name = target_name
-        self.a, self.b = call.operands
+        self.a, self.b = call.operands[:2]  # _weight_int8pack_mm: (x, w, scales)
         self.batched = batched(call)
         rank = len(call.index)
         if tuple(kernel.ranges) != tuple(call.output.size) or len(kernel.ranges) != rank:
@@ -278,30 +278,44 @@ def render_gemm(emitter, kernel: ScheduledKernel, template_name: str = "triton_g
     module text, and launch metadata in the emitter's format (grid axes ``b``/``m``/``n``,
     one config per candidate tiling, autotuned on the GPU by the emitter like any
     kernel's block sizes)."""
+    call = kernel.template
+    a, b = call.operands
+    if call.dtype not in GEMM_DTYPES or b.dtype != a.dtype:
+        raise CodegenError(f"template {template_name}: operands {a.dtype} x {b.dtype} of {call.node} "
+                           f"(kernel {kernel.name}, target {emitter.target_name}); it takes "
+                           f"{[str(d) for d in GEMM_DTYPES]}")
+    gw = GemmWriter(kernel, emitter.target_name, tf32=allow_tf32(), interpret=emitter.interpret)
+    k = sympy.sympify(call.size("k"))
+    configs = [c.launch_config(int(k) if k.is_Integer else None) for c in gemm_configs(call, emitter.interpret)]
+    tiles = "batch x " if gw.batched else ""
+    return template_source(emitter, kernel, template_name, gw, ("MBLOCK", "NBLOCK", "KBLOCK", "GROUP_M", "EVEN_K"),
+                           configs, f"{tiles}MBLOCK x NBLOCK tiles over K")
+
+
+def template_source(emitter, kernel: ScheduledKernel, template_name: str, writer: "GemmWriter",
+                    constexprs: tuple, configs: list, shape_note: str):
+    """The ``KernelSource`` of a product template's kernel: ``writer``'s body (``write()``) in
+    one ``@triton.jit`` function with the kernel's usual signature and the ``constexprs``,
+    launched over the grid axes ``b``/``m``/``n`` (each divided by its ``<AXIS>BLOCK``),
+    each of ``configs`` timed on the GPU by the emitter (the fastest kept)."""
     from fxwrap.targets.base import KernelSource, kernel_function_name, kernel_header
     from fxwrap.targets.cuda_triton.printer import IndexPrinter
 
     call = kernel.template
     name = emitter.target_name
-    a, b = call.operands
-    if call.dtype not in GEMM_DTYPES or b.dtype != a.dtype:
-        raise CodegenError(f"template {template_name}: operands {a.dtype} x {b.dtype} of {call.node} "
-                           f"(kernel {kernel.name}, target {name}); it takes {[str(d) for d in GEMM_DTYPES]}")
-    gw = GemmWriter(kernel, name, tf32=allow_tf32(), interpret=emitter.interpret)
-    body = gw.write()
+    body = writer.write()
     fname = kernel_function_name(kernel)
     ptrs = [f"in_ptr{i}" for i in range(len(kernel.inputs))] + [f"out_ptr{i}" for i in range(len(kernel.outputs))]
     sizes = [s.name for s in kernel.size_symbols]
-    consts = [f"{c}: tl.constexpr" for c in ("MBLOCK", "NBLOCK", "KBLOCK", "GROUP_M", "EVEN_K")]
+    consts = [f"{c}: tl.constexpr" for c in constexprs]
     deco = f"@triton.jit(do_not_specialize={sizes!r})" if sizes else "@triton.jit"
-    tiles = "batch x " if gw.batched else ""
     lines = kernel_header(kernel, "#", " (triton)")
-    lines.append(f"# plan: template {template_name}: {call.op}, {tiles}MBLOCK x NBLOCK tiles over K, "
-                 f"epilogue of {len(kernel.stores)} store(s), indices {gw.plan.index_dtype}")
+    lines.append(f"# plan: template {template_name}: {call.op}, {shape_note}, "
+                 f"epilogue of {len(kernel.stores)} store(s), indices {writer.plan.index_dtype}")
     lines += ["import triton", "import triton.language as tl", "",
               "from fxwrap.targets.cuda_triton.libm import fx_round_bf16, libdevice", "", ""]
-    if gw.helpers:
-        lines += O.helper_source(gw.helpers)
+    if writer.helpers:
+        lines += O.helper_source(writer.helpers)
         lines.append("")
     lines += [deco, f"def {fname}({', '.join(ptrs + sizes + consts)}):"]
     lines += ["    " + ln for ln in body]
@@ -309,12 +323,10 @@ def render_gemm(emitter, kernel: ScheduledKernel, template_name: str = "triton_g
 
     host = IndexPrinter(name)
     numels = [("m", host.render(call.size("m"))), ("n", host.render(call.size("n")))]
-    if gw.batched:
+    if writer.batched:
         numels.insert(0, ("b", host.render(call.size("batch"))))
-    k = sympy.sympify(call.size("k"))
-    configs = [c.launch_config(int(k) if k.is_Integer else None) for c in gemm_configs(call, emitter.interpret)]
     launch = {"symbol": fname, "language": emitter.language, "plan": "template", "template": template_name,
-              "reduction_shape": "", "index_dtype": gw.plan.index_dtype,
+              "reduction_shape": "", "index_dtype": writer.plan.index_dtype,
               "pointers": len(kernel.inputs) + len(kernel.outputs),
               "size_symbols": tuple(sizes), "numels": tuple(numels),
               "configs": tuple(configs), "config": configs[0],

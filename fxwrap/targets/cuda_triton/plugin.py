@@ -9,7 +9,9 @@
       torch.compile(fn, backend="fxwrap", options={"target": "triton-interpret"})
 
 Both compute ``mm``/``addmm``/``bmm`` with the Triton GEMM template (``gemm.TritonGemm``)
-where it is faster than cuBLAS (the ATen call) and a separate epilogue kernel.
+where it is faster than cuBLAS (the ATen call) and a separate epilogue kernel, and one-row
+products (batch-1 decoding; int8 weight-only ``_weight_int8pack_mm`` too) with the GEMV
+template (``gemv.TritonGemv``, in the default mode as well).
 """
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import DirectCallWrapper, Target
@@ -17,6 +19,7 @@ from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
 from fxwrap.targets.cuda_triton.gemm import TritonGemm
+from fxwrap.targets.cuda_triton.gemv import TritonGemv
 from fxwrap.targets.cuda_triton.wrapper import CudaWrapper
 
 
@@ -29,4 +32,5 @@ def fxwrap_targets():
 
 @hookimpl
 def fxwrap_templates(target):
-    return [TritonGemm()] if target.name in ("cuda", "triton-interpret") else []
+    # the one-row kernel first: templates="always" gives a one-row product to it
+    return [TritonGemv(), TritonGemm()] if target.name in ("cuda", "triton-interpret") else []

@@ -1,0 +1,306 @@
+"""The Triton GEMV template (``fxwrap.targets.cuda_triton.gemv``) through torch.compile (cuda
+on a GPU, triton-interpret without one): one-row products (``x[1, K]``, ``x[1, 1, K]``, a
+batched ``bmm`` of ``(B, 1, K)``) in float32/bfloat16/float16 and int8 weight-only
+(``linear(x, w_int8.to(x.dtype)) * scale``, rewritten to ``_weight_int8pack_mm``, the
+dequantization fused), with bias/activation/residual epilogues: eager's numbers, one
+launch, no ATen product left, the ``TemplateChoice`` naming ``triton_gemv`` when forced
+(``templates="always"``); more rows go to ``triton_gemm`` or the extern, and in the
+default mode the GEMV is timed against the ATen call and the faster kept."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxwrap
+from fxwrap.core.patterns import INT8_MM, aten_int8_mm_refusal
+from fxwrap.ir.lines import CallExtern, CallKernel, TemplateChoice
+from triton_helpers import DEVICE, GPU, TARGET
+
+aten = torch.ops.aten
+PRODUCTS = {aten.mm.out, aten.addmm.out, aten.bmm.out, aten.mm.default, aten.addmm.default, aten.bmm.default,
+            INT8_MM}
+f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+
+
+def compiled(fn, templates="always", dynamic=False):
+    programs: list = []
+    torch._dynamo.reset()
+    c = torch.compile(fn, backend=fxwrap.Backend(TARGET, {"on_program": programs.append, "templates": templates}),
+                      dynamic=dynamic, fullgraph=True)
+    return c, programs
+
+
+def lines(programs, kind):
+    return [ln for p in programs for ln in p.lines if isinstance(ln, kind)]
+
+
+def product_externs(programs):
+    return [ln for ln in lines(programs, CallExtern) if ln.op in PRODUCTS]
+
+
+def gemv_kernels(programs):
+    return [ln for ln in lines(programs, CallKernel) if "# plan: template triton_gemv" in ln.kernel.source]
+
+
+def chosen(programs):
+    return [ch.chosen for ch in lines(programs, TemplateChoice)]
+
+
+def rand(*shape, dtype=f32):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def tol(dtype, k):
+    if dtype == f32:
+        return dict(atol=1e-4 * max(1.0, k ** 0.5), rtol=1e-4)
+    return dict(atol=3e-2, rtol=3e-2) if dtype == bf16 else dict(atol=4e-3, rtol=4e-3)
+
+
+def int8_weight(n, k):
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=DEVICE)
+    scale = (torch.rand(n, device=DEVICE) * 0.02 + 0.005)
+    return w, scale
+
+
+EPILOGUES = {
+    "plain": lambda y, b, r: y,
+    "bias": lambda y, b, r: y + b,
+    "bias_relu": lambda y, b, r: torch.relu(y + b),
+    "bias_gelu_tanh": lambda y, b, r: F.gelu(y + b, approximate="tanh"),
+    "silu_residual": lambda y, b, r: F.silu(y) * 0.5 + r,
+}
+
+
+def check_forced_gemv(programs, launches=1):
+    texts = [c.text for c in lines(programs, TemplateChoice)]
+    assert chosen(programs) and set(chosen(programs)) == {"triton_gemv"}, texts
+    assert not product_externs(programs), "a matrix product still runs as an ATen call"
+    assert len(gemv_kernels(programs)) >= 1
+    assert len(lines(programs, CallKernel)) == launches, "the epilogue (or a dequantization) is a kernel of its own"
+
+
+@pytest.mark.parametrize("dtype", [f32, bf16, f16], ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("epilogue", sorted(EPILOGUES))
+@pytest.mark.parametrize("lead", [(1,), (1, 1)], ids=["x1K", "x11K"])
+def test_one_row_linear(lead, epilogue, dtype):
+    """``ep(linear(x, w) [+ b])``, x ``[1, K]`` or ``[1, 1, K]`` (a decode step's token), K and N
+    not multiples of the tile: mm or addmm with the epilogue in one GEMV launch."""
+    ep = EPILOGUES[epilogue]
+    k, n = 45, 37
+
+    def fn(x, w, b, r):
+        return ep(F.linear(x, w), b, r)
+
+    c, programs = compiled(fn)
+    x, w, b, r = rand(*lead, k, dtype=dtype), rand(n, k, dtype=dtype), rand(n, dtype=dtype), rand(*lead, n, dtype=dtype)
+    torch.testing.assert_close(c(x, w, b, r), fn(x, w, b, r), **tol(dtype, k))
+    check_forced_gemv(programs)
+
+
+@pytest.mark.parametrize("dtype", [f32, bf16], ids=["float32", "bfloat16"])
+def test_linear_with_bias_addmm_and_even_k(dtype):
+    """``F.linear(x, w, b)`` (addmm: the bias in the epilogue) with K a multiple of the
+    tile's KBLOCK (the unmasked loop) and N a multiple of NBLOCK."""
+    def fn(x, w, b):
+        return F.silu(F.linear(x, w, b))
+
+    c, programs = compiled(fn)
+    x, w, b = rand(1, 1, 128, dtype=dtype), rand(64, 128, dtype=dtype), rand(64, dtype=dtype)
+    torch.testing.assert_close(c(x, w, b), fn(x, w, b), **tol(dtype, 128))
+    check_forced_gemv(programs)
+    assert "EVEN_K" in gemv_kernels(programs)[0].kernel.source
+
+
+@pytest.mark.parametrize("dtype", [f32, bf16], ids=["float32", "bfloat16"])
+def test_weight_read_along_n(dtype):
+    """``x @ w`` with ``w`` a row-major ``[K, N]``: the weight contiguous along N."""
+    def fn(x, w):
+        return torch.tanh(x @ w)
+
+    c, programs = compiled(fn)
+    x, w = rand(1, 50, dtype=dtype), rand(50, 70, dtype=dtype)
+    torch.testing.assert_close(c(x, w), fn(x, w), **tol(dtype, 50))
+    check_forced_gemv(programs)
+    assert "the weight read along N" in gemv_kernels(programs)[0].kernel.source
+
+
+@pytest.mark.parametrize("dtype", [f32, bf16], ids=["float32", "bfloat16"])
+def test_batched_one_row_bmm(dtype):
+    """A decode step's attention scores: ``bmm`` of ``(B, 1, D)`` by ``(B, D, T)``, then softmax."""
+    def fn(q, k):
+        return torch.bmm(q, k).softmax(-1)
+
+    c, programs = compiled(fn)
+    q, k = rand(5, 1, 24, dtype=dtype), rand(5, 24, 33, dtype=dtype)
+    torch.testing.assert_close(c(q, k), fn(q, k), **tol(dtype, 24))
+    assert set(chosen(programs)) == {"triton_gemv"} and not product_externs(programs)
+
+
+@pytest.mark.parametrize("dtype", [bf16, f32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "silu_residual"])
+@pytest.mark.parametrize("lead", [(1,), (1, 1)], ids=["x1K", "x11K"])
+def test_int8_weight_only(lead, epilogue, dtype):
+    """``linear(x, w_int8.to(x.dtype)) * scale`` then the epilogue: one launch reading the
+    int8 weight (no dequantized copy, no ATen product)."""
+    ep = EPILOGUES[epilogue]
+    k, n = 64, 37
+
+    def fn(x, w, s, b, r):
+        return ep(F.linear(x, w.to(x.dtype)) * s, b, r)
+
+    c, programs = compiled(fn)
+    w, s = int8_weight(n, k)
+    x, b, r = rand(*lead, k, dtype=dtype), rand(n, dtype=dtype), rand(*lead, n, dtype=dtype)
+    s = s.to(dtype)
+    got, want = c(x, w, s, b, r), fn(x, w, s, b, r)
+    # eager rounds the product to bf16 before the scale; the kernel rounds product * scale once
+    torch.testing.assert_close(got, want, **(tol(dtype, k) if dtype == f32 else dict(atol=5e-2, rtol=2e-2)))
+    check_forced_gemv(programs)
+    source = gemv_kernels(programs)[0].kernel.source
+    assert "_weight_int8pack_mm" in source and "b.to(tl.float32)" in source
+
+
+def test_int8_with_more_rows_keeps_the_dequantize_pattern():
+    """Four rows: no rewrite (the GEMV refuses them, ``pattern_refusal``), the dequantized
+    product as without templates, eager's numbers."""
+    def fn(x, w, s):
+        return F.linear(x, w.to(x.dtype)) * s
+
+    c, programs = compiled(fn)
+    w, s = int8_weight(24, 32)
+    x = rand(4, 32)
+    torch.testing.assert_close(c(x, w, s), fn(x, w, s), **tol(f32, 32))
+    assert "triton_gemv" not in chosen(programs)
+    assert not any("_weight_int8pack_mm" in ln.kernel.source for ln in lines(programs, CallKernel))
+    assert not [ln for ln in lines(programs, CallExtern) if ln.op == INT8_MM]  # not ATen's int8 op either
+    assert chosen(programs) == ["triton_gemm"]  # the dequantized weight's product
+
+
+def test_more_rows_go_to_the_gemm_template():
+    """``templates="always"`` with 3 rows: the GEMV refuses, ``triton_gemm`` computes it."""
+    def fn(x, w, b):
+        return torch.relu(F.linear(x, w, b))
+
+    c, programs = compiled(fn)
+    x, w, b = rand(3, 40), rand(24, 40), rand(24)
+    torch.testing.assert_close(c(x, w, b), fn(x, w, b), **tol(f32, 40))
+    assert chosen(programs) == ["triton_gemm"] and not gemv_kernels(programs)
+
+
+def test_dynamic_rows_are_not_one_row():
+    """Rows of a symbolic size are never taken for one (even where the example has one)."""
+    def fn(x, w):
+        return F.linear(x, w) + 1
+
+    c, programs = compiled(fn, templates="default", dynamic=True)
+    w = rand(24, 40)
+    for rows in (2, 5):
+        x = rand(rows, 40)
+        torch.testing.assert_close(c(x, w), fn(x, w), **tol(f32, 40))
+    assert not gemv_kernels(programs) and "triton_gemv" not in chosen(programs)
+
+
+def test_default_mode_times_gemv_against_the_extern(tmp_path, monkeypatch):
+    """The default mode (``in_default_mode``): the GEMV and the ATen call + epilogue are
+    both timed, the faster kept (the extern on ties and on wins under 3%); more rows: the
+    ATen call, nothing timed (the Triton GEMM is not in the default mode)."""
+    monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path))
+    k, n = (4096, 4096) if GPU else (64, 48)
+    dtype = bf16 if GPU else f32
+
+    def fn(x, w, b):
+        return F.gelu(F.linear(x, w, b))
+
+    c, programs = compiled(fn, templates="default")
+    x, w, b = rand(1, k, dtype=dtype), rand(n, k, dtype=dtype), rand(n, dtype=dtype)
+    torch.testing.assert_close(c(x, w, b), fn(x, w, b), **tol(dtype, k))
+    [choice] = lines(programs, TemplateChoice)
+    times = dict(choice.times)
+    assert set(times) == {"extern", "triton_gemv"} and all(t > 0 for t in times.values())
+    wins = times["triton_gemv"] < times["extern"] * 0.97
+    assert choice.chosen == ("triton_gemv" if wins else "extern")
+    assert bool(gemv_kernels(programs)) == wins and bool(product_externs(programs)) == (not wins)
+
+    c, programs = compiled(fn, templates="default")
+    x = rand(4, k, dtype=dtype)
+    torch.testing.assert_close(c(x, w, b), fn(x, w, b), **tol(dtype, k))
+    # no template of the default mode takes it: the ATen call, with no choice to record
+    assert not chosen(programs) and product_externs(programs) and not gemv_kernels(programs)
+
+
+def test_aten_int8_kernel_is_trusted_only_where_it_is_right():
+    """Where ATen's ``_weight_int8pack_mm`` runs: a CUDA kernel must exist in this torch and
+    never reads strided activations (it indexes them as contiguous rows)."""
+    has_cuda = torch._C._dispatch_has_kernel_for_dispatch_key("aten::_weight_int8pack_mm", "CUDA")
+    assert (aten_int8_mm_refusal(bf16, 4096, "cuda", True) is None) == has_cuda
+    assert aten_int8_mm_refusal(bf16, 4096, "cuda", False) is not None
+    assert aten_int8_mm_refusal(bf16, 4096, "cpu") is None and aten_int8_mm_refusal(bf16, 100, "cpu") is not None
+    assert "no vulkan kernel" in aten_int8_mm_refusal(bf16, 64, "vulkan")
+
+
+def test_int8_without_an_aten_kernel_the_gemv_is_the_path(monkeypatch):
+    """Where ATen's ``_weight_int8pack_mm`` cannot run on the device (no kernel in this torch),
+    one-row activations are still rewritten -- the GEMV promises to compute them
+    (``pattern_guarantee``) and the extern is neither timed nor chosen --, and more rows
+    keep the dequantize-and-mm pattern: ATen's op never runs."""
+    from fxwrap.core import patterns
+
+    monkeypatch.setattr(patterns, "aten_int8_mm_refusal", lambda *a, **k: "no kernel of the op here (test)")
+
+    def fn(x, w, s, r):
+        return F.linear(x, w.to(x.dtype)) * s + r
+
+    w, s = int8_weight(37, 64)
+    for rows, want_gemv in ((1, True), (3, False)):
+        c, programs = compiled(fn, templates="default")
+        x, r = rand(1, rows, 64), rand(1, rows, 37)
+        torch.testing.assert_close(c(x, w, s, r), fn(x, w, s, r), **tol(f32, 64))
+        assert not [ln for ln in lines(programs, CallExtern) if ln.op == INT8_MM]
+        assert bool(gemv_kernels(programs)) == want_gemv
+        if want_gemv:
+            [choice] = lines(programs, TemplateChoice)
+            assert choice.chosen == "triton_gemv" and "not run: no kernel of the op here" in choice.text
+
+
+def test_tilings_read_4_to_16_kib_of_weight_per_step():
+    """``gemv_configs`` at decode shapes: powers of two capped at the problem, 4-16 KiB of
+    weight per program and step along the weight's contiguous axis (K for an nn.Linear
+    weight, twice the elements for int8), N-wide tiles for a weight contiguous along N."""
+    import sympy
+    from fxwrap.core.templates import TemplateCall
+    from fxwrap.ir.lines import Buffer
+    from fxwrap.targets.cuda_triton.gemv import gemv_configs
+
+    def call(k, n, dtype, along_n=False):
+        x = Buffer("x", (1, k), (k, 1), torch.bfloat16, torch.device("cuda"))
+        w = Buffer("w", (k, n), (n, 1) if along_n else (1, k), dtype, torch.device("cuda"))
+        out = Buffer("out", (1, n), (n, 1), torch.bfloat16, torch.device("cuda"))
+        sizes = (("batch", sympy.Integer(1)), ("m", sympy.Integer(1)), ("n", sympy.Integer(n)), ("k", sympy.Integer(k)))
+        return TemplateCall(aten.mm.default, "mm", (x, w), out, sizes, tuple((d, int(v)) for d, v in sizes))
+
+    for dtype in (bf16, torch.int8):
+        configs = gemv_configs(call(4096, 11008, dtype), interpret=False)
+        assert len(configs) >= 8 and len(set(configs)) == len(configs)
+        for c in configs:
+            assert 4096 <= c.block_n * c.block_k * dtype.itemsize <= 16384
+            assert c.block_k & (c.block_k - 1) == 0 and c.block_n & (c.block_n - 1) == 0 and c.num_warps <= 8
+    small = gemv_configs(call(64, 24, bf16), interpret=False)
+    assert all(c.block_k <= 64 and c.block_n <= 32 for c in small)
+    wide = gemv_configs(call(4096, 4096, bf16, along_n=True), interpret=False)
+    assert all(c.block_n >= 128 and c.block_k <= 64 for c in wide)
+    assert gemv_configs(call(4096, 4096, bf16), interpret=True) == [gemv_configs(call(64, 24, bf16), interpret=True)[0]]
+
+
+def test_symbolic_k_and_n():
+    """``dynamic=True``: K and N are size symbols (the one row stays a static 1), the
+    kernel takes them as arguments and masks the K tail: eager's numbers at every size."""
+    def fn(x, w, b):
+        return F.relu(F.linear(x, w, b))
+
+    c, programs = compiled(fn, dynamic=True)
+    for k, n in ((40, 24), (56, 33), (72, 17)):
+        x, w, b = rand(1, k), rand(n, k), rand(n)
+        torch.testing.assert_close(c(x, w, b), fn(x, w, b), **tol(f32, k))
+    [launch] = gemv_kernels(programs)
+    assert [a.role for a in launch.kernel.signature][-2:] == ["size", "size"] and chosen(programs) == ["triton_gemv"]
