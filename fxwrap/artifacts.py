@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from fxwrap.runtime.graph_replay import GraphReplayRunner, capture_runner
+from fxwrap.runtime.graph_replay import capture_runner, replay_runners
 from fxwrap.runtime.graph_records import OpRef, graph_module_from_records, graph_records, kernels_of, resolve_op
 from fxwrap.runtime.kernel import Kernel, _rebuild
 from fxwrap.targets.host.cache import write_atomically
@@ -203,7 +203,7 @@ def _program_record(program) -> dict:
         wrapper = program.wrapper
     capture = getattr(program, "capture", None)
     if capture is None and not isinstance(program.target, SavedTarget) \
-            and program.runner is not program.graph_module and _replays(program.runner):
+            and replay_runners(program.runner):
         capture = (program.target.device.graph_capture(), tuple(program.static_inputs))
     return {"kind": program.kind, "target": target, "wrapper": wrapper, "graph": graph_records(program.graph_module),
             "arguments": _portable_arguments(program.arguments), "outputs": program.outputs,
@@ -302,14 +302,6 @@ def _build(record: dict) -> LoadedProgram:
     return LoadedProgram(record["kind"], record["target"], gm, runner, record["arguments"], record["outputs"],
                          record["wrapper"], capture)
 
-
-def _replays(runner) -> bool:
-    """Whether a program's runner is graph capture's (a ``GraphReplayRunner``, or a split
-    GraphModule calling some)."""
-    if isinstance(runner, GraphReplayRunner):
-        return True
-    graph = getattr(runner, "graph", None)
-    return graph is not None and any(isinstance(n.target, GraphReplayRunner) for n in graph.nodes)
 
 
 def loads(data: bytes, origin: str = "the fxwrap program") -> LoadedProgram | LoadedTrainingPrograms:

@@ -293,6 +293,15 @@ class GraphReplayRunner:
                 args[i].copy_(recording.inputs[i])
 
 
+def replay_runners(runner) -> list[GraphReplayRunner]:
+    """The ``GraphReplayRunner``s of a program's runner: itself, or those its partitions call
+    (``capture_runner``); empty for a program that runs without graph capture."""
+    if isinstance(runner, GraphReplayRunner):
+        return [runner]
+    graph = getattr(runner, "graph", None)
+    return [] if graph is None else [n.target for n in graph.nodes if isinstance(n.target, GraphReplayRunner)]
+
+
 def _partition_of(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], dict[int, tuple[bool, str]]]:
     """Each node's partition (from the ``partition`` nodes) and each partition's decision."""
     of: dict[torch.fx.Node, int] = {}

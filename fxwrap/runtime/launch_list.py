@@ -11,6 +11,7 @@ Recording runs the GraphModule once, node by node, and keeps what must run again
     torch.mm(buf0, arg2, out=buf2)                 runs                     torch.mm(buf0, arg2, out=buf2)
     buf3 = aten.sort.default(buf2)                 runs, result kept        buf3.copy_(sort(buf2))
     free(buf0)                                     skipped (kept)           -
+    s1 = sym_min(1, s0)                            runs once (host sizes)   -
 
 A replay is a loop over pre-bound calls: no FX code per node, no allocation, no view, no
 input check (the runner keys each recording on its inputs' sizes and storages).  A recording
@@ -34,7 +35,8 @@ from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.memory import free
 
 #: calls that run once at recording: the input check (the runner keys recordings on the inputs
-#: instead), allocations, host size arithmetic, metadata reads
+#: instead), allocations, host size arithmetic, metadata reads (any other call that reads no
+#: tensor and returns a host value runs once too)
 _ONCE = frozenset({check_inputs, torch.empty_strided, torch.ops.aten.empty_strided.default, torch.empty,
                    size_of, stride_of, storage_offset, operator.getitem,
                    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
@@ -124,6 +126,8 @@ def record_launches(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> tuple[La
                 continue  # a view (or the memory plan's reuse) of what it reads: metadata only
             calls.append(_copy_into(target, args, kwargs, result if isinstance(result, (tuple, list))
                                     else (result,)))
+        elif not _storages((args, tuple(kwargs.values()))):
+            continue  # host arithmetic on sizes: the runner keys each recording on their values
         else:
             raise RuntimeError(f"{node.format_node()} gives the host a value ({type(result).__name__}) "
                                "that a recorded launch list cannot replay")
