@@ -159,6 +159,7 @@ class _Recording:
             t = args[i]
             self.inputs[i] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
             self.inputs[i].copy_(t)
+        self.copied = tuple(copied)
         self.handle, outputs = capture.record(run, self.inputs)
         self.tuple_output = isinstance(outputs, (tuple, list))
         self.outputs = list(outputs) if self.tuple_output else [outputs]
@@ -209,6 +210,7 @@ class GraphReplayRunner:
         self.__name__ = "graph_replay"  # how an FX node calling the runner names it
         self.static = tuple(sorted(set(static)))
         self.written = tuple(sorted(set(written)))
+        self.copied_back = tuple(i for i in self.written if i not in self.static)
         self.fallback_reason = reason
         self.recordings: dict[tuple, list[_Recording]] = {}
         self.warmed: set[tuple] = set()
@@ -222,29 +224,27 @@ class GraphReplayRunner:
         self.fallback_reason = reason
         log.warning("%s runs without graphs from now on: %s", self.name, reason)
 
-    def _keys(self, args) -> tuple[tuple, tuple] | None:
-        """(sizes key, static storages key), or None when an input cannot be recorded."""
-        sizes = []
+    def _keys(self, args) -> tuple[tuple, tuple]:
+        """(sizes key: each non-static tensor's sizes, strides and dtype, each other input's
+        value; storages key: each static input's data pointer).  A static input's sizes are
+        no part of it: dynamo's guards fix them, or they are size inputs (in the sizes key)."""
         static = self.static
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                if a.device.type != self.capture.device_type:
-                    return None
-                if i not in static:
-                    sizes.append((a.shape, a.stride(), a.dtype))
-            else:
-                sizes.append(a)
-        return tuple(sizes), tuple(args[i].data_ptr() for i in static)
+        sizes = tuple((a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+                      for i, a in enumerate(args) if i not in static)
+        return sizes, tuple(args[i].data_ptr() for i in static)
+
+    def _off_device(self, args) -> bool:
+        kind = self.capture.device_type
+        return any(isinstance(a, torch.Tensor) and a.device.type != kind for a in args)
 
     def __call__(self, *args):
         if self.fallback_reason is not None:
             return self.run(*args)
-        keys = self._keys(args)
-        if keys is None:
-            self._fall_back(f"an input is not a {self.capture.device_type} tensor")
-            return self.run(*args)
-        sizes, storages = keys
+        sizes, storages = self._keys(args)
         if sizes not in self.warmed:  # the first run at these sizes: plain (kernels load, caches fill)
+            if self._off_device(args):
+                self._fall_back(f"an input is not a {self.capture.device_type} tensor")
+                return self.run(*args)
             self.warmed.add(sizes)
             log.debug("%s: warm-up run at new sizes", self.name)
             return self.run(*args)
@@ -280,17 +280,16 @@ class GraphReplayRunner:
         return recording.hand_out()
 
     def _replay(self, recording: _Recording, args):
-        for static, t, i in zip(recording.inputs, args, range(len(args))):
-            if isinstance(t, torch.Tensor) and static is not t and static.data_ptr() != t.data_ptr():
-                static.copy_(t)
+        inputs = recording.inputs
+        for i in recording.copied:
+            inputs[i].copy_(args[i])
         self.capture.replay(recording.handle)
         self._copy_back(recording, args)
         return recording.hand_out()
 
     def _copy_back(self, recording: _Recording, args) -> None:
-        for i in self.written:
-            if recording.inputs[i] is not args[i]:
-                args[i].copy_(recording.inputs[i])
+        for i in self.copied_back:
+            args[i].copy_(recording.inputs[i])
 
 
 def replay_runners(runner) -> list[GraphReplayRunner]:
