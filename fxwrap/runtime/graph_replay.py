@@ -215,8 +215,8 @@ class GraphReplayRunner:
         self.recordings: dict[tuple, list[_Recording]] = {}
         self.warmed: set[tuple] = set()
         self.refused: set[tuple] = set()
-        self.count = 0
-        self._layout_checked = False
+        self.count = 0  # recordings made
+        self.replays = 0
         if reason:
             log.info("%s runs without graphs: %s", name, reason)
 
@@ -284,6 +284,7 @@ class GraphReplayRunner:
         for i in recording.copied:
             inputs[i].copy_(args[i])
         self.capture.replay(recording.handle)
+        self.replays += 1
         self._copy_back(recording, args)
         return recording.hand_out()
 
