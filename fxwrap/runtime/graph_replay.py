@@ -211,6 +211,7 @@ class GraphReplayRunner:
         self.static = tuple(sorted(set(static)))
         self.written = tuple(sorted(set(written)))
         self.copied_back = tuple(i for i in self.written if i not in self.static)
+        self._others: tuple[int, ...] | None = None  # the positions of the inputs that are not static
         self.fallback_reason = reason
         self.recordings: dict[tuple, list[_Recording]] = {}
         self.warmed: set[tuple] = set()
@@ -228,10 +229,13 @@ class GraphReplayRunner:
         """(sizes key: each non-static tensor's sizes, strides and dtype, each other input's
         value; storages key: each static input's data pointer).  A static input's sizes are
         no part of it: dynamo's guards fix them, or they are size inputs (in the sizes key)."""
-        static = self.static
-        sizes = tuple((a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
-                      for i, a in enumerate(args) if i not in static)
-        return sizes, tuple(args[i].data_ptr() for i in static)
+        if self._others is None or len(self._others) + len(self.static) != len(args):
+            self._others = tuple(i for i in range(len(args)) if i not in self.static)
+        sizes = []
+        for i in self._others:
+            a = args[i]
+            sizes.append((a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a)
+        return tuple(sizes), tuple([args[i].data_ptr() for i in self.static])
 
     def _off_device(self, args) -> bool:
         kind = self.capture.device_type

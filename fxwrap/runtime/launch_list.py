@@ -120,8 +120,8 @@ def record_launches(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> tuple[La
             calls.append(functools.partial(target.launcher(), *args))
         elif _writes(target, kwargs) or result is None:
             calls.append(functools.partial(target, *args, **kwargs))
-        elif isinstance(result, torch.Tensor) or (isinstance(result, (tuple, list)) and result
-                                                  and all(isinstance(r, torch.Tensor) for r in result)):
+        elif isinstance(result, torch.Tensor) or (isinstance(result, (tuple, list)) and _storages(result)
+                                                  and all(r is None or isinstance(r, torch.Tensor) for r in result)):
             if _storages(result) <= _storages((args, tuple(kwargs.values()))):
                 continue  # a view (or the memory plan's reuse) of what it reads: metadata only
             calls.append(_copy_into(target, args, kwargs, result if isinstance(result, (tuple, list))
