@@ -58,9 +58,10 @@ class GraphCapture:
     capture, then one replay).  ``replay(recording)`` repeats it: same input and output
     memory, same work.  A recording owns the memory of the outputs and temporaries of its
     run (CUDA: a private graph pool).  ``synchronize()`` waits for the device's queued work.
-    ``hands_out_views``: replays hand the caller fresh tensors over the recording's output
-    memory (the runner then knows when the caller drops them).  ``device_type``: the
-    device whose tensors a recording may take (others make the runner run plainly)::
+    ``device_type``: the device whose tensors a recording may take (others make the runner
+    run plainly).  ``records_graph_modules``: ``record`` takes the program's GraphModule (or a
+    partition of it), not whatever callable the target's wrapper made of it (the CPU launch
+    list reads its nodes)::
 
         class MyCapture(GraphCapture):
             device_type = "mydev"
@@ -75,6 +76,7 @@ class GraphCapture:
     """
 
     device_type: str = ""
+    records_graph_modules: bool = False
 
     def record(self, run: Callable, inputs: Sequence[Any]) -> tuple[Any, Any]:
         raise NotImplementedError
@@ -328,6 +330,10 @@ def capture_runner(run: Callable, gm: torch.fx.GraphModule, capture: GraphCaptur
     at them (``torch.fx.passes.split_module``); each partition marked for capture gets a
     ``GraphReplayRunner`` of its own (its static inputs: the program's static inputs it
     takes), the others run as they are."""
+    if capture.records_graph_modules and not isinstance(run, torch.fx.GraphModule):
+        log.info("%s: the device records the program's GraphModule, not the wrapper's %s",
+                 name, type(run).__name__)
+        run = gm
     of, decisions = _partition_of(gm)
     if not decisions:
         return GraphReplayRunner(run, capture, static=static, written=written_inputs(gm), name=name)

@@ -148,6 +148,7 @@ class LaunchListCapture(GraphCapture):
     (what the target's wrapper made of the program, or one partition of it)."""
 
     device_type = "cpu"
+    records_graph_modules = True
 
     def record(self, run, inputs):
         if not isinstance(run, torch.fx.GraphModule):
