@@ -151,12 +151,25 @@ def written_inputs(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     return tuple(i for i, p in enumerate(placeholders) if p in written)
 
 
+def _unowned(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``t``'s memory on a storage that does not own it (as a device graph
+    holds a pointer): recording a static input so keeps no tensor of the caller alive (a
+    backward's saved activation would keep the forward's recording busy for ever).  The
+    runner replays only while an input with that data pointer is passed (its key)."""
+    base = t.untyped_storage()
+    storage = torch._C._construct_storage_from_data_pointer(base.data_ptr(), t.device, base.nbytes())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.size(), t.stride())
+
+
 class _Recording:
     """One recorded run: its own copies of the non-static inputs, the device's recording,
     the outputs (in the recording's memory), the storages last handed out."""
 
-    def __init__(self, capture: GraphCapture, run: Callable, args: Sequence[Any], copied: Sequence[int]):
+    def __init__(self, capture: GraphCapture, run: Callable, args: Sequence[Any], copied: Sequence[int],
+                 static: Sequence[int]):
         self.inputs = list(args)
+        for i in static:  # the memory, not the tensor: a recording must not keep a caller's tensor alive
+            self.inputs[i] = _unowned(args[i])
         for i in copied:
             t = args[i]
             self.inputs[i] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
@@ -275,7 +288,7 @@ class GraphReplayRunner:
         self.capture.synchronize()
         copied = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static]
         try:
-            recording = _Recording(self.capture, self.run, args, copied)
+            recording = _Recording(self.capture, self.run, args, copied, self.static)
         except RuntimeError as exc:
             self.capture.synchronize()
             self._fall_back(f"recording failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")

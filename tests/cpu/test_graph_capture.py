@@ -64,7 +64,7 @@ def test_kv_cache_writes_under_capture_match_eager_with_parameters_in_place():
             torch.testing.assert_close(model.k_cache, ref.k_cache)  # the write, in the caller's buffer
             torch.testing.assert_close(model.v_cache, ref.v_cache)
     (runner,) = _runners(programs)
-    assert runner.fallback_reason is None and runner.count >= 1
+    assert runner.fallback_reason is None and runner.count >= 1 and runner.replays >= 3
     (program,) = programs
     params = {t.data_ptr() for t in [*model.parameters(), *model.buffers()]}
     assert len(program.static_inputs) == len(params)  # every parameter and buffer is static
@@ -158,8 +158,9 @@ def test_batch_norm_training_running_stats_under_capture():
         torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
         torch.testing.assert_close(model[1].running_var, ref[1].running_var)
         assert model[1].num_batches_tracked == ref[1].num_batches_tracked
+        del out, want, g  # a held output keeps its recording busy: the next call would record anew
     assert {p.kind for p in programs} == {"forward", "backward"}
-    assert all(r.count >= 1 and r.fallback_reason is None for r in _runners(programs))
+    assert all(r.count >= 1 and r.replays >= 2 and r.fallback_reason is None for r in _runners(programs))
 
 
 def test_held_outputs_are_never_overwritten():
