@@ -260,7 +260,12 @@ class GraphReplayRunner:
         if self.fallback_reason is not None:
             return self.run(*args)
         sizes, storages = self._keys(args)
-        if sizes not in self.warmed:  # the first run at these sizes: plain (kernels load, caches fill)
+        try:
+            seen = sizes in self.warmed
+        except TypeError:  # an input that is no tensor and no hashable value (a list)
+            self._fall_back("an input is neither a tensor nor a hashable value")
+            return self.run(*args)
+        if not seen:  # the first run at these sizes: plain (kernels load, caches fill)
             if self._off_device(args):
                 self._fall_back(f"an input is not a {self.capture.device_type} tensor")
                 return self.run(*args)

@@ -236,3 +236,11 @@ def test_cudagraphs_mode_needs_a_cuda_target():
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="no mode 'turbo'"):
         fxwrap.Backend("cpu", {"mode": "turbo"})
+
+
+def test_an_unhashable_input_falls_back():
+    runner = GraphReplayRunner(lambda x, sizes: x * len(sizes), _ToyCapture())
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(runner(x, [1, 2]), x * 2)
+    assert runner.fallback_reason == "an input is neither a tensor nor a hashable value" and runner.count == 0
