@@ -3,7 +3,8 @@ and reduce-overhead), in one process, interleaved rounds.
 
     python benchmarks/capture.py --device cuda                       # every workload, the H100 sizes
     python benchmarks/capture.py --device cuda --workloads decode --layers 12 --dim 1024
-    python benchmarks/capture.py --device cpu --workloads decode --layers 2 --dim 64   # the launch list
+    python benchmarks/capture.py --device cpu --workloads decode --layers 2 --dim 64 --threads 1 \
+        --backends eager,fxwrap,fxwrap-reduce-overhead                        # the CPU launch list
 
 Workloads:
 
@@ -110,8 +111,10 @@ def _llama(args, device, dtype):
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return None
-    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=1024)
+    hidden = args.hf_hidden
+    config = LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                         num_hidden_layers=args.hf_layers, num_attention_heads=16, num_key_value_heads=4,
+                         max_position_embeddings=max(1024, args.hf_seq))
     torch.manual_seed(0)
     return LlamaForCausalLM(config).to(device)
 
@@ -121,7 +124,7 @@ def llama_infer_workload(args, device, dtype):
     if model is None:
         return None
     model = model.to(dtype).eval()
-    ids = torch.randint(0, 32000, (4, 512), device=device)
+    ids = torch.randint(0, 32000, (args.hf_batch, args.hf_seq), device=device)
 
     def run(fn, step):
         with torch.no_grad():
@@ -134,7 +137,7 @@ def llama_train_workload(args, device, dtype):
     if model is None:
         return None
     model.train()
-    ids = torch.randint(0, 32000, (4, 512), device=device)
+    ids = torch.randint(0, 32000, (args.hf_batch, args.hf_seq), device=device)
 
     def run(fn, step):
         with torch.autocast(device, dtype=dtype):
@@ -148,17 +151,21 @@ def llama_train_workload(args, device, dtype):
 WORKLOADS = {"decode": decode_workload, "llama-infer": llama_infer_workload, "llama-train": llama_train_workload}
 
 
-def backends(model, device, programs):
+BACKENDS = ("eager", "inductor", "inductor-reduce-overhead", "fxwrap", "fxwrap-reduce-overhead")
+
+
+def backends(model, programs, names=BACKENDS):
     """name -> a compiled copy of ``model`` (each its own copy: caches are written);
     fxwrap reduce-overhead's programs go to ``programs``."""
-    made = {"eager": copy.deepcopy(model)}
-    made["inductor"] = torch.compile(copy.deepcopy(model))
-    made["inductor-reduce-overhead"] = torch.compile(copy.deepcopy(model), mode="reduce-overhead")
-    made["fxwrap"] = torch.compile(copy.deepcopy(model), backend="fxwrap")
-    made["fxwrap-reduce-overhead"] = torch.compile(copy.deepcopy(model), backend="fxwrap",
-                                                   options={"mode": "reduce-overhead",
-                                                            "on_program": programs.append})
-    return made
+    make = {
+        "eager": lambda m: m,
+        "inductor": lambda m: torch.compile(m),
+        "inductor-reduce-overhead": lambda m: torch.compile(m, mode="reduce-overhead"),
+        "fxwrap": lambda m: torch.compile(m, backend="fxwrap"),
+        "fxwrap-reduce-overhead": lambda m: torch.compile(m, backend="fxwrap", options={
+            "mode": "reduce-overhead", "on_program": programs.append}),
+    }
+    return {name: make[name](copy.deepcopy(model)) for name in names}
 
 
 def _mark_step():
@@ -174,7 +181,7 @@ def time_workload(name, args, device, dtype):
         return None
     model, run, training = made
     programs = []
-    fns = backends(model, device, programs)
+    fns = backends(model, programs, args.backends.split(","))
     outputs = {}
     for backend, fn in fns.items():  # compile and warm up (warm-up, recording, replays)
         for step in range(args.warmup):
@@ -200,18 +207,19 @@ def time_workload(name, args, device, dtype):
         step += 1
     ref = outputs["eager"]
     rows = []
-    base = statistics.median(times["inductor-reduce-overhead"])
+    base = statistics.median(times.get("inductor-reduce-overhead") or times["eager"])
     for backend in fns:
         ms = statistics.median(times[backend])
         err = (outputs[backend] - ref).abs().max().item()
         rows.append((backend, ms, ms / base, err))
     print(f"\n{name} ({device}, {dtype}, {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'})")
-    print(f"{'backend':28s} {'ms/step':>9s} {'x ind-RO':>9s} {'max|err| vs eager':>18s}")
+    versus = "x ind-RO" if "inductor-reduce-overhead" in times else "x eager"
+    print(f"{'backend':28s} {'ms/step':>9s} {versus:>9s} {'max|err| vs eager':>18s}")
     for backend, ms, ratio, err in rows:
         print(f"{backend:28s} {ms:9.3f} {ratio:9.2f} {err:18.3g}")
     runners = [r for p in programs for r in replay_runners(p.runner)]
     print("fxwrap reduce-overhead recordings:", [(r.name, r.count, r.fallback_reason) for r in runners])
-    if args.copies and device == "cuda":
+    if args.copies and device == "cuda" and "fxwrap-reduce-overhead" in fns:
         count_copies(fns["fxwrap-reduce-overhead"], run, step, model)
     return rows
 
@@ -242,7 +250,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--copies", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="eager must stay first")
+    parser.add_argument("--hf-layers", type=int, default=8)
+    parser.add_argument("--hf-hidden", type=int, default=1024)
+    parser.add_argument("--hf-batch", type=int, default=4)
+    parser.add_argument("--hf-seq", type=int, default=512)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
     args.layers = args.layers or (12 if cuda else 2)
     args.dim = args.dim or (1024 if cuda else 64)
