@@ -179,6 +179,7 @@ class _Recording:
         self.tuple_output = isinstance(outputs, (tuple, list))
         self.outputs = list(outputs) if self.tuple_output else [outputs]
         self.handed_out: list[StorageWeakRef] = []
+        self.layouts: list | None = None
 
     def busy(self) -> bool:
         """True while an output of the last run is referenced (by anyone)."""
@@ -187,18 +188,21 @@ class _Recording:
     def hand_out(self):
         """The outputs as fresh tensors on storages of their own that do not own the memory
         (so autograd, views and the caller keep those alive, never the recording's)."""
+        if self.layouts is None:  # each output's memory and layout, read once
+            self.layouts = [None if not isinstance(o, torch.Tensor) else
+                            (o.untyped_storage().data_ptr(), o.untyped_storage().nbytes(), o.dtype, o.device,
+                             o.storage_offset(), o.size(), o.stride()) for o in self.outputs]
         storages: dict[int, torch.UntypedStorage] = {}
         outs = []
-        for o in self.outputs:
-            if not isinstance(o, torch.Tensor):
+        for o, layout in zip(self.outputs, self.layouts):
+            if layout is None:
                 outs.append(o)
                 continue
-            base = o.untyped_storage()
-            if base.data_ptr() not in storages:
-                storages[base.data_ptr()] = torch._C._construct_storage_from_data_pointer(
-                    base.data_ptr(), o.device, base.nbytes())
-            fresh = torch.empty(0, dtype=o.dtype, device=o.device)
-            outs.append(fresh.set_(storages[base.data_ptr()], o.storage_offset(), o.size(), o.stride()))
+            ptr, nbytes, dtype, device, offset, size, stride = layout
+            storage = storages.get(ptr)
+            if storage is None:
+                storage = storages[ptr] = torch._C._construct_storage_from_data_pointer(ptr, device, nbytes)
+            outs.append(torch.empty(0, dtype=dtype, device=device).set_(storage, offset, size, stride))
         self.handed_out = [StorageWeakRef(st) for st in storages.values()]
         return tuple(outs) if self.tuple_output else outs[0]
 
