@@ -18,6 +18,12 @@ input check (the runner keys each recording on its inputs' sizes and storages). 
 holds every buffer of its run alive, as a CUDA graph's private pool does.  A node that gives
 the host a value it did not have (``aten._local_scalar_dense``) cannot be replayed: recording
 fails with a ``RuntimeError`` naming it, and the runner runs the program plainly.
+
+What it saves (a 2-layer, 64-wide decoder step with a KV cache, 172 Wrapper IR lines, 31
+launches, one thread, best of 60 rounds on a loaded 2-core machine): the plain GraphModule
+618 us a call, the runner replaying the launch list 330 us, the bare list 201 us.  A partition
+of a few launches gains little: the runner's own work per call (keys, input copies, outputs
+handed out) is tens of microseconds here.
 """
 from __future__ import annotations
 
