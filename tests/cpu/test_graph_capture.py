@@ -194,3 +194,22 @@ def test_modes_without_graphs_have_no_partitions(mode):
     fn, programs = _compile(lambda x: x.sin(), mode=mode)
     fn(torch.randn(4))
     assert "partition(" not in programs[0].code() and not _runners(programs)
+
+
+def test_partitions_with_dynamic_sizes():
+    def f(x, idx):
+        y = torch.softmax(x * 2, -1)
+        i = idx.item()
+        torch._check(i >= 0)
+        torch._check(i < y.shape[0])
+        return y[i] * y.sum(0)
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        fn, programs = _compile(f, dynamic=True)
+        for n in (5, 7, 9):
+            for _ in range(3):
+                x, idx = torch.randn(n, 6), torch.tensor(2)
+                torch.testing.assert_close(fn(x, idx), f(x, idx))
+    runners = _runners(programs)
+    assert runners and all(r.fallback_reason is None for r in runners)
+    assert sum(r.replays for r in runners) >= 3

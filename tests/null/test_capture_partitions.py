@@ -109,14 +109,13 @@ def test_index_checks_stay_recorded():
 
 
 def test_a_partition_that_computes_nothing_joins_the_plain_one():
-    x, s, out = _buf("arg0"), _buf("buf0", size=()), _buf("buf1")
+    x, out = _buf("arg0"), _buf("buf1")
     lines = [Allocate(out), CallExtern(aten._local_scalar_dense.default, (x,), (), "u0"),
              CallExtern(aten.fill_.Scalar, (out, "u0"), (), None), Return((out,))]
     got = [(b.index, b.capture, b.reason) for b in partition_for_capture("cuda")(lines)
            if isinstance(b, PartitionBoundary)]
     assert got == [(0, False, "aten._local_scalar_dense.default has a data-dependent output (it reads a "
                               "value back to the host)"), (1, True, "")]
-    del s
 
 
 def test_partition_lines_become_fx_calls_and_split_the_program():

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
