@@ -140,6 +140,8 @@ def llama_train_workload(args, device, dtype):
     ids = torch.randint(0, 32000, (args.hf_batch, args.hf_seq), device=device)
 
     def run(fn, step):
+        for p in fn.parameters():  # a training loop's zero_grad(set_to_none=True)
+            p.grad = None
         with torch.autocast(device, dtype=dtype):
             logits = fn(input_ids=ids, use_cache=False).logits
         loss = logits.float().square().mean()
