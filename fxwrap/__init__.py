@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
     "CStyleEmitter": "fxwrap.targets.cstyle",
     "Origin": "fxwrap.runtime.provenance",
+    "GraphCapture": "fxwrap.runtime.graph_replay",
     "Template": "fxwrap.core.templates", "TemplateCall": "fxwrap.core.templates",
 }
 _SUBMODULES: dict[str, str] = {"lines": "fxwrap.ir.lines",
@@ -81,3 +82,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
     from fxwrap.ir import collectives, control_flow, lines  # noqa: F401
     from fxwrap.runtime.provenance import Origin  # noqa: F401
+    from fxwrap.runtime.graph_replay import GraphCapture  # noqa: F401

@@ -22,7 +22,7 @@ import torch
 
 from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
-from fxwrap.core.capture import capture_backend, report_output_strides, saved_activation_outputs
+from fxwrap.core.capture import capture_backend, report_output_strides, saved_activation_outputs, static_input_indices
 from fxwrap.core import patterns
 from fxwrap.core.layout import channels_last_convolutions, follow_input_layouts, has_channels_last_convolution
 from fxwrap.core.matmul_padding import pad_matmul_columns
@@ -32,11 +32,10 @@ from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
 from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.boxed import ListCall
-from fxwrap.runtime.cudagraphs import CudaGraphRunner
+from fxwrap.runtime.graph_replay import capture_runner
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
-from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
 from fxwrap.wrapper_ir.fx import annotated_code, input_guard_of, to_graph_module
 from fxwrap.ir.lines import Buffer, Line, Return, SizeInput
 from fxwrap.wrapper_ir.printer import program_source
@@ -67,6 +66,8 @@ class Program:
     hints: dict = field(default_factory=dict, repr=False)
     arguments: ArgumentMap | None = field(default=None, repr=False)
     outputs: OutputMap | None = field(default=None, repr=False)
+    #: positions of the inputs graph capture uses in place (``core.capture.static_input_indices``)
+    static_inputs: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -152,6 +153,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     timer = logs.PhaseTimer(f"{kind} program")
     channels_last = session.capabilities.get("convolution_layout") == "channels_last"
     saved_outputs = saved_activation_outputs(gm) if kind == "forward" else None
+    static_inputs = static_input_indices(gm, kind)
     if kind == "backward" and example_inputs is not None:
         with timer.phase("layout"):
             # the forward's saved activations come channels-last: so do its convolution backwards
@@ -161,7 +163,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         # which forward outputs keep the channels-last layout is no part of the graph's text
         key_kind = kind if saved_outputs is None else f"{kind} saving {saved_outputs.start}:{saved_outputs.stop}"
         cache, key = ProgramCache(), program_key(gm, session, key_kind)
-        program = cache.load(key, session)
+        program = cache.load(key, session, static_inputs)
         if program is not None:
             return program
     dump = ProgramDump.start(options.debug_dir, gm, kind)  # None unless a debug dump was asked for
@@ -192,7 +194,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
     with timer.phase("wrapper"):
         program = finish_program(Program(kind, target, built.inputs, lines, graph_module, plan, None,
-                                         built.constants, built.hints), session)
+                                         built.constants, built.hints, static_inputs=static_inputs), session)
     if logs.enabled("wrapper"):
         logs.logger("wrapper").debug("%s program (target %s):\n%s", kind, target.name, program.code())
     if logs.enabled("fx"):
@@ -266,14 +268,17 @@ def rewrite_patterns(gm: torch.fx.GraphModule, session: CompileSession) -> None:
 
 def finish_program(program: Program, session: CompileSession) -> Program:
     """Give ``program`` (compiled, or loaded from the program cache) its runner: the
-    target's wrapper of its GraphModule, recorded into CUDA graphs where the options
-    ask for them (``cuda_graphs``: mode "cudagraphs", "reduce-overhead", "max-autotune")."""
+    target's wrapper of its GraphModule, recorded and replayed partition by partition
+    (``fxwrap.runtime.graph_replay.capture_runner``) where the options ask for graphs
+    (``cuda_graphs``: mode "cudagraphs", "reduce-overhead", "max-autotune") and the device
+    records them (``DeviceInterface.graph_capture()``)."""
     target, kind, graph_module = session.target, program.kind, program.graph_module
     runner = target.wrapper(target).compile_graph(graph_module)
     program.runner = runner
-    if session.options.cuda_graphs and target.device_type == "cuda":
-        program.runner = CudaGraphRunner(runner, graph_safety(program), f"{kind} program",
-                                         synchronize=target.device.synchronize)
+    capture = target.device.graph_capture() if session.options.cuda_graphs else None
+    if capture is not None:
+        program.runner = capture_runner(runner, graph_module, capture, static=program.static_inputs,
+                                        name=f"{kind} program")
     return program
 
 
@@ -306,8 +311,9 @@ class Backend:
     named ``f"{target}_{execute}"``, e.g. ``{"target": "mps", "execute": "shim"}`` runs the
     Metal kernels on CPU tensors through the C++ shim), ``mode`` (``"default"``, or
     ``"cudagraphs"``: CUDA targets record each program into a CUDA graph and replay
-    it, see ``fxwrap.runtime.cudagraphs``; ``torch.compile(mode="reduce-overhead")``
-    means the same; ``"max-autotune"``: more candidate configs per kernel, timed by the
+    it, see ``fxwrap.runtime.graph_replay``; ``torch.compile(mode="reduce-overhead")``
+    means the same on any target whose device declares graph capture (cuda: CUDA graphs;
+    cpu: a launch list); ``"max-autotune"``: more candidate configs per kernel, timed by the
     Triton emitter, plus CUDA graphs on CUDA targets; ``"max-autotune-no-cudagraphs"``:
     the configs alone; the C++ and Metal emitters have no tunable choices, so there
     max-autotune changes nothing).

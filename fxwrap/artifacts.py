@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from fxwrap.runtime.graph_replay import capture_runner, replay_runners
 from fxwrap.runtime.graph_records import OpRef, graph_module_from_records, graph_records, kernels_of, resolve_op
 from fxwrap.runtime.kernel import Kernel, _rebuild
 from fxwrap.targets.host.cache import write_atomically
@@ -103,6 +104,7 @@ class LoadedProgram:
     arguments: Any = None
     outputs: Any = None
     wrapper: type | None = None  # the target's WrapperCodegen class (made ``runner``)
+    capture: Any = None  # graph capture: (the device's GraphCapture, static input positions)
 
     @property
     def input_guard(self):
@@ -193,18 +195,19 @@ def _portable_arguments(arguments):
 
 def _program_record(program) -> dict:
     """What a loaded program is rebuilt from (``program``: a ``Program`` or a ``LoadedProgram``)."""
-    from fxwrap.runtime.cudagraphs import CudaGraphRunner
     target = program.target
     if not isinstance(target, SavedTarget):
         target = SavedTarget(target.name, target.device_type, dict(target.options))
         wrapper = program.target.wrapper
     else:
         wrapper = program.wrapper
-    runner = program.runner
-    cudagraphs = runner.fallback_reason if isinstance(runner, CudaGraphRunner) else False
+    capture = getattr(program, "capture", None)
+    if capture is None and not isinstance(program.target, SavedTarget) \
+            and replay_runners(program.runner):
+        capture = (program.target.device.graph_capture(), tuple(program.static_inputs))
     return {"kind": program.kind, "target": target, "wrapper": wrapper, "graph": graph_records(program.graph_module),
             "arguments": _portable_arguments(program.arguments), "outputs": program.outputs,
-            "cudagraphs": cudagraphs}
+            "capture": capture}
 
 
 def _contents(obj) -> tuple[str, dict]:
@@ -289,16 +292,16 @@ def check_header(header: dict, origin: str) -> None:
 
 
 def _build(record: dict) -> LoadedProgram:
-    from fxwrap.runtime.cudagraphs import CudaGraphRunner
     gm = graph_module_from_records(record["graph"])
     for kernel in kernels_of(gm):  # bind every kernel now: a file that cannot run fails here
         kernel.launcher()
     runner = record["wrapper"](record["target"]).compile_graph(gm)
-    if record["cudagraphs"] is not False:
-        runner = CudaGraphRunner(runner, record["cudagraphs"], f"loaded {record['kind']} program",
-                                 synchronize=torch.cuda.synchronize)
+    capture = record.get("capture")
+    if capture is not None:  # (the device's GraphCapture, the static inputs' positions)
+        runner = capture_runner(runner, gm, capture[0], static=capture[1], name=f"loaded {record['kind']} program")
     return LoadedProgram(record["kind"], record["target"], gm, runner, record["arguments"], record["outputs"],
-                         record["wrapper"])
+                         record["wrapper"], capture)
+
 
 
 def loads(data: bytes, origin: str = "the fxwrap program") -> LoadedProgram | LoadedTrainingPrograms:

@@ -197,7 +197,9 @@ class ProgramCache:
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.pkl"
 
-    def load(self, key: str, session):
+    def load(self, key: str, session, static_inputs: tuple[int, ...] = ()):
+        """The program saved under ``key``, finished for ``session`` (``static_inputs``: the
+        positions of the inputs AOTAutograd calls static in this compile), or None."""
         path = self.path(key)
         try:
             data = path.read_bytes()
@@ -208,7 +210,7 @@ class ProgramCache:
                 entry = pickle.loads(data)
             if entry.get("key") != key:
                 raise ValueError("the entry holds another key")
-            program = _program_from_entry(entry, session)
+            program = _program_from_entry(entry, session, static_inputs)
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss, never an error
             log.warning("fxwrap program cache: ignoring entry %s (%s: %s); compiling", path, type(exc).__name__, exc)
             return None
@@ -232,11 +234,12 @@ class ProgramCache:
         write_atomically(path, data)  # the commit point
 
 
-def _program_from_entry(entry: dict, session):
+def _program_from_entry(entry: dict, session, static_inputs: tuple[int, ...] = ()):
     from fxwrap.api import Program, finish_program
     gm = entry["graph_module"]
     for kernel in kernels_of(gm):
         kernel.launcher()  # bind now, as a compile does
     program = Program(entry["kind"], session.target, entry["inputs"], entry["lines"], gm, entry["memory"],
-                      runner=None, constants=entry["constants"], hints=entry["hints"])
+                      runner=None, constants=entry["constants"], hints=entry["hints"],
+                      static_inputs=static_inputs)
     return finish_program(program, session)

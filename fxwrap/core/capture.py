@@ -144,6 +144,23 @@ def saved_activation_outputs(gm: torch.fx.GraphModule) -> range | None:
     return range(*saved.indices(count))  # stop: None or -(saved size symbols)
 
 
+def static_input_indices(gm: torch.fx.GraphModule, kind: str) -> tuple[int, ...]:
+    """The positions of ``gm``'s inputs whose memory stays put from call to call, which graph
+    capture uses in place (``fxwrap.runtime.graph_replay``).  An inference or forward graph:
+    what AOTAutograd says (parameters and buffers: ``fw_metadata.static_input_indices``, the
+    list Inductor's ``compile_fx`` reads; private API, torch 2.4+); none outside a compile.  A
+    backward graph: every input but the tangents (saved activations live in the forward's
+    recording, parameters where they are), as Inductor's ``compile_fx`` does.  A static input
+    whose storage moves anyway makes a new recording, never a stale read."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    tensors = [i for i, p in enumerate(placeholders) if isinstance(p.meta.get("val"), torch.Tensor)]
+    if kind == "backward":
+        return tuple(i for i in tensors if not placeholders[i].name.startswith("tangents"))
+    context = TracingContext.try_get()
+    indices = getattr(getattr(context, "fw_metadata", None), "static_input_indices", None) or ()
+    return tuple(i for i in tensors if i in set(indices))
+
+
 def report_output_strides(strides: list[tuple[int, ...] | None]) -> None:
     """Tell AOTAutograd the strides each output of the forward graph being compiled
     really has (None: a non-tensor or a symbolic layout); it re-strides the backward

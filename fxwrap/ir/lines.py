@@ -124,6 +124,9 @@ class Line:
     #: nothing and writes nothing, so it may move up to wherever its operands exist
     #: (the scheduler lifts such a line above a kernel that needs what it defines).
     metadata_only = False
+    #: It launches nothing and reads no value (a view, a free, a comment): graph capture's
+    #: partition pass puts it with the lines around it (``wrapper_ir/partitions.py``).
+    capture_neutral = False
 
     def reads(self) -> list[Buffer]:
         """Existing buffers the line uses (reads, or writes into), in order."""
@@ -190,6 +193,18 @@ class Line:
         cannot replay), or None."""
         return None
 
+    def capture_refusal(self, device_type: str) -> str | None:
+        """Why a recorded replay of the line (graph capture on a ``device_type`` device) would
+        not compute what running it computes, or None: a value it reads back to the host
+        (``host_readback``), or a buffer it uses that lives on another device."""
+        reason = self.host_readback()
+        if reason is not None:
+            return reason
+        for buf in self.reads() + self.defines():
+            if buf.device.type != device_type:
+                return f"{self.label} uses {buf.name} on {buf.device.type}, not on the {device_type} device"
+        return None
+
     @property
     def label(self) -> str:
         """How messages name the line."""
@@ -254,6 +269,8 @@ class Allocate(Line):
 class Reuse(Line):
     """``buf3 = buf0  # reuse``: ``new`` takes the storage of dead buffer ``old``."""
 
+    capture_neutral = True
+
     old: Buffer
     new: Buffer
 
@@ -302,6 +319,8 @@ class View(Line):
     ``buf`` carries the view's layout; ``base`` is the buffer that owns the storage.
     """
 
+    capture_neutral = True
+
     buf: Buffer
     base: Buffer
 
@@ -341,6 +360,8 @@ class View(Line):
 @dataclass(frozen=True)
 class DefineKernel(Line):
     """``# kernel fxwrap_pointwise_0 defined``: source and signature of a kernel."""
+
+    capture_neutral = True
 
     kernel: Any  # fxwrap.runtime.Kernel
 
@@ -523,6 +544,14 @@ class CallExtern(Line):
             return f"{self.op} reads a value back to the CPU"
         return None
 
+    def capture_refusal(self, device_type):
+        """Also an op whose output size depends on the data (``aten.nonzero``: it reads the
+        count back)."""
+        tags = getattr(self.op, "tags", ())
+        if torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags:
+            return f"{self.label} has a data-dependent output (it reads a value back to the host)"
+        return super().capture_refusal(device_type)
+
     def to_source(self, printer):
         call = f"{printer.op_name(self.op)}({printer.call(self.args, self.kwargs)})"
         return printer.provenance(self.origins, call if self.out is None else f"{self.out_name} = {call}")
@@ -566,6 +595,8 @@ def _aliased_argument(op, ret_index: int, args: tuple) -> Buffer | None:
 @dataclass(frozen=True)
 class GetItem(Line):
     """``buf4 = buf3[1]``: one result of a multi-output extern."""
+
+    capture_neutral = True
 
     buf: Buffer | str
     src: str
@@ -616,6 +647,11 @@ class DefineSymbol(Line):
     def host_readback(self):
         return "a size depends on data (read back to the CPU)"
 
+    def capture_refusal(self, device_type):
+        """None: the host computes it from size inputs and values of the partitions before,
+        every one of which is part of a recording's key (``runtime/graph_replay.py``)."""
+        return None
+
     def to_source(self, printer):
         return f"{self.symbol} = {self.expr}"
 
@@ -649,6 +685,8 @@ class ZeroFill(Line):
 class Free(Line):
     """``free(buf1)``: last use of ``buf``; its storage may be released."""
 
+    capture_neutral = True
+
     buf: Buffer
 
     def reads(self):
@@ -666,6 +704,8 @@ class Comment(Line):
     """``# idx: every index of buf3 in range for dim 0``: a note about the next line.
 
     Provenance is not a comment: it is the ``origins`` of the call it belongs to."""
+
+    capture_neutral = True
 
     text: str
 
@@ -705,6 +745,7 @@ class Return(Line):
     bare: bool = False
 
     returns_reads = True
+    capture_neutral = True
 
     def reads(self):
         return buffers_in(self.values)

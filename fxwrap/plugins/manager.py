@@ -63,7 +63,7 @@ import fxwrap.core.rules  # noqa: F401  (registers fxwrap's default lowering rul
 from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable
 from fxwrap.core.templates import check_template
 from fxwrap.plugins import hookspecs
-from fxwrap.plugins import debug_modes
+from fxwrap.plugins import debug_modes, graph_capture
 from fxwrap.plugins.session import CompileOptions, CompileSession
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.targets.base import DeviceInterface, KernelEmitter, KernelSource, Target, WrapperCodegen
@@ -162,6 +162,7 @@ class PluginManager:
                 for ep in self.discover():
                     self._load_one(ep)
                 self._register_builtin(debug_modes, debug_modes.PLUGIN_NAME)
+                self._register_builtin(graph_capture, graph_capture.PLUGIN_NAME)
             except PluginError as exc:
                 self._error = exc
                 raise

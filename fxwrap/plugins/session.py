@@ -141,9 +141,10 @@ class CompileOptions:
 
     @property
     def cuda_graphs(self) -> bool:
-        """Record each program into a CUDA graph and replay it, on CUDA targets:
-        ``"cudagraphs"``, ``"reduce-overhead"``, ``"max-autotune"`` (on other targets the
-        last two compile without graphs, as Inductor's do)."""
+        """Record each program (partition by partition) and replay it, on targets whose device
+        declares graph capture (``DeviceInterface.graph_capture()``: CUDA graphs, the CPU's
+        launch list): ``"cudagraphs"``, ``"reduce-overhead"``, ``"max-autotune"`` (on other
+        targets the last two compile without graphs, as Inductor's do)."""
         return self.mode in ("cudagraphs", "reduce-overhead", "max-autotune")
 
     @property

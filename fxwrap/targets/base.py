@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from fxwrap.runtime.direct import direct_graph_module
+from fxwrap.runtime.graph_replay import GraphCapture
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.provenance import header_lines
 
@@ -35,8 +36,12 @@ class DeviceInterface:
       kernel may hold: an op on another dtype runs as an ATen extern call
       (``CompileSession.kernel_dtypes``).  Emitters read their launch limits here
       (Metal: ``max_threads_per_threadgroup``).
-    * ``synchronize(device)``: waits for queued work; CUDA-graph recording
-      (``fxwrap.runtime.cudagraphs``) and autotuning call it before they start.
+    * ``synchronize(device)``: waits for queued work; autotuning calls it before it starts.
+    * ``graph_capture()``: the device's ``GraphCapture`` (``fxwrap.runtime.graph_replay``:
+      record a run of a program, replay it), or None (the default) when it has none.  A
+      device that returns one gets ``mode="reduce-overhead"``: the shared runner, its rules
+      (static inputs in place, writes into them recorded, other written inputs copied back,
+      partitions around what cannot be recorded) and the conformance kit's checks of them.
     * ``current_stream(device)``: the stream launches go to (None where there are
       none); autotuning records its timing events on it.
     * ``device_count()``: how many devices of this type; the Triton launchers skip
@@ -73,6 +78,10 @@ class DeviceInterface:
 
     def capabilities(self) -> dict:
         return {}
+
+    def graph_capture(self) -> GraphCapture | None:
+        """How the device records and replays a program (``mode="reduce-overhead"``), or None."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import torch._dynamo
 
 import fxwrap
 from fxwrap.testing import checks, opinfo
+from fxwrap.testing.capture import CAPTURE_CHECKS
 from fxwrap.testing.models import FORWARD_TOLERANCE, GRADIENT_TOLERANCE, MODEL_CASES
 from fxwrap.testing.ops import OP_CASES, OpCase, dtype_name
 
@@ -188,6 +189,7 @@ class ConformanceSuite:
     models: Sequence[str] = tuple(MODEL_CASES)
     memory_programs: Sequence[str] = ("chain", "chain_dynamic", "split_views", "mlp_training")
     determinism_functions: Sequence[str] = ("norm_gelu_softmax", "views_and_indexing")
+    capture_checks: Sequence[str] = tuple(CAPTURE_CHECKS)
 
     # -- pytest wiring ------------------------------------------------------------------
 
@@ -199,6 +201,7 @@ class ConformanceSuite:
             "model_name": (list(self.models), list(self.models)),
             "memory_program": (list(self.memory_programs), list(self.memory_programs)),
             "determinism_function": (list(self.determinism_functions), list(self.determinism_functions)),
+            "capture_check": (list(self.capture_checks), list(self.capture_checks)),
         }
         for name, (values, ids) in params.items():
             if name in metafunc.fixturenames:
@@ -358,6 +361,17 @@ class ConformanceSuite:
         torch._dynamo.reset()
         second = fxwrap.lower(fn, *inputs, target=target_name)
         checks.check_same_output([first], [second], f"function {determinism_function}")
+
+
+    def test_graph_capture(self, target_name, capture_check):
+        """Graph capture's shared rules on a target whose device declares ``graph_capture()``
+        (``fxwrap.testing.capture``); a visible skip on one that does not."""
+        self._skip_if_excluded(target_name, f"graph_capture_{capture_check}")
+        target = fxwrap.get_plugin_manager().target(target_name)
+        if target.device.graph_capture() is None:
+            pytest.skip(f"target {target_name!r}: its device declares no graph capture "
+                        "(DeviceInterface.graph_capture() is None)")
+        CAPTURE_CHECKS[capture_check](target_name, self.device(target_name))
 
 
 def _as_tuple(value) -> tuple:

@@ -115,3 +115,27 @@ def test_import_fxwrap_imports_neither_the_kit_nor_pytest():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("check, message", [
+    ("static_not_copied", "static inputs are not the module's parameter|the buffer write is not in the module"),
+    ("static_write_visible", "the buffer write is not in the module's buffer"),
+])
+def test_graph_capture_checks_catch_a_device_that_copies_static_inputs(monkeypatch, check, message):
+    """A device whose recordings run on copies of every input (the stale-copy bug issue 27
+    removed) fails the kit's static-input checks; the real CPU launch list passes them."""
+    from fxwrap.runtime.launch_list import LaunchListCapture
+    from fxwrap.targets.host.device import CpuDevice
+    from fxwrap.testing.capture import CAPTURE_CHECKS
+
+    torch._dynamo.reset()
+    CAPTURE_CHECKS[check]("cpu", torch.device("cpu"))  # the unbroken device passes
+
+    class Copying(LaunchListCapture):
+        def record(self, run, inputs):
+            return super().record(run, [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
+
+    monkeypatch.setattr(CpuDevice, "graph_capture", lambda self: Copying())
+    torch._dynamo.reset()
+    with pytest.raises(AssertionError, match=message):
+        CAPTURE_CHECKS[check]("cpu", torch.device("cpu"))

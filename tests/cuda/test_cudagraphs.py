@@ -1,15 +1,16 @@
 """``mode="cudagraphs"`` on a GPU: replays match eager, held outputs are never overwritten,
-training works, and unsafe programs run without graphs.  Needs CUDA (run on the device)."""
+training works, dynamic sizes get a recording each.  Needs CUDA (run on the device).
+The issue-27 rules (static inputs, mutation, partitions): test_graph_capture_cuda.py."""
 import pytest
 import torch
 
-from fxwrap.runtime.cudagraphs import CudaGraphRunner
+from fxwrap.runtime.graph_replay import replay_runners
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
 
 def _runners(programs):
-    return [p.runner for p in programs if isinstance(p.runner, CudaGraphRunner)]
+    return [r for p in programs for r in replay_runners(p.runner)]
 
 
 def _overhead(x, w):
@@ -29,7 +30,7 @@ def test_replays_match_eager_and_held_outputs_survive():
         torch.testing.assert_close(out, _overhead(x, w), rtol=1e-4, atol=1e-4)
         held.append((out, _overhead(x, w)))
     (runner,) = _runners(programs)
-    assert runner.fallback_reason is None and 1 <= len(runner.recordings) <= runner.max_graphs
+    assert runner.fallback_reason is None and 1 <= runner.count <= runner.max_recordings
     for out, want in held:  # every output kept by the caller still holds its own call's values
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
 
@@ -44,7 +45,7 @@ def test_replay_loop_alternates_between_two_recordings():
         out = fn(x, w)  # the previous `out` is alive during the call
         torch.testing.assert_close(out, _overhead(x, w), rtol=1e-4, atol=1e-4)
     (runner,) = _runners(programs)
-    assert len(runner.recordings) == 2
+    assert runner.count == 2
 
 
 def test_training_through_graphs_matches_eager():
@@ -76,15 +77,16 @@ def test_reduce_overhead_mode_means_cudagraphs():
         torch.testing.assert_close(fn(x), (x * 2).sin())
 
 
-def test_dynamic_programs_fall_back_and_input_mutation_stays_correct():
+def test_dynamic_programs_record_each_size_and_input_mutation_stays_correct():
     programs = []
     fn = torch.compile(lambda x: x.exp() + 1, backend="fxwrap", dynamic=True,
                        options={"mode": "cudagraphs", "on_program": programs.append})
     for n in (17, 33, 65):
-        x = torch.randn(n, device="cuda")
-        torch.testing.assert_close(fn(x), x.exp() + 1)
-    dynamic = _runners(programs)
-    assert dynamic and all("dynamic sizes" in r.fallback_reason and not r.recordings for r in dynamic)
+        for _ in range(3):  # warm-up, recording, replay
+            x = torch.randn(n, device="cuda")
+            torch.testing.assert_close(fn(x), x.exp() + 1)
+    (dynamic,) = _runners(programs)
+    assert dynamic.fallback_reason is None and dynamic.count == 3
 
     def bump(x):
         x.add_(1)
@@ -101,14 +103,14 @@ def test_dynamic_programs_fall_back_and_input_mutation_stays_correct():
     # captured) or a line of the program (then it runs without graphs): right numbers either way
 
 
-def test_recording_synchronizes_through_the_targets_device_interface(monkeypatch):
-    """The runner waits through the cuda target's ``DeviceInterface.synchronize`` (handed
-    to it by the compiler), not through a call of its own into torch.cuda."""
-    from fxwrap.targets.cuda_triton.device import CudaDevice
+def test_recording_goes_through_the_devices_graph_capture(monkeypatch):
+    """The runner records through the cuda device's ``GraphCapture`` (``graph_capture()``),
+    not through a call of its own into torch.cuda."""
+    from fxwrap.runtime.cuda_capture import CudaGraphCapture
 
     calls = []
-    real = CudaDevice.synchronize
-    monkeypatch.setattr(CudaDevice, "synchronize", lambda self, device=None: (calls.append(device), real(self, device)))
+    real = CudaGraphCapture.record
+    monkeypatch.setattr(CudaGraphCapture, "record", lambda self, run, inputs: (calls.append(1), real(self, run, inputs))[1])
     programs = []
     torch._dynamo.reset()
     fn = torch.compile(_overhead, backend="fxwrap", options={"mode": "cudagraphs", "on_program": programs.append})
@@ -117,7 +119,7 @@ def test_recording_synchronizes_through_the_targets_device_interface(monkeypatch
         x = torch.randn(64, 64, device="cuda")
         torch.testing.assert_close(fn(x, w), _overhead(x, w), rtol=1e-4, atol=1e-4)
     (runner,) = _runners(programs)
-    assert runner.recordings and calls, "no recording, or it did not synchronize through the device interface"
+    assert runner.count and calls, "no recording, or it did not go through the device's GraphCapture"
 
 
 def test_autotune_times_on_the_device_interfaces_stream():

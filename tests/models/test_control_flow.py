@@ -192,7 +192,7 @@ def test_branch_returning_its_input_gets_a_copy():
 
 def test_cond_is_no_cuda_graph():
     """The op reads its predicate on the host: a program with it is never captured
-    (``cudagraph_safety`` asks each line; the predicate read is the line's answer)."""
+    (graph capture's partition pass asks each line; the predicate read is the line's answer)."""
     from fxwrap.ir.control_flow import Conditional
     program = fxwrap.lower(branchy, torch.randn(4, 3), torch.randn(4, 3))
     line = next(line for line in program.lines if isinstance(line, Conditional))

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
 from fxwrap.core.memory import plan_memory
-from fxwrap.wrapper_ir.cudagraph_safety import graph_safety
+from fxwrap.wrapper_ir.partitions import partition_for_capture
 from fxwrap.wrapper_ir.fx import to_graph_module
 from fxwrap.ir.lines import Allocate, Buffer, CallExtern, Comment, Free, Line, Return, Reuse
 from fxwrap.wrapper_ir.printer import program_source
@@ -146,14 +145,20 @@ def test_new_lines_are_frozen_hashable_and_picklable():
         raise AssertionError("a line must stay frozen")
 
 
-def test_a_new_line_that_writes_an_input_blocks_cuda_graphs():
-    """``graph_safety`` reads ``writes()`` of any line, not only kernel launches and externs."""
+def test_a_new_line_on_another_device_gets_a_plain_partition():
+    """Graph capture's partition pass asks any line (``Line.capture_refusal``: its ``reads()``
+    and ``defines()`` on the device), not only kernel launches and externs; a write into an
+    input is captured like any other."""
     cuda = torch.device("cuda", 0)
     inputs, lines = _program(cuda)
-    assert graph_safety(SimpleNamespace(inputs=inputs, lines=lines)) is None
     lines.insert(-1, ScaleInPlace(inputs[0], 0.5))
-    reason = graph_safety(SimpleNamespace(inputs=inputs, lines=lines))
-    assert reason == "ScaleInPlace writes into a program input", reason
+    boundaries = [line for line in partition_for_capture("cuda")(lines) if type(line).__name__ == "PartitionBoundary"]
+    assert [(b.index, b.capture) for b in boundaries] == [(0, True)]
+    cpu_buf = Buffer("arg9", (6, 5), (5, 1), F32, torch.device("cpu"))
+    lines.insert(-1, ScaleInPlace(cpu_buf, 2.0))
+    boundaries = [line for line in partition_for_capture("cuda")(lines) if type(line).__name__ == "PartitionBoundary"]
+    assert [(b.index, b.capture, b.reason) for b in boundaries] == [
+        (0, True, ""), (1, False, "ScaleInPlace uses arg9 on cpu, not on the cuda device")]
 
 
 def test_default_line_touches_nothing():

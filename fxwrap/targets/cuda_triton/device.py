@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from fxwrap.runtime.cuda_capture import CudaGraphCapture
 from fxwrap.targets.base import DeviceInterface
 
 
@@ -30,6 +31,10 @@ class CudaDevice(DeviceInterface):
 
     def device_count(self) -> int:
         return torch.cuda.device_count() if self.is_available() else 0
+
+    def graph_capture(self) -> CudaGraphCapture:
+        """Recordings are ``torch.cuda.CUDAGraph``s (``fxwrap.runtime.cuda_capture``)."""
+        return CudaGraphCapture()
 
     #: GPU cycles the device spins per timed call before the timing starts: the host
     #: queues the calls meanwhile, so the events time the kernels back to back, not the

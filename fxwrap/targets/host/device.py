@@ -5,6 +5,7 @@ import os
 
 import torch
 
+from fxwrap.runtime.launch_list import LaunchListCapture
 from fxwrap.targets.base import DeviceInterface
 
 
@@ -26,3 +27,8 @@ class CpuDevice(DeviceInterface):
                 # oneDNN convolves NHWC fastest: graphs with 2-D convolutions (inference and training)
                 # run channels-last (fxwrap.core.layout)
                 "convolution_layout": "channels_last", "training_convolution_layout": "channels_last"}
+
+    def graph_capture(self) -> LaunchListCapture:
+        """Recordings are launch lists: the program's kernel and extern calls bound to their
+        tensors (``fxwrap.runtime.launch_list``)."""
+        return LaunchListCapture()

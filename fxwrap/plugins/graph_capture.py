@@ -1,0 +1,24 @@
+"""Graph capture's partition pass: a built-in plugin on the public ``fxwrap_wrapper_passes``
+hook, the way a vendor would write one.
+
+When the options ask for graph capture (``mode="reduce-overhead"``, ``"max-autotune"`` or
+fxwrap's ``"cudagraphs"``) and the target's device declares it
+(``DeviceInterface.graph_capture()`` is not None), every program's lines get their
+``PartitionBoundary`` lines (``fxwrap.wrapper_ir.partitions``), last, after every other
+plugin's passes and the debug modes'.  ``api.finish_program`` then gives the program
+``fxwrap.runtime.graph_replay.capture_runner``.
+"""
+from __future__ import annotations
+
+from fxwrap.plugins.hookspecs import hookimpl
+from fxwrap.wrapper_ir.partitions import partition_for_capture
+
+PLUGIN_NAME = "fxwrap-graph-capture"
+
+
+@hookimpl
+def fxwrap_wrapper_passes(target, options):
+    """The partition pass when ``options`` ask for graphs and ``target``'s device records them."""
+    if not getattr(options, "cuda_graphs", False) or target.device.graph_capture() is None:
+        return []
+    return [partition_for_capture(target.device_type, target.name)]
