@@ -176,12 +176,11 @@ def _select_scatter(ctx, base, src, dim, index):
                       lambda i: src_loops(tuple(i[:dim]) + tuple(i[dim + 1:])))
 
 
-@register(aten.scatter.value)
 def _scatter_one_hot(ctx, base, dim, index, value):
     """``base.scatter(dim, index, value)`` where ``index`` holds one position per row
     along ``dim`` and covers ``base`` in every other dim (a one-hot: cross-entropy's
-    gradient): ``where(i[dim] == index[..., 0, ...], value, base[i])``.  Other scatters
-    (several positions per row, which may repeat, or a partial index) stay externs."""
+    gradient): ``where(i[dim] == index[..., 0, ...], value, base[i])``.  The rule of
+    ``aten.scatter.value`` (``indexed_writes``) uses it where the write cannot go in place."""
     rank = len(ctx.out_size)
     idx_loops = _index_tensor(index)
     if rank == 0 or len(idx_loops.size) != rank or not isinstance(value, (bool, int, float)):
