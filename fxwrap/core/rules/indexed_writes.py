@@ -1,5 +1,5 @@
 """Indexed writes as kernels: ``index_put`` (and ``index_copy_``, which AOTAutograd
-decomposes into it), ``scatter``, ``scatter_add``, ``scatter_reduce(sum)``.
+decomposes into it), ``index_add``, ``scatter``, ``scatter_add``, ``scatter_reduce(sum)``.
 
 Each is a kernel over the *source's* elements (the values put, or the index of a
 scatter) that stores each one at the offset its indices name (an indexed ``Store``,
@@ -142,6 +142,23 @@ def _index_put(ctx, base, indices, values, accumulate=False):
     value = cast(vals(xs), target.dtype)
     ctx.indexed_job(ranges, Store(target.name, offset, value, mode))
     return Stored(target)
+
+
+@register(aten.index_add.default)
+def _index_add(ctx, base, dim, index, source, *, alpha=1):
+    """``base.index_add(dim, index, source, alpha=alpha)``: ``index_put`` accumulating
+    ``alpha * source`` along ``dim``."""
+    rank = len(ctx.out_size)
+    if rank == 0 or len(_index_tensor(index).size) != 1:
+        raise Unsupported("index_add of a 0-d tensor or with a multi-dimensional index")
+    dim %= rank
+    src = as_loops(source)
+    if alpha != 1:
+        dtype = ctx.out_dtype
+        scaled = src
+        src = Loops(scaled.size, dtype, ctx.device, lambda i: Op("mul", dtype, (cast(scaled(i), dtype),
+                                                                               const(alpha, dtype))))
+    return _index_put(ctx, base, [None] * dim + [index], src, accumulate=True)
 
 
 def _scatter(ctx, base, dim, index, src, mode):
