@@ -423,15 +423,20 @@ class Store:
     ``mode="add"`` adds the value to what the element holds, each addition whole
     (two iterations may reach one element: an atomic or a serial loop).  The KV-cache
     write ``cache[:, pos] = v`` over ``v`` of size ``(2, 1, 8)`` into a ``(2, 16, 8)``
-    cache is, over ``v``'s ranges ``(2, 1, 8)``::
+    cache (``pos`` in ``arg1``, negative positions wrapped) is, over ``v``'s ranges ``(2, 1, 8)``::
 
-        %0 = load.i64 arg1[0]
-        %1 = index.i64 128*x0 + x2
-        %2 = index.i64 8
-        %3 = mul.i64 %0 %2
-        %4 = add.i64 %1 %3
-        %5 = load.f32 arg2[8*x0 + x2]
-        arg0[%4] = %5
+        %0 = index.i64 128*x0 + x2
+        %1 = load.i64 arg1[0]
+        %2 = const.i64 0
+        %3 = lt.bool %1 %2
+        %4 = index.i64 16
+        %5 = add.i64 %1 %4
+        %6 = where.i64 %3 %5 %1
+        %7 = index.i64 8
+        %8 = mul.i64 %6 %7
+        %9 = add.i64 %0 %8
+        %10 = load.f32 arg2[8*x0 + x2]
+        arg0[%9] = %10
 
     An indexed store stays in a kernel of its own (nothing fuses with it).
     """
