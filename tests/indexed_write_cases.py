@@ -240,3 +240,27 @@ def run_backward(target, device):
     torch.testing.assert_close(w.grad, ew.grad, rtol=1e-5, atol=1e-5)
     assert not write_externs(programs), write_externs(programs)
     return programs
+
+
+def slice_write(cache, w):
+    cache[:, 5:7] = w            # slice_scatter of a mutated input
+    return cache.sum(1)
+
+
+def run_slice_write(target, device, tmp_path):
+    """A slice of a mutated input overwritten: a kernel over the slice's elements only."""
+    cache = torch.randn(2, 16, 8, device=device)
+    w = torch.randn(2, 2, 8, device=device)
+    eager = cache.clone()
+    before = cache.clone()
+    f, programs = compiled(slice_write, target, debug_dir=tmp_path)
+    torch.testing.assert_close(f(cache, w), slice_write(eager, w), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(cache, eager, rtol=0, atol=0)
+    touched = torch.zeros(cache.shape, dtype=torch.bool, device=device)
+    touched[:, 5:7] = True
+    check_untouched(before, cache, touched)
+    assert not write_externs(programs), write_externs(programs)
+    assert not allocations_of(programs, cache.shape)
+    ranges = indexed_kernel_ranges(tmp_path)
+    assert ranges and all(math.prod(r) == w.numel() for r in ranges), ranges
+    return programs

@@ -34,6 +34,10 @@ def test_scatters_into_inputs():
     cases.run_scatter(TARGET, DEVICE)
 
 
+def test_slice_of_a_mutated_input_is_written_in_place(tmp_path):
+    cases.run_slice_write(TARGET, DEVICE, tmp_path)
+
+
 def test_old_value_read_after_the_write_keeps_a_copy():
     cases.run_read_after_write(TARGET, DEVICE)
 

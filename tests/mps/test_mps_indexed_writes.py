@@ -23,6 +23,10 @@ def test_kv_cache_write_dynamic():
     cases.kv_cache_steps(TARGET, "cpu", dynamic=True)
 
 
+def test_slice_of_a_mutated_input_is_written_in_place(tmp_path):
+    cases.run_slice_write(TARGET, "cpu", tmp_path)
+
+
 def test_old_value_read_after_the_write_keeps_a_copy():
     cases.run_read_after_write(TARGET, "cpu")
 
