@@ -264,3 +264,23 @@ def run_slice_write(target, device, tmp_path):
     ranges = indexed_kernel_ranges(tmp_path)
     assert ranges and all(math.prod(r) == w.numel() for r in ranges), ranges
     return programs
+
+
+def view_writes(cache, pos, v, w):
+    """Writes through views of a mutated input: ``index_copy_`` into ``cache[1]`` (the view
+    is written through a copy, then put back by a slice write in place) and an accumulating
+    ``index_put_`` into ``cache[:, 2:4]``."""
+    cache[1].index_copy_(1, pos, v)
+    cache[:, 2:4].index_put_((torch.tensor([0, 2, 0], device=cache.device),), w, accumulate=True)
+    return cache.sum(0)
+
+
+def run_view_writes(target, device):
+    cache = torch.randn(3, 4, 6, 3, device=device)
+    pos = torch.tensor([2, 5], device=device)
+    v, w = torch.randn(4, 2, 3, device=device), torch.randn(3, 2, 6, 3, device=device)
+    eager = cache.clone()
+    f, programs = compiled(view_writes, target)
+    torch.testing.assert_close(f(cache, pos, v, w), view_writes(eager, pos, v, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache, eager, rtol=1e-6, atol=1e-6)
+    return programs

@@ -61,6 +61,11 @@ def test_slice_of_a_mutated_input_is_written_in_place(target, tmp_path):
     cases.run_slice_write(target, "cpu", tmp_path)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_writes_through_views_of_a_mutated_input(target):
+    cases.run_view_writes(target, "cpu")
+
+
 def test_bf16_accumulate_matches_eager_bit_for_bit():
     """The C++ accumulating kernel is serial and rounds each addition to bf16, as eager's CPU kernel."""
     def fn(x, idx, v):

@@ -27,6 +27,10 @@ def test_slice_of_a_mutated_input_is_written_in_place(tmp_path):
     cases.run_slice_write(TARGET, "cpu", tmp_path)
 
 
+def test_writes_through_views_of_a_mutated_input():
+    cases.run_view_writes(TARGET, "cpu")
+
+
 def test_old_value_read_after_the_write_keeps_a_copy():
     cases.run_read_after_write(TARGET, "cpu")
 
