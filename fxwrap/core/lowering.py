@@ -318,6 +318,25 @@ class LoweringContext:
         """A pointwise kernel job writing ``loops`` into ``buffer`` through its strides."""
         self._builder().pointwise_job(buffer, loops, [self.node.name])
 
+    def indexed_stores(self, mode: str | None, dtype: torch.dtype) -> bool:
+        """Whether the target renders an indexed store (``Store.indexed``) of ``mode`` (None
+        or ``"add"``) into a ``dtype`` buffer; False without a kernel builder."""
+        builder = getattr(self, "builder", None)
+        return builder is not None and builder.indexed_stores(mode, dtype)
+
+    def in_place_refusal(self) -> str | None:
+        """Why this indexed write may not store into its ``self`` in place (None: it may)."""
+        return self._builder().in_place_refusal(self.node)
+
+    def indexed_write_target(self) -> tuple[Buffer, bool]:
+        """``(buffer, in_place)``: where this indexed write stores (``self``'s own storage,
+        or a new buffer holding ``self``'s value)."""
+        return self._builder().indexed_write_target(self.node)
+
+    def indexed_job(self, ranges, store) -> None:
+        """A kernel of its own making one indexed ``store`` (``Store``) over ``ranges``."""
+        self._builder().indexed_job(ranges, store, [self.node.name])
+
     def map(self, fn: Callable[..., Op], *args, compute: torch.dtype | None = None) -> Loops:
         """Elementwise custom body: ``fn(*ops) -> Op`` over operands cast to ``compute``."""
         out = self.out_dtype

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxwrap.ir.loops import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, Store, rewrite
+from fxwrap.ir.loops import BOOL_RESULT, EXACT_16BIT, LEAVES, Op, OpCode, ScheduledKernel, rewrite
 
 LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
 """Float dtypes no target computes in: held as float32 values rounded to their precision."""
@@ -260,7 +260,8 @@ def legalize(kernel: ScheduledKernel, numerics: Numerics = DEFAULT) -> Scheduled
         want = lg.buffers.get(st.buffer, v.dtype)
         if v.dtype != want:
             v = _cast(v, want)
-        stores.append(st if v is st.value else Store(st.buffer, st.index, v))
+        index = lg.value(st.index) if st.indexed else st.index
+        stores.append(st if v is st.value and index is st.index else dataclasses.replace(st, index=index, value=v))
     stores = tuple(stores)
     if all(a is b for a, b in zip(reductions, kernel.reductions)) and \
             all(a is b for a, b in zip(stores, kernel.stores)):

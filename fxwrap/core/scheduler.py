@@ -109,6 +109,18 @@ def loads_of(op: Op) -> list[tuple[str, sympy.Expr]]:
     return [load_key(n) for n in walk(op) if n.op == OpCode.LOAD]
 
 
+def store_reads(stores) -> set[str]:
+    """The buffers ``stores`` read beyond their values' loads: what an indexed store's
+    offset loads (the index tensor), and the buffer it writes into, whose other elements
+    it leaves as they were (and, accumulating, whose elements it reads)."""
+    return {name for st in stores if st.indexed for name in [st.buffer, *(b for b, _ in loads_of(st.index))]}
+
+
+def indexed(item) -> bool:
+    """A job or group of indexed stores (``Store.indexed``): a kernel of its own."""
+    return any(st.indexed for st in item.stores)
+
+
 @dataclass(eq=False)
 class Group:
     outer: tuple
@@ -128,6 +140,8 @@ class Group:
 
     def refusal(self, job: Job) -> str | None:
         """Why ``job`` may not join this group (None: it may), for the fusion log."""
+        if indexed(job) or indexed(self):
+            return "an indexed write (index_put, scatter) is a kernel of its own"
         if self.writes_what_it_reads(job):
             return "it writes a buffer the kernel reads"
         if job.template is not None:
@@ -268,8 +282,9 @@ class Group:
             value = substitute(s.value, self.values)
             for old, new in renames.items():
                 value = _rename_acc(value, old, new)
-            self.stores.append(Store(s.buffer, s.index, value))
-            self.values[(s.buffer, s.index)] = value
+            self.stores.append(dataclasses.replace(s, value=value))
+            if not s.indexed:
+                self.values[(s.buffer, s.index)] = value
 
 
 def subs_index(op: Op, mapping: dict) -> Op:
@@ -350,7 +365,7 @@ def _squeezed(job: Job) -> Job:
     """A pointwise job over sizes with some 1s, over the other sizes only (a per-row
     value stored as ``(rows, 1)`` iterates like the reduction over ``rows`` it follows)."""
     keep = [i for i, n in enumerate(job.outer) if sympy.sympify(n) != 1]
-    if job.reductions or job.reduced or len(keep) == len(job.outer):
+    if job.reductions or job.reduced or len(keep) == len(job.outer) or indexed(job):
         return job
     mapping = {xvar(i): (xvar(keep.index(i)) if i in keep else sympy.Integer(0)) for i in range(len(job.outer))}
     stores = [Store(s.buffer, sympy.expand(sympy.sympify(s.index).xreplace(mapping)), subs_index(s.value, mapping))
@@ -438,7 +453,8 @@ def _footprint(item) -> tuple[set, set, set, set]:
     if isinstance(item, Group):
         ops = [r.value for r in item.reductions] + [s.value for s in item.stores]
         writes = {s.buffer for s in item.stores}
-        return set(), {b for op in ops for b, _ in loads_of(op)} | writes | template_reads(item), writes, set()
+        reads = {b for op in ops for b, _ in loads_of(op)} | store_reads(item.stores)
+        return set(), reads | writes | template_reads(item), writes, set()
     return ({b.name for b in item.defines()}, {b.name for b in item.reads()}, {b.name for b in item.writes()},
             {*item.defines_values(), *(s.name for s in item.defines_symbols())})
 
@@ -459,9 +475,9 @@ def _names_used(line) -> set[str]:
 def _job_names(job: Job) -> tuple[set[str], set[str], set[str]]:
     """``(buffers read, buffers written, symbol names used)`` by ``job``."""
     ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
-    reads = {b for op in ops for b, _ in loads_of(op)} | template_reads(job)
+    reads = {b for op in ops for b, _ in loads_of(op)} | template_reads(job) | store_reads(job.stores)
     writes = {s.buffer for s in job.stores}
-    exprs = [*job.outer, *job.reduced, *(s.index for s in job.stores)]
+    exprs = [*job.outer, *job.reduced, *(e for s in job.stores for e in s.index_exprs())]
     exprs += [e for op in ops for e in direct_indices(op)]  # direct loads, index values
     return reads, writes, {s.name for e in exprs for s in sympy.sympify(e).free_symbols}
 
@@ -520,6 +536,8 @@ def referenced_outside(groups_and_lines: list, buffers_in_lines) -> dict[int, se
             for op in ops:
                 for name, _ in loads_of(op):
                     readers.setdefault(name, set()).add(id(item))
+            for name in sorted(store_reads(item.stores)):
+                readers.setdefault(name, set()).add(id(item))
             for name in sorted(template_reads(item)):
                 readers.setdefault(name, set()).add(id(item))
         else:
@@ -545,7 +563,8 @@ def _simplified_indices(reductions, stores, ranges: dict):
              OpCode.INDEX: lambda node: node.replace(arg=simplify_index(node.arg, ranges))}
     memo: dict[Op, Op] = {}
     reductions = tuple(dataclasses.replace(r, value=rewrite(r.value, rules, memo)) for r in reductions)
-    stores = tuple(dataclasses.replace(s, index=simplify_index(s.index, ranges), value=rewrite(s.value, rules, memo))
+    stores = tuple(dataclasses.replace(s, index=rewrite(s.index, rules, memo) if s.indexed
+                                       else simplify_index(s.index, ranges), value=rewrite(s.value, rules, memo))
                    for s in stores)
     return reductions, stores
 
@@ -556,7 +575,7 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
     ranges = {**{xvar(i): n for i, n in enumerate(group.outer)},
               **{rvar(i): n for i, n in enumerate(group.reduced)}}
     reductions, stores = _simplified_indices(group.reductions, stores, ranges)
-    ops = [r.value for r in reductions] + [s.value for s in stores]
+    ops = [r.value for r in reductions] + [op for s in stores for op in s.roots()]
     input_names: list[str] = [b.name for b in group.template.operands] if group.template is not None else []
     for op in ops:
         for buf, _ in loads_of(op):
@@ -568,7 +587,7 @@ def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep
             output_names.append(s.buffer)
     iter_vars = {xvar(i) for i in range(len(group.outer))} | {rvar(i) for i in range(len(group.reduced))}
     symbols: set = set()
-    for e in (*group.outer, *group.reduced, *(s.index for s in stores)):
+    for e in (*group.outer, *group.reduced, *(e for s in stores for e in s.index_exprs())):
         symbols |= sympy.sympify(e).free_symbols
     for op in ops:
         for expr in direct_indices(op):  # an indirect index's own nodes are walked too

@@ -404,6 +404,11 @@ class Reduction:
         return self.kind in SCANS
 
 
+STORE_MODES = frozenset({"add"})
+"""How a store may combine with what its element holds (``Store.mode``): ``add``
+accumulates (``index_put(..., accumulate=True)``, ``scatter_add``)."""
+
+
 @dataclass(frozen=True)
 class Store:
     """``Store("buf1", 64*x0 + x1, value)``.
@@ -411,11 +416,73 @@ class Store:
     In a reduction kernel a store whose index uses r vars runs in a final pass over
     the reduction range (the pointwise epilogue: softmax's ``exp(x-max)/sum``);
     one that uses only x vars runs once per output row.
+
+    An *indexed* store writes at an offset computed in the kernel: ``index`` is an int64
+    ``Op`` (as an indirect load's), and the kernel writes only the elements those
+    offsets reach (an in-place ``index_put`` / ``scatter``: ``core/rules/indexed_writes.py``).
+    ``mode="add"`` adds the value to what the element holds, each addition whole
+    (two iterations may reach one element: an atomic or a serial loop).  The KV-cache
+    write ``cache[:, pos] = v`` over ``v`` of size ``(2, 1, 8)`` into a ``(2, 16, 8)``
+    cache (``pos`` in ``arg1``, negative positions wrapped) is, over ``v``'s ranges ``(2, 1, 8)``::
+
+        %0 = index.i64 128*x0 + x2
+        %1 = load.i64 arg1[0]
+        %2 = const.i64 0
+        %3 = lt.bool %1 %2
+        %4 = index.i64 16
+        %5 = add.i64 %1 %4
+        %6 = where.i64 %3 %5 %1
+        %7 = index.i64 8
+        %8 = mul.i64 %6 %7
+        %9 = add.i64 %0 %8
+        %10 = load.f32 arg2[8*x0 + x2]
+        arg0[%9] = %10
+
+    An indexed store stays in a kernel of its own (nothing fuses with it).
     """
 
     buffer: str
-    index: sympy.Expr
+    index: sympy.Expr | Op
     value: Op
+    mode: str | None = None
+
+    def __post_init__(self):
+        if self.mode is not None and self.mode not in STORE_MODES:
+            raise ValueError(f"Store mode {self.mode!r} is not one of {sorted(STORE_MODES)}")
+        if self.mode is not None and type(self.index) is not Op:
+            raise ValueError(f"Store into {self.buffer} with mode {self.mode!r} at a direct index: "
+                             "only indexed stores combine with the element they write")
+
+    @property
+    def indexed(self) -> bool:
+        """The offset is computed in the kernel (an ``Op``): the store reaches only the
+        elements its offsets name, and leaves the others as they were."""
+        return type(self.index) is Op
+
+    def index_exprs(self) -> list:
+        """The sympy expressions of the index (one, or those an indexed store's ``Op`` is made of)."""
+        return direct_indices(self.index) if self.indexed else [sympy.sympify(self.index)]
+
+    def roots(self) -> tuple[Op, ...]:
+        """The values the store computes: its value, and an indexed store's offset first."""
+        return (self.index, self.value) if self.indexed else (self.value,)
+
+    def remapped(self, mapping: dict, value: Op) -> Store:
+        """This store with ``mapping`` (symbol -> expr) applied to its index, holding ``value``."""
+        if self.indexed:
+            index = _subs_op_index(self.index, mapping)
+        else:
+            index = sympy.expand(sympy.sympify(self.index).xreplace(mapping))
+        return Store(self.buffer, index, value, self.mode)
+
+
+def _subs_op_index(op: Op, mapping: dict) -> Op:
+    """``op`` with ``mapping`` applied to its direct load and ``index`` expressions."""
+    def direct_load(load: Op) -> Op | None:
+        buffer, index = load.arg
+        return None if index is None else load.replace(arg=(buffer, sympy.sympify(index).xreplace(mapping)))
+    return rewrite(op, {OpCode.LOAD: direct_load,
+                        OpCode.INDEX: lambda node: node.replace(arg=node.arg.xreplace(mapping))})
 
 
 @dataclass(frozen=True)
@@ -451,6 +518,12 @@ class ScheduledKernel:
         each row that also makes the stores."""
         return any(r.is_scan for r in self.reductions)
 
+    @property
+    def indexed_writes(self) -> bool:
+        """A kernel of indexed stores (``Store.indexed``): it writes only the elements
+        its computed offsets reach."""
+        return any(st.indexed for st in self.stores)
+
     def in_place_pairs(self) -> tuple[tuple[str, str], ...]:
         """``(input, output)`` buffer names where the output may be written into the
         input's storage, when the input dies at this kernel (the memory planner decides,
@@ -472,7 +545,7 @@ class ScheduledKernel:
         reductions, a scan or a template gives none (a reduction reads elements other
         iterations write).
         """
-        if self.template is not None or self.reductions or self.reduction_ranges:
+        if self.template is not None or self.reductions or self.reduction_ranges or self.indexed_writes:
             return ()
         xs = [xvar(i) for i in range(len(self.ranges))]
         loads: dict[str, list] = {}
@@ -647,9 +720,16 @@ def format_kernel(kernel: ScheduledKernel) -> str:
         lines += [f"  {t}" for t in format_ssa([r.value], names)]
         lines.append(f"  {r.name} = {r.kind}.{_dtype_name(r.dtype)}({names[r.value]})")
     for st in kernel.stores:
-        lines += [f"  {t}" for t in format_ssa([st.value], names)]
-        lines.append(f"  {st.buffer}[{st.index}] = {names[st.value]}")
+        lines += [f"  {t}" for t in format_ssa([st.index, st.value] if st.indexed else [st.value], names)]
+        lines.append(f"  {format_store(st, names)}")
     return "\n".join(lines)
+
+
+def format_store(st: Store, names: dict[Op, str]) -> str:
+    """``buf0[8*x0 + x1] = %3``; an indexed store (its index's nodes named first, through
+    ``format_ssa``) ``arg0[%4] = %5``, or ``arg0[%4] += %5`` when it accumulates."""
+    where = names[st.index] if st.indexed else str(st.index)
+    return f"{st.buffer}[{where}] {'+=' if st.mode == 'add' else '='} {names[st.value]}"
 
 
 def load_buffer(load: Op) -> str:
@@ -737,6 +817,6 @@ def split_stores(stores, rvars) -> tuple[list[Store], list[Store]]:
     r_stores: list[Store] = []
     x_stores: list[Store] = []
     for st in stores:
-        uses_r = any(s.name in rnames for s in sympy.sympify(st.index).free_symbols)
+        uses_r = any(s.name in rnames for e in st.index_exprs() for s in e.free_symbols)
         (r_stores if uses_r else x_stores).append(st)
     return r_stores, x_stores

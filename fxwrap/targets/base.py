@@ -184,6 +184,12 @@ class KernelEmitter:
     #: set by the compile session from ``mode="max-autotune"``: an emitter with tunable
     #: choices tries a wider set of candidates (the Triton emitter: more configs per kernel)
     max_autotune: bool = False
+    #: the stores at computed offsets it renders (``Store.indexed``: an ``index_put`` or
+    #: ``scatter`` written in place), by mode -- ``"set"`` a plain write, ``"add"`` adding to
+    #: the element, each addition whole when several iterations reach one element -- each
+    #: with the buffer dtypes it renders it for.  An indexed write it does not list stays
+    #: the ATen op (an extern on a copy of the tensor): a new emitter renders none
+    indexed_stores: dict = {}
 
     def __init__(self, target: "Target"):
         self.target = target

@@ -381,14 +381,33 @@ class CStyleEmitter(KernelEmitter):
                 raise EmitError(f"kernel {kernel.name} stores to {st.buffer!r}, which is not one of "
                                 f"its outputs {[b.name for b in kernel.outputs]}")
             ptr, dtype = pointers[st.buffer]
-            node = self.stored_value(st.value, dtype)
+            # an accumulating store adds the value rounded to the buffer's dtype, as eager does
+            node = st.value if st.mode == "add" else self.stored_value(st.value, dtype)
             value = self.render_cast(scope.value(node), st.value.dtype, dtype)
+            # an indexed store's offset is an integer local of the kernel (as an indirect load's)
+            offset = scope.value(st.index) if st.indexed else self.render_index(st.index)
             scope.flush_into(out)
+            if st.mode == "add":
+                out.append(self.render_accumulate(f"{ptr}[{offset}]", value, dtype))
+                continue
             # the local holds a value of the buffer's dtype: a 16-bit one, or a float32 one
             # that is exactly one (relu of a rounded value: holds_exact)
             exact = node.dtype == dtype or holds_exact(node, dtype)
-            out.append(f"{ptr}[{self.render_index(st.index)}] = {self.to_storage(value, dtype, exact)};")
+            out.append(f"{ptr}[{offset}] = {self.to_storage(value, dtype, exact)};")
         return out
+
+    def render_accumulate(self, cell: str, value: str, dtype: torch.dtype) -> str:
+        """``cell += value`` for a store with ``mode="add"`` (``value`` a local of ``dtype``'s
+        compute type); a 16-bit element is read, added in float and rounded back, as eager's
+        CPU kernel does.  Whole only where the emitter runs such a kernel's iterations one
+        after another (the C++ emitter does); a grid emitter needs its own atomic form::
+
+            out_ptr0[tmp4] += tmp5;
+            out_ptr0[tmp4] = fx_float_to_bf16(fx_bf16_to_float(out_ptr0[tmp4]) + tmp5);
+        """
+        if dtype in self.half_types:
+            return f"{cell} = {self.to_storage(f'{self.from_storage(cell, dtype)} + {value}', dtype)};"
+        return f"{cell} += {value};"
 
     def stored_value(self, value: Op, dtype: torch.dtype) -> Op:
         """The node whose local a store of ``value`` into a ``dtype`` buffer converts:

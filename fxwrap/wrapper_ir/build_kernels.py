@@ -22,10 +22,10 @@ import torch
 import fxwrap.core.rules  # noqa: F401  (registers the rules)
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from fxwrap.core import extern
+from fxwrap.core import extern, reinplace
 from fxwrap.core.errors import EmitError
 from fxwrap.core import logs
-from fxwrap.ir.loops import Op, Reduction, ScheduledKernel, Store, format_kernel, rvar, xvar
+from fxwrap.ir.loops import Op, Reduction, ScheduledKernel, Store, format_kernel, load_buffer, rvar, walk, xvar
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, broadcast, cast, loads
 from fxwrap.core.numerics import legalize
 from fxwrap.core.progress import Progress
@@ -328,6 +328,82 @@ class KernelBuilder(build._Builder):
         index = sympy.expand(sum((x * s for x, s, n in zip(xs, buf.stride, buf.size) if n != 1), sympy.Integer(0)))
         self.items.append(Job(tuple(buf.size), stores=[Store(buf.name, index, cast(loops(xs), buf.dtype))],
                               **self.job_origins(origins)))
+
+    # -- indexed writes (core/rules/indexed_writes.py) ---------------------------
+    def indexed_stores(self, mode: str | None, dtype: torch.dtype) -> bool:
+        """Whether the target's emitter renders an indexed store of ``mode`` (None: a plain
+        write, ``"add"``) into a ``dtype`` buffer (``KernelEmitter.indexed_stores``)."""
+        table = getattr(self.target.emitter, "indexed_stores", None) or {}
+        return dtype in table.get(mode or "set", ())
+
+    def in_place_refusal(self, node: torch.fx.Node) -> str | None:
+        """Why indexed write ``node`` may not store into its ``self``'s storage; None when it
+        may: ``self`` is in memory, in a storage of its own (not a view) that the program
+        may write -- an input written back anyway, or a buffer the program allocated --, and
+        nothing reads its old value after ``node`` (``core.reinplace.refusal``)."""
+        arg = node.args[0] if node.args else None
+        value = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(value, Buffer):
+            return "its self is not in memory"
+        root = self.roots.get(value.name)
+        if root is None or root.name != value.name or value.offset != root.offset:
+            return f"{value.name} is a view of {root.name if root is not None else 'another tensor'}"
+        inputs = {b.name for b in self.out.inputs if isinstance(b, Buffer)}
+        if value.name in self.out.constants:
+            return f"{value.name} is a constant of the program"
+        if value.name in self.foreign and value.name not in inputs:
+            return f"{value.name} is storage an extern op chose"
+        return reinplace.refusal(node, self.order)
+
+    def indexed_write_target(self, node: torch.fx.Node) -> tuple[Buffer, bool]:
+        """The buffer indexed write ``node`` stores into, and whether it is ``self``'s own
+        storage (``in_place_refusal``: then every earlier value read later is realized
+        first).  Otherwise a new buffer in the node's traced layout holding ``self``'s
+        value (a lazy ``self`` computed straight into it, a stored one copied): the
+        copying path, as eager's clone."""
+        refused = self.in_place_refusal(node)
+        arg = node.args[0]
+        value = self.env.get(arg)
+        if refused is None:
+            self._realize_readers_before_write(node, value)
+            return value, True
+        logs.logger("schedule").info("fxwrap: %s writes a copy of its self: %s", node.name, refused)
+        val = node.meta.get("val")
+        if not (isinstance(val, torch.Tensor) and self.layout_bound(val)):
+            raise Unsupported(f"{node.target}: a result whose layout uses sizes the program has no value for")
+        dst = Buffer.from_fake("", val)
+        if not build._is_dense(dst, self.out.hints):
+            raise Unsupported(f"{node.target}: a result that is not dense")
+        dst = self.fresh_buffer_like(dst)
+        self.out.fake_values[dst.name] = val
+        if isinstance(value, Loops):
+            self.pointwise_job(dst, value, [arg.name])
+        else:
+            self.copy_into(dst, self.value(arg), arg)
+        return dst, False
+
+    def reads_storage(self, loops: Loops, buf: Buffer) -> bool:
+        """Whether lazy ``loops`` loads ``buf``'s storage (``buf`` or a view of it)."""
+        value = loops(tuple(xvar(i) for i in range(len(loops.size))))
+        root = self.roots.get(buf.name, buf).name
+        return any(n.op == "load" and self.roots.get(load_buffer(n), buf).name == root
+                   for n in walk(value) if n.op == "load")
+
+    def _realize_readers_before_write(self, node: torch.fx.Node, buf: Buffer) -> None:
+        """Every lazy value made before ``node``, used after it and reading ``buf``'s storage,
+        realized now: it holds what ``buf`` held before ``node`` writes into it (the values
+        that do not read it stay lazy, unlike the full barrier of ``copy_``)."""
+        for earlier in node.graph.nodes:
+            if earlier is node:
+                break
+            value = self.env.get(earlier)
+            if (isinstance(value, Loops) and any(self.order[u] > self.order[node] for u in earlier.users)
+                    and self.reads_storage(value, buf)):
+                self.value(earlier)
+
+    def indexed_job(self, ranges, store: Store, origins) -> None:
+        """A kernel job of one indexed store over ``ranges`` (a kernel of its own)."""
+        self.items.append(Job(tuple(ranges), stores=[store], **self.job_origins(origins)))
 
     def reduction(self, ctx, loops, dims, keepdim, kind, acc_dtype, finish, field):
         rank = len(loops.size)
@@ -694,7 +770,9 @@ class KernelBuilder(build._Builder):
             source = render(sk)
         except EmitError as exc:
             raise _RenderFailed(group.roots, exc) from exc
-        new = [Allocate(out) for out in sk.outputs if out.name not in inputs]
+        # an indexed store's buffer holds its values already (it writes only some elements)
+        written = {st.buffer for st in sk.stores if st.indexed}
+        new = [Allocate(out) for out in sk.outputs if out.name not in inputs and out.name not in written]
         workspaces = self._workspaces(sk, source, new)
         signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
                           + [KernelArg(b.name, "output") for b in sk.outputs]

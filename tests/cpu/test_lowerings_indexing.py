@@ -147,20 +147,20 @@ def test_slice_select_and_one_hot_scatter(target, dtype, layout, dynamic):
         {aten.slice_scatter, aten.select_scatter, aten.scatter})
 
 
-def test_scatter_of_several_positions_per_row_stays_an_extern(target):
+def test_scatter_of_several_positions_per_row_is_a_kernel(target):
+    """A scatter with positions that repeat is a kernel over the index's elements, written
+    into a copy of ``x`` (``x`` is read afterwards); no ATen op is left."""
     x, index = torch.randn(6, 11), torch.randint(0, 11, (6, 3))
-    programs = harness.check(lambda x, i: (x.scatter(1, i, 2.0) + 1,), (x, index), False, EXACT,
-                             externs={aten.scatter_: "several positions per row may repeat"})
-    # eager's functional scatter is a clone and scatter_: the clone is the program's buffer
-    assert aten.scatter_ in harness.extern_ops(programs) and aten.scatter not in harness.extern_ops(programs)
+    programs = harness.check(lambda x, i: (x.scatter(1, i, 2.0) + 1, x * 2), (x, index), False, EXACT)
+    assert not {aten.scatter, aten.scatter_} & harness.extern_ops(programs)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_indexed_writes_run_in_place_on_a_buffer_of_the_program(target, dynamic):
     """Functional indexed writes (``index_put``, ``scatter_add``, ``index_add``, ...) are
-    eager's clone + in-place op, with the clone a buffer of the program: a lazy ``self``
+    kernels storing into a buffer of the program that holds ``self``: a lazy ``self``
     (an embedding backward's zeros) is computed straight into it, so the program allocates
-    one buffer of ``self``'s size, not two."""
+    one buffer of ``self``'s size, not two, and runs no ATen op for the write."""
     def fn(x, ids, grad, src, idx):
         table = torch.zeros(50, 8, dtype=grad.dtype).index_put((ids,), grad, accumulate=True)
         return (table, (x * 2).scatter_add(1, idx, src), (x + 1).index_add(0, ids[:4] % 6, x[:4] * 0.5,
@@ -168,12 +168,12 @@ def test_indexed_writes_run_in_place_on_a_buffer_of_the_program(target, dynamic)
                 x.index_put((ids[:3] % 6,), torch.ones(7)), x * 3)
     x, ids, grad = torch.randn(6, 7), torch.randint(0, 50, (20,)), torch.randn(20, 8)
     src, idx = torch.randn(6, 4), torch.randint(0, 7, (6, 4))
-    externs = {aten.index_put_: "data-dependent writes", aten.scatter_add_: "repeated positions"}
-    programs = harness.check(fn, (x, ids, grad, src, idx), dynamic, dict(rtol=1e-5, atol=1e-5), externs=externs)
+    programs = harness.check(fn, (x, ids, grad, src, idx), dynamic, dict(rtol=1e-5, atol=1e-5))
     (program,) = programs
     tables = [ln for ln in program.lines if isinstance(ln, Allocate) and tuple(ln.buf.size) == (50, 8)]
     assert len(tables) == 1, [str(t) for t in tables]
-    assert not {aten.index_put, aten.scatter_add, aten.index_add} & harness.extern_ops(programs)
+    assert not {aten.index_put, aten.scatter_add, aten.index_add, aten.index_put_, aten.scatter_add_,
+                aten.index_add_} & harness.extern_ops(programs)
 
 
 def ranges(x, n: int):

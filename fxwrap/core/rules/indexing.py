@@ -29,7 +29,7 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from fxwrap.ir.loops import Op, OpCode, load_buffer, load_index, load_mask, rewrite, xvar
+from fxwrap.ir.loops import Op, OpCode, Store, load_buffer, load_index, load_mask, rewrite, xvar
 from fxwrap.core.lowering import (
     Loops, Stored, Unsupported, as_loops, broadcast, cast, const, index_value, masked, register,
 )
@@ -126,6 +126,26 @@ def _overwrite(ctx, base, mask: Op, value_at):
     return Loops(ctx.out_size, out, ctx.device, fn)
 
 
+def _write_slice_in_place(ctx, src: Loops, position) -> Stored | None:
+    """``base`` with a slice of it overwritten by ``src``, as a kernel over ``src``'s elements
+    writing into ``base``'s own storage, where the write may go in place (``core.reinplace``:
+    ``cache[:, 3] = v`` on a buffer, which the program writes back anyway); None otherwise
+    (the caller makes the one pass over ``base``).  ``position(i)``: the element of ``base``
+    that ``src[i]`` replaces.  The store's offset is an ``index`` value, which makes it an
+    indexed store (``Store.indexed``): a kernel of its own that leaves every other element."""
+    if ctx.in_place_refusal() is not None or not ctx.indexed_stores(None, ctx.out_dtype):
+        return None
+    if ctx.builder.reads_storage(src, ctx.builder.env[ctx.node.args[0]]):
+        return None  # src is read from the storage written: the one pass over base
+    target, _ = ctx.indexed_write_target()
+    xs = tuple(xvar(k) for k in range(len(src.size)))
+    at = position(xs)
+    offset = sympy.expand(sum((e * st for e, st, n in zip(at, target.stride, target.size) if n != 1),
+                              sympy.Integer(0)))
+    ctx.indexed_job(src.size, Store(target.name, index_value(offset), cast(src(xs), target.dtype)))
+    return Stored(target)
+
+
 @register(aten.slice_scatter.default)
 def _slice_scatter(ctx, base, src, dim=0, start=None, end=None, step=1):
     """``base`` with ``base[..., start:end:step, ...] = src``: one pass over ``base``'s
@@ -146,6 +166,10 @@ def _slice_scatter(ctx, base, src, dim=0, start=None, end=None, step=1):
         start = max(int(n) + start, 0)
     if length == 0:
         return as_loops(base)
+    in_place = _write_slice_in_place(ctx, src_loops, lambda i: tuple(
+        start + step * v if k == dim else v for k, v in enumerate(i)))
+    if in_place is not None:
+        return in_place
 
     def mask(i):
         d = i[dim]
@@ -172,16 +196,18 @@ def _select_scatter(ctx, base, src, dim, index):
         if not ctx.out_size[dim].is_Integer:
             raise Unsupported("select_scatter: negative index on a symbolic dim")
         index += int(ctx.out_size[dim])
+    in_place = _write_slice_in_place(ctx, src_loops, lambda i: tuple(i[:dim]) + (sympy.Integer(index),) + tuple(i[dim:]))
+    if in_place is not None:
+        return in_place
     return _overwrite(ctx, base, lambda i: _cmp("eq", i[dim], index),
                       lambda i: src_loops(tuple(i[:dim]) + tuple(i[dim + 1:])))
 
 
-@register(aten.scatter.value)
 def _scatter_one_hot(ctx, base, dim, index, value):
     """``base.scatter(dim, index, value)`` where ``index`` holds one position per row
     along ``dim`` and covers ``base`` in every other dim (a one-hot: cross-entropy's
-    gradient): ``where(i[dim] == index[..., 0, ...], value, base[i])``.  Other scatters
-    (several positions per row, which may repeat, or a partial index) stay externs."""
+    gradient): ``where(i[dim] == index[..., 0, ...], value, base[i])``.  The rule of
+    ``aten.scatter.value`` (``indexed_writes``) uses it where the write cannot go in place."""
     rank = len(ctx.out_size)
     idx_loops = _index_tensor(index)
     if rank == 0 or len(idx_loops.size) != rank or not isinstance(value, (bool, int, float)):

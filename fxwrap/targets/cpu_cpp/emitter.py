@@ -83,6 +83,10 @@ class CppEmitter(CStyleEmitter):
     # a float local holding a bf16 value is stored as its high half (no second rounding)
     exact_half_stores = {torch.bfloat16: "fx_bf16_bits"}
     writes_in_place = True  # one loop nest per kernel: each element read, then written
+    # indexed writes (index_put, scatter in place): plain ones in parallel, accumulating
+    # ones in one serial loop (each addition whole, in eager's order: its CPU kernel is serial)
+    indexed_stores = {"set": frozenset(CStyleEmitter.type_names),
+                      "add": frozenset(CStyleEmitter.type_names) - {torch.bool}}
     # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
     # (they vectorize; libm calls vectorize only under -ffast-math)
     code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
@@ -192,11 +196,12 @@ class CppEmitter(CStyleEmitter):
         block = self.pointwise_block
         blocked = not (inner_range.is_number and int(inner_range) <= block)
         numel = sympy.Mul(*[sympy.sympify(r) for r in ranges])
-        par = self.parallel_if(numel)
+        # an accumulating indexed store: one thread, so no two additions to one element race
+        par = None if any(st.mode == "add" for st in kernel.stores) else self.parallel_if(numel)
         outer = Scope(self, names, fn, declares=[v.name for v in vars_[:-1]])
         inner = Scope(self, names, outer, declares=[inner_var.name])
         body = self.render_stores(kernel, kernel.stores, inner)
-        simd = all(_stride(st.index, inner_var) == 1 for st in kernel.stores)
+        simd = all(not st.indexed and _stride(st.index, inner_var) == 1 for st in kernel.stores)
 
         loops = [(v.name, "0", self.render_index(r), "1") for v, r in zip(vars_[:-1], ranges[:-1])]
         iv, ir = inner_var.name, self.render_index(inner_range)
@@ -247,7 +252,7 @@ def memory_loop_order(kernel: ScheduledKernel, vars_) -> list[int]:
     it writes (the order of its iterations could matter).
     """
     logical = list(range(len(vars_)))
-    if len(vars_) < 2 or not kernel.stores:
+    if len(vars_) < 2 or not kernel.stores or kernel.indexed_writes:
         return logical
     written = {st.buffer for st in kernel.stores}
     if written & {b.name for b in kernel.inputs}:

@@ -113,8 +113,9 @@ class KernelWriter:
     def _used_vars(self) -> set[str]:
         names: set[str] = set()
 
-        roots = [r.value for r in self.k.reductions] + [s.value for s in self.k.stores]
-        for expr in [st.index for st in self.k.stores] + [e for root in roots for e in direct_indices(root)]:
+        roots = [r.value for r in self.k.reductions] + [op for s in self.k.stores for op in s.roots()]
+        for expr in [e for st in self.k.stores for e in st.index_exprs()] + \
+                [e for root in roots for e in direct_indices(root)]:
             names.update(loop_var_names(expr))
         return names
 
@@ -249,10 +250,15 @@ class KernelWriter:
         v = O.cast(v, st.value.dtype, dtype)
         if dtype in O.HALF:
             v = f"{v}.to({O.TL_TYPES[dtype]})"
-        off = self.idx(st.index)
+        # an indexed store's offset is a value of the kernel (as an indirect load's)
+        off = self.value(scope, st.index) if st.indexed else self.idx(st.index)
         if set(self.expr_axes(st.index)) != set(level_axes):
             off = f"{off} + {self.zero(level_axes)}"
         mask = self.mask_of(level_axes)
+        if st.mode == "add":  # each addition whole where two lanes reach one element
+            scope.lines.append(f"tl.atomic_add({ptr} + ({off}), {v}, {mask}, sem='relaxed')" if mask
+                               else f"tl.atomic_add({ptr} + ({off}), {v}, sem='relaxed')")
+            return
         scope.lines.append(f"tl.store({ptr} + ({off}), {v}, {mask})" if mask
                            else f"tl.store({ptr} + ({off}), {v})")
 

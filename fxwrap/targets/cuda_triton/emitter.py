@@ -131,6 +131,11 @@ class TritonEmitter(KernelEmitter):
 
     language = "triton"
     supported_dtypes = frozenset(O.TL_TYPES)  # other dtypes stay ATen extern calls
+    # indexed writes (index_put, scatter in place): tl.store at the computed offsets, and
+    # tl.atomic_add where they accumulate (32/64-bit types: 16-bit floats would round at each
+    # addition where eager's CUDA kernel sums in float, so those stay the ATen op)
+    indexed_stores = {"set": supported_dtypes,
+                      "add": frozenset({torch.float32, torch.float64, torch.int32, torch.int64})}
     load_threads = 8  # ptxas is a subprocess: build in parallel
 
     def __init__(self, target=None):

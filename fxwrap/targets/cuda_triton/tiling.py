@@ -86,6 +86,8 @@ def accesses(kernel: ScheduledKernel, buffers: dict):
                 buf = buffers.get(load_buffer(node))
                 out.append((node.arg[1], buf.dtype.itemsize if buf is not None else 4))
     for st in kernel.stores:
+        if st.indexed:  # at offsets computed in the kernel: no stride to coalesce along
+            continue
         buf = buffers.get(st.buffer)
         out.append((st.index, buf.dtype.itemsize if buf is not None else 4))
     return out

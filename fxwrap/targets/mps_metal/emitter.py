@@ -92,6 +92,9 @@ class MetalEmitter(CStyleEmitter):
     }
     # what a buffer may hold; anything else stays an ATen extern (no double on Metal)
     supported_dtypes = frozenset(type_names)
+    # indexed writes: plain ones, one thread per element; no accumulating ones (they stay
+    # the ATen op: Metal's atomics cover 32-bit types only, and not the shim)
+    indexed_stores = {"set": supported_dtypes}
     reserved_names = frozenset({"xindex", "rindex", "c"})
     default_threadgroup_size = {"mps": 256, "shim": 32}  # shim: OS threads per team
     # scans (mps_metal/scan.py): one threadgroup per row when there are fewer rows than

@@ -20,8 +20,8 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.ir.loops import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, load_buffer, load_mask, rvar,
-                            walk, xvar)
+from fxwrap.ir.loops import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, format_store, load_buffer, load_mask,
+                            rvar, walk, xvar)
 from fxwrap.core.numerics import illegal
 from fxwrap.ir.symbolic import SizeArithmetic, evaluate_with
 from fxwrap.targets.base import KernelEmitter, KernelSource, kernel_header
@@ -129,6 +129,9 @@ class ReferenceLauncher:
                 accs[red.name] = self.reduce(red.kind, v, red.dtype, len(k.reduction_ranges), shape)
         for store in k.stores:
             v = self.value(store.value, tensors, env, accs, shape)
+            if store.indexed:
+                self.indexed_store(store, v, tensors, env, accs, shape, device)
+                continue
             index = eval_index(store.index, env)
             uses_r = any(s.name.startswith("r") for s in sympy.sympify(store.index).free_symbols)
             if k.reduction_ranges and not uses_r:
@@ -140,6 +143,16 @@ class ReferenceLauncher:
             v = torch.as_tensor(v, device=device).to(out.dtype)
             index, v = torch.broadcast_tensors(index, v)
             out[index.reshape(-1)] = v.reshape(-1)
+
+    def indexed_store(self, store, v, tensors, env, accs, shape, device) -> None:
+        """A store at offsets the kernel computes (``Store.indexed``), over every element of
+        the ranges; ``mode="add"`` sums every value that reaches an element (``index_put_``
+        with ``accumulate``), a plain store keeps one of them."""
+        out = _flat(tensors[store.buffer])
+        index = torch.as_tensor(self.value(store.index, tensors, env, accs, shape), device=device).long()
+        v = torch.as_tensor(v, device=device).to(out.dtype)
+        index, v = torch.broadcast_tensors(index.expand(shape), v)
+        out.index_put_((index.reshape(-1),), v.reshape(-1), accumulate=store.mode == "add")
 
     @staticmethod
     def scan(kind, v, dtype, shape):
@@ -239,10 +252,16 @@ class ReferenceLauncher:
         return vals[root]
 
 
+_DTYPES = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+                     torch.int16, torch.int8, torch.uint8, torch.bool})
+
+
 class ReferenceEmitter(KernelEmitter):
     """Renders a kernel as its loop IR (``format_ssa``); the launcher evaluates it with torch."""
 
     language = "loop-ir"
+    # indexed writes through torch's own index_put_ (accumulate for "add")
+    indexed_stores = {"set": _DTYPES, "add": _DTYPES - {torch.bool}}
 
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         names: dict[Op, str] = {}
@@ -252,8 +271,8 @@ class ReferenceEmitter(KernelEmitter):
             lines += format_ssa([r.value], names)
             lines.append(f"{r.name} = {r.kind}({names[r.value]})")
         for s in kernel.stores:
-            lines += format_ssa([s.value], names)
-            lines.append(f"{s.buffer}[{s.index}] = {names[s.value]}")
+            lines += format_ssa(list(s.roots()), names)
+            lines.append(format_store(s, names))
         text = "\n".join(lines)
         return KernelSource(kernel.name, text, self.language, launch={"kernel": kernel})
 
