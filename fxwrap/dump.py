@@ -43,6 +43,21 @@ _counters: dict[str, int] = {}
 _lock = threading.Lock()
 
 
+class DebugDirError(ValueError):
+    """The debug dump's folder cannot be written (a file of that name, no permission)::
+
+        fxwrap: cannot write the debug dump to /tmp/notes.txt (FXWRAP_DEBUG_DIR)
+        (NotADirectoryError: ...); point FXWRAP_DEBUG_DIR at a folder you can write, or unset it
+    """
+
+    def __init__(self, root: Path, option, exc: OSError):
+        source = "the debug_dir option" if option is not None else ENV
+        how = "give debug_dir a folder you can write" if option is not None else \
+            f"point {ENV} at a folder you can write, or unset it"
+        super().__init__(f"fxwrap: cannot write the debug dump to {root} ({source}) "
+                         f"({type(exc).__name__}: {exc}); {how}")
+
+
 def debug_dir(option: str | os.PathLike | None) -> Path | None:
     """The dump folder: the ``debug_dir`` option, else ``$FXWRAP_DEBUG_DIR``, else None."""
     chosen = option if option is not None else os.environ.get(ENV) or None
@@ -62,19 +77,24 @@ class ProgramDump:
     """The dump folder of one program: ``start`` before compiling (the ATen graph as given),
     ``write`` once the Program exists."""
 
-    def __init__(self, root: Path, folder: str, aten_graph: str):
+    def __init__(self, root: Path, folder: str, aten_graph: str, option=None):
         self.root, self.folder, self.aten_graph = root, folder, aten_graph
+        self.option = option  # the debug_dir option the root came from (None: FXWRAP_DEBUG_DIR)
 
     @classmethod
     def start(cls, option, gm, kind: str) -> "ProgramDump | None":
         root = debug_dir(option)
         if root is None:
             return None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DebugDirError(root, option, exc) from exc
         key = str(root.resolve())
         with _lock:
             number = _counters.get(key, 0)
             _counters[key] = number + 1
-        return cls(root, f"{number:03d}-{kind}-{_function_name(gm)}", aten_graph_text(gm))
+        return cls(root, f"{number:03d}-{kind}-{_function_name(gm)}", aten_graph_text(gm), option)
 
     @property
     def path(self) -> Path:
@@ -83,6 +103,12 @@ class ProgramDump:
     def write(self, program, built, timer) -> Path:
         """Write every artifact of ``program`` (``built``: its ``BuiltProgram``; ``timer``:
         its ``PhaseTimer``) and refresh the index."""
+        try:
+            return self._write(program, built, timer)
+        except OSError as exc:
+            raise DebugDirError(self.root, self.option, exc) from exc
+
+    def _write(self, program, built, timer) -> Path:
         out = self.path
         (out / "kernels").mkdir(parents=True, exist_ok=True)
         files = {}
@@ -218,4 +244,4 @@ def write_index(root: Path) -> None:
     (root / "index.html").write_text("\n".join(html) + "\n")
 
 
-__all__ = ["ProgramDump", "debug_dir", "memory_svg", "schedule_text", "write_index"]
+__all__ = ["DebugDirError", "ProgramDump", "debug_dir", "memory_svg", "schedule_text", "write_index"]

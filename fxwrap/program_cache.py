@@ -228,8 +228,12 @@ class ProgramCache:
             log.info("fxwrap program cache: %s program not cached (%s: %s)", program.kind, type(exc).__name__, exc)
             return
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, data)  # the commit point
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, data)  # the commit point
+        except OSError as exc:  # a full or read-only disk: the program runs, uncached
+            log.warning("fxwrap program cache: cannot write %s (%s: %s); the %s program is not cached",
+                        path, type(exc).__name__, exc, program.kind)
 
 
 def _program_from_entry(entry: dict, session):

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fxwrap.runtime.cache_dir import cache_root
+
 STALE_SECONDS = 3600.0
 
 
@@ -38,8 +40,9 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("FXWRAP_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "fxwrap"
+    """``$FXWRAP_CACHE_DIR`` (default ``~/.cache/fxwrap``); where it cannot be written, a
+    temporary folder of this process, with a warning (``fxwrap.runtime.cache_dir``)."""
+    return cache_root()
 
 
 class KernelCache:
