@@ -301,6 +301,32 @@ def test_save_and_load(tmp_path):
     torch.testing.assert_close(pickle.loads(pickle.dumps(program)).run(x2, y2), torch.relu(x2 + y2))
 
 
+def _add_body(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+add_renamed = JITFunction(_add_body)  # module global add_renamed; its function is _add_body
+
+
+def test_save_and_load_a_kernel_held_under_another_name(tmp_path):
+    def f(x, y):
+        out = torch.empty_like(x)
+        add_renamed[(triton.cdiv(x.numel(), 64),)](x, y, out, x.numel(), BLOCK=64)
+        return out * 3
+
+    x, y = _rand(100), _rand(100)
+    program = fxwrap.lower(f, x, y, target=TARGET_NAME)
+    (launch,) = [k for k in program.graph_module.graph.nodes if isinstance(k.target, fxwrap.Kernel)
+                 and k.target.launch.get("user_kernel")]
+    assert launch.target.launch["qualname"] == "add_renamed"
+    program.save(tmp_path / "renamed.fxwrap")
+    loaded = fxwrap.load(tmp_path / "renamed.fxwrap")
+    x2, y2 = _rand(100), _rand(100)
+    torch.testing.assert_close(loaded.run(x2, y2), (x2 + y2) * 3)
+
+
 def test_a_kernel_defined_in_a_function_cannot_be_saved(tmp_path):
     @_jit
     def local_add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
