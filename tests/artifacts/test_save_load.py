@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 import zipfile
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 import fxwrap
 from fxwrap.artifacts import HEADER
 
-from artifact_helpers import compile_entries, compiler_modules, load_in_fresh_process
+from artifact_helpers import child_env, compile_entries, compiler_modules, load_in_fresh_process, run_python
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -204,6 +205,20 @@ def test_another_version_or_an_absent_device_is_a_clear_error(tmp_path):
     path.write_bytes(b"not a zip")
     with pytest.raises(fxwrap.ProgramFileError, match="is not an fxwrap program file"):
         fxwrap.load(path)
+
+
+def test_a_target_plugin_missing_at_load_names_the_target_and_the_package(tmp_path):
+    pytest.importorskip("fxwrap_arena", reason="the example plugin examples/fxwrap-arena is not installed")
+    path = tmp_path / "arena.fxwrap"
+    fxwrap.lower(mlp_block, *_inputs(), target="arena").save(path)
+    header = json.loads(zipfile.ZipFile(path).read(HEADER))
+    assert header["target_package"] == {"module": "fxwrap_arena", "distribution": "fxwrap-arena"}
+    code = ("import sys\nsys.modules['fxwrap_arena'] = None  # the plugin is not installed\n"
+            "import fxwrap\ntry:\n    fxwrap.load(sys.argv[1])\nexcept fxwrap.ProgramFileError as e:\n    print(e)\n")
+    out = run_python(["-c", code, str(path)], child_env(tmp_path / "cache")).stdout
+    assert re.search(rf"{path} is a program for target 'arena', and loading it needs the module 'fxwrap_arena[.\w]*'",
+                     out), out
+    assert "install the package 'fxwrap-arena' (pip install fxwrap-arena)" in out
 
 
 def test_a_binary_built_for_another_cpu_is_compiled_again_with_a_warning(tmp_path):
