@@ -93,8 +93,12 @@ class Program:
         return strides
 
     def __call__(self, *graph_inputs):
-        """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's)."""
-        return self.runner(*graph_inputs)
+        """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's);
+        a training forward returns its outputs followed by what it saves for the backward.
+        Runs without autograd, as ``run`` does (the program writes into ``out=`` tensors,
+        which autograd refuses where an input, a parameter say, requires grad)."""
+        with torch.no_grad():
+            return self.runner(*graph_inputs)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the program to ``path``: one file that ``fxwrap.load(path)`` runs without

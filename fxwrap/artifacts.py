@@ -113,7 +113,9 @@ class LoadedProgram:
         return kernels_of(self.graph_module)
 
     def __call__(self, *graph_inputs):
-        return self.runner(*graph_inputs)
+        """As ``Program.__call__``: the graph inputs, without autograd."""
+        with torch.no_grad():
+            return self.runner(*graph_inputs)
 
     def run(self, *args):
         """As ``Program.run``: the lowered function's positional arguments, its return value."""

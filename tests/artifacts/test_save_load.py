@@ -132,6 +132,26 @@ def test_training_pair_round_trip_in_a_fresh_process(target, tmp_path):
     assert compile_entries(report) == []
 
 
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+def test_a_training_forward_runs_as_programs_md_says(target, tmp_path):
+    """``.forward.run(*args)``: what the function returns; ``.forward(*graph_inputs)``: the outputs
+    then the saved values; both with autograd on and parameters that require grad (the
+    reference target runs its GraphModule, whose ``addmm(out=)`` autograd would refuse)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    pair = fxwrap.lower(model, torch.randn(5, 8, requires_grad=True), training=True, target=target)
+    pair.save(tmp_path / "pair.fxwrap")
+    loaded = fxwrap.load(tmp_path / "pair.fxwrap")
+    x = torch.randn(5, 8)
+    expected = model(x).detach()
+    assert torch.is_grad_enabled()
+    for forward in (pair.forward, loaded.forward):
+        torch.testing.assert_close(forward.run(x), expected, rtol=1e-4, atol=1e-5)
+        flat = forward(*forward.arguments((x,)))
+        torch.testing.assert_close(flat[0], expected, rtol=1e-4, atol=1e-5)
+        assert len(flat) == len(pair.forward.graph_module.graph.find_nodes(op="output")[0].args[0]) > 1
+
+
 def test_pickle_of_a_program_is_the_saved_file(tmp_path):
     x, w = _inputs()
     program = fxwrap.lower(mlp_block, x, w)
