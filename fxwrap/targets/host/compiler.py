@@ -232,8 +232,9 @@ class CppCompiler:
             rest = prelude.split(source) if prelude is not None else None
             header = self.precompiled_header(prelude, extra_flags) if rest is not None else None
             if header is not None:
-                short = src.with_name(f"{src.stem}.pch.cpp")
+                short = src.parent / "pch" / src.name  # the same file name: the same binary
                 try:
+                    short.parent.mkdir(exist_ok=True)
                     short.write_text(rest)
                     cmd = [*shlex.split(self.cxx), *self.flags, *extra_flags, "-include", str(header), str(short),
                            "-o", str(out)]
@@ -244,7 +245,7 @@ class CppCompiler:
             cmd = self.command(src, out, extra_flags)
             proc = run_compiler(cmd)
             if proc.returncode != 0 or not out.is_file():
-                keep = src.with_name(f"{key}.failed.cpp")
+                keep = self.cache.path(key, ".failed.cpp")  # beside the entry: the build folder goes
                 keep.write_text(source)
                 what = "failed" if proc.returncode != 0 else f"exited 0 but wrote no {out.name}"
                 raise compiler_error(cmd, proc, f"{what} on the kernel saved at {keep}")
