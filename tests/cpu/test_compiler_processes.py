@@ -112,3 +112,26 @@ def test_the_default_timeout(monkeypatch):
     assert compile_timeout() == 600
     monkeypatch.setenv("FXWRAP_COMPILE_TIMEOUT", "2.5")
     assert compile_timeout() == 2.5
+
+
+def test_no_compiler_outlives_the_process(tmp_path):
+    """A precompiled header builds in a background thread; a process that exits meanwhile
+    kills it, so it never writes into the cache afterwards (the cause of the flaky
+    tests/artifacts/test_program_cache.py::test_a_second_process_loads_the_programs: the cold
+    process's header build went on writing into the cache folder the test then removed)."""
+    import subprocess
+    import sys
+    marker = tmp_path / "written-after-exit"
+    cxx = _script(tmp_path, "slow_header.sh", 'if [ "$1" = --version ]; then echo fake 1.0; exit 0; fi\n'
+                                              f"sleep 4\ntouch {marker}\n")
+    code = ("import sys, time\n"
+            "from fxwrap.targets.host.compiler import CppCompiler, SharedPrelude\n"
+            f"comp = CppCompiler(cxx={cxx!r}, cache_dir={str(tmp_path / 'cache')!r})\n"
+            "comp.precompiled_header(SharedPrelude('int prelude;'))\n"
+            "time.sleep(1)  # the header's compiler is running now\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    time.sleep(6)
+    assert not marker.exists()

@@ -26,6 +26,7 @@ reads ``prelude.h`` as text).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import logging
@@ -103,6 +104,28 @@ def compile_timeout() -> float:
     return seconds
 
 
+_RUNNING: set[subprocess.Popen] = set()  # compiler processes under way (the process groups they lead)
+_RUNNING_LOCK = threading.Lock()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _kill_running_compilers() -> None:
+    """At exit, no compiler outlives the process: a precompiled header still building in
+    its background thread would go on writing into the cache after the process ended (a
+    test that then removes the cache raced it)."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        _kill_group(proc)
+
+
 def run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
     """Run ``cmd`` (a compiler process) to its end, within ``compile_timeout()`` seconds.
 
@@ -118,24 +141,23 @@ def run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
     except OSError as exc:
         raise CompileError(f"the C++ compiler cannot run: {exc}\ncommand: {shlex.join(cmd)}\n"
                            "install g++ or point CXX at a C++17 compiler with OpenMP") from exc
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)
         _, stderr = proc.communicate()
         raise CompileError(f"the C++ compiler ran past {timeout:g} s and was killed\ncommand: {shlex.join(cmd)}"
                            f"\nstderr: {stderr[-4000:] or '(empty)'}\nraise {TIMEOUT_VARIABLE} (seconds) "
                            "if it is only slow, or point $CXX at a compiler that finishes") from exc
     except BaseException:  # interrupted: leave no compiler running
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)
         proc.wait()
         raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
