@@ -155,7 +155,8 @@ def run(rank: int, world: int, args) -> dict | None:
                 for _ in range(args.steps):
                     step[b](models[b], opts[b], x, y)
                 _sync(device)
-                elapsed = torch.tensor([(time.perf_counter() - start) / args.steps * 1e3])
+                # on the rank's device: nccl reduces only device tensors (a CPU tensor crashed it)
+                elapsed = torch.tensor([(time.perf_counter() - start) / args.steps * 1e3], device=device)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step time
                 times[b].append(float(elapsed))
         row = {}

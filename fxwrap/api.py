@@ -94,8 +94,12 @@ class Program:
         return strides
 
     def __call__(self, *graph_inputs):
-        """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's)."""
-        return self.runner(*graph_inputs)
+        """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's);
+        a training forward returns its outputs followed by what it saves for the backward.
+        Runs without autograd, as ``run`` does (the program writes into ``out=`` tensors,
+        which autograd refuses where an input, a parameter say, requires grad)."""
+        with torch.no_grad():
+            return self.runner(*graph_inputs)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the program to ``path``: one file that ``fxwrap.load(path)`` runs without
@@ -282,6 +286,22 @@ def finish_program(program: Program, session: CompileSession) -> Program:
     return program
 
 
+def check_input_devices(target: Target, example_inputs: Sequence[Any]) -> None:
+    """Raise ``ValueError`` when a tensor input lives on another device type than ``target``
+    runs on (``target="cuda"`` given CPU tensors would compile, then fail at run time;
+    ``target="mps"`` would compile a CPU program labelled mps).  A 0-d CPU tensor is
+    allowed, as eager allows it next to tensors of any device (a scalar)."""
+    for index, value in enumerate(example_inputs):
+        if not isinstance(value, torch.Tensor) or value.device.type == target.device_type:
+            continue
+        if value.device.type == "cpu" and value.dim() == 0:
+            continue
+        raise ValueError(f"fxwrap: input {index} (size {tuple(value.shape)}) is on device {value.device}, "
+                         f"but target {target.name!r} runs on device type {target.device_type!r}; move "
+                         f"the inputs with .to({target.device_type!r}), or compile for a target of device "
+                         f"type {value.device.type!r} (or leave the target out: the inputs' device picks it)")
+
+
 def _device_type_of(example_inputs: Sequence[Any]) -> str:
     types = [t.device.type for t in example_inputs if isinstance(t, torch.Tensor)]
     for device_type in types:
@@ -330,15 +350,23 @@ class Backend:
     def target(self) -> str | Target | None:
         return self.options.target
 
+    def resolved_target(self, example_inputs: Sequence[Any]) -> Target:
+        """The target that compiles for ``example_inputs`` (the option's, or the inputs'
+        device's; with ``execute``, its ``f"{target}_{execute}"`` twin); a tensor input on
+        another device type is a ``ValueError`` (``check_input_devices``)."""
+        target = resolve_target(self.options.target, example_inputs)
+        if self.options.execute:
+            target = resolve_target(f"{target.name}_{self.options.execute}")
+        check_input_devices(target, example_inputs)
+        return target
+
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         lowering = self.example_inputs is not None
         if lowering:
             self.example_inputs = list(example_inputs)
             self.input_names = [_local_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
         options = self.options
-        target = resolve_target(options.target, example_inputs)
-        if options.execute:
-            target = resolve_target(f"{target.name}_{options.execute}")
+        target = self.resolved_target(example_inputs)
         if options.cuda_graphs_required and target.device_type != "cuda":
             raise ValueError(f"fxwrap mode {options.mode!r} needs a CUDA target, not target {target.name!r} "
                              f"(device type {target.device_type!r}); drop the mode or compile for cuda")
@@ -418,6 +446,7 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
     opts = dict(options or {})
     opts["on_program"] = programs.append
     backend = Backend(target, opts)
+    backend.resolved_target(example_inputs)  # a tensor on the wrong device: a clear error now, not in dynamo
     backend.example_inputs = []
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
     try:

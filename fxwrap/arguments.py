@@ -134,8 +134,8 @@ class ArgumentMap:
         return out
 
     def check_call(self, args: Sequence) -> None:
-        """Raise ``TypeError`` on a wrong number of arguments, ``InputMismatchError`` on a
-        Python scalar other than the one baked into the program."""
+        """Raise ``TypeError`` on a wrong number of arguments, ``InputMismatchError`` on None
+        for a tensor argument or a Python scalar other than the one baked into the program."""
         expected = len(self.parameters)
         if len(args) != expected:
             names = ", ".join(self.parameters)
@@ -145,6 +145,10 @@ class ArgumentMap:
             raise TypeError(f"program.run() takes {expected} positional argument"
                             f"{'s' if expected != 1 else ''} ({names}), as given to fxwrap.lower, "
                             f"but got {len(args)} ({detail})")
+        for source in self.sources:
+            if source[0] == "arg" and args[source[1]] is None:
+                raise InputMismatchError(f"{self.describe(source[1])} is None; the program was compiled for a "
+                                         "tensor there: pass a tensor")
         for j, value in self.baked:
             got = args[j]
             if type(got) is not type(value) or got != value:

@@ -115,7 +115,9 @@ class LoadedProgram:
         return kernels_of(self.graph_module)
 
     def __call__(self, *graph_inputs):
-        return self.runner(*graph_inputs)
+        """As ``Program.__call__``: the graph inputs, without autograd."""
+        with torch.no_grad():
+            return self.runner(*graph_inputs)
 
     def run(self, *args):
         """As ``Program.run``: the lowered function's positional arguments, its return value."""
@@ -224,6 +226,30 @@ def pickled(value, pickler_type=SavingPickler) -> tuple[bytes, SavingPickler]:
     return buffer.getvalue(), pickler
 
 
+def providing_package(wrapper: type) -> dict:
+    """The module and installed distribution that provide a target (read off its wrapper
+    class): ``{"module": "fxwrap_npu0", "distribution": "fxwrap-npu0"}`` -- what loading
+    names where the target's plugin is missing (``distribution`` None where not installed)."""
+    module = str(getattr(wrapper, "__module__", "") or "").split(".")[0]
+    return {"module": module, "distribution": _distributions().get(module, [None])[0]}
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions() -> dict:
+    return importlib.metadata.packages_distributions()
+
+
+def _missing_module(exc: ModuleNotFoundError, header: dict, origin: str) -> ProgramFileError:
+    """The error for a program file whose target plugin (or a module it needs) is not installed."""
+    package = header.get("target_package") or {}
+    distribution = package.get("distribution")
+    install = (f"install the package {distribution!r} (pip install {distribution})" if distribution
+               else f"install the package that provides the module {package.get('module') or exc.name!r}")
+    return ProgramFileError(f"{origin} is a program for target {header.get('target')!r}, and loading it needs the "
+                            f"module {exc.name!r}, which is not installed here (the target's plugin, module "
+                            f"{package.get('module', '?')!r}); {install} and load it again")
+
+
 def dumps(obj) -> bytes:
     """A ``Program``, ``TrainingPrograms`` or loaded one as the bytes of a program file."""
     contents, records = _contents(obj)
@@ -236,7 +262,8 @@ def dumps(obj) -> bytes:
         runtimes["triton"] = triton_version()
     header = {"format": FORMAT, "format_version": FORMAT_VERSION, "fxwrap_version": fxwrap_version(),
               "torch_version": torch.__version__, "target": first["target"].name,
-              "device_type": first["target"].device_type, "contents": contents, "runtime_versions": runtimes}
+              "device_type": first["target"].device_type, "contents": contents, "runtime_versions": runtimes,
+              "target_package": providing_package(first["wrapper"])}
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name, data in ((HEADER, json.dumps(header, indent=1, sort_keys=True).encode()), (PAYLOAD, payload)):
@@ -318,7 +345,10 @@ def loads(data: bytes, origin: str = "the fxwrap program") -> LoadedProgram | Lo
             raise ProgramFileError(f"{origin} is not an fxwrap program file (no readable {HEADER}); save one "
                                    "with program.save(path)") from exc
         check_header(header, origin)
-        payload = pickle.loads(archive.read(PAYLOAD))
+        try:
+            payload = pickle.loads(archive.read(PAYLOAD))
+        except ModuleNotFoundError as exc:  # the target's plugin is not installed here
+            raise _missing_module(exc, header, origin) from exc
     if payload["contents"] == "training":
         return LoadedTrainingPrograms(_build(payload["forward"]), _build(payload["backward"]))
     return _build(payload["program"])

@@ -43,6 +43,21 @@ _counters: dict[str, int] = {}
 _lock = threading.Lock()
 
 
+class DebugDirError(ValueError):
+    """The debug dump's folder cannot be written (a file of that name, no permission)::
+
+        fxwrap: cannot write the debug dump to /tmp/notes.txt (FXWRAP_DEBUG_DIR)
+        (NotADirectoryError: ...); point FXWRAP_DEBUG_DIR at a folder you can write, or unset it
+    """
+
+    def __init__(self, root: Path, option, exc: OSError):
+        source = "the debug_dir option" if option is not None else ENV
+        how = "give debug_dir a folder you can write" if option is not None else \
+            f"point {ENV} at a folder you can write, or unset it"
+        super().__init__(f"fxwrap: cannot write the debug dump to {root} ({source}) "
+                         f"({type(exc).__name__}: {exc}); {how}")
+
+
 def debug_dir(option: str | os.PathLike | None) -> Path | None:
     """The dump folder: the ``debug_dir`` option, else ``$FXWRAP_DEBUG_DIR``, else None."""
     chosen = option if option is not None else os.environ.get(ENV) or None
@@ -62,19 +77,24 @@ class ProgramDump:
     """The dump folder of one program: ``start`` before compiling (the ATen graph as given),
     ``write`` once the Program exists."""
 
-    def __init__(self, root: Path, folder: str, aten_graph: str):
+    def __init__(self, root: Path, folder: str, aten_graph: str, option=None):
         self.root, self.folder, self.aten_graph = root, folder, aten_graph
+        self.option = option  # the debug_dir option the root came from (None: FXWRAP_DEBUG_DIR)
 
     @classmethod
     def start(cls, option, gm, kind: str) -> "ProgramDump | None":
         root = debug_dir(option)
         if root is None:
             return None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DebugDirError(root, option, exc) from exc
         key = str(root.resolve())
         with _lock:
             number = _counters.get(key, 0)
             _counters[key] = number + 1
-        return cls(root, f"{number:03d}-{kind}-{_function_name(gm)}", aten_graph_text(gm))
+        return cls(root, f"{number:03d}-{kind}-{_function_name(gm)}", aten_graph_text(gm), option)
 
     @property
     def path(self) -> Path:
@@ -83,6 +103,12 @@ class ProgramDump:
     def write(self, program, built, timer) -> Path:
         """Write every artifact of ``program`` (``built``: its ``BuiltProgram``; ``timer``:
         its ``PhaseTimer``) and refresh the index."""
+        try:
+            return self._write(program, built, timer)
+        except OSError as exc:
+            raise DebugDirError(self.root, self.option, exc) from exc
+
+    def _write(self, program, built, timer) -> Path:
         out = self.path
         (out / "kernels").mkdir(parents=True, exist_ok=True)
         files = {}
@@ -138,25 +164,29 @@ _COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9
 
 
 def memory_svg(plan, hints, title: str) -> str:
-    """The memory plan as an SVG: one rectangle per storage from the line that allocates
-    it to its last use (x), stacked first-fit by bytes (y); the live bytes per line as a
-    line, and the peak marked."""
+    """The memory plan as an SVG: each storage a band from the line that allocates it to its
+    last use (x), its height its bytes (y); at every line the storages live there are
+    stacked in order of allocation, so the stack's top is the live bytes of that line and
+    no storage is ever drawn above the peak (a band steps down where an older storage under
+    it dies).  The live bytes per line as a line, and the peak marked."""
     lives = storage_lifetimes(plan.lines, hints)
     n = max(len(plan.lines), 1)
-    placed = []  # (life, offset)
-    for life in lives:
-        offset = 0
-        for other, at in sorted(((o, a) for o, a in placed if o.start <= life.end and life.start <= o.end),
-                                key=lambda p: p[1]):
-            if at < offset + life.nbytes and offset < at + other.nbytes:
-                offset = at + other.nbytes
-        placed.append((life, offset))
     live = [0] * n
-    for life in lives:
-        for i in range(life.start, min(life.end, n - 1) + 1):
+    segments: list[list[int]] = []  # [life index, first line, last line, offset]: one band's piece
+    open_piece: dict[int, list[int]] = {}  # life index -> its piece being drawn
+    for i in range(n):
+        for k, life in enumerate(lives):  # in order of allocation: older storages lower
+            if not life.start <= i <= min(life.end, n - 1):
+                continue
+            piece = open_piece.get(k)
+            if piece is not None and piece[3] == live[i]:
+                piece[2] = i  # same offset as on the line before: the piece grows
+            else:
+                open_piece[k] = piece = [k, i, i, live[i]]
+                segments.append(piece)
             live[i] += life.nbytes
     peak = max(live, default=0)
-    top = max([peak, *(at + life.nbytes for life, at in placed)], default=0) or 1
+    top = peak or 1
     width, height, left, bottom, head = 900, 420, 70, 40, 40
     plot_w, plot_h = width - left - 20, height - bottom - head
     x = lambda i: left + plot_w * i / n  # noqa: E731
@@ -171,14 +201,17 @@ def memory_svg(plan, hints, title: str) -> str:
              f'<text x="{left - 4}" y="{head + 4}" text-anchor="end">{top}</text>',
              f'<text x="{left - 4}" y="{head + plot_h}" text-anchor="end">0</text>',
              f'<text x="{left + plot_w}" y="{head + plot_h + 15}" text-anchor="end">line {n}</text>']
-    for k, (life, at) in enumerate(placed):
-        x0, x1 = x(life.start), x(life.end + 1)
+    labelled: set[int] = set()
+    for k, first, last, at in segments:
+        life = lives[k]
+        x0, x1 = x(first), x(last + 1)
         y0, y1 = y(at + life.nbytes), y(at)
         label = f"{' -> '.join(life.names)}: {life.nbytes} B, lines {life.start}..{life.end}"
         parts.append(f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{max(x1 - x0, 1):.1f}" height="{max(y1 - y0, 1):.1f}" '
                      f'fill="{_COLORS[k % len(_COLORS)]}" fill-opacity="0.75" stroke="white">'
                      f'<title>{escape(label)}</title></rect>')
-        if x1 - x0 > 40 and y1 - y0 > 12:
+        if k not in labelled and x1 - x0 > 40 and y1 - y0 > 12:
+            labelled.add(k)
             parts.append(f'<text x="{x0 + 3:.1f}" y="{y1 - 3:.1f}" fill="white">{escape(life.names[0])}</text>')
     points = " ".join(f"{x(i):.1f},{y(b):.1f} {x(i + 1):.1f},{y(b):.1f}" for i, b in enumerate(live))
     parts.append(f'<polyline points="{points}" fill="none" stroke="black" stroke-width="1.5"/>')
@@ -218,4 +251,4 @@ def write_index(root: Path) -> None:
     (root / "index.html").write_text("\n".join(html) + "\n")
 
 
-__all__ = ["ProgramDump", "debug_dir", "memory_svg", "schedule_text", "write_index"]
+__all__ = ["DebugDirError", "ProgramDump", "debug_dir", "memory_svg", "schedule_text", "write_index"]

@@ -22,10 +22,13 @@ arguments, as for ``program.run``), a ``Program`` collected with
 ``options={"on_program": programs.append}`` from ``torch.compile`` (``args`` are then the
 graph inputs, parameters included, in ``program.inputs`` order), or any other callable, a
 ``torch.compile``'d one included: it is lowered again with ``fxwrap.lower(fn, *args,
-target=..., options=...)`` (its original function, one graph) and that program is timed.
+target=..., options=...)`` (its original function, one graph) and that program is timed;
+for a ``torch.compile``'d callable the target and options are those it was compiled with
+(``compiled_options``), unless ``profile`` is given others.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import operator
 import statistics
@@ -37,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.fx
 
-from fxwrap.api import Program, lower
+from fxwrap.api import Backend, Program, dynamo_backend, lower
 from fxwrap.plugins.debug_modes import provenance
 from fxwrap.runtime.kernel import Kernel
 
@@ -256,6 +259,41 @@ def _graph_inputs(program: Program, args: Sequence) -> list:
     return list(args)
 
 
+def compiled_options(compiled: Callable) -> dict | None:
+    """The fxwrap options (``"target"`` among them) that ``compiled`` -- a callable from
+    ``torch.compile(fn, backend="fxwrap", options=...)`` or ``fxwrap.compile(fn, target)``
+    -- was compiled with; None for one that is not compiled with fxwrap.
+
+        >>> compiled_options(torch.compile(m, backend="fxwrap", options={"target": "reference"}))
+        {'target': 'reference'}
+
+    Read off the chain of backends dynamo wraps around the one given to torch.compile
+    (each holds the next as ``_torchdynamo_orig_backend``; torch.compile's wrapper holds
+    the backend as ``compiler_fn`` with ``kwargs`` options and mode)."""
+    context = getattr(compiled, "dynamo_ctx", None)  # an OptimizedModule
+    if context is None:  # a compiled function: its context is in the wrapper's closure
+        cells = getattr(compiled, "__closure__", None) or ()
+        context = next((c.cell_contents for c in cells
+                        if isinstance(c.cell_contents, torch._dynamo.eval_frame.OptimizeContext)), None)
+    backend, seen = getattr(context, "callback", None), set()
+    while backend is not None and id(backend) not in seen:
+        seen.add(id(backend))
+        if isinstance(backend, Backend):
+            options = backend.options
+            return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+                    if f.name != "on_program"}
+        compiler_fn = getattr(backend, "compiler_fn", None)
+        if compiler_fn is dynamo_backend:
+            kwargs = getattr(backend, "kwargs", None) or {}
+            options = dict(kwargs.get("options") or {})
+            if kwargs.get("mode") not in (None, "default"):
+                options.setdefault("mode", kwargs["mode"])
+            return options
+        backend = compiler_fn if isinstance(compiler_fn, Backend) else \
+            getattr(backend, "_torchdynamo_orig_backend", None)
+    return None
+
+
 def profile(program_or_fn: Program | Callable, *args, warmup: int = 3, iters: int = 10,
             target: str | None = None, options: dict | None = None) -> ProfileReport:
     """Time every kernel and extern launch of a program; see the module docstring for what
@@ -270,7 +308,11 @@ def profile(program_or_fn: Program | Callable, *args, warmup: int = 3, iters: in
     elif callable(program_or_fn):
         fn = getattr(program_or_fn, "_torchdynamo_orig_callable", None) or \
             getattr(program_or_fn, "_orig_mod", None) or program_or_fn
-        program = lower(fn, *args, target=target, options=options)
+        compiled = dict(compiled_options(program_or_fn) or {})  # what torch.compile was given
+        compiled.update(options or {})
+        target = target if target is not None else compiled.pop("target", None)
+        compiled.pop("target", None)
+        program = lower(fn, *args, target=target, options=compiled)
     else:
         raise TypeError(f"fxwrap.profile needs a Program (fxwrap.lower) or a callable, got "
                         f"{type(program_or_fn).__name__}")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import pickle
 import platform
@@ -42,12 +41,13 @@ import torch
 from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 
 from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, fxwrap_version, pickled, triton_version
+from fxwrap.core import logs
 from fxwrap.runtime.graph_records import kernels_of
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
 from fxwrap.wrapper_ir.build_user_kernels import user_kernel_key
 
-log = logging.getLogger("fxwrap")
+log = logs.logger("cache")  # FXWRAP_LOG=cache shows the hits and misses
 
 ENV_SWITCH = "FXWRAP_PROGRAM_CACHE"
 # settings that change where files go or what is printed, not what is compiled
@@ -204,6 +204,7 @@ class ProgramCache:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
+            log.debug("fxwrap program cache: miss %s (%s program), compiling", path, session.target.name)
             return None
         try:
             with unset_fake_temporarily():  # constants come back as real tensors
@@ -214,7 +215,7 @@ class ProgramCache:
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss, never an error
             log.warning("fxwrap program cache: ignoring entry %s (%s: %s); compiling", path, type(exc).__name__, exc)
             return None
-        log.debug("fxwrap program cache: hit %s", path)
+        log.debug("fxwrap program cache: hit %s (%s program on %s)", path, program.kind, session.target.name)
         return program
 
     def store(self, key: str, program) -> None:
@@ -230,8 +231,13 @@ class ProgramCache:
             log.info("fxwrap program cache: %s program not cached (%s: %s)", program.kind, type(exc).__name__, exc)
             return
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, data)  # the commit point
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, data)  # the commit point
+            log.debug("fxwrap program cache: stored %s (%s program)", path, program.kind)
+        except OSError as exc:  # a full or read-only disk: the program runs, uncached
+            log.warning("fxwrap program cache: cannot write %s (%s: %s); the %s program is not cached",
+                        path, type(exc).__name__, exc, program.kind)
 
 
 def _program_from_entry(entry: dict, session, static_inputs: tuple[int, ...] = ()):

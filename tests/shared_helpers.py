@@ -117,3 +117,27 @@ def build_with(em, k: ScheduledKernel, device=CPU):
               for w in src.workspaces]
         return launcher(*args[:n], *ws, *args[n:])
     return with_workspaces, src
+
+
+def in_two_processes(code: str, timeout: float = 600) -> tuple[str, str]:
+    """Run ``code`` (Python that prints its result on its last line of stdout) in two fresh
+    interpreters that share nothing: other ``PYTHONHASHSEED`` values (set and dict orders
+    differ), each its own empty ``FXWRAP_CACHE_DIR`` (no cache hit makes them agree), the
+    program cache off.  Returns the two last lines: what a determinism test compares."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    outs = []
+    for seed in ("1", "2"):
+        with tempfile.TemporaryDirectory(prefix="fxwrap-determinism-") as cache:
+            env = dict(os.environ, PYTHONHASHSEED=seed, FXWRAP_CACHE_DIR=cache, FXWRAP_PROGRAM_CACHE="0",
+                       PYTHONPATH=os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")]))
+            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                  timeout=timeout, cwd=cache)
+            assert done.returncode == 0, f"child failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+            outs.append(done.stdout.strip().splitlines()[-1])
+    return outs[0], outs[1]

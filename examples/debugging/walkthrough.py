@@ -1,10 +1,13 @@
 """The walk-through of docs/debugging.md: find a planted bad kernel with check_nan, then
 where the time goes with fxwrap.profile, in a small transformer block.
 
-    PYTHONPATH=examples/debugging python examples/debugging/walkthrough.py
+    PYTHONPATH=examples/debugging python examples/debugging/walkthrough.py [--quick]
+
+``--quick`` profiles 2 calls instead of 20 (tests/cpu/test_debugging_walkthrough.py runs it so).
 """
 import importlib.metadata
 import os
+import sys
 import tempfile
 
 import torch
@@ -31,6 +34,8 @@ with use_plugin_manager(PluginManager([*installed_entry_points(), planted])):
     except NonFiniteValueError as error:
         print(error)
         found = error
+    else:
+        sys.exit("check_nan found no NaN: the planted lowering did not reach the program")
     name = found.launch.split()[-1]
     (launch,) = [line for line in program.lines
                  if line.writes() and getattr(getattr(line, "kernel", None), "name", None) == name]
@@ -43,6 +48,7 @@ with use_plugin_manager(PluginManager([*installed_entry_points(), planted])):
 print("== 4. without the plugin: where does the time go?")
 program = fxwrap.lower(model, x, target="cpu")
 torch.testing.assert_close(program.run(x), model(x), rtol=1e-4, atol=1e-4)
-report = fxwrap.profile(program, x, warmup=3, iters=20)
+quick = "--quick" in sys.argv[1:]
+report = fxwrap.profile(program, x, warmup=0 if quick else 3, iters=2 if quick else 20)
 print(report)
 print("wrote", report.to_chrome_trace(os.path.join(tempfile.mkdtemp(prefix="fxwrap-trace-"), "transformer_trace.json")))

@@ -35,7 +35,7 @@ STAGES: dict[str, str] = {
     "fx": "the FX code of every program's GraphModule, with provenance comments",
     "kernels": "every kernel's source",
     "autotune": "autotuning: the configs tried and their times",
-    "cache": "kernel cache hits and misses (in process and on disk)",
+    "cache": "program and kernel cache hits and misses (in process and on disk)",
     "timing": "how long each compile phase took",
 }
 

@@ -56,6 +56,7 @@ import sympy
 import torch
 
 from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, walk
+from fxwrap.runtime.cache_dir import cache_root
 
 aten = torch.ops.aten
 
@@ -224,8 +225,7 @@ class TimingCache:
 
     def __init__(self, root: Path | None = None):
         if root is None:
-            base = os.environ.get("FXWRAP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fxwrap")
-            root = Path(base) / "templates"
+            root = cache_root() / "templates"
         self.root = Path(root)
         self.enabled = os.environ.get("FXWRAP_TEMPLATE_CACHE", "1") != "0"
 

@@ -83,6 +83,7 @@ def _describe(ep) -> str:
 # fxwrap's own targets, as pyproject.toml declares them (tests/null/test_plugins.py checks
 # the two agree): used when fxwrap runs from a source tree that pip has not installed
 # (``PYTHONPATH=.``), where no distribution metadata declares them.
+BUILTIN_PREFIX = "fxwrap.targets."  # where the entry points of fxwrap's own targets point
 BUILTIN_ENTRY_POINTS = (
     ("cpu", "fxwrap.targets.cpu_cpp.plugin"),
     ("cuda", "fxwrap.targets.cuda_triton.plugin"),
@@ -97,7 +98,7 @@ def installed_entry_points() -> list:
     fxwrap's built-in targets are among them even when fxwrap itself is not installed.
     """
     found = list(importlib.metadata.entry_points(group=GROUP))
-    if not any(ep.value.startswith("fxwrap.targets.") for ep in found):
+    if not any(ep.value.startswith(BUILTIN_PREFIX) for ep in found):
         found += [importlib.metadata.EntryPoint(name, value, GROUP) for name, value in BUILTIN_ENTRY_POINTS]
     return sorted(found, key=lambda ep: (ep.name, ep.value))
 
@@ -144,6 +145,7 @@ class PluginManager:
         self.pm.add_hookspecs(hookspecs)
         self.targets: dict[str, Target] = {}
         self.owner: dict[str, str] = {}  # target name -> plugin description
+        self.builtin_targets: set[str] = set()  # names of the targets fxwrap's own plugins registered
         self.plugins: list[tuple[str, str]] = []  # (plugin name, description), load order
         self.builtin_plugins: list[tuple[str, str]] = []  # fxwrap's own, after every installed one
         self._loaded = False
@@ -206,10 +208,23 @@ class PluginManager:
                                       "give one plugin one target per device type")
                 seen_devices.add(t.device_type)
                 if t.name in self.targets:
-                    raise PluginError(f"{who} registers target {t.name!r}, already registered by "
-                                      f"{self.owner[t.name]}; rename one of them")
+                    raise self._name_clash(t.name, who, builtin=ep.value.startswith(BUILTIN_PREFIX))
                 self.targets[t.name] = t
                 self.owner[t.name] = who
+                if ep.value.startswith(BUILTIN_PREFIX):
+                    self.builtin_targets.add(t.name)
+
+    def _name_clash(self, name: str, who: str, builtin: bool) -> PluginError:
+        """The error for a second target named ``name`` (``who``: the plugin registering it now;
+        ``builtin``: whether that is one of fxwrap's own).  A clash with a built-in target names
+        the other plugin as the one to change, in either load order."""
+        first = self.owner[name]
+        if builtin or name in self.builtin_targets:
+            plugin, own = (first, who) if builtin else (who, first)
+            return PluginError(f"{plugin} registers target {name!r}, the name of a built-in fxwrap target "
+                               f"(registered by {own}); a plugin cannot replace a built-in target: give the "
+                               "plugin's target another name")
+        return PluginError(f"{who} registers target {name!r}, already registered by {first}; rename one of them")
 
     def _register_builtin(self, plugin, name: str) -> None:
         """Register one of fxwrap's own plugins (after every entry point, so its passes run

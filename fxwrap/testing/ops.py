@@ -113,6 +113,51 @@ def booleans(dtype):
     return torch.rand(SHAPE) > 0.5, torch.rand(SHAPE) > 0.3
 
 
+def unit_interval(dtype):
+    """One tensor in (-0.9, 0.9): asin, acos, atanh, erfinv."""
+    return ((torch.rand(SHAPE) * 1.8 - 0.9).to(dtype),)
+
+
+def above_one(dtype):
+    """One tensor in [1.1, 3.1): acosh."""
+    return ((torch.rand(SHAPE) * 2 + 1.1).to(dtype),)
+
+
+def one_bool(dtype):
+    """One random bool tensor."""
+    return (torch.rand(SHAPE) > 0.5,)
+
+
+def one_int(dtype):
+    """One integer tensor in [-50, 50), never all zeros."""
+    return (torch.randint(-50, 50, SHAPE, dtype=dtype),)
+
+
+def shifts(dtype):
+    """An integer tensor and shift counts in [0, 8)."""
+    return torch.randint(-1000, 1000, SHAPE, dtype=dtype), torch.randint(1, 8, SHAPE, dtype=dtype)
+
+
+def any_dtype(dtype):
+    """One tensor of ``dtype``: standard normal for floats, in [-50, 50) for integers, random for bool
+    (the same input serves every dtype of an ``ALL_DTYPES`` case)."""
+    if dtype == torch.bool:
+        return (torch.rand(SHAPE) > 0.5,)
+    if not dtype.is_floating_point:
+        return (torch.randint(-50, 50, SHAPE, dtype=dtype),)
+    return (torch.randn(SHAPE).to(dtype),)
+
+
+def two_any_dtype(dtype):
+    """Two tensors of ``dtype``, as ``any_dtype`` draws them."""
+    return any_dtype(dtype)[0], any_dtype(dtype)[0]
+
+
+def small_positive(dtype):
+    """One tensor in [0.8, 1.2): a product over a row stays near one."""
+    return ((torch.rand(SHAPE) * 0.4 + 0.8).to(dtype),)
+
+
 def three_d(dtype):
     """One (4, 6, 8) tensor, for permutes and views of more than two dims."""
     return (torch.randn(4, 6, 8).to(dtype),)
@@ -241,6 +286,107 @@ OP_CASES: list[OpCase] = [
     # pooling
     *_cases("max_pool2d", lambda x: F.max_pool2d(x, 2), images,
             [aten.max_pool2d_with_indices, aten.max_pool2d], "pooling"),
+]
+
+# Every loop-IR op (fxwrap.ir.loops.OP_INFO) and every reduction and scan kind
+# (REDUCTIONS, SCANS), in every dtype the op takes: bool, integers and floats.
+INTS = (torch.int32, torch.int64)
+ALL_DTYPES = (*FLOATS, *INTS, torch.bool)
+OP_CASES += [
+    # unary math over floats
+    *_cases("acos", torch.acos, unit_interval, [aten.acos], "pointwise", (f32, f64)),
+    *_cases("asin", torch.asin, unit_interval, [aten.asin], "pointwise", (f32, f64)),
+    *_cases("atan", torch.atan, one, [aten.atan], "pointwise", (f32, f64)),
+    *_cases("acosh", torch.acosh, above_one, [aten.acosh], "pointwise", (f32, f64)),
+    *_cases("asinh", torch.asinh, one, [aten.asinh], "pointwise", (f32, f64)),
+    *_cases("atanh", torch.atanh, unit_interval, [aten.atanh], "pointwise", (f32, f64)),
+    *_cases("cosh", torch.cosh, one, [aten.cosh], "pointwise", (f32, f64)),
+    *_cases("sinh", torch.sinh, one, [aten.sinh], "pointwise", (f32, f64)),
+    *_cases("tan", torch.tan, unit_interval, [aten.tan], "pointwise", (f32, f64)),
+    *_cases("erfc", torch.erfc, one, [aten.erfc], "pointwise", (f32, f64)),
+    *_cases("erfinv", torch.erfinv, unit_interval, [aten.erfinv], "pointwise", (f32, f64),
+            tolerance=dict(rtol=1e-4, atol=1e-5)),
+    *_cases("exp2", torch.exp2, one, [aten.exp2], "pointwise", (f32, f64)),
+    *_cases("expm1", torch.expm1, one, [aten.expm1], "pointwise", (f32, f64)),
+    *_cases("log10", torch.log10, positive, [aten.log10], "pointwise", (f32, f64)),
+    *_cases("log1p", torch.log1p, positive, [aten.log1p], "pointwise", (f32, f64)),
+    *_cases("log2", torch.log2, positive, [aten.log2], "pointwise", (f32, f64)),
+    *_cases("reciprocal", torch.reciprocal, positive, [aten.reciprocal], "pointwise", FLOATS),
+    *_cases("ceil", lambda x: torch.ceil(x * 4), one, [aten.ceil, aten.mul], "pointwise", FLOATS),
+    *_cases("floor", lambda x: torch.floor(x * 4), one, [aten.floor, aten.mul], "pointwise", FLOATS),
+    *_cases("round", lambda x: torch.round(x * 4), one, [aten.round, aten.mul], "pointwise", FLOATS),
+    *_cases("trunc", lambda x: torch.trunc(x * 4), one, [aten.trunc, aten.mul], "pointwise", FLOATS),
+    *_cases("isnan", lambda x: torch.isnan(torch.log(x)), one, [aten.isnan, aten.log], "pointwise", (f32, f16)),
+    *_cases("isinf", lambda x: torch.isinf(1 / (x.round())), one, [aten.isinf, aten.reciprocal, aten.div,
+                                                                   aten.round], "pointwise", (f32,)),
+    *_cases("signbit", torch.signbit, one, [aten.signbit], "pointwise", (f32, f64)),
+    # ops every dtype has, bool included (maximum(bool, bool) and sign(bool) once rendered as invalid code)
+    *_cases("sign", torch.sign, any_dtype, [aten.sign], "pointwise", ALL_DTYPES),
+    *_cases("abs_any", torch.abs, any_dtype, [aten.abs], "pointwise", (*FLOATS, *INTS)),
+    *_cases("neg_any", torch.neg, any_dtype, [aten.neg], "pointwise", (*FLOATS, *INTS)),
+    *_cases("maximum_any", torch.maximum, two_any_dtype, [aten.maximum], "pointwise", ALL_DTYPES),
+    *_cases("minimum_any", torch.minimum, two_any_dtype, [aten.minimum], "pointwise", ALL_DTYPES),
+    *_cases("eq_any", torch.eq, two_any_dtype, [aten.eq], "compare", ALL_DTYPES),
+    *_cases("ne_any", torch.ne, two_any_dtype, [aten.ne], "compare", ALL_DTYPES),
+    *_cases("le_any", torch.le, two_any_dtype, [aten.le], "compare", (*FLOATS, *INTS)),
+    *_cases("gt_any", torch.gt, two_any_dtype, [aten.gt], "compare", (*FLOATS, *INTS)),
+    *_cases("where_any", lambda x, y: torch.where(x != y, x, y), two_any_dtype, [aten.where, aten.ne], "compare",
+            ALL_DTYPES),
+    *_cases("to_float32_any", lambda x: x.to(f32), any_dtype, [aten._to_copy], "cast", (*INTS, torch.bool, f64),
+            tolerance=EXACT, out_dtype=f32),
+    *_cases("to_bool", lambda x: x.to(torch.bool), any_dtype, [aten._to_copy], "cast", (f32, *INTS),
+            tolerance=EXACT, out_dtype=torch.bool),
+    # binary math over floats
+    *_cases("atan2", torch.atan2, two, [aten.atan2], "pointwise", (f32, f64)),
+    *_cases("copysign", torch.copysign, two, [aten.copysign], "pointwise", (f32, f64)),
+    *_cases("fmod", torch.fmod, numerator_divisor, [aten.fmod], "pointwise", (f32, f64)),
+    *_cases("remainder", torch.remainder, numerator_divisor, [aten.remainder], "pointwise", (f32, f64)),
+    *_cases("pow_float", lambda x, y: torch.pow(x.abs() + 0.5, y), two, [aten.pow], "pointwise", (f64, bf16)),
+    # integer and bool ops
+    *_cases("sub_int", torch.sub, integers, [aten.sub], "pointwise", INTS),
+    *_cases("mul_int", torch.mul, integers, [aten.mul], "pointwise", INTS),
+    *_cases("remainder_int", torch.remainder, integers, [aten.remainder], "pointwise", INTS),
+    *_cases("fmod_int", torch.fmod, integers, [aten.fmod], "pointwise", INTS),
+    *_cases("trunc_divide", lambda a, b: torch.div(a, b, rounding_mode="trunc"), integers, [aten.div],
+            "pointwise", INTS),
+    *_cases("true_divide_int", torch.true_divide, integers, [aten.div], "pointwise", INTS),
+    *_cases("lshift", lambda a, b: a << b, shifts, [aten.bitwise_left_shift, aten.__lshift__], "pointwise", INTS),
+    *_cases("rshift", lambda a, b: a >> b, shifts, [aten.bitwise_right_shift, aten.__rshift__], "pointwise",
+            INTS),
+    *_cases("bitwise_and", torch.bitwise_and, two_any_dtype, [aten.bitwise_and], "pointwise", (*INTS, torch.bool)),
+    *_cases("bitwise_or", torch.bitwise_or, two_any_dtype, [aten.bitwise_or], "pointwise", (*INTS, torch.bool)),
+    *_cases("bitwise_xor", torch.bitwise_xor, two_any_dtype, [aten.bitwise_xor], "pointwise", (*INTS, torch.bool)),
+    *_cases("bitwise_not", torch.bitwise_not, any_dtype, [aten.bitwise_not], "pointwise", (*INTS, torch.bool)),
+    *_cases("logical_or", torch.logical_or, booleans, [aten.logical_or], "pointwise", (torch.bool,)),
+    *_cases("logical_xor", torch.logical_xor, booleans, [aten.logical_xor], "pointwise", (torch.bool,)),
+    *_cases("logical_not", torch.logical_not, one_bool, [aten.logical_not], "pointwise", (torch.bool,)),
+    # every reduction kind, in the dtypes it takes
+    *_reduction("prod", lambda x: x.prod(1), [aten.prod], (f32, f64), inputs=small_positive),
+    *_reduction("amin", lambda x: x.amin(1), [aten.amin], (f32, f64, bf16, f16)),
+    *_reduction("argmin", lambda x: x.argmin(1), [aten.argmin], (f32, f64)),
+    *_reduction("argmax_f64", lambda x: x.argmax(0), [aten.argmax], (f64,)),
+    *_reduction("var_mean", lambda x: torch.var_mean(x, 1), [aten.var_mean, aten.var, aten.mean, aten.sum],
+                (f32, f64)),
+    *_cases("sum_int", lambda x: x.sum(1), one_int, [aten.sum], "reduction", INTS),
+    *_cases("prod_int", lambda x: (x % 3 + 1).prod(1), one_int, [aten.prod, aten.remainder, aten.add],
+            "reduction", INTS),
+    *_cases("amax_int", lambda x: x.amax(1), one_int, [aten.amax], "reduction", INTS),
+    *_cases("amin_int", lambda x: x.amin(0), one_int, [aten.amin], "reduction", INTS),
+    *_cases("argmin_int", lambda x: x.argmin(1), one_int, [aten.argmin], "reduction", INTS),
+    *_cases("amax_bool", lambda x: x.amax(1), one_bool, [aten.amax], "reduction", (torch.bool,)),
+    *_cases("amin_bool", lambda x: x.amin(1), one_bool, [aten.amin], "reduction", (torch.bool,)),
+    *_cases("any", lambda x: x.any(1), one_bool, [aten.any], "reduction", (torch.bool,)),
+    *_cases("all", lambda x: x.all(1), one_bool, [aten.all], "reduction", (torch.bool,)),
+    *_cases("any_float", lambda x: (x > 1).any(0), one, [aten.any, aten.gt], "reduction", (f32,)),
+    *_cases("all_int", lambda x: x.all(1), one_int, [aten.all], "reduction", INTS),
+    # every scan kind
+    *_reduction("cumsum", lambda x: x.cumsum(1), [aten.cumsum], (f32, f64)),
+    *_reduction("cumprod", lambda x: x.cumprod(1), [aten.cumprod], (f32, f64), inputs=small_positive),
+    *_reduction("logcumsumexp", lambda x: torch.logcumsumexp(x, 1), [aten.logcumsumexp], (f32, f64)),
+    *_cases("cummax", lambda x: torch.cummax(x, 1), one, [aten.cummax], "reduction", (f32, f64)),
+    *_cases("cummin", lambda x: torch.cummin(x, 1), one, [aten.cummin], "reduction", (f32, f64)),
+    *_cases("cumsum_int", lambda x: x.cumsum(1), one_int, [aten.cumsum], "reduction", INTS),
+    *_cases("cumsum_bool", lambda x: x.cumsum(1), one_bool, [aten.cumsum], "reduction", (torch.bool,)),
 ]
 
 OP_CASES_BY_ID: dict[str, OpCase] = {case.id: case for case in OP_CASES}

@@ -220,3 +220,15 @@ def test_graph_constants_are_keyed_by_their_bytes(tmp_path, monkeypatch):
         got = torch.compile(fn, backend="fxwrap", fullgraph=True)(x)
         torch.testing.assert_close(got, fn(x))
     assert len(_entries(tmp_path)) == 2  # the second compile loaded the first's program
+
+
+def test_fxwrap_log_cache_shows_program_cache_misses_and_hits(tmp_path):
+    code = ("import torch, fxwrap\n"
+            "x = torch.randn(8, 16)\n"
+            "for _ in range(2):\n"
+            "    torch.testing.assert_close(fxwrap.lower(lambda t: t.tan() * 2, x, target='cpu').run(x), x.tan() * 2)\n")
+    env = child_env(tmp_path, FXWRAP_PROGRAM_CACHE="1", FXWRAP_LOG="cache", CXX=os.environ.get("CXX", "g++"))
+    err = run_python(["-c", code], env).stderr
+    lines = [line for line in err.splitlines() if "program cache" in line]
+    assert [line.split(":", 1)[1].split()[0] for line in lines] == ["miss", "stored", "hit"], err[-3000:]
+    assert all(line.startswith("[fxwrap.cache] fxwrap program cache:") for line in lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 import zipfile
 
 import pytest
@@ -13,7 +14,9 @@ import torch
 import fxwrap
 from fxwrap.artifacts import HEADER
 
-from artifact_helpers import compile_entries, compiler_modules, load_in_fresh_process
+from shared_helpers import in_two_processes
+
+from artifact_helpers import child_env, compile_entries, compiler_modules, load_in_fresh_process, run_python
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -131,6 +134,26 @@ def test_training_pair_round_trip_in_a_fresh_process(target, tmp_path):
     assert compile_entries(report) == []
 
 
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+def test_a_training_forward_runs_as_programs_md_says(target, tmp_path):
+    """``.forward.run(*args)``: what the function returns; ``.forward(*graph_inputs)``: the outputs
+    then the saved values; both with autograd on and parameters that require grad (the
+    reference target runs its GraphModule, whose ``addmm(out=)`` autograd would refuse)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    pair = fxwrap.lower(model, torch.randn(5, 8, requires_grad=True), training=True, target=target)
+    pair.save(tmp_path / "pair.fxwrap")
+    loaded = fxwrap.load(tmp_path / "pair.fxwrap")
+    x = torch.randn(5, 8)
+    expected = model(x).detach()
+    assert torch.is_grad_enabled()
+    for forward in (pair.forward, loaded.forward):
+        torch.testing.assert_close(forward.run(x), expected, rtol=1e-4, atol=1e-5)
+        flat = forward(*forward.arguments((x,)))
+        torch.testing.assert_close(flat[0], expected, rtol=1e-4, atol=1e-5)
+        assert len(flat) == len(pair.forward.graph_module.graph.find_nodes(op="output")[0].args[0]) > 1
+
+
 def test_pickle_of_a_program_is_the_saved_file(tmp_path):
     x, w = _inputs()
     program = fxwrap.lower(mlp_block, x, w)
@@ -146,11 +169,24 @@ def test_pickle_of_a_program_is_the_saved_file(tmp_path):
     assert isinstance(pickle.loads(pickle.dumps(pair)), fxwrap.LoadedTrainingPrograms)
 
 
+SAVE_IN_A_FRESH_PROCESS = """
+import hashlib, os, torch, fxwrap
+torch.manual_seed(int(os.environ["PYTHONHASHSEED"]))  # other values, the same program
+def mlp_block(x, w):
+    return torch.relu(x @ w) * 2 + x.sum(1, keepdim=True)
+program = fxwrap.lower(mlp_block, torch.randn(8, 16), torch.randn(16, 4), target="cpu")
+program.save("p.fxwrap")
+print(hashlib.sha256(open("p.fxwrap", "rb").read()).hexdigest())
+"""
+
+
 def test_the_same_program_saves_to_the_same_bytes(tmp_path):
+    """Two processes that share nothing (hash seeds, kernel caches, input values) lower the
+    same function and save the same bytes: kernel binaries included (their builds name the
+    source file by its key alone)."""
+    first, second = in_two_processes(SAVE_IN_A_FRESH_PROCESS)
+    assert len(first) == 64 and first == second
     program = fxwrap.lower(mlp_block, *_inputs())
-    program.save(tmp_path / "a.fxwrap")
-    program.save(tmp_path / "b.fxwrap")
-    assert (tmp_path / "a.fxwrap").read_bytes() == (tmp_path / "b.fxwrap").read_bytes()
     assert pickle.dumps(program) == pickle.dumps(program)
 
 
@@ -204,6 +240,20 @@ def test_another_version_or_an_absent_device_is_a_clear_error(tmp_path):
     path.write_bytes(b"not a zip")
     with pytest.raises(fxwrap.ProgramFileError, match="is not an fxwrap program file"):
         fxwrap.load(path)
+
+
+def test_a_target_plugin_missing_at_load_names_the_target_and_the_package(tmp_path):
+    pytest.importorskip("fxwrap_arena", reason="the example plugin examples/fxwrap-arena is not installed")
+    path = tmp_path / "arena.fxwrap"
+    fxwrap.lower(mlp_block, *_inputs(), target="arena").save(path)
+    header = json.loads(zipfile.ZipFile(path).read(HEADER))
+    assert header["target_package"] == {"module": "fxwrap_arena", "distribution": "fxwrap-arena"}
+    code = ("import sys\nsys.modules['fxwrap_arena'] = None  # the plugin is not installed\n"
+            "import fxwrap\ntry:\n    fxwrap.load(sys.argv[1])\nexcept fxwrap.ProgramFileError as e:\n    print(e)\n")
+    out = run_python(["-c", code, str(path)], child_env(tmp_path / "cache")).stdout
+    assert re.search(rf"{path} is a program for target 'arena', and loading it needs the module 'fxwrap_arena[.\w]*'",
+                     out), out
+    assert "install the package 'fxwrap-arena' (pip install fxwrap-arena)" in out
 
 
 def test_a_binary_built_for_another_cpu_is_compiled_again_with_a_warning(tmp_path):

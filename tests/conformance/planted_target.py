@@ -4,6 +4,8 @@ for ``test_kit_reports_failures.py`` to show that the kit catches each one.
 ``planted`` is the C++ target (same device, emitter and wrapper as ``cpu``), plus:
 
 * ``aten.sin`` lowered to ``cos``: wrong numbers (``test_op[sin[...]]`` fails);
+* ``aten.maximum`` of two bools computed as their logical and: wrong numbers for bool
+  only (``test_op[maximum_any[bool]]`` fails, ``test_op[maximum_any[float32]]`` passes);
 * ``aten.exp`` left to an ATen extern call (its rule gives up): right numbers, but not
   in a kernel (``test_op[exp[...]]`` fails its "ran in a kernel" check);
 * a wrapper pass that drops the first ``Free`` line of a program: a storage is never
@@ -25,6 +27,12 @@ NAME = "planted"
 
 def sin_as_cos(ctx, x):
     return ctx.pointwise("cos", x)
+
+
+def bool_maximum_as_and(ctx, a, b):
+    if ctx.out_dtype == torch.bool:
+        return ctx.pointwise("logical_and", a, b, compute=torch.bool)  # the bug: max(True, False) is True
+    return ctx.pointwise("maximum", a, b)
 
 
 def exp_gives_up(ctx, x):
@@ -54,6 +62,7 @@ def fxwrap_lowerings(registry, target):
     if target.name == NAME:
         registry.register(aten.sin, sin_as_cos, target=NAME)
         registry.register(aten.exp, exp_gives_up, target=NAME)
+        registry.register(aten.maximum, bool_maximum_as_and, target=NAME)
 
 
 @fxwrap.hookimpl

@@ -2,7 +2,7 @@
 
 The kit runs in a pytest session of its own (a subprocess: a second torch in one process
 does not go well) against the ``planted`` target of ``planted_target.py``, which has one
-bug per check: ``sin`` lowered to ``cos``, ``exp`` left an ATen extern, a dropped
+bug per check: ``sin`` lowered to ``cos``, bool ``maximum`` as a logical and, ``exp`` left an ATen extern, a dropped
 ``Free`` line, and a per-program counter in the printed code.  A correct op (``cos``)
 passes there, so the failures are the bugs', not the target's.
 """
@@ -71,6 +71,7 @@ class TestWithDeclarations(ConformanceSuite):
 TESTS = [
     "TestFromCommandLine::test_op[sin[float32]]", "TestFromCommandLine::test_op[cos[float32]]",
     "TestFromCommandLine::test_op[exp[float32]]", "TestFromCommandLine::test_op[exp[bfloat16]]",
+    "TestFromCommandLine::test_op[maximum_any[bool]]", "TestFromCommandLine::test_op[maximum_any[float32]]",
     "TestFromCommandLine::test_memory_plan[chain]", "TestFromCommandLine::test_deterministic[norm_gelu_softmax]",
     "TestWithDeclarations::test_op[exp[float32]]", "TestWithDeclarations::test_op[cos[float32]]",
     "TestWithDeclarations::test_op[sin[float32]]",
@@ -101,6 +102,13 @@ def test_wrong_numbers_fail_naming_the_op_and_target(kit):
     assert outcome == "failed"
     assert "op sin[float32] on target 'planted': output 0 differs from eager" in text, text
     assert kit["TestFromCommandLine::test_op[cos[float32]]"][0] == "passed", kit
+
+
+def test_a_wrong_bool_maximum_fails_and_the_float_one_passes(kit):
+    outcome, text = kit["TestFromCommandLine::test_op[maximum_any[bool]]"]
+    assert outcome == "failed", kit
+    assert "op maximum_any[bool] on target 'planted': output 0 differs from eager" in text, text
+    assert kit["TestFromCommandLine::test_op[maximum_any[float32]]"][0] == "passed", kit
 
 
 def test_an_op_run_as_an_extern_fails_the_ran_in_a_kernel_check(kit):

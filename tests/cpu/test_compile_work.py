@@ -4,7 +4,6 @@ shared object (host.loader.shared_source), kernels compile with the prelude prec
 before any is timed, each distinct group timed once (wrapper_ir.template_choice)."""
 from __future__ import annotations
 
-import subprocess
 import types
 
 import torch
@@ -12,6 +11,7 @@ import torch.nn.functional as F
 
 import fxwrap
 from fxwrap.targets.cpu_cpp.emitter import SHARED_PRELUDE, CppEmitter
+from fxwrap.targets.host import compiler as compiler_module
 from fxwrap.targets.host.compiler import CppCompiler, SharedPrelude
 from fxwrap.targets.host.loader import SHARED_SYMBOL, launcher_for, shared_source
 from fxwrap.targets.host.saved import bind_c_kernel
@@ -88,12 +88,12 @@ def _pointwise_source(scale: float):
 def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
     comp = CppCompiler(cache_dir=tmp_path)
     commands = []
-    run = subprocess.run
+    run = compiler_module.run_compiler  # every compiler process goes through it
 
-    def recording_run(cmd, *args, **kwargs):
+    def recording_run(cmd):
         commands.append(list(cmd))
-        return run(cmd, *args, **kwargs)
-    monkeypatch.setattr(subprocess, "run", recording_run)
+        return run(cmd)
+    monkeypatch.setattr(compiler_module, "run_compiler", recording_run)
     src = _pointwise_source(0.5)  # the first kernel does not wait for the header: compiled whole
     launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
     x, y = torch.randn(5), torch.empty(5)

@@ -205,3 +205,28 @@ def test_compiling_many_kernels_draws_the_bar(monkeypatch):
 
     fxwrap.lower(many, torch.randn(4, 4), target="cpu")
     assert "fxwrap inference program: kernels" in terminal.getvalue()
+
+
+def test_memory_svg_never_draws_a_storage_above_the_peak(monkeypatch):
+    """A layout of fixed offsets (first fit) can need more height than the peak: a and b
+    live together, a dies, c (twice their size) comes while b lives -- first fit puts c
+    above b, at 20..40 B, over a peak of 30 B.  Every band stays at or under the peak."""
+    from fxwrap import dump
+    from fxwrap.core.memory import Lifetime
+
+    lives = [Lifetime(("a",), 0, 1, 10, False), Lifetime(("b",), 0, 3, 10, False),
+             Lifetime(("c",), 2, 3, 20, False)]
+    monkeypatch.setattr(dump, "storage_lifetimes", lambda lines, hints: lives)
+    plan = type("Plan", (), {"lines": [None] * 4})()
+    text = dump.memory_svg(plan, {}, "t")
+    svg = ET.fromstring(text)
+    peak_line = [e for e in svg.iter() if e.tag.endswith("line") and e.get("stroke") == "red"]
+    (peak,) = peak_line
+    peak_y = float(peak.get("y1"))
+    rects = [e for e in svg.iter() if e.tag.endswith("rect")]
+    assert "peak 30 B" in text and {r.find("{*}title").text.split(":")[0] for r in rects} == {"a", "b", "c"}
+    assert all(float(r.get("y")) >= peak_y - 0.05 for r in rects), text
+    # the stack's top at each line is that line's live bytes: the bands tile the area under the curve
+    plot_h = 420 - 40 - 40
+    area = sum(float(r.get("width")) * float(r.get("height")) for r in rects)
+    assert area == pytest.approx((900 - 70 - 20) / 4 * plot_h / 30 * (20 + 20 + 30 + 30), rel=1e-3)

@@ -90,7 +90,7 @@ def test_crash_mid_build_never_leaves_a_broken_entry(tmp_path):
     p = ctx.Process(target=_compile_forever, args=(str(tmp_path), source))
     p.start()
     deadline = time.time() + 60
-    while not list(final.parent.glob(f"{key}.*.tmp.cpp")) and time.time() < deadline:
+    while not list(final.parent.glob(f".{key}.*.tmp/{key}.cpp")) and time.time() < deadline:
         time.sleep(0.005)
     os.kill(p.pid, signal.SIGKILL)
     p.join()

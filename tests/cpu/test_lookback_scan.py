@@ -9,6 +9,7 @@ row's start (what a program sees on a GPU when its predecessors are still lookin
 concurrency runs on a GPU: tests/cuda/test_triton_scans.py."""
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -18,6 +19,7 @@ import fxwrap
 from fxwrap.targets.cuda_triton.tiling import Planner
 from fxwrap.ir.lines import Allocate, CallKernel, DefineKernel, ZeroFill
 from scan_helpers import scan_externs
+from shared_helpers import in_two_processes
 
 TARGET = "triton-interpret"
 CHUNK, WINDOW = Planner.lookback_chunk_interpret, Planner.lookback_window_interpret
@@ -143,16 +145,15 @@ def test_workspace_is_a_zeroed_planned_buffer():
 
 
 def test_source_is_deterministic():
-    def f(x):
-        return torch.logcumsumexp(x, 1)
-    x = torch.randn(2, 300)
-    sources = []
-    for _ in range(2):
-        torch._dynamo.reset()
-        p = fxwrap.lower(f, x, options={"target": TARGET})
-        sources.append([line.kernel.source for line in p.lines if isinstance(line, DefineKernel)])
-    assert sources[0] == sources[1] and sources[0]
-    assert "tl.atomic_add(ws_ptr0, 1" in sources[0][0] and "while _scan0_end > 0:" in sources[0][0]
+    """Two processes that share nothing (hash seeds, caches) render the same look-back scan."""
+    code = ("import json, torch, fxwrap\n"
+            "from fxwrap.ir.lines import DefineKernel\n"
+            f"p = fxwrap.lower(lambda x: torch.logcumsumexp(x, 1), torch.randn(2, 300), target={TARGET!r})\n"
+            "print(json.dumps([line.kernel.source for line in p.lines if isinstance(line, DefineKernel)]))\n")
+    first, second = in_two_processes(code)
+    sources = json.loads(first)
+    assert first == second and sources
+    assert "tl.atomic_add(ws_ptr0, 1" in sources[0] and "while _scan0_end > 0:" in sources[0]
 
 
 @pytest.mark.parametrize("case", ["cummax", "deterministic", "lookback-off", "short-rows", "many-rows"])

@@ -6,6 +6,8 @@ handful of kernels; every run draws fresh random inputs.
 from __future__ import annotations
 
 
+import json
+
 import pytest
 import torch
 
@@ -254,14 +256,18 @@ def test_fused_kernel_counts(fn, kernels):
     assert kernel_count(programs) == kernels
 
 
+SOURCES_IN_A_FRESH_PROCESS = """
+import json, torch, fxwrap
+fn = lambda x: torch.softmax(x * 2, -1) + x.mean(0)
+for dynamic in (False, True):
+    program = fxwrap.lower(fn, torch.randn(16, 32), target="cpu", dynamic=dynamic)
+    sources = [n.target.source for n in program.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)]
+print(json.dumps([sources, program.code()]))
+"""
+
+
 def test_kernel_sources_are_deterministic():
-    fn = lambda x: torch.softmax(x * 2, -1) + x.mean(0)  # noqa: E731
-    sources = []
-    for _ in range(2):
-        torch._dynamo.reset()
-        f, programs = compiled(fn, False)
-        f(torch.randn(16, 32))
-        sources.append([n.target.source for p in programs for n in p.graph_module.graph.nodes
-                        if isinstance(n.target, fxwrap.Kernel)])
-    assert sources[0] and sources[0] == sources[1]
+    """Two processes that share nothing (hash seeds, caches) render the same kernels and program."""
+    first, second = shared_helpers.in_two_processes(SOURCES_IN_A_FRESH_PROCESS)
+    assert json.loads(first)[0] and first == second
 

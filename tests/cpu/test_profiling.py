@@ -70,6 +70,26 @@ def test_profile_takes_a_compiled_function_and_says_what_to_pass():
         fxwrap.profile(42)
 
 
+@pytest.mark.parametrize("how", ["torch.compile options", "torch.compile module", "fxwrap.compile"])
+def test_profile_of_a_compiled_callable_uses_its_target(how):
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU()).eval()
+    x = torch.randn(8, 16)
+    torch._dynamo.reset()
+    if how == "torch.compile options":
+        compiled = torch.compile(lambda t: model(t).sin(), backend="fxwrap", options={"target": "reference"})
+    elif how == "torch.compile module":
+        compiled = torch.compile(model, backend="fxwrap", options={"target": "reference", "reuse": False})
+    else:
+        compiled = fxwrap.compile(model, target="reference", options={"reuse": False})
+    report = fxwrap.profile(compiled, x, iters=1, warmup=0)
+    assert report.target == "reference"
+    assert fxwrap.profile(compiled, x, iters=1, warmup=0, target="cpu").target == "cpu"  # given: it wins
+    if how != "torch.compile options":
+        assert fxwrap.profiling.compiled_options(compiled)["reuse"] is False
+    assert fxwrap.profiling.compiled_options(torch.compile(model, backend="eager")) is None
+    assert fxwrap.profiling.compiled_options(model) is None
+
+
 def _training():
     x, w = torch.randn(8, 4), torch.randn(4, 4, requires_grad=True)
     torch._dynamo.reset()

@@ -29,6 +29,7 @@ from triton.runtime.jit import JITFunction
 
 import fxwrap
 from fxwrap.ir.user_kernels import CallUserKernel
+from fxwrap.runtime.debug import NonFiniteValueError
 from triton_helpers import DEVICE, GPU, TARGET_NAME
 
 
@@ -301,6 +302,32 @@ def test_save_and_load(tmp_path):
     torch.testing.assert_close(pickle.loads(pickle.dumps(program)).run(x2, y2), torch.relu(x2 + y2))
 
 
+def _add_body(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+add_renamed = JITFunction(_add_body)  # module global add_renamed; its function is _add_body
+
+
+def test_save_and_load_a_kernel_held_under_another_name(tmp_path):
+    def f(x, y):
+        out = torch.empty_like(x)
+        add_renamed[(triton.cdiv(x.numel(), 64),)](x, y, out, x.numel(), BLOCK=64)
+        return out * 3
+
+    x, y = _rand(100), _rand(100)
+    program = fxwrap.lower(f, x, y, target=TARGET_NAME)
+    (launch,) = [k for k in program.graph_module.graph.nodes if isinstance(k.target, fxwrap.Kernel)
+                 and k.target.launch.get("user_kernel")]
+    assert launch.target.launch["qualname"] == "add_renamed"
+    program.save(tmp_path / "renamed.fxwrap")
+    loaded = fxwrap.load(tmp_path / "renamed.fxwrap")
+    x2, y2 = _rand(100), _rand(100)
+    torch.testing.assert_close(loaded.run(x2, y2), (x2 + y2) * 3)
+
+
 def test_a_kernel_defined_in_a_function_cannot_be_saved(tmp_path):
     @_jit
     def local_add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -380,8 +407,15 @@ def test_check_nan_sees_what_the_user_kernel_wrote():
     x, y = _rand(100), _rand(100)
     torch.testing.assert_close(compiled(x, y), torch.relu(x + y))
     y[7] = float("nan")
-    with pytest.raises(Exception, match="add_kernel"):
+    with pytest.raises(NonFiniteValueError) as info:
         compiled(x, y)
+    # the user kernel is the launch that wrote the NaN (the relu after it would propagate it,
+    # but the check stops at the first launch): one NaN value.  On a GPU that is out_ptr; under
+    # the interpreter every tensor argument counts as written, so y_ptr's NaN is found first
+    assert info.value.launch == "user Triton kernel add_kernel", info.value.launch
+    assert (info.value.nan, info.value.inf) == (1, 0)
+    assert str(info.value).startswith(f"fxwrap check_nan: user Triton kernel add_kernel (target {TARGET_NAME}) "
+                                      "wrote 1 NaN into")
 
 
 def test_mutation_form_without_functionalization():

@@ -52,13 +52,25 @@ def _backend_params():
 
 
 @pytest.fixture(scope="module", params=_backend_params())
-def collectives(request, tmp_path_factory):
-    return run_case("collectives", tmp_path_factory.mktemp(f"collectives-{request.param}"), request.param)
+def runs(request, tmp_path_factory) -> dict:
+    """Every case of ``workers.py``, run once per backend in one spawn (``case_all``): each
+    spawn imports torch and fxwrap in every process and joins a new group, which was most of
+    the folder's time when each test spawned its own.  ``{case: [rank 0's, rank 1's]}``."""
+    results = run_case("all", tmp_path_factory.mktemp(f"distributed-{request.param}"), request.param)
+    return {case: [result[case] for result in results] for case in results[0]}
 
 
-@pytest.fixture(params=_backend_params())
-def backend(request):
-    return request.param
+def _case(runs: dict, case: str) -> list[dict]:
+    """One case's per-rank results; a case that raised in a worker fails here with its traceback."""
+    results = runs[case]
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"workers.py {case} failed on rank {rank}:\n{result['error']}"
+    return results
+
+
+@pytest.fixture
+def collectives(runs):
+    return _case(runs, "collectives")
 
 
 COLLECTIVES = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast"]
@@ -168,25 +180,25 @@ def _compare_training(results, kind: str):
     assert results[0]["eager"]["losses"][0] != results[1]["eager"]["losses"][0]  # each rank its own data
 
 
-def test_ddp_training_matches_eager(tmp_path, backend):
-    results = run_case("ddp", tmp_path, backend)
+def test_ddp_training_matches_eager(runs):
+    results = _case(runs, "ddp")
     _compare_training(results, "DDP")
     kinds = results[0]["program_kinds"]
     # small buckets: dynamo's DDP optimizer split the model into several graphs, each compiled
     assert results[0]["ddp_split"] and kinds.count("forward") > 1 and kinds.count("backward") > 1, kinds
 
 
-def test_fsdp2_training_matches_eager(tmp_path, backend):
-    results = run_case("fsdp", tmp_path, backend)
+def test_fsdp2_training_matches_eager(runs):
+    results = _case(runs, "fsdp")
     _compare_training(results, "FSDP2")
     assert results[0]["program_kinds"].count("backward") >= 1
 
 
-def test_ddp_python_reducer_overlaps_gradient_all_reduces_with_backward(tmp_path, backend):
+def test_ddp_python_reducer_overlaps_gradient_all_reduces_with_backward(runs):
     """Compiled autograd with DDP's Python reducer: the gradient all-reduces are collectives
     in fxwrap's backward program, each issued as soon as its gradient exists, with backward
     kernels between it and its wait."""
-    results = run_case("ddp_python_reducer", tmp_path, backend)
+    results = _case(runs, "ddp_python_reducer")
     _compare_training(results, "DDP (python_reducer)")
     structures = results[0]["structures"]
     assert structures, f"no program with collectives: {results[0]['program_kinds']}"

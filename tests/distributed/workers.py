@@ -19,6 +19,7 @@ Cases:
 * ``ddp_python_reducer``: DDP with the backward compiled too (compiled autograd,
   ``optimize_ddp="python_reducer"``): the gradient all-reduces are collectives inside
   fxwrap's backward program.
+* ``all``: every case above in turn, in one spawn and one process group (what the tests run).
 """
 from __future__ import annotations
 
@@ -226,7 +227,28 @@ def case_training(rank: int, world: int, backend: str, kind: str, width: int = 3
     return out
 
 
+def case_all(rank: int, world: int, backend: str) -> dict:
+    """Every case in turn, in one process group: one spawn of the processes (each spawn
+    imports torch and fxwrap again and joins a new group: most of the folder's time).
+    A case that raises records its traceback (``{"error": ...}``) and the next runs; dynamo
+    and its DDP setting are reset between cases."""
+    out = {}
+    for name in ("collectives", "ddp", "fsdp", "ddp_python_reducer"):  # python_reducer last: it sets
+        optimize_ddp = torch._dynamo.config.optimize_ddp                   # optimize_ddp (restored below)
+        try:
+            out[name] = CASES[name](rank, world, backend)
+        except Exception:
+            traceback.print_exc()
+            out[name] = {"error": traceback.format_exc()}
+        finally:
+            torch._dynamo.config.optimize_ddp = optimize_ddp
+            torch._dynamo.reset()
+        dist.barrier()
+    return out
+
+
 CASES = {
+    "all": case_all,
     "collectives": case_collectives,
     "ddp": lambda rank, world, backend: case_training(rank, world, backend, "ddp"),
     "fsdp": lambda rank, world, backend: case_training(rank, world, backend, "fsdp"),
@@ -236,6 +258,8 @@ CASES = {
 
 
 def _worker(rank: int, world: int, case: str, out_dir: str, backend: str) -> None:
+    if backend == "nccl":  # before the group exists: every collective of this rank on its own GPU
+        torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"file://{os.path.join(out_dir, 'store')}",
                             rank=rank, world_size=world)
     try:

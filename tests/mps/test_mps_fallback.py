@@ -1,6 +1,7 @@
 """What the Metal target cannot render runs as ATen extern calls, with a log line."""
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -11,6 +12,7 @@ from fxwrap.targets.base import Target, WrapperCodegen
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.mps_metal.emitter import MetalEmitter
 from metal_helpers import OPTIONS, kernels
+from shared_helpers import in_two_processes
 
 
 def run(fn, args, target=None):
@@ -71,14 +73,16 @@ def test_mps_target_without_a_device_says_what_to_do():
 
 def test_sources_are_metal_and_deterministic():
     # the last output covers other rows than the reductions: a pointwise kernel of its own
-    fn = lambda x: (torch.softmax(x, -1), x.var(0), x[1:].to(torch.bfloat16) * 2)  # noqa: E731
-    sources = []
-    for _ in range(2):
-        torch._dynamo.reset()
-        programs = run(fn, (torch.randn(6, 70),))
-        sources.append([k.source for k in kernels(programs)])
-    assert sources[0] and sources[0] == sources[1]
-    text = "\n".join(sources[0])
+    # deterministic: two processes that share nothing (hash seeds, caches) render the same Metal
+    code = ("import json, torch, fxwrap\n"
+            "fn = lambda x: (torch.softmax(x, -1), x.var(0), x[1:].to(torch.bfloat16) * 2)\n"
+            "p = fxwrap.lower(fn, torch.randn(6, 70), options={'target': 'mps', 'execute': 'shim'})\n"
+            "print(json.dumps([n.target.source for n in p.graph_module.graph.nodes "
+            "if isinstance(n.target, fxwrap.Kernel)]))\n")
+    first, second = in_two_processes(code)
+    sources = json.loads(first)
+    assert sources and first == second
+    text = "\n".join(sources)
     for piece in ("kernel void", "device const float*", "[[thread_position_in_grid]]",
                   "[[threadgroup_position_in_grid]]", "threadgroup float", "bfloat(", "metal::exp"):
         assert piece in text, piece

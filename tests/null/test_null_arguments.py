@@ -36,3 +36,12 @@ def test_module_parameters_are_filled_in_and_training_forward_maps_too():
     torch.testing.assert_close(training.forward.run(x), model(x), rtol=1e-4, atol=1e-5)
     with pytest.raises(TypeError, match="backward program has no argument map"):
         training.backward.run(x)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["extern", "kernels"])
+def test_none_for_a_tensor_argument_is_an_input_mismatch(kernels):
+    program = fxwrap.lower(lambda x: x.sin() * 2, torch.randn(4), options={"kernels": kernels})
+    with pytest.raises(fxwrap.InputMismatchError, match=r"argument 0\) is None.*pass a tensor"):
+        program.run(None)
+    x = torch.randn(4)
+    torch.testing.assert_close(program.run(x), x.sin() * 2)

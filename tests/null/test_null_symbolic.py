@@ -112,12 +112,24 @@ def test_symbolic_allocate_renders_arithmetic_nodes():
 
 
 def test_shared_symbols_across_buffers_without_builder_fakes():
-    """Hand-made symbolic lines still give every buffer node a FakeTensor."""
+    """Hand-made symbolic lines still give every buffer node a FakeTensor, and the buffers
+    share the size symbol: one ShapeEnv, and each size is an expression of the placeholder
+    s0's own symbol (``2*s0``, ``s0``, ``s0 - 1``), not a fresh symbol per buffer."""
     inputs, lines = _symbolic_lines()
     gm = to_graph_module(inputs, lines)
-    for node in gm.graph.nodes:
-        if node.target in (torch.empty_strided, torch.as_strided) or node.op == "placeholder" and node.name == "arg1":
-            assert isinstance(node.meta.get("val"), FakeTensor), node.name
+    nodes = {n.name: n for n in gm.graph.nodes}
+    fakes = {name: nodes[name].meta.get("val") for name in ("arg1", "buf0", "buf1", "buf2")}
+    assert all(isinstance(v, FakeTensor) for v in fakes.values()), fakes
+    s0 = nodes["s0"].meta["val"]
+    assert isinstance(s0, torch.SymInt)
+    symbol = s0.node.expr
+    assert isinstance(symbol, sympy.Symbol)
+    envs = {id(v.fake_mode.shape_env) for v in fakes.values()} | {id(s0.node.shape_env)}
+    assert len(envs) == 1
+    sizes = {name: v.size(0).node.expr if isinstance(v.size(0), torch.SymInt) else v.size(0)
+             for name, v in fakes.items()}
+    assert sizes == {"arg1": symbol, "buf0": 2 * symbol, "buf1": symbol, "buf2": symbol - 1}
+    assert fakes["buf1"].stride() == (2,) and fakes["buf2"].storage_offset().node.expr == symbol + 1
 
 
 def _eval_index(expr, point):

@@ -83,6 +83,18 @@ def test_two_plugins_one_target_name(order):
                                f"{named(order[0])}; rename one of them")
 
 
+@pytest.mark.parametrize("plugin_first", [True, False], ids=["plugin first", "built-in first"])
+def test_a_plugin_target_named_like_a_builtin_one_blames_the_plugin(plugin_first):
+    builtin = importlib.metadata.EntryPoint("cpu", "fxwrap.targets.cpu_cpp.plugin", group="fxwrap")
+    order = [ep("named_cpu"), builtin] if plugin_first else [builtin, ep("named_cpu")]
+    with pytest.raises(PluginError) as info:
+        PluginManager(order).load()
+    assert str(info.value) == (
+        f"{named('named_cpu')} registers target 'cpu', the name of a built-in fxwrap target (registered by "
+        "plugin 'cpu' (entry point 'fxwrap.targets.cpu_cpp.plugin' in group 'fxwrap')); a plugin cannot "
+        "replace a built-in target: give the plugin's target another name")
+
+
 def test_one_entry_point_name_twice():
     with pytest.raises(PluginError, match=r"plugin 'alpha' \(entry point 'fxwrap_plugin_fixtures.beta'.*"
                                           r"registered twice"):

@@ -34,6 +34,7 @@ BINARY_OPS = {
     "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
     "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or", "bitwise_xor": "bitwise_xor",
     "bitwise_left_shift": "lshift", "bitwise_right_shift": "rshift",
+    "__lshift__": "lshift", "__rshift__": "rshift",  # a << b, a >> b (the conformance kit found them externs)
     "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne",
 }
 _OVERLOADS = ("Tensor", "Scalar", "default", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "Self_Scalar")

@@ -39,14 +39,14 @@ from operator import or_
 from pathlib import Path
 from types import SimpleNamespace
 
+from fxwrap.runtime.cache_dir import cache_root
+
 _MODULES: dict[tuple[str, bool], object] = {}
 _LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FXWRAP_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "fxwrap"
-    return base / "triton"
+    return cache_root() / "triton"
 
 
 @contextmanager

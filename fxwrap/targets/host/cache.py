@@ -5,8 +5,9 @@ Layout under ``FXWRAP_CACHE_DIR`` (default ``~/.cache/fxwrap``)::
     cpu_cpp/3f/3f2a...e1.so     the shared object, keyed by sha256(source, flags, compiler)
     cpu_cpp/3f/3f2a...e1.cpp    the source it was built from (for humans)
 
-An entry is produced under a unique temporary name in the same directory and then
-``os.replace``d onto its final name, which is atomic on POSIX: a reader sees either
+An entry is produced in a unique temporary folder in the same directory (its files named
+by the key alone, so that the binary, which records its source's file name, is the same
+bytes from every build) and then ``os.replace``d onto its final name, which is atomic on POSIX: a reader sees either
 no entry or a complete one.  Two processes building the same key race harmlessly
 (the last rename wins, both files are complete); a crash leaves only a temporary
 file, which later builds of that key sweep away once it is stale.
@@ -15,9 +16,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from fxwrap.runtime.cache_dir import cache_root
 
 STALE_SECONDS = 3600.0
 
@@ -38,8 +42,9 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("FXWRAP_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "fxwrap"
+    """``$FXWRAP_CACHE_DIR`` (default ``~/.cache/fxwrap``); where it cannot be written, a
+    temporary folder of this process, with a warning (``fxwrap.runtime.cache_dir``)."""
+    return cache_root()
 
 
 class KernelCache:
@@ -73,9 +78,11 @@ class KernelCache:
         d = final.parent
         d.mkdir(parents=True, exist_ok=True)
         self._sweep(d, key)
-        tag = f"{os.getpid()}.{secrets.token_hex(6)}"
-        src_tmp = d / f"{key}.{tag}.tmp.cpp"
-        out_tmp = d / f"{key}.{tag}.tmp.so"
+        # a private folder per build, the files in it named by the key alone: the compiler
+        # writes the source's file name into the binary, which must not depend on the build
+        work = d / f".{key}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+        work.mkdir()
+        src_tmp, out_tmp = work / f"{key}.cpp", work / f"{key}.so"
         try:
             src_tmp.write_text(source)
             build(src_tmp, out_tmp)
@@ -84,20 +91,19 @@ class KernelCache:
             os.replace(src_tmp, self.path(key, ".cpp"))
             os.replace(out_tmp, final)  # the commit point
         finally:
-            for tmp in (src_tmp, out_tmp):
-                try:
-                    tmp.unlink()
-                except FileNotFoundError:
-                    pass
+            shutil.rmtree(work, ignore_errors=True)
         return final
 
     @staticmethod
     def _sweep(d: Path, key: str) -> None:
         """Remove temporaries of ``key`` left by crashed builds (older than an hour)."""
         now = time.time()
-        for tmp in d.glob(f"{key}.*.tmp.*"):
+        for tmp in [*d.glob(f".{key}.*.tmp"), *d.glob(f"{key}.*.tmp.*")]:  # build folders; older files
             try:
                 if now - tmp.stat().st_mtime > STALE_SECONDS:
-                    tmp.unlink()
+                    if tmp.is_dir():
+                        shutil.rmtree(tmp, ignore_errors=True)
+                    else:
+                        tmp.unlink()
             except FileNotFoundError:
                 pass

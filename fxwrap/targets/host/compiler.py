@@ -3,7 +3,10 @@
     >>> CppCompiler().compile(source_text)
     PosixPath('/home/me/.cache/fxwrap/cpu_cpp/3f/3f2a...e1.so')
 
-The compiler is ``$CXX`` (default ``g++``).  The cache key is the sha256 of the
+The compiler is ``$CXX`` (default ``g++``; split as a shell would, so ``CXX="ccache g++"``
+works).  Every compiler process runs within ``$FXWRAP_COMPILE_TIMEOUT`` seconds (default
+600); one that hangs, fails or writes nothing is a ``CompileError`` naming the command, its
+exit status and its stderr.  The cache key is the sha256 of the
 source, the flags, the compiler's ``--version`` text and the host CPU (because of
 ``-march=native``), so a cache shared between machines or toolchains never hands out
 a wrong binary.
@@ -23,6 +26,7 @@ reads ``prelude.h`` as text).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import logging
@@ -30,6 +34,7 @@ import hashlib
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import threading
 from concurrent.futures import Future
@@ -79,14 +84,99 @@ class SharedPrelude:
         return f"{self.text.strip(chr(10))}\n{self.extra.strip(chr(10))}\n"
 
 
+DEFAULT_TIMEOUT_SECONDS = 600.0
+TIMEOUT_VARIABLE = "FXWRAP_COMPILE_TIMEOUT"
+
+
+def compile_timeout() -> float:
+    """Seconds one compiler process may run (``$FXWRAP_COMPILE_TIMEOUT``, default 600): a
+    compiler that hangs is killed and its kernel fails with a ``CompileError``."""
+    text = os.environ.get(TIMEOUT_VARIABLE)
+    if not text:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_VARIABLE}={text!r}: give the seconds a compiler process may run, "
+                         f"a positive number (default {DEFAULT_TIMEOUT_SECONDS:g})")
+    return seconds
+
+
+_RUNNING: set[subprocess.Popen] = set()  # compiler processes under way (the process groups they lead)
+_RUNNING_LOCK = threading.Lock()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _kill_running_compilers() -> None:
+    """At exit, no compiler outlives the process: a precompiled header still building in
+    its background thread would go on writing into the cache after the process ended (a
+    test that then removes the cache raced it)."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        _kill_group(proc)
+
+
+def run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (a compiler process) to its end, within ``compile_timeout()`` seconds.
+
+    Raises ``CompileError`` naming the command where it cannot start or runs past the
+    timeout (then it is killed); the caller reads the exit status and stderr of the rest.
+    """
+    timeout = compile_timeout()
+    try:
+        # a session of its own: a timeout kills the compiler's whole process group (g++'s
+        # cc1plus and as, ccache's compiler), not only the driver
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except OSError as exc:
+        raise CompileError(f"the C++ compiler cannot run: {exc}\ncommand: {shlex.join(cmd)}\n"
+                           "install g++ or point CXX at a C++17 compiler with OpenMP") from exc
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        _kill_group(proc)
+        _, stderr = proc.communicate()
+        raise CompileError(f"the C++ compiler ran past {timeout:g} s and was killed\ncommand: {shlex.join(cmd)}"
+                           f"\nstderr: {stderr[-4000:] or '(empty)'}\nraise {TIMEOUT_VARIABLE} (seconds) "
+                           "if it is only slow, or point $CXX at a compiler that finishes") from exc
+    except BaseException:  # interrupted: leave no compiler running
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def compiler_error(cmd: list[str], proc: subprocess.CompletedProcess, what: str) -> CompileError:
+    """The error for a compiler process that ended without doing its work: ``what`` it
+    should have done, the command, its exit status and its stderr."""
+    return CompileError(f"the C++ compiler {what} (exit status {proc.returncode})\n"
+                        f"command: {shlex.join(cmd)}\nstderr: {proc.stderr[-8000:] or '(empty)'}")
+
+
 @functools.lru_cache(maxsize=None)
 def _version(cxx: str) -> str:
-    try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise CompileError(f"C++ compiler {cxx!r} (from $CXX, default g++) cannot run: {exc}; "
-                           "install g++ or point CXX at a C++17 compiler with OpenMP") from exc
-    return out.stdout
+    """``$CXX --version``'s output (``CXX`` split as a shell would: ``ccache g++``)."""
+    cmd = [*shlex.split(cxx), "--version"]
+    proc = run_compiler(cmd)
+    if proc.returncode != 0:
+        raise compiler_error(cmd, proc, "(from $CXX, default g++) cannot report its version; install g++ or point "
+                     "CXX at a C++17 compiler with OpenMP")
+    return proc.stdout
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,22 +254,23 @@ class CppCompiler:
             rest = prelude.split(source) if prelude is not None else None
             header = self.precompiled_header(prelude, extra_flags) if rest is not None else None
             if header is not None:
-                short = src.with_name(f"{src.stem}.pch.cpp")
+                short = src.parent / "pch" / src.name  # the same file name: the same binary
                 try:
+                    short.parent.mkdir(exist_ok=True)
                     short.write_text(rest)
                     cmd = [*shlex.split(self.cxx), *self.flags, *extra_flags, "-include", str(header), str(short),
                            "-o", str(out)]
-                    if subprocess.run(cmd, capture_output=True, text=True).returncode == 0:
+                    if run_compiler(cmd).returncode == 0 and out.is_file():
                         return
                 finally:  # a failure with the header: compile the whole source, which reports it
                     short.unlink(missing_ok=True)
             cmd = self.command(src, out, extra_flags)
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                keep = src.with_name(f"{key}.failed.cpp")
+            proc = run_compiler(cmd)
+            if proc.returncode != 0 or not out.is_file():
+                keep = self.cache.path(key, ".failed.cpp")  # beside the entry: the build folder goes
                 keep.write_text(source)
-                raise CompileError(f"{self.cxx} failed (exit {proc.returncode}) on the kernel saved "
-                                   f"at {keep}\ncommand: {shlex.join(cmd)}\n{proc.stderr[-8000:]}")
+                what = "failed" if proc.returncode != 0 else f"exited 0 but wrote no {out.name}"
+                raise compiler_error(cmd, proc, f"{what} on the kernel saved at {keep}")
 
         with self._lock:
             building = self._building.get(key)
@@ -248,14 +339,13 @@ class CppCompiler:
             write_atomically(header, prelude.header().encode())
             tmp = folder / f".prelude.{os.getpid()}.{threading.get_ident()}.gch.tmp"
             flags = [f for f in (*self.flags, *extra_flags) if f != "-shared"]
-            proc = subprocess.run([*shlex.split(self.cxx), *flags, "-x", "c++-header", str(header), "-o", str(tmp)],
-                                  capture_output=True, text=True)
+            proc = run_compiler([*shlex.split(self.cxx), *flags, "-x", "c++-header", str(header), "-o", str(tmp)])
             if proc.returncode == 0 and tmp.is_file():
                 os.replace(tmp, gch)
             else:
                 tmp.unlink(missing_ok=True)
                 _CACHE_LOG.debug("no precompiled prelude (%s): %s", self.cxx, proc.stderr[-2000:])
-        except OSError as exc:
+        except (OSError, ValueError, CompileError) as exc:  # kernels compile without it
             _CACHE_LOG.debug("no precompiled prelude: %s", exc)
         with self._prelude_lock:
             self._preludes[wanted] = header if gch.is_file() else None
