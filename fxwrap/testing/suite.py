@@ -86,8 +86,9 @@ def _opinfo(op_id: str):
     return op
 
 
-def _memory_programs(target: str) -> dict:
-    """Programs whose memory plans the suite checks, by name, lowered for ``target``."""
+def _memory_programs(target: str, device: torch.device) -> dict:
+    """Programs whose memory plans the suite checks, by name, lowered for ``target`` on inputs
+    of its ``device``."""
 
     def chain(x):  # many intermediates: frees and reuse
         y = torch.softmax(x * 2, -1)
@@ -100,16 +101,18 @@ def _memory_programs(target: str) -> dict:
 
     def mlp_training():
         model = MODEL_CASES["mlp"].build()
-        x = MODEL_CASES["mlp"].batch()
+        x = MODEL_CASES["mlp"].batch().to(device)
+        model = model.to(device)
         programs = []
         compiled = fxwrap.compile(model, target=target, options={"on_program": programs.append})
         compiled(x).sum().backward()
         return programs
 
     return {
-        "chain": lambda: [fxwrap.lower(chain, torch.randn(12, 20), target=target)],
-        "chain_dynamic": lambda: [fxwrap.lower(chain, torch.randn(12, 20), target=target, dynamic=True)],
-        "split_views": lambda: [fxwrap.lower(split_views, torch.randn(12, 6), target=target)],
+        "chain": lambda: [fxwrap.lower(chain, torch.randn(12, 20, device=device), target=target)],
+        "chain_dynamic": lambda: [fxwrap.lower(chain, torch.randn(12, 20, device=device), target=target,
+                                               dynamic=True)],
+        "split_views": lambda: [fxwrap.lower(split_views, torch.randn(12, 6, device=device), target=target)],
         "mlp_training": mlp_training,
     }
 
@@ -347,7 +350,7 @@ class ConformanceSuite:
         """Every program's plan frees or returns each storage once, never uses one after its
         free, and reports a peak between the largest storage and the sum of all."""
         self._skip_if_excluded(target_name, memory_program)
-        programs = _memory_programs(target_name)[memory_program]()
+        programs = _memory_programs(target_name, self.device(target_name))[memory_program]()
         assert programs, f"memory program {memory_program}: nothing compiled for target {target_name!r}"
         for program in programs:
             checks.check_memory_plan(program, f"{memory_program} {program.kind} program")
@@ -356,7 +359,7 @@ class ConformanceSuite:
         """The same function lowered twice gives byte-identical ``program.code()`` and kernel sources."""
         self._skip_if_excluded(target_name, determinism_function)
         fn, make_inputs = _determinism_functions()[determinism_function]
-        inputs = make_inputs()
+        inputs = [t.to(self.device(target_name)) for t in make_inputs()]
         first = fxwrap.lower(fn, *inputs, target=target_name)
         torch._dynamo.reset()
         second = fxwrap.lower(fn, *inputs, target=target_name)
