@@ -150,7 +150,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     session = target if isinstance(target, CompileSession) else compile_session(target, options)
     target, options = session.target, session.options
     timer = logs.PhaseTimer(f"{kind} program")
-    channels_last = session.capabilities.get("convolution_layout") == "channels_last"
+    channels_last = session.capabilities.convolution_layout == "channels_last"
     saved_outputs = saved_activation_outputs(gm) if kind == "forward" else None
     if kind == "backward" and example_inputs is not None:
         with timer.phase("layout"):
@@ -168,7 +168,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if channels_last and kind in ("inference", "forward") and _takes_layout_pass(gm, kind, saved_outputs, session):
         with timer.phase("layout"):
             channels_last_convolutions(gm, saved_outputs=saved_outputs or ())
-    alignment = session.capabilities.get("matmul_alignment_bytes")
+    alignment = session.capabilities.matmul_alignment_bytes
     if alignment and kind in ("inference", "forward") and session.generates_kernels and options.kernels:
         with timer.phase("layout"):
             pad_matmul_columns(gm, alignment)
@@ -212,9 +212,9 @@ def _takes_layout_pass(gm: torch.fx.GraphModule, kind: str, saved_outputs: range
     the backward graph is compiled for the strides the forward reports, which must be numbers."""
     if kind == "inference":
         return True
-    if not session.capabilities.get("training_convolution_layout") == "channels_last":
+    if not session.capabilities.training_convolution_layout == "channels_last":
         log.info("channels-last layout not applied to the forward graph: the device does not ask for "
-                 "it in training (capabilities()['training_convolution_layout'])")
+                 "it in training (capabilities().training_convolution_layout)")
         return False
     if not has_channels_last_convolution(gm):
         return False

@@ -27,6 +27,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from fxwrap.ir.loops import Op, OpCode, load_mask, result_dtype, rewrite
+from fxwrap.core.capabilities import Capabilities
 from fxwrap.core.numerics import compute_dtype  # bf16/fp16 compute in float32 (rules import it from here)
 from fxwrap.ir.symbolic import to_expr
 from fxwrap.ir.lines import Buffer
@@ -221,9 +222,9 @@ class LoweringContext:
         return self.val.dtype
 
     @property
-    def capabilities(self) -> dict:
-        """The target device's ``capabilities()`` (empty without a program builder)."""
-        return {}
+    def capabilities(self) -> Capabilities:
+        """The target device's ``capabilities()`` (nothing set without a program builder)."""
+        return Capabilities()
 
     @property
     def out_size(self) -> tuple:

@@ -21,7 +21,7 @@ along its columns directly.)  Every node's ``meta["val"]`` is propagated again, 
 views see the padded strides; a graph output whose strides changed gets its traced layout
 back through a ``clone`` (an output of the model is returned as eager returns it).  Only
 products large enough to pay for the copies are padded (``MIN_FLOPS``), with static
-sizes.  The device asks for it: ``capabilities()["matmul_alignment_bytes"]``.
+sizes.  The device asks for it: ``capabilities().matmul_alignment_bytes``.
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fxwrap.core.capabilities import Capabilities, as_capabilities
 from fxwrap.core.capture import default_decompositions, kernel_decompositions
 from fxwrap.core.lowering import LoweringTable
 from fxwrap.core.numerics import Numerics, numerics_for
@@ -44,7 +45,7 @@ DECOMPOSITION_MODES = ("core", "none")
 PARTITIONS = ("min_cut", "save_all")
 
 # the dtypes fxwrap's loop IR and emitters can put in a generated kernel; a device's
-# ``capabilities()["dtypes"]`` and an emitter's ``supported_dtypes`` narrow it
+# ``capabilities().dtypes`` and an emitter's ``supported_dtypes`` narrow it
 KERNEL_DTYPES = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
                            torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
 
@@ -235,23 +236,25 @@ class CompileSession:
         return other
 
     @property
-    def capabilities(self) -> dict:
-        """``target.device.capabilities()``, asked once per session."""
+    def capabilities(self) -> Capabilities:
+        """``target.device.capabilities()`` as a ``Capabilities`` record, asked once per
+        session (a device still returning a dict: converted, with a ``DeprecationWarning``)."""
         shared = self._shared
         with shared.lock:
             if shared.capabilities is None:
-                shared.capabilities = dict(self.target.device.capabilities() or {})
+                device = self.target.device
+                shared.capabilities = as_capabilities(device.capabilities(), device)
             return shared.capabilities
 
     @property
     def kernel_dtypes(self) -> frozenset:
         """The dtypes a generated kernel may read or write on this target: fxwrap's own,
-        narrowed by the device's ``capabilities()["dtypes"]`` (names such as
-        ``"bfloat16"``; absent: no limit) and by the emitter's ``supported_dtypes``."""
+        narrowed by the device's ``capabilities().dtypes`` (names such as
+        ``"bfloat16"``; None: no limit) and by the emitter's ``supported_dtypes``."""
         dtypes = set(KERNEL_DTYPES)
-        named = self.capabilities.get("dtypes")
+        named = self.capabilities.dtypes
         if named is not None:
-            dtypes &= {getattr(torch, n) if isinstance(n, str) else n for n in named}
+            dtypes &= {getattr(torch, n) for n in named}
         supported = getattr(self.target.emitter, "supported_dtypes", None)  # None: every dtype
         if supported is not None:
             dtypes &= set(supported)
@@ -304,6 +307,6 @@ class _SharedState:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.capabilities: dict | None = None
+        self.capabilities: Capabilities | None = None
         self.decompositions: dict = {}
         self.wrapper_passes: dict[CompileOptions, list] = {}  # options -> the hook's passes

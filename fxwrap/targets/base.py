@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fxwrap.core.capabilities import Capabilities
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.provenance import header_lines
@@ -30,11 +31,13 @@ class DeviceInterface:
 
     What fxwrap calls, and where (a method a device has no use for keeps its default):
 
-    * ``capabilities()``: read once per compile session.  ``"dtypes"`` (dtype names,
-      e.g. ``["float32", "bfloat16"]``; absent: no limit) narrows what a generated
-      kernel may hold: an op on another dtype runs as an ATen extern call
-      (``CompileSession.kernel_dtypes``).  Emitters read their launch limits here
-      (Metal: ``max_threads_per_threadgroup``).
+    * ``capabilities()``: a ``Capabilities`` record (``fxwrap.core.capabilities``), read
+      once per compile session.  ``dtypes`` (dtype names, e.g. ``("float32",
+      "bfloat16")``; None: no limit) narrows what a generated kernel may hold: an op on
+      another dtype runs as an ATen extern call (``CompileSession.kernel_dtypes``).
+      Emitters read their launch limits here (Metal: ``max_threads_per_threadgroup``).
+      A dict (the old contract) is converted with a ``DeprecationWarning``; an unknown
+      key is an error naming the valid ones.
     * ``synchronize(device)``: waits for queued work; CUDA-graph recording
       (``fxwrap.runtime.cudagraphs``) and autotuning call it before they start.
     * ``current_stream(device)``: the stream launches go to (None where there are
@@ -71,8 +74,8 @@ class DeviceInterface:
         self.synchronize(device)
         return (time.perf_counter() - start) / n
 
-    def capabilities(self) -> dict:
-        return {}
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import fxwrap.core.rules  # noqa: F401  (registers the rules)
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxwrap.core import extern
+from fxwrap.core.capabilities import Capabilities
 from fxwrap.core.errors import EmitError
 from fxwrap.core import logs
 from fxwrap.ir.loops import Op, Reduction, ScheduledKernel, Store, format_kernel, rvar, xvar
@@ -55,7 +56,7 @@ class _Ctx(LoweringContext):
         self.outputs_made = 0  # var_mean: one reduction call per output
 
     @property
-    def capabilities(self) -> dict:
+    def capabilities(self) -> Capabilities:
         return self._kernel_builder.session.capabilities
 
     @property
@@ -572,7 +573,7 @@ class KernelBuilder(build._Builder):
         bad = sorted({str(t.dtype) for t in (*vals, *inputs) if t.dtype not in self.kernel_dtypes})
         if bad:
             log.info("fxwrap: %s (%s) stays an ATen extern call on target %s: its kernels cannot hold %s "
-                     "(session.kernel_dtypes: the device's capabilities()['dtypes'] and the emitter's "
+                     "(session.kernel_dtypes: the device's capabilities().dtypes and the emitter's "
                      "supported_dtypes)", node.name, node.target, self.target.name, ", ".join(bad))
             return False
         return True
