@@ -118,7 +118,7 @@ def schedule_text(program, built) -> str:
     records = {r.scheduled.name: r for r in built.kernels}
     out = [f"# Schedule of the {program.kind} program (target {program.target.name})", ""]
     for line in program.lines:
-        kernel = getattr(line, "kernel", None)
+        kernel = line.kernel
         if not line.origins:
             continue
         if kernel is not None and kernel.name in records:
