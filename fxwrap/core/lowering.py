@@ -109,6 +109,29 @@ class Unsupported(Exception):
     """Raised inside a rule for a case it does not cover: the node becomes an extern."""
 
 
+class _Decline:
+    """The type of ``DECLINE`` (one instance, named in reprs)."""
+
+    def __repr__(self) -> str:
+        return "fxwrap.DECLINE"
+
+    def __reduce__(self):
+        return "DECLINE"
+
+
+#: What a rule returns to hand the case to the rule it overrides (the one registered
+#: before it: an earlier plugin's, the target's own, or fxwrap's), as if it were not
+#: there; with no rule beneath, the node is an ATen extern call.  Anything the rule did
+#: through ``ctx`` before declining is undone.  (None or ``Unsupported``, by contrast,
+#: make the node an extern at once.)::
+#:
+#:     def my_gelu(ctx, x, approximate="none"):
+#:         if approximate != "tanh":
+#:             return fxwrap.DECLINE        # fxwrap's own gelu rule handles it
+#:         return ctx.map(my_tanh_gelu, x)
+DECLINE = _Decline()
+
+
 class LoweringError(ValueError):
     """A lowering rule was registered wrongly (an unknown target name, a key that is no ATen op)."""
 
@@ -192,11 +215,23 @@ class LoweringTable:
     def __init__(self, target: str, *layers: dict):
         self.target = target
         self.rules: dict = {}
+        #: every rule for an op, the winning one first: where a rule returns ``DECLINE``
+        #: the next one runs
+        self.chains: dict = {}
         for layer in layers:
             self.rules.update(layer)
+            for op, rule in layer.items():
+                self.chains[op] = (rule, *self.chains.get(op, ()))
 
     def lookup(self, op):
+        """The winning rule for ``op`` (None: no rule, an extern call)."""
         return self.rules.get(op)
+
+    def rule(self, op):
+        """What lowers ``op``: the winning rule, or, where rules lie beneath it, a
+        ``DeclinableRule`` that runs the next one whenever one returns ``DECLINE``."""
+        chain = self.chains.get(op, ())
+        return DeclinableRule(chain) if len(chain) > 1 else self.rules.get(op)
 
     def __contains__(self, op) -> bool:
         return op in self.rules
@@ -207,6 +242,23 @@ class LoweringTable:
 
 REGISTRY = LoweringRegistry()
 register = REGISTRY.register
+
+
+@dataclass(frozen=True)
+class DeclinableRule:
+    """Rules for one op, the winning one first: ``rule(ctx, *args)`` runs each in turn
+    until one returns something other than ``DECLINE`` (``ctx.rollback()`` between, so
+    a declining rule leaves no trace); all declining: None (an ATen extern call)."""
+
+    chain: tuple
+
+    def __call__(self, ctx, *args, **kwargs):
+        for rule in self.chain:
+            result = rule(ctx, *args, **kwargs)
+            if result is not DECLINE:
+                return result
+            ctx.rollback()
+        return None
 
 
 class LoweringContext:
@@ -220,6 +272,9 @@ class LoweringContext:
     @property
     def out_dtype(self) -> torch.dtype:
         return self.val.dtype
+
+    def rollback(self) -> None:
+        """Undo what the rule did through this context (a rule that returned ``DECLINE``)."""
 
     @property
     def capabilities(self) -> Capabilities:

@@ -70,7 +70,10 @@ def fxwrap_lowerings(registry, target):
     name), reported as a ``PluginError`` naming this plugin.  The rules override
     fxwrap's own rules for that op; of two plugins, the later in load order wins.
     A rule is ``rule(ctx, *args, **kwargs) -> value | None`` (see
-    ``fxwrap.core.lowering``); None or ``Unsupported`` keeps the op an ATen extern call.
+    ``fxwrap.core.lowering``); None or ``Unsupported`` keeps the op an ATen extern call;
+    ``fxwrap.DECLINE`` hands the case to the rule this one overrides (an earlier plugin's,
+    the target's or fxwrap's own; none: an extern call), with what the rule did through
+    ``ctx`` undone.
     firstresult: no, every plugin is called, in load order.
 
     Example::

@@ -55,6 +55,13 @@ class _Ctx(LoweringContext):
         self.checkpoint: _Checkpoint | None = None
         self.outputs_made = 0  # var_mean: one reduction call per output
 
+    def rollback(self) -> None:
+        """Put the builder back as it was before the rule first reached it (a rule that
+        declined: ``fxwrap.DECLINE``)."""
+        if self.checkpoint is not None:
+            self.checkpoint.restore()
+        self.outputs_made = 0
+
     @property
     def capabilities(self) -> Capabilities:
         return self._kernel_builder.session.capabilities
@@ -412,7 +419,7 @@ class KernelBuilder(build._Builder):
                 and self._all_on_device(node)):
             self._template_or_extern(node)
             return
-        rule = self.lowerings.lookup(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+        rule = self.lowerings.rule(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
         if rule is not None and node.name not in self.extern_nodes and self._all_on_device(node):
             self._store_shared_values(node)
             ctx = _Ctx(node, self._device_of(node), self)

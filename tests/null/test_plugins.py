@@ -325,3 +325,50 @@ def test_builtin_targets_load_without_installed_metadata(monkeypatch):
     assert [(ep.name, ep.value) for ep in eps] == sorted(BUILTIN_ENTRY_POINTS)
     manager = PluginManager(eps).load()
     assert {"cpu", "cuda", "mps", "reference"} <= set(manager.targets)
+
+
+def _kernels(program):
+    return [n.target for n in program.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)]
+
+
+@pytest.mark.parametrize("below", [None, "sin_to_cos"])
+def test_a_lowering_rule_declines_back_to_the_rule_it_overrides(below):
+    """``fxwrap.DECLINE`` from a plugin's rule runs the rule beneath it: another plugin's
+    (``sin_to_cos``: cos) or fxwrap's own (sin), inside a generated kernel, with what the
+    declining rule realized first undone (one kernel, no extra buffer)."""
+    from fxwrap_plugin_fixtures import declines
+    x32, x64 = torch.randn(33, 17), torch.randn(33, 17, dtype=torch.float64)
+    plugins = [ep(below)] if below else []
+    manager = PluginManager([*installed_entry_points(), *plugins, ep("declines")])
+    declines.declined.clear()
+    with use_plugin_manager(manager):
+        torch._dynamo.reset()
+        handled = fxwrap.lower(_sin_times_two, x64, target="cpu")
+        torch._dynamo.reset()
+        declined = fxwrap.lower(_sin_times_two, x32, target="cpu")
+    torch.testing.assert_close(handled.run(x64), (torch.sin(x64) + 1) * 2)
+    beneath = torch.cos if below else torch.sin
+    torch.testing.assert_close(declined.run(x32), beneath(x32) * 2)
+    assert declines.declined, "the rule did not run for float32"
+    (kernel,) = _kernels(declined)  # the realization before the decline left no kernel
+    assert ("std::cos" in kernel.source) == bool(below) and "aten." not in declined.code(), declined.code()
+    assert declined.code().count("empty_strided") == 1, declined.code()
+
+
+def test_a_rule_that_declines_with_nothing_beneath_is_an_extern():
+    from fxwrap.core.lowering import DECLINE, DeclinableRule, LoweringTable
+
+    def never(ctx, x):
+        return DECLINE
+
+    class Ctx:
+        rolled_back = 0
+
+        def rollback(self):
+            self.rolled_back += 1
+    table = LoweringTable("cpu", {aten.sin.default: never}, {aten.sin.default: never})
+    runner = table.rule(aten.sin.default)
+    assert isinstance(runner, DeclinableRule) and table.lookup(aten.sin.default) is never
+    ctx = Ctx()
+    assert runner(ctx, None) is None and ctx.rolled_back == 2
+    assert repr(DECLINE) == "fxwrap.DECLINE"
