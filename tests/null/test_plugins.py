@@ -327,6 +327,10 @@ def test_builtin_targets_load_without_installed_metadata(monkeypatch):
     assert {"cpu", "cuda", "mps", "reference"} <= set(manager.targets)
 
 
+def _sin_of_triple_times_two(t):
+    return torch.sin(t * 3) * 2  # sin's operand is lazy: realizing it makes a kernel and a buffer
+
+
 def _kernels(program):
     return [n.target for n in program.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)]
 
@@ -343,16 +347,17 @@ def test_a_lowering_rule_declines_back_to_the_rule_it_overrides(below):
     declines.declined.clear()
     with use_plugin_manager(manager):
         torch._dynamo.reset()
-        handled = fxwrap.lower(_sin_times_two, x64, target="cpu")
+        handled = fxwrap.lower(_sin_of_triple_times_two, x64, target="cpu")
         torch._dynamo.reset()
-        declined = fxwrap.lower(_sin_times_two, x32, target="cpu")
-    torch.testing.assert_close(handled.run(x64), (torch.sin(x64) + 1) * 2)
+        declined = fxwrap.lower(_sin_of_triple_times_two, x32, target="cpu")
+    torch.testing.assert_close(handled.run(x64), (torch.sin(x64 * 3) + 1) * 2)
     beneath = torch.cos if below else torch.sin
-    torch.testing.assert_close(declined.run(x32), beneath(x32) * 2)
+    torch.testing.assert_close(declined.run(x32), beneath(x32 * 3) * 2)
     assert declines.declined, "the rule did not run for float32"
     (kernel,) = _kernels(declined)  # the realization before the decline left no kernel
     assert ("std::cos" in kernel.source) == bool(below) and "aten." not in declined.code(), declined.code()
     assert declined.code().count("empty_strided") == 1, declined.code()
+    assert "the declining rule ran here" not in declined.code()
 
 
 def test_a_rule_that_declines_with_nothing_beneath_is_an_extern():

@@ -2,13 +2,15 @@
 every other case back (``fxwrap.DECLINE``) to the rule it overrides.
 
 float64: ``sin(x) + 1`` (a rule no built-in has, so the numbers show it ran).  Any other
-dtype: it first realizes its operand (builder state that must be undone), then declines;
+dtype: it first realizes its operand and emits a comment line (builder state that must be
+undone), then declines;
 loaded after ``sin_to_cos`` the case reaches that plugin's rule (``cos``), loaded alone
 fxwrap's own ``sin`` rule."""
 import torch
 
 import fxwrap
 from fxwrap import hookimpl
+from fxwrap.ir.lines import Comment
 from fxwrap.ir.loops import Op
 
 aten = torch.ops.aten
@@ -22,6 +24,7 @@ def _sin_plus_one(v):
 def sin_plus_one_for_float64(ctx, x):
     if ctx.out_dtype != torch.float64:
         declined.append(ctx.stored(x).buffer.name)
+        ctx.emit(Comment("the declining rule ran here"))
         return fxwrap.DECLINE
     return ctx.map(_sin_plus_one, x)
 
