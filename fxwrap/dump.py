@@ -66,7 +66,8 @@ class ProgramDump:
         self.root, self.folder, self.aten_graph = root, folder, aten_graph
 
     @classmethod
-    def start(cls, option, gm, kind: str) -> "ProgramDump | None":
+    def start(cls, option, gm, kind: str, aten_graph: str | None = None) -> "ProgramDump | None":
+        """``aten_graph``: the graph's text as captured (before the ATen passes), else ``gm``'s."""
         root = debug_dir(option)
         if root is None:
             return None
@@ -74,7 +75,8 @@ class ProgramDump:
         with _lock:
             number = _counters.get(key, 0)
             _counters[key] = number + 1
-        return cls(root, f"{number:03d}-{kind}-{_function_name(gm)}", aten_graph_text(gm))
+        return cls(root, f"{number:03d}-{kind}-{_function_name(gm)}",
+                   aten_graph if aten_graph is not None else aten_graph_text(gm))
 
     @property
     def path(self) -> Path:

@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 import torch.fx
 
-from fxwrap.api import Program, lower
+from fxwrap.api import lower
+from fxwrap.program import Program
 from fxwrap.plugins.debug_modes import provenance
 from fxwrap.runtime.kernel import Kernel
 

@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -30,11 +30,9 @@ from fxwrap.core.capabilities import Capabilities, as_capabilities
 from fxwrap.core.capture import default_decompositions, kernel_decompositions
 from fxwrap.core.lowering import LoweringTable
 from fxwrap.core.numerics import Numerics, numerics_for
+from fxwrap.core.passes import LinesPass, Pipeline, default_pipeline
 from fxwrap.core.templates import TEMPLATE_MODES
 from fxwrap.targets.base import KernelEmitter, Target
-
-if TYPE_CHECKING:
-    from fxwrap.plugins.manager import PluginManager
 
 #: ``mode``: fxwrap's own ``"cudagraphs"`` and Inductor's names (``torch.compile(mode=...)``):
 #: ``"reduce-overhead"`` is CUDA graphs; ``"max-autotune"`` a wider set of candidate configs per
@@ -173,19 +171,41 @@ class CompileOptions:
         return cls(**{**defaults, **options})
 
 
+@dataclass(frozen=True)
+class PluginFacts:
+    """What a compile session needs from the plugins, handed to it when it is built (the
+    session never calls back into the plugin manager).
+
+    ``kernel_loader``: what a ``Kernel`` built in the session loads its launcher with after
+    unpickling; ``wrapper_passes(options)``: the ``fxwrap_wrapper_passes`` of every plugin for
+    the session's target under other options; ``plugins``: ``(name, description)`` of every
+    loaded plugin, in load order, and ``plugin_objects`` the registered plugin objects (the
+    program cache keys on both)."""
+
+    kernel_loader: Callable
+    wrapper_passes: Callable[[CompileOptions], list]
+    plugins: tuple = ()
+    plugin_objects: tuple = ()
+
+
 class CompileSession:
     """Everything fxwrap compiles one target's graphs with; built by
     ``PluginManager.session(target)`` once per target and shared by every graph.
 
-    ``lowerings`` (a ``LoweringTable``), ``decompositions(options)``, ``wrapper_passes``,
-    ``capabilities`` (the device's, read once), ``kernel_dtypes`` (what a generated
-    kernel may hold on this target), ``new_emitter(size_hints)`` and ``options``.
+    ``lowerings`` (a ``LoweringTable``), ``decompositions(options)``, ``pipeline`` (the
+    declared ATen-graph and Wrapper-IR passes, ``fxwrap.core.passes``), ``wrapper_passes``
+    (the ``fxwrap_wrapper_passes`` hook's), ``capabilities`` (the device's, read once),
+    ``kernel_dtypes`` (what a generated kernel may hold on this target),
+    ``new_emitter(size_hints)`` and ``options``.
     """
 
-    def __init__(self, manager: "PluginManager", target: Target, lowerings: LoweringTable,
+    def __init__(self, plugins: PluginFacts, target: Target, lowerings: LoweringTable,
                  plugin_decompositions: dict, wrapper_passes: list[Callable],
-                 options: CompileOptions | None = None, templates: tuple = ()):
-        self.manager = manager
+                 options: CompileOptions | None = None, templates: tuple = (),
+                 pipeline: Pipeline | None = None):
+        self.plugins = plugins
+        #: the declared pass lists (fxwrap's, edited by every plugin's ``fxwrap_pipeline``)
+        self.pipeline = default_pipeline() if pipeline is None else pipeline
         #: the target's templates, then every other plugin's (``fxwrap_templates``)
         self.templates = tuple(templates)
         self.target = target
@@ -213,7 +233,13 @@ class CompileSession:
     def kernel_loader(self) -> Callable:
         """What a ``Kernel`` built in this session loads its launcher with after unpickling
         (``fxwrap.plugins.manager.load_kernel``: the named target's emitter)."""
-        return self.manager.kernel_loader
+        return self.plugins.kernel_loader
+
+    @property
+    def lines_passes(self) -> tuple[LinesPass, ...]:
+        """Every Wrapper-IR pass a program goes through: the pipeline's, then the
+        ``fxwrap_wrapper_passes`` hook's (``LinesPass.of``)."""
+        return (*self.pipeline.wrapper, *(LinesPass.of(p) for p in self.wrapper_passes))
 
     @property
     def generates_kernels(self) -> bool:
@@ -228,10 +254,10 @@ class CompileSession:
             passes = shared.wrapper_passes.get(options)
             if passes is None:  # the hook, once per set of options (check_nan adds a pass)
                 passes = self.wrapper_passes if options == self.options else \
-                    self.manager.wrapper_passes(self.target, options)
+                    self.plugins.wrapper_passes(options)
                 shared.wrapper_passes[options] = passes
-        other = CompileSession(self.manager, self.target, self.lowerings, self.plugin_decompositions,
-                               passes, options, self.templates)
+        other = CompileSession(self.plugins, self.target, self.lowerings, self.plugin_decompositions,
+                               passes, options, self.templates, self.pipeline)
         other._shared = shared
         return other
 
@@ -299,7 +325,7 @@ class CompileSession:
     def __repr__(self) -> str:
         return (f"CompileSession(target={self.target.name!r}, {len(self.lowerings)} lowerings, "
                 f"{len(self.plugin_decompositions)} plugin decompositions, "
-                f"{len(self.wrapper_passes)} wrapper passes, {len(self.templates)} templates)")
+                f"{len(self.wrapper_passes)} wrapper passes, {len(self.templates)} templates, {self.pipeline})")
 
 
 class _SharedState:

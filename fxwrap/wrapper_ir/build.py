@@ -33,6 +33,7 @@ import torch.fx
 
 from fxwrap.core import extern
 from fxwrap.core.overlap import overlap_collectives
+from fxwrap.core.passes import default_pipeline
 from fxwrap.wrapper_ir import build_control_flow, build_user_kernels
 from fxwrap.ir.collectives import (
     IN_PLACE_COLLECTIVES, OUT_COLLECTIVES, CallCollective, WaitCollective, is_collective, is_wait,
@@ -103,7 +104,8 @@ class _Builder:
         self.returned_roots: set[str] = set()  # storages a nested program returns so far
         self.kernel_prefix = "fxwrap"  # kernels are named f"{kernel_prefix}_pointwise_0"
         self.reuse = True  # storage reuse in the memory plans of nested programs
-        self.wrapper_passes: tuple = ()  # what nested programs' lines go through, as the top program's
+        # what nested programs' lines go through, as the top program's (``core.passes.LinesPass``)
+        self.wrapper_passes: tuple = tuple(default_pipeline().wrapper)
         self.current: torch.fx.Node | None = None  # the ATen node being lowered
         self._origins: dict[torch.fx.Node, Origin] = {}
         # result of a collective (buffer name) -> the buffers that collective reads
@@ -751,8 +753,10 @@ def _flatten(value):
 def build_lines(gm: torch.fx.GraphModule, target_name: str = "cpu", reuse: bool = True,
                 wrapper_passes=()) -> BuiltProgram:
     """Lines for an ATen graph; every op an extern call or a view (see module doc).
-    ``reuse`` and ``wrapper_passes``: how the nested programs of control-flow ops are
-    planned, as the caller plans the top program."""
+    ``reuse`` and ``wrapper_passes`` (``core.passes.LinesPass``; default: fxwrap's memory
+    plan): how the nested programs of control-flow ops are planned, as the caller plans
+    the top program."""
     builder = _Builder(gm, target_name)
-    builder.reuse, builder.wrapper_passes = reuse, tuple(wrapper_passes)
+    builder.reuse = reuse
+    builder.wrapper_passes = tuple(wrapper_passes) or builder.wrapper_passes
     return builder.run()

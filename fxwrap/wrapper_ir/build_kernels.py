@@ -137,7 +137,7 @@ class KernelBuilder(build._Builder):
         self.node_named = {n.name: n for n in gm.graph.nodes}
         self.position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
         self.reuse = session.options.reuse
-        self.wrapper_passes = tuple(session.wrapper_passes)
+        self.wrapper_passes = tuple(session.lines_passes)
         self.template_mode = session.template_mode
         # template output buffer -> the lines of its ATen call (the extern candidate)
         self.template_externs: dict[str, list[Line]] = {}
