@@ -123,9 +123,6 @@ class Group:
     row_stores: set = field(default_factory=set)  # buffers stored once per row
     template: object = None  # a template group: its TemplateCall (the first job's)
 
-    def accepts(self, job: Job) -> bool:
-        return self.refusal(job) is None
-
     def refusal(self, job: Job) -> str | None:
         """Why ``job`` may not join this group (None: it may), for the fusion log."""
         if self.writes_what_it_reads(job):

@@ -226,4 +226,4 @@ def python_expr(expr) -> str:
         return python_source(expr)
     except NotImplementedError as exc:
         raise EmitError(f"grid size {expr} cannot be computed by the Metal launcher ({exc}); "
-                        "precompute it on the host (a DefineSymbol line)") from exc
+                        "the kernel's nodes run as ATen extern calls") from exc
