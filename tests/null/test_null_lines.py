@@ -190,13 +190,10 @@ def test_zero_fill_of_a_reused_workspace_zeroes_it():
 
 
 # getattr reads of a line member that are not reads of a line (a Kernel's, a target's, a guard's)
+# (``getattr(self.<attr>, ...)`` is never a line's member read by a pass: not listed)
 _NOT_LINE_READS = {
-    ("fxwrap/ir/lines.py", "getattr(self.kernel, 'launch', {})"),
     ("fxwrap/plugins/debug_modes.py", "getattr(launch, 'target', None)"),  # an FX node's target
     ("fxwrap/program_cache.py", "getattr(value, 'name', value)"),
-    ("fxwrap/targets/base.py", "getattr(self.target, 'name', '?')"),
-    ("fxwrap/targets/cstyle.py", "getattr(self.target, 'name', None)"),
-    ("fxwrap/targets/cuda_triton/emitter.py", "getattr(self.target, 'name', None)"),
     ("fxwrap/wrapper_ir/guards.py", "getattr(guard, 'expr', guard)"),
     ("fxwrap/wrapper_ir/guards.py", "getattr(inp, 'name', str(inp))"),
 }
@@ -238,6 +235,7 @@ def test_every_line_member_read_with_getattr_is_declared_on_the_base():
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2
                     and isinstance(node.args[1], ast.Constant) and node.args[1].value in undeclared
+                    and not ast.unparse(node.args[0]).startswith("self.")
                     and (rel, ast.unparse(node)) not in _NOT_LINE_READS):
                 bad.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
     assert not bad, "line members read with getattr, undeclared on Line:\n  " + "\n  ".join(bad)
