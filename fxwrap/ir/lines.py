@@ -414,7 +414,7 @@ class CallKernel(Line):
     def in_place_pairs(self):
         """The pairs its kernel's emitter allowed (``launch["in_place"]``, argument names:
         ``ScheduledKernel.in_place_pairs``), as the buffers passed for them."""
-        pairs = getattr(self.kernel, "launch", {}).get("in_place", ())
+        pairs = self.kernel.launch.in_place
         if not pairs:
             return []
         by_arg = {arg.name: value for arg, value in zip(self.kernel.signature, self.args)

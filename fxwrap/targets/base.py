@@ -23,6 +23,7 @@ import torch
 from fxwrap.core.capabilities import Capabilities
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import Kernel, KernelArg
+from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.runtime.provenance import header_lines
 
 
@@ -100,6 +101,8 @@ class Workspace:
 class KernelSource:
     """Rendered kernel: ``KernelSource("fxwrap_pointwise_0", "extern \"C\" void ...", "c++")``.
 
+    ``launch``: the launch metadata, a ``KernelLaunch`` (``fxwrap.runtime.launch``: typed
+    fields; a dict is converted and an unknown key is an error naming the valid ones).
     ``workspaces``: the scratch buffers (``Workspace``) the kernel takes after its outputs,
     in that order; no kernel allocates memory itself."""
 
@@ -107,8 +110,11 @@ class KernelSource:
     text: str
     language: str
     signature: tuple = ()
-    launch: dict = field(default_factory=dict, hash=False, compare=False)
+    launch: KernelLaunch = field(default_factory=KernelLaunch, hash=False, compare=False)
     workspaces: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "launch", KernelLaunch.of(self.launch))
 
 
 def kernel_function_name(kernel) -> str:
@@ -196,7 +202,8 @@ class KernelEmitter:
         when a loaded program first launches it (through the plugin manager)."""
         return None
 
-    def user_kernel(self, name: str, source: str, signature: tuple, launch: dict, triton_kernel) -> Kernel:
+    def user_kernel(self, name: str, source: str, signature: tuple, launch: KernelLaunch,
+                    triton_kernel) -> Kernel:
         """The ``Kernel`` (bound to its launcher) of a user-written Triton kernel launched in the
         program: ``triton_kernel`` is the ``JITFunction`` (or ``Autotuner``) from the user's code,
         ``launch`` what ``wrapper_ir.build_user_kernels`` records of the launch (constants,
@@ -204,7 +211,7 @@ class KernelEmitter:
         targets run it; by default a target cannot, and says so."""
         from fxwrap.core.errors import UnsupportedUserKernel  # here: a loaded program imports this module
         raise UnsupportedUserKernel(
-            f"user Triton kernel {name} ({launch.get('module')}.{launch.get('qualname')}) cannot run on "
+            f"user Triton kernel {name} ({launch.module}.{launch.qualname}) cannot run on "
             f"target {getattr(self.target, 'name', '?')!r}: Triton kernels run on target 'cuda' (CUDA "
             "tensors) or 'triton-interpret' (CPU tensors, through Triton's interpreter). Compile with "
             "target='triton-interpret' (options={'target': 'triton-interpret'}) or 'cuda', or launch the "
