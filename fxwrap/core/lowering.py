@@ -27,6 +27,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from fxwrap.ir.loops import Op, OpCode, load_mask, result_dtype, rewrite
+from fxwrap.core.building import RuleBuilder
 from fxwrap.core.capabilities import Capabilities
 from fxwrap.core.numerics import compute_dtype  # bf16/fp16 compute in float32 (rules import it from here)
 from fxwrap.ir.symbolic import to_expr
@@ -325,10 +326,13 @@ class LoweringContext:
         return Loops(size, out, self.device, fn)
 
     # -- rules that need more than a lazy value (indexing, input mutation) ------
-    # They talk to the program builder (``self.builder``, set by the kernel builder);
-    # without one they raise Unsupported and the node stays an extern.
-    def _builder(self):
-        builder = getattr(self, "builder", None)
+    # They talk to the program builder (``self.builder``, set by the kernel builder)
+    # through ``core.building.RuleBuilder`` only; without one they raise Unsupported
+    # and the node stays an extern.
+    builder: RuleBuilder | None = None
+
+    def _builder(self) -> RuleBuilder:
+        builder = self.builder
         if builder is None:
             raise Unsupported(f"{self.node.target}: needs the kernel builder")
         return builder
@@ -338,11 +342,10 @@ class LoweringContext:
         by a kernel of its own, so an indirect load can address it."""
         if isinstance(value, Stored):
             return value
-        builder = self._builder()
-        for arg in self.node.all_input_nodes:
-            if builder.env.get(arg) is value:
-                return Stored(builder.value(arg))
-        raise Unsupported(f"{self.node.target}: operand is not a node of the graph")
+        buffer = self._builder().in_memory(self.node, value)
+        if buffer is None:
+            raise Unsupported(f"{self.node.target}: operand is not a node of the graph")
+        return Stored(buffer)
 
     def realized_output(self, loops: Loops, index: int) -> Stored:
         """Output ``index`` of this multi-output node stored by a kernel job of its own, in
@@ -368,7 +371,7 @@ class LoweringContext:
     def write_barrier(self) -> None:
         """This node writes an existing buffer: realize every earlier value that is
         used after it, so those values hold what they held before the write."""
-        self._builder()._materialize_before_write(self.node)
+        self._builder().write_barrier(self.node)
 
     def store_into(self, buffer: Buffer, loops: Loops) -> None:
         """A pointwise kernel job writing ``loops`` into ``buffer`` through its strides."""

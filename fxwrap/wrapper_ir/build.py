@@ -62,7 +62,7 @@ class BuiltProgram:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     fake_values: dict[str, Any] = field(default_factory=dict)
     symbol_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
-    #: the kernels made, in program order (``build_kernels.KernelRecord``): the debug dump's
+    #: the kernels made, in program order (``build_render.KernelRecord``): the debug dump's
     kernels: list = field(default_factory=list)
     #: one ``core.templates.TemplateChoiceRecord`` per template group, in program order
     template_choices: list = field(default_factory=list)
@@ -407,7 +407,7 @@ class _Builder:
         ``all_gather_into_tensor`` writes into an allocated buffer (its out= form): both are
         planned like any buffer (``core.memory``)."""
         if extern.is_mutating(op):  # all_reduce_ in the graph: what reads its argument runs first
-            self._materialize_before_write(node)
+            self.write_barrier(node)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
         in_place = IN_PLACE_COLLECTIVES.get(op)
         out_form = OUT_COLLECTIVES.get(op)
@@ -553,7 +553,7 @@ class _Builder:
         if op is aten.copy_.default and len(args) >= 2 and isinstance(args[0], Buffer) and args[0] == args[1]:
             self.env[node] = args[0]  # a buffer copied into itself: nothing to do
             return
-        self._materialize_before_write(node)
+        self.write_barrier(node)
         schema = op._schema
         aliased: list = []
         for ret in schema.returns:
@@ -596,7 +596,7 @@ class _Builder:
         else:
             self.env[node] = tuple(results)
 
-    def _materialize_before_write(self, node: torch.fx.Node) -> None:
+    def write_barrier(self, node: torch.fx.Node) -> None:
         """A write is a barrier: every value made before ``node`` and used after it is
         materialized now, so it holds what it held at its place in the program.
 

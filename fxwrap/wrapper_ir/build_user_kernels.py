@@ -134,7 +134,7 @@ def build(builder, node: torch.fx.Node) -> None:
     else:
         written = _mutated_by(kw, given)
     if written:
-        builder._materialize_before_write(node)  # later readers of values made before see them unwritten
+        builder.write_barrier(node)  # later readers of values made before see them unwritten
     tensors, scalars = {}, {}
     for arg_name, arg in given.items():
         value = builder.value(arg)
