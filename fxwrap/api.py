@@ -1,4 +1,4 @@
-"""The user-facing entry points: ``compile``, ``lower``, ``Backend``, ``Program``.
+"""The user-facing entry points: ``compile``, ``lower``, ``Backend`` (``Program`` is in ``fxwrap.program``).
 
     >>> model = torch.compile(model, backend="fxwrap")           # registered by entry point
     >>> model = fxwrap.compile(model, target="cpu")               # same, explicit target
