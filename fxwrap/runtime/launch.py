@@ -30,6 +30,7 @@ class KernelLaunch:
     """The launch metadata of one kernel (see the module docstring).  None / empty: unset."""
 
     # --- every target: the entry point and its arguments
+    # (a tuple field is set when not None: ``()`` is a value, e.g. a kernel without size symbols)
     symbol: str | None = None              # the kernel function's name in the source
     language: str | None = None            # "c++", "metal", "triton", "loop-ir"
     pointers: int | None = None            # tensor arguments (inputs, outputs, workspaces)
@@ -111,9 +112,9 @@ class KernelLaunch:
         return replace(self)
 
     def as_dict(self) -> dict:
-        """The fields that are set (not None, not empty), by name."""
+        """The fields that are set (not None; ``extra`` when not empty), by name."""
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None
-                and not (isinstance(v, (tuple, dict)) and not v)}
+                and not (f.name == "extra" and not v)}
 
     # -- the dict form, for code written against it (declared names only) ----------------
     def _check(self, name: str) -> str:
@@ -129,7 +130,7 @@ class KernelLaunch:
 
     def get(self, name: str, default=None):
         value = getattr(self, self._check(name))
-        return default if value is None or (isinstance(value, (tuple, dict)) and not value) else value
+        return default if value is None else value
 
     def __setitem__(self, name: str, value) -> None:
         setattr(self, self._check(name), value)

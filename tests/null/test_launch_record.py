@@ -32,6 +32,8 @@ def test_fields_are_declared():
     launch["config"] = (("XBLOCK", 64),)  # the dict form writes declared fields only
     assert launch.config == (("XBLOCK", 64),) and dict(launch.items())["config"] == (("XBLOCK", 64),)
     assert "symbol" in launch and "plan" not in launch
+    as_dict = {**KernelLaunch(symbol="fx_k", pointers=1)}  # the dict form keeps empty tuples: a value
+    assert as_dict["size_symbols"] == () and "plan" not in as_dict and "extra" not in as_dict
     with pytest.raises(KeyError, match="unknown launch metadata 'tiles'"):
         "tiles" in launch  # a target's own data is in launch.extra
     names = [f.name for f in dataclasses.fields(KernelLaunch)]
