@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "use_plugin_manager": "fxwrap.plugins.manager",
     "InputGuard": "fxwrap.runtime.guards", "InputMismatchError": "fxwrap.runtime.guards",
     "Kernel": "fxwrap.runtime.kernel", "KernelArg": "fxwrap.runtime.kernel", "free": "fxwrap.runtime.memory",
-    "Capabilities": "fxwrap.core.capabilities", "DECLINE": "fxwrap.core.lowering",
+    "Capabilities": "fxwrap.ir.capabilities", "DECLINE": "fxwrap.core.lowering",
     "DeviceInterface": "fxwrap.targets.base", "DirectCallWrapper": "fxwrap.targets.base",
     "KernelEmitter": "fxwrap.targets.base", "KernelSource": "fxwrap.targets.base",
     "Target": "fxwrap.targets.base", "WrapperCodegen": "fxwrap.targets.base",
@@ -63,7 +63,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.api import Backend, compile, lower  # noqa: F401
     from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
-    from fxwrap.core.capabilities import Capabilities  # noqa: F401
+    from fxwrap.ir.capabilities import Capabilities  # noqa: F401
     from fxwrap.core.errors import EmitError, UnsupportedUserKernel  # noqa: F401
     from fxwrap.core.lowering import DECLINE  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401

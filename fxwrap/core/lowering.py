@@ -28,7 +28,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from fxwrap.ir.loops import Op, OpCode, load_mask, result_dtype, rewrite
 from fxwrap.core.building import RuleBuilder
-from fxwrap.core.capabilities import Capabilities
+from fxwrap.ir.capabilities import Capabilities
 from fxwrap.core.numerics import compute_dtype  # bf16/fp16 compute in float32 (rules import it from here)
 from fxwrap.ir.symbolic import to_expr
 from fxwrap.ir.lines import Buffer

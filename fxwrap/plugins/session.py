@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from fxwrap.core.capabilities import Capabilities, as_capabilities
+from fxwrap.ir.capabilities import Capabilities, as_capabilities
 from fxwrap.core.capture import default_decompositions, kernel_decompositions
 from fxwrap.core.lowering import LoweringTable
 from fxwrap.core.numerics import Numerics, numerics_for

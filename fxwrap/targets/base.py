@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fxwrap.core.capabilities import Capabilities
+from fxwrap.ir.capabilities import Capabilities
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.launch import KernelLaunch
@@ -32,7 +32,7 @@ class DeviceInterface:
 
     What fxwrap calls, and where (a method a device has no use for keeps its default):
 
-    * ``capabilities()``: a ``Capabilities`` record (``fxwrap.core.capabilities``), read
+    * ``capabilities()``: a ``Capabilities`` record (``fxwrap.ir.capabilities``), read
       once per compile session.  ``dtypes`` (dtype names, e.g. ``("float32",
       "bfloat16")``; None: no limit) narrows what a generated kernel may hold: an op on
       another dtype runs as an ATen extern call (``CompileSession.kernel_dtypes``).

@@ -19,7 +19,7 @@ import torch
 
 import fxwrap.core.rules  # noqa: F401  (registers the rules)
 from fxwrap.core import extern, logs
-from fxwrap.core.capabilities import Capabilities
+from fxwrap.ir.capabilities import Capabilities
 from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, loads
 from fxwrap.ir.lines import Buffer, Line, buffers_defined
 from fxwrap.ir.loops import xvar

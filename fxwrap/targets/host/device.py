@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from fxwrap.core.capabilities import Capabilities
+from fxwrap.ir.capabilities import Capabilities
 from fxwrap.targets.base import DeviceInterface
 
 

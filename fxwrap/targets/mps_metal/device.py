@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fxwrap.core.capabilities import Capabilities
+from fxwrap.ir.capabilities import Capabilities
 from fxwrap.targets.base import DeviceInterface
 
 

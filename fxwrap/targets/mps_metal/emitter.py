@@ -31,7 +31,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.capabilities import Capabilities, as_capabilities
+from fxwrap.ir.capabilities import Capabilities, as_capabilities
 from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.core.numerics import compute_dtype
 from fxwrap.ir.symbolic import python_source
