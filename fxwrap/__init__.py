@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "Backend": "fxwrap.api", "Program": "fxwrap.api", "TrainingPrograms": "fxwrap.api",
+    "Backend": "fxwrap.api", "Program": "fxwrap.program", "TrainingPrograms": "fxwrap.program",
     "compile": "fxwrap.api", "lower": "fxwrap.api",
     "load": "fxwrap.artifacts", "LoadedProgram": "fxwrap.artifacts",
     "LoadedTrainingPrograms": "fxwrap.artifacts", "ProgramFileError": "fxwrap.artifacts",
@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "use_plugin_manager": "fxwrap.plugins.manager",
     "InputGuard": "fxwrap.runtime.guards", "InputMismatchError": "fxwrap.runtime.guards",
     "Kernel": "fxwrap.runtime.kernel", "KernelArg": "fxwrap.runtime.kernel", "free": "fxwrap.runtime.memory",
+    "Capabilities": "fxwrap.ir.capabilities", "DECLINE": "fxwrap.core.lowering",
     "DeviceInterface": "fxwrap.targets.base", "DirectCallWrapper": "fxwrap.targets.base",
     "KernelEmitter": "fxwrap.targets.base", "KernelSource": "fxwrap.targets.base",
     "Target": "fxwrap.targets.base", "WrapperCodegen": "fxwrap.targets.base",
@@ -61,13 +62,16 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from fxwrap.api import Backend, Program, TrainingPrograms, compile, lower  # noqa: F401
+    from fxwrap.api import Backend, compile, lower  # noqa: F401
     from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
+    from fxwrap.ir.capabilities import Capabilities  # noqa: F401
     from fxwrap.core.errors import EmitError, UnsupportedUserKernel  # noqa: F401
+    from fxwrap.core.lowering import DECLINE  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
     from fxwrap.core.templates import Template, TemplateCall  # noqa: F401
     from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401
     from fxwrap.profiling import ProfileReport, profile  # noqa: F401
+    from fxwrap.program import Program, TrainingPrograms  # noqa: F401
     from fxwrap.plugins.manager import (  # noqa: F401
         PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
     )

@@ -1,4 +1,4 @@
-"""The user-facing entry points: ``compile``, ``lower``, ``Backend``, ``Program``.
+"""The user-facing entry points: ``compile``, ``lower``, ``Backend`` (``Program`` is in ``fxwrap.program``).
 
     >>> model = torch.compile(model, backend="fxwrap")           # registered by entry point
     >>> model = fxwrap.compile(model, target="cpu")               # same, explicit target
@@ -13,9 +13,8 @@
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,114 +22,22 @@ import torch
 from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
 from fxwrap.core.capture import capture_backend, report_output_strides, saved_activation_outputs, static_input_indices
-from fxwrap.core import patterns
-from fxwrap.core.layout import channels_last_convolutions, follow_input_layouts, has_channels_last_convolution
-from fxwrap.core.matmul_padding import pad_matmul_columns
-from fxwrap.core.memory import MemoryPlan, describe_plan, plan_memory
-from fxwrap.dump import ProgramDump
+from fxwrap.core.memory import describe_plan
+from fxwrap.core.passes import AtenGraph, WrapperProgram, run_wrapper_passes
+from fxwrap.dump import ProgramDump, aten_graph_text, debug_dir
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
+from fxwrap.program import Program, TrainingPrograms, finish_program
 from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.boxed import ListCall
-from fxwrap.runtime.graph_replay import capture_runner
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
-from fxwrap.wrapper_ir.fx import annotated_code, input_guard_of, to_graph_module
-from fxwrap.ir.lines import Buffer, Line, Return, SizeInput
-from fxwrap.wrapper_ir.printer import program_source
+from fxwrap.wrapper_ir.fx import annotated_code, to_graph_module
 
 log = logging.getLogger("fxwrap")
 
 OPTION_NAMES = frozenset(CompileOptions.names())
-
-
-@dataclass
-class Program:
-    """One compiled graph (an inference, forward or backward graph).
-
-    ``lines`` is the Wrapper IR, ``graph_module`` its FX form, ``code()`` the
-    printed program, ``peak_bytes`` the memory plan's peak (at ``hints``: the
-    value of every size symbol when the graph was compiled), and calling the
-    Program runs what the target's wrapper made of the graph.
-    """
-
-    kind: str
-    target: Target
-    inputs: list[Buffer | SizeInput]
-    lines: list[Line]
-    graph_module: torch.fx.GraphModule
-    memory: MemoryPlan
-    runner: Callable = field(repr=False)
-    constants: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
-    hints: dict = field(default_factory=dict, repr=False)
-    arguments: ArgumentMap | None = field(default=None, repr=False)
-    outputs: OutputMap | None = field(default=None, repr=False)
-    #: positions of the inputs graph capture uses in place (``core.capture.static_input_indices``)
-    static_inputs: tuple[int, ...] = field(default=(), repr=False)
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.memory.peak_bytes
-
-    @property
-    def input_guard(self):
-        """The ``fxwrap.runtime.guards.InputGuard`` the GraphModule checks its inputs with."""
-        return input_guard_of(self.graph_module)
-
-    def code(self) -> str:
-        return program_source(self.inputs, self.lines)
-
-    @property
-    def output_strides(self) -> list[tuple[int, ...] | None]:
-        """The strides of each output the program returns; None for a non-tensor output
-        or one whose strides depend on size symbols."""
-        returned = next((line for line in reversed(self.lines) if isinstance(line, Return)), None)
-        strides = []
-        for value in (returned.values if returned is not None else ()):
-            stride = value.stride if isinstance(value, Buffer) else None
-            static = stride is not None and all(getattr(s, "is_Integer", isinstance(s, int)) for s in stride)
-            strides.append(tuple(int(s) for s in stride) if static else None)
-        return strides
-
-    def __call__(self, *graph_inputs):
-        """Run with the graph's inputs, in ``inputs`` order (dynamo's, not the function's);
-        a training forward returns its outputs followed by what it saves for the backward.
-        Runs without autograd, as ``run`` does (the program writes into ``out=`` tensors,
-        which autograd refuses where an input, a parameter say, requires grad)."""
-        with torch.no_grad():
-            return self.runner(*graph_inputs)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the program to ``path``: one file that ``fxwrap.load(path)`` runs without
-        the compiler (``fxwrap.artifacts``)."""
-        from fxwrap.artifacts import save
-        save(self, path)
-
-    def __reduce__(self):
-        # pickle stores what save() writes; pickle.loads gives a LoadedProgram
-        from fxwrap.artifacts import dumps, loads
-        return (loads, (dumps(self),))
-
-    def __copy__(self) -> "Program":
-        return replace(self)
-
-    def run(self, *args):
-        """Run with the lowered function's own positional arguments (``lower`` programs):
-        ``fxwrap.lower(f, x, w).run(x2, w2)``; parameters and sizes are filled in, and the
-        result has the function's own structure (a tensor, a tuple, a dict ...).
-
-        Raises ``TypeError`` for a missing or extra argument and
-        ``fxwrap.InputMismatchError`` for an input the program was not compiled for (see
-        ``fxwrap.runtime.guards``) or a Python scalar other than one baked in.
-        """
-        if self.arguments is None:
-            raise TypeError(f"this {self.kind} program has no argument map (only inference and forward "
-                            "programs made by fxwrap.lower have one); call it with its graph inputs, "
-                            "in program.inputs order")
-        with torch.no_grad():  # a compiled graph: autograd is AOTAutograd's business, not the caller's
-            outputs = self.runner(*self.arguments(args))
-        return outputs if self.outputs is None else self.outputs(outputs, args)
 
 
 def compile_session(target: Target, options: CompileOptions | dict | None = None) -> CompileSession:
@@ -143,25 +50,25 @@ def compile_session(target: Target, options: CompileOptions | dict | None = None
 def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession, kind: str = "inference",
                        options: CompileOptions | dict | None = None,
                        example_inputs: Sequence[Any] | None = None) -> Program:
-    """ATen graph -> Wrapper IR -> memory plan -> GraphModule -> target's runner.
+    """ATen graph -> the session's pipeline (``fxwrap.core.passes``): its ATen-graph passes
+    -> kernel builder (Wrapper IR) -> its Wrapper-IR passes (the memory plan among them)
+    -> GraphModule -> the target's runner.
 
     ``target``: a ``Target`` (compiled with the process-wide plugin manager's session
     for it, and ``options``) or a ``CompileSession`` (with its own options).  With the
     whole-program cache on (``options.cache``), a program saved by an earlier process
-    for the same graph, options, target and versions is loaded instead.
-    ``example_inputs``: AOTAutograd's example inputs; a backward graph is compiled for
-    their strides (those the compiled forward returns its saved activations in)."""
+    for the same graph (after the ATen passes), options, target, pass lists and versions
+    is loaded instead.  ``example_inputs``: AOTAutograd's example inputs; a backward graph
+    is compiled for their strides (those the compiled forward returns its saved
+    activations in)."""
     logs.configure()
     session = target if isinstance(target, CompileSession) else compile_session(target, options)
     target, options = session.target, session.options
     timer = logs.PhaseTimer(f"{kind} program")
-    channels_last = session.capabilities.get("convolution_layout") == "channels_last"
     saved_outputs = saved_activation_outputs(gm) if kind == "forward" else None
     static_inputs = static_input_indices(gm, kind)
-    if kind == "backward" and example_inputs is not None:
-        with timer.phase("layout"):
-            # the forward's saved activations come channels-last: so do its convolution backwards
-            follow_input_layouts(gm, example_inputs, channels_last and _restrided_channels_last(gm, example_inputs))
+    graph_text = aten_graph_text(gm) if debug_dir(options.debug_dir) is not None else None
+    session.pipeline.run_aten(AtenGraph(gm, kind, session, example_inputs, saved_outputs), timer)
     cache = key = None
     if cache_enabled(options):
         # which forward outputs keep the channels-last layout is no part of the graph's text
@@ -170,30 +77,16 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         program = cache.load(key, session, static_inputs)
         if program is not None:
             return program
-    dump = ProgramDump.start(options.debug_dir, gm, kind)  # None unless a debug dump was asked for
-    if channels_last and kind in ("inference", "forward") and _takes_layout_pass(gm, kind, saved_outputs, session):
-        with timer.phase("layout"):
-            channels_last_convolutions(gm, saved_outputs=saved_outputs or ())
-    alignment = session.capabilities.get("matmul_alignment_bytes")
-    if alignment and kind in ("inference", "forward") and session.generates_kernels and options.kernels:
-        with timer.phase("layout"):
-            pad_matmul_columns(gm, alignment)
-    if session.generates_kernels and options.kernels and options.templates != "off":
-        with timer.phase("patterns"):
-            rewrite_patterns(gm, session)
+    dump = ProgramDump.start(options.debug_dir, gm, kind, graph_text)  # None unless a debug dump was asked for
     if session.generates_kernels and options.kernels:
         built = KernelBuilder(gm, session, timer=timer, label=f"{kind} program").run()
     else:
         with timer.phase("lowering"):
-            built = build_lines(gm, target.name, reuse=options.reuse, wrapper_passes=session.wrapper_passes)
-    with timer.phase("memory plan"):
-        plan = plan_memory(built.lines, built.hints, reuse=options.reuse)
-    lines = plan.lines
+            built = build_lines(gm, target.name, reuse=options.reuse, wrapper_passes=session.lines_passes)
+    lines, plan = run_wrapper_passes(session.lines_passes, built.lines,
+                                     WrapperProgram(built.hints, options.reuse), timer)
     if logs.enabled("memory"):
         logs.logger("memory").debug("%s program: %s", kind, describe_plan(plan, built.hints))
-    with timer.phase("wrapper passes"):
-        for wrapper_pass in session.wrapper_passes:
-            lines = list(wrapper_pass(lines))
     with timer.phase("fx"):
         graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
     with timer.phase("wrapper"):
@@ -209,80 +102,6 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         dump.write(program, built, timer)
     if cache is not None:
         cache.store(key, program)
-    return program
-
-
-def _takes_layout_pass(gm: torch.fx.GraphModule, kind: str, saved_outputs: range | None, session) -> bool:
-    """Whether an inference or forward graph goes channels-last.  A forward graph only where
-    AOTAutograd says which outputs are saved activations and every input is of static shape:
-    the backward graph is compiled for the strides the forward reports, which must be numbers."""
-    if kind == "inference":
-        return True
-    if not session.capabilities.get("training_convolution_layout") == "channels_last":
-        log.info("channels-last layout not applied to the forward graph: the device does not ask for "
-                 "it in training (capabilities()['training_convolution_layout'])")
-        return False
-    if not has_channels_last_convolution(gm):
-        return False
-    if saved_outputs is None:
-        log.info("channels-last layout not applied to the forward graph: no AOTAutograd metadata "
-                 "says which outputs are saved for the backward")
-        return False
-    dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
-               and isinstance(v := n.meta.get("val"), (torch.Tensor, torch.SymInt))
-               and not all(isinstance(s, int) for s in (v.shape if isinstance(v, torch.Tensor) else (v,)))]
-    if dynamic:
-        log.info("channels-last layout not applied to the forward graph: inputs %s have symbolic "
-                 "sizes, and the backward graph needs the saved activations' strides as numbers",
-                 ", ".join(dynamic))
-        return False
-    return True
-
-
-def _restrided_channels_last(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """Whether one of a backward graph's inputs comes channels-last where it was traced
-    otherwise: the forward graph went channels-last, and the backward follows."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, given in zip(placeholders, example_inputs):
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and isinstance(given, torch.Tensor) and given.dim() == 4 \
-                and given.stride() != val.stride() and given.is_contiguous(memory_format=torch.channels_last):
-            return True
-    return False
-
-
-def rewrite_patterns(gm: torch.fx.GraphModule, session: CompileSession) -> None:
-    """The ATen-graph rewrites of ``fxwrap.core.patterns`` that the session's templates ask
-    for: the dequantize-and-linear pattern becomes ``_weight_int8pack_mm`` where a template
-    of the session computes that op and asks for the rewrite (``Template.pattern_refusal``),
-    and only where ATen's own kernel of it (the template's fallback and rival) runs on the
-    device and is exact for the shapes, or where the template promises to compute every
-    call it asks for (``Template.pattern_guarantee``: then it is the op's only kernel)."""
-    templates = [t for t in session.active_templates if patterns.INT8_MM in t.ops]
-    if not templates:
-        return
-
-    def allow(x, w, scale) -> bool:
-        aten_ok = patterns.aten_int8_mm_refusal(x.dtype, x.shape[-1], x.device.type, x.is_contiguous()) is None
-        return any(t.pattern_refusal(patterns.INT8_MM, (x, w, scale)) is None and (aten_ok or t.pattern_guarantee)
-                   for t in templates)
-
-    patterns.int8_weight_only_linears(gm, allow)
-
-
-def finish_program(program: Program, session: CompileSession) -> Program:
-    """Give ``program`` (compiled, or loaded from the program cache) its runner: the
-    target's wrapper of its GraphModule, recorded and replayed partition by partition
-    (``fxwrap.runtime.graph_replay.capture_runner``) where the options ask for graphs
-    (``cuda_graphs``: mode "cudagraphs", "reduce-overhead", "max-autotune") and the device
-    records them (``DeviceInterface.graph_capture()``)."""
-    target, kind, graph_module = session.target, program.kind, program.graph_module
-    runner = target.wrapper(target).compile_graph(graph_module)
-    program.runner = runner
-    capture = target.device.graph_capture() if session.options.cuda_graphs else None
-    if capture is not None:
-        program.runner = capture_runner(runner, graph_module, capture, static=program.static_inputs,
-                                        name=f"{kind} program")
     return program
 
 
@@ -416,23 +235,6 @@ def compile(model, target: str | Target | None = None, dynamic: bool | None = No
             fullgraph: bool = False, options: dict | None = None):
     """``torch.compile`` with the fxwrap backend on ``target``."""
     return torch.compile(model, backend=Backend(target, options), dynamic=dynamic, fullgraph=fullgraph)
-
-
-@dataclass
-class TrainingPrograms:
-    """``lower(..., training=True)``: the forward and backward programs."""
-
-    forward: Program
-    backward: Program
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Both programs in one file; ``fxwrap.load(path)`` gives a ``LoadedTrainingPrograms``."""
-        from fxwrap.artifacts import save
-        save(self, path)
-
-    def __reduce__(self):
-        from fxwrap.artifacts import dumps, loads
-        return (loads, (dumps(self),))
 
 
 def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,

@@ -82,7 +82,8 @@ class ProgramDump:
         self.option = option  # the debug_dir option the root came from (None: FXWRAP_DEBUG_DIR)
 
     @classmethod
-    def start(cls, option, gm, kind: str) -> "ProgramDump | None":
+    def start(cls, option, gm, kind: str, aten_graph: str | None = None) -> "ProgramDump | None":
+        """``aten_graph``: the graph's text as captured (before the ATen passes), else ``gm``'s."""
         root = debug_dir(option)
         if root is None:
             return None
@@ -94,7 +95,8 @@ class ProgramDump:
         with _lock:
             number = _counters.get(key, 0)
             _counters[key] = number + 1
-        return cls(root, f"{number:03d}-{kind}-{_function_name(gm)}", aten_graph_text(gm), option)
+        return cls(root, f"{number:03d}-{kind}-{_function_name(gm)}",
+                   aten_graph if aten_graph is not None else aten_graph_text(gm), option)
 
     @property
     def path(self) -> Path:
@@ -144,7 +146,7 @@ def schedule_text(program, built) -> str:
     records = {r.scheduled.name: r for r in built.kernels}
     out = [f"# Schedule of the {program.kind} program (target {program.target.name})", ""]
     for line in program.lines:
-        kernel = getattr(line, "kernel", None)
+        kernel = line.kernel
         if not line.origins:
             continue
         if kernel is not None and kernel.name in records:

@@ -40,7 +40,8 @@ from pathlib import Path
 import torch
 import torch.fx
 
-from fxwrap.api import Backend, Program, dynamo_backend, lower
+from fxwrap.api import Backend, dynamo_backend, lower
+from fxwrap.program import Program
 from fxwrap.plugins.debug_modes import provenance
 from fxwrap.runtime.kernel import Kernel
 

@@ -42,6 +42,7 @@ from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 
 from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, fxwrap_version, pickled, triton_version
 from fxwrap.core import logs
+from fxwrap.program import Program, finish_program
 from fxwrap.runtime.graph_records import kernels_of
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
@@ -80,13 +81,13 @@ def package_digest() -> str:
 PLUGIN_FILES_MAX = 500
 
 
-def plugin_digest(manager) -> str:
-    """sha256 of the sources of every plugin the manager registered outside fxwrap (its
-    module's package directory, ``*.py``): a vendor editing its lowering rules or passes
-    misses the cache, instead of running programs compiled with the old ones."""
-    pm = getattr(manager, "pm", None)
+def plugin_digest(plugins) -> str:
+    """sha256 of the sources of every plugin object in ``plugins`` (what a plugin manager
+    registered: ``CompileSession.plugins.plugin_objects``) outside fxwrap (its module's
+    package directory, ``*.py``): a vendor editing its lowering rules or passes misses the
+    cache, instead of running programs compiled with the old ones."""
     files: set[Path] = set()
-    for plugin in (pm.get_plugins() if pm is not None else ()):
+    for plugin in plugins:
         name = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
         module = sys.modules.get(name)
         path = getattr(module, "__file__", None)
@@ -176,11 +177,11 @@ def program_key(gm: torch.fx.GraphModule, session, kind: str) -> str:
     add(_shape_env_state(gm))
     add(_options_state(session.options))
     add((target.name, target.device_type, sorted(target.options.items(), key=repr)))
-    add(sorted(session.capabilities.items(), key=repr) if isinstance(session.capabilities, dict)
-        else session.capabilities)
+    add(session.capabilities)
     add(host_fingerprint())
-    add(getattr(session.manager, "plugins", None))
-    add(plugin_digest(session.manager))
+    add(session.plugins.plugins)
+    add(plugin_digest(session.plugins.plugin_objects))
+    add(session.pipeline.names())
     add(("deterministic algorithms", torch.are_deterministic_algorithms_enabled()))
     add(sorted((k, v) for k, v in os.environ.items()
                if (k.startswith("FXWRAP_") and k not in _ENV_IGNORED) or k == "CXX"))
@@ -241,7 +242,6 @@ class ProgramCache:
 
 
 def _program_from_entry(entry: dict, session, static_inputs: tuple[int, ...] = ()):
-    from fxwrap.api import Program, finish_program
     gm = entry["graph_module"]
     for kernel in kernels_of(gm):
         kernel.launcher()  # bind now, as a compile does

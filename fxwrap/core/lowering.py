@@ -27,6 +27,8 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from fxwrap.ir.loops import Op, OpCode, load_mask, result_dtype, rewrite
+from fxwrap.core.building import RuleBuilder
+from fxwrap.ir.capabilities import Capabilities
 from fxwrap.core.numerics import compute_dtype  # bf16/fp16 compute in float32 (rules import it from here)
 from fxwrap.ir.symbolic import to_expr
 from fxwrap.ir.lines import Buffer
@@ -106,6 +108,29 @@ def broadcast(loops: Loops, size: Sequence[sympy.Expr]) -> Loops:
 
 class Unsupported(Exception):
     """Raised inside a rule for a case it does not cover: the node becomes an extern."""
+
+
+class _Decline:
+    """The type of ``DECLINE`` (one instance, named in reprs)."""
+
+    def __repr__(self) -> str:
+        return "fxwrap.DECLINE"
+
+    def __reduce__(self):
+        return "DECLINE"
+
+
+#: What a rule returns to hand the case to the rule it overrides (the one registered
+#: before it: an earlier plugin's, the target's own, or fxwrap's), as if it were not
+#: there; with no rule beneath, the node is an ATen extern call.  Anything the rule did
+#: through ``ctx`` before declining is undone.  (None or ``Unsupported``, by contrast,
+#: make the node an extern at once.)::
+#:
+#:     def my_gelu(ctx, x, approximate="none"):
+#:         if approximate != "tanh":
+#:             return fxwrap.DECLINE        # fxwrap's own gelu rule handles it
+#:         return ctx.map(my_tanh_gelu, x)
+DECLINE = _Decline()
 
 
 class LoweringError(ValueError):
@@ -191,11 +216,23 @@ class LoweringTable:
     def __init__(self, target: str, *layers: dict):
         self.target = target
         self.rules: dict = {}
+        #: every rule for an op, the winning one first: where a rule returns ``DECLINE``
+        #: the next one runs
+        self.chains: dict = {}
         for layer in layers:
             self.rules.update(layer)
+            for op, rule in layer.items():
+                self.chains[op] = (rule, *self.chains.get(op, ()))
 
     def lookup(self, op):
+        """The winning rule for ``op`` (None: no rule, an extern call)."""
         return self.rules.get(op)
+
+    def rule(self, op):
+        """What lowers ``op``: the winning rule, or, where rules lie beneath it, a
+        ``DeclinableRule`` that runs the next one whenever one returns ``DECLINE``."""
+        chain = self.chains.get(op, ())
+        return DeclinableRule(chain) if len(chain) > 1 else self.rules.get(op)
 
     def __contains__(self, op) -> bool:
         return op in self.rules
@@ -206,6 +243,23 @@ class LoweringTable:
 
 REGISTRY = LoweringRegistry()
 register = REGISTRY.register
+
+
+@dataclass(frozen=True)
+class DeclinableRule:
+    """Rules for one op, the winning one first: ``rule(ctx, *args)`` runs each in turn
+    until one returns something other than ``DECLINE`` (``ctx.rollback()`` between, so
+    a declining rule leaves no trace); all declining: None (an ATen extern call)."""
+
+    chain: tuple
+
+    def __call__(self, ctx, *args, **kwargs):
+        for rule in self.chain:
+            result = rule(ctx, *args, **kwargs)
+            if result is not DECLINE:
+                return result
+            ctx.rollback()
+        return None
 
 
 class LoweringContext:
@@ -220,10 +274,13 @@ class LoweringContext:
     def out_dtype(self) -> torch.dtype:
         return self.val.dtype
 
+    def rollback(self) -> None:
+        """Undo what the rule did through this context (a rule that returned ``DECLINE``)."""
+
     @property
-    def capabilities(self) -> dict:
-        """The target device's ``capabilities()`` (empty without a program builder)."""
-        return {}
+    def capabilities(self) -> Capabilities:
+        """The target device's ``capabilities()`` (nothing set without a program builder)."""
+        return Capabilities()
 
     @property
     def out_size(self) -> tuple:
@@ -269,10 +326,13 @@ class LoweringContext:
         return Loops(size, out, self.device, fn)
 
     # -- rules that need more than a lazy value (indexing, input mutation) ------
-    # They talk to the program builder (``self.builder``, set by the kernel builder);
-    # without one they raise Unsupported and the node stays an extern.
-    def _builder(self):
-        builder = getattr(self, "builder", None)
+    # They talk to the program builder (``self.builder``, set by the kernel builder)
+    # through ``core.building.RuleBuilder`` only; without one they raise Unsupported
+    # and the node stays an extern.
+    builder: RuleBuilder | None = None
+
+    def _builder(self) -> RuleBuilder:
+        builder = self.builder
         if builder is None:
             raise Unsupported(f"{self.node.target}: needs the kernel builder")
         return builder
@@ -282,11 +342,10 @@ class LoweringContext:
         by a kernel of its own, so an indirect load can address it."""
         if isinstance(value, Stored):
             return value
-        builder = self._builder()
-        for arg in self.node.all_input_nodes:
-            if builder.env.get(arg) is value:
-                return Stored(builder.value(arg))
-        raise Unsupported(f"{self.node.target}: operand is not a node of the graph")
+        buffer = self._builder().in_memory(self.node, value)
+        if buffer is None:
+            raise Unsupported(f"{self.node.target}: operand is not a node of the graph")
+        return Stored(buffer)
 
     def realized_output(self, loops: Loops, index: int) -> Stored:
         """Output ``index`` of this multi-output node stored by a kernel job of its own, in
@@ -312,7 +371,7 @@ class LoweringContext:
     def write_barrier(self) -> None:
         """This node writes an existing buffer: realize every earlier value that is
         used after it, so those values hold what they held before the write."""
-        self._builder()._materialize_before_write(self.node)
+        self._builder().write_barrier(self.node)
 
     def store_into(self, buffer: Buffer, loops: Loops) -> None:
         """A pointwise kernel job writing ``loops`` into ``buffer`` through its strides."""

@@ -22,7 +22,8 @@ views see the padded strides; a graph output whose strides changed gets its trac
 back through a ``clone`` (an output of the model is returned as eager returns it).  Only
 products large enough to pay for the copies are padded (``MIN_FLOPS``), with static
 sizes, and never a one-row product (a decode step's: it reads the weight once, the padding
-would copy all of it on every call; the GEMV template reads it unpadded).  The device asks for it: ``capabilities()["matmul_alignment_bytes"]``.
+would copy all of it on every call; the GEMV template reads it unpadded).  The device asks for
+it: ``capabilities().matmul_alignment_bytes``.
 """
 from __future__ import annotations
 

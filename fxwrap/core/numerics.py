@@ -6,7 +6,7 @@ What a target computes natively is a ``Numerics``: the dtypes its arithmetic run
 bf16/fp16 are never computed in (every target computes them in float32, as eager's CPU
 kernels do); a float dtype the target lacks (float64 on Metal) is computed in float32.
 ``numerics_for(dtypes)`` builds it from the dtypes a target's kernels may hold
-(``CompileSession.kernel_dtypes``: the device's ``capabilities()["dtypes"]`` narrowed by
+(``CompileSession.kernel_dtypes``: the device's ``capabilities().dtypes`` narrowed by
 the emitter's ``supported_dtypes``).
 
 ``legalize(kernel, numerics)`` rewrites every value of the kernel (one ``rewrite`` memo

@@ -68,11 +68,11 @@ def _plain(line) -> bool:
 
 
 def _is_collective(unit: list) -> bool:
-    return getattr(unit[-1], "issues_collective", False)
+    return unit[-1].issues_collective
 
 
 def _is_wait(unit: list) -> bool:
-    return getattr(unit[-1], "waits_collective", False)
+    return unit[-1].waits_collective
 
 
 def _independent(a: list, b: list, roots: dict[str, str]) -> bool:
@@ -112,7 +112,7 @@ def _storage_roots(lines: list) -> dict[str, str]:
 def overlap_collectives(lines: list) -> list:
     """``lines`` with every collective raised and every wait sunk (see the module doc);
     the same list when there is none.  Deterministic: a function of the lines alone."""
-    if not any(getattr(x, "issues_collective", False) or getattr(x, "waits_collective", False) for x in lines):
+    if not any(x.issues_collective or x.waits_collective for x in lines):
         return lines
     roots = _storage_roots(lines)
     units: list[list] = []

@@ -135,9 +135,6 @@ class Group:
     row_stores: set = field(default_factory=set)  # buffers stored once per row
     template: object = None  # a template group: its TemplateCall (the first job's)
 
-    def accepts(self, job: Job) -> bool:
-        return self.refusal(job) is None
-
     def refusal(self, job: Job) -> str | None:
         """Why ``job`` may not join this group (None: it may), for the fusion log."""
         if indexed(job) or indexed(self):

@@ -57,10 +57,9 @@ class NestedProgram:
         """Every kernel this program launches, its nested programs' included, in order."""
         found = []
         for line in self.lines:
-            kernel = getattr(line, "kernel", None)
-            if kernel is not None and kernel not in found:
-                found.append(kernel)
-            for program in getattr(line, "programs", ()):
+            if line.kernel is not None and line.kernel not in found:
+                found.append(line.kernel)
+            for program in line.programs:
                 found += [k for k in program.kernels() if k not in found]
         return found
 

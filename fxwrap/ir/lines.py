@@ -221,6 +221,29 @@ class Line:
     #: The ATen nodes it computes (``provenance.Origin``): kernel and extern calls only;
     #: memory-planning lines compute nothing and carry none.
     origins = ()
+    #: The ``fxwrap.Kernel`` it defines or launches (``DefineKernel``, ``CallKernel``), else None.
+    #: (A subclass declares its own as ``kernel: Any = field()``: a dataclass would take this
+    #: class attribute as the field's default.)
+    kernel = None
+    #: The value name it takes an item of (``GetItem``), else None.
+    src = None
+    #: The operator it calls (``CallExtern``: an ATen or custom op; ``WaitCollective``), else None.
+    op = None
+    #: It issues a communication whose result is ready at its ``WaitCollective``
+    #: (``core/overlap.py`` raises it and keeps the issue order).
+    issues_collective = False
+    #: It waits for a communication (``core/overlap.py`` sinks it to its first reader).
+    waits_collective = False
+
+    @property
+    def programs(self) -> tuple:
+        """The nested programs it runs (``Conditional``, ``WhileLoop``: ``control_flow.NestedProgram``)."""
+        return ()
+
+    def scratch(self) -> list[Buffer]:
+        """The workspace buffers among what it writes: written, meaningless after it (the
+        debug modes check and print the other buffers it writes)."""
+        return []
 
     def with_origins(self, origins: tuple[Origin, ...]) -> "Line":
         """This line computing ``origins``, where it is a line that computes (a call
@@ -363,7 +386,7 @@ class DefineKernel(Line):
 
     capture_neutral = True
 
-    kernel: Any  # fxwrap.runtime.Kernel
+    kernel: Any = field()  # fxwrap.runtime.Kernel
 
     def to_source(self, printer):
         k = self.kernel
@@ -382,7 +405,7 @@ class CallKernel(Line):
     ``meta["fxwrap_origins"]`` of its FX node.
     """
 
-    kernel: Any
+    kernel: Any = field()
     args: tuple
     grid: tuple = ()
     origins: tuple[Origin, ...] = field(default=(), compare=False)
@@ -412,7 +435,7 @@ class CallKernel(Line):
     def in_place_pairs(self):
         """The pairs its kernel's emitter allowed (``launch["in_place"]``, argument names:
         ``ScheduledKernel.in_place_pairs``), as the buffers passed for them."""
-        pairs = getattr(self.kernel, "launch", {}).get("in_place", ())
+        pairs = self.kernel.launch.in_place
         if not pairs:
             return []
         by_arg = {arg.name: value for arg, value in zip(self.kernel.signature, self.args)
@@ -443,7 +466,7 @@ class CallExtern(Line):
     mutates an argument in place.
     """
 
-    op: Any
+    op: Any = field()
     args: tuple
     kwargs: tuple[tuple[str, Any], ...] = ()
     out: Buffer | str | None = None
@@ -599,7 +622,7 @@ class GetItem(Line):
     capture_neutral = True
 
     buf: Buffer | str
-    src: str
+    src: str = field()
     index: int
 
     fusion_barrier = False

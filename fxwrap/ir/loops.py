@@ -143,7 +143,7 @@ OP_INFO: dict[str, OpInfo] = {
     # ternary
     **_rows("where", 3, exact_16bit=True),
     # index_check(v, low, high) is v, on a target that checks index bounds inside its
-    # kernels (capabilities()["index_checks"] == "in_kernel"): the kernel traps (a
+    # kernels (capabilities().index_checks == "in_kernel"): the kernel traps (a
     # device-side assert, as eager's own index kernels do) unless low <= v < high
     **_rows("index_check", 3),
 }

@@ -58,7 +58,7 @@ class CallUserKernel(CallKernel):
     def to_source(self, printer):
         names = [a.name for a in self.kernel.signature[:len(self.args)]]
         params = [f"{n}={printer.fmt(v)}" for n, v in zip(names, self.args)]
-        params += [f"{n}={v!r}" for n, v in self.kernel.launch.get("constants", ())]
+        params += [f"{n}={v!r}" for n, v in self.kernel.launch.constants]
         grids = ", ".join(printer.fmt(tuple(g)) for g in self.grid)
         grid = grids if len(self.grid) == 1 else f"autotuned: {grids}"
         written = [a.name for a in self.kernel.signature if a.role == "inout"]

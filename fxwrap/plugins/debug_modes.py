@@ -69,7 +69,7 @@ def provenance(launch) -> str:
 
 def _is_launch(line: Line) -> bool:
     """A kernel or extern launch: a line that computes (writes a buffer or produces values)."""
-    if getattr(line, "issues_collective", False):  # its buffers are ready at its wait, checked there
+    if line.issues_collective:  # its buffers are ready at its wait, checked there
         return False
     return not line.is_device_check and bool(line.writes() or line.defines_values())
 
@@ -79,7 +79,7 @@ def _results_after(lines: list[Line], index: int) -> tuple[list[Buffer], int]:
     it (a tuple result), and the index after the last of them."""
     values = set(lines[index].defines_values())
     found, end = [], index + 1
-    while values and end < len(lines) and getattr(lines[end], "src", None) in values:
+    while values and end < len(lines) and lines[end].src in values:
         found += lines[end].defines()
         end += 1
     return found, end
@@ -97,7 +97,7 @@ def _insert_after_launches(lines, make) -> list[Line]:
         if not _is_launch(line):
             i += 1
             continue
-        scratch = {b.name for b in getattr(line, "scratch", list)()}  # workspaces: no results
+        scratch = {b.name for b in line.scratch()}  # workspaces: no results
         written = [b for b in line.writes() if isinstance(b, Buffer) and b.name not in scratch]
         if written and (extra := make(line, written)) is not None:
             out.append(extra)
@@ -116,7 +116,7 @@ _UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permu
 
 
 def _uninitialized_result(launch: Line) -> bool:
-    schema = getattr(getattr(launch, "op", None), "_schema", None)
+    schema = getattr(launch.op, "_schema", None)
     return schema is not None and schema.name.split("::")[-1] in _UNINITIALIZED
 
 

@@ -70,7 +70,10 @@ def fxwrap_lowerings(registry, target):
     name), reported as a ``PluginError`` naming this plugin.  The rules override
     fxwrap's own rules for that op; of two plugins, the later in load order wins.
     A rule is ``rule(ctx, *args, **kwargs) -> value | None`` (see
-    ``fxwrap.core.lowering``); None or ``Unsupported`` keeps the op an ATen extern call.
+    ``fxwrap.core.lowering``); None or ``Unsupported`` keeps the op an ATen extern call;
+    ``fxwrap.DECLINE`` hands the case to the rule this one overrides (an earlier plugin's,
+    the target's or fxwrap's own; none: an extern call), with what the rule did through
+    ``ctx`` undone.
     firstresult: no, every plugin is called, in load order.
 
     Example::
@@ -139,6 +142,40 @@ def fxwrap_wrapper_passes(target, options):
         @hookimpl
         def fxwrap_wrapper_passes(target, options):
             return [CheckNanPass(target.name)] if options.check_nan else []
+    """
+
+
+@hookspec
+def fxwrap_pipeline(pipeline, target):
+    """Add, remove or reorder the compile passes of ``target``.
+
+    When: once per target per plugin manager, when fxwrap builds the compile session for
+    ``target`` (``PluginManager.session(target)``); every graph for ``target`` then runs
+    the edited lists (``api.compile_aten_graph``).
+    Arguments: ``pipeline``, a ``fxwrap.core.passes.Pipeline`` holding the pass lists as
+    the plugins before this one left them: ``pipeline.aten``, the ATen-graph passes
+    (``GraphPass(name, run, phase)``, ``run(graph: AtenGraph)`` rewrites ``graph.gm`` in
+    place; fxwrap's: ``"follow input layouts"``, ``"channels-last convolutions"``,
+    ``"matmul padding"``, ``"patterns"``), and ``pipeline.wrapper``, the Wrapper-IR
+    passes (``LinesPass(name, run, phase)``, ``run(lines, program: WrapperProgram) ->
+    lines``; fxwrap's: ``"memory plan"``, which must stay); ``target``, the ``Target``.
+    Both are lists with ``insert_after(name, p)``, ``insert_before``, ``move_before(name,
+    other)``, ``move_after`` and ``remove_named(name)``.
+    Returns: nothing; edit ``pipeline`` in place.  A list left with an entry that is not
+    a pass, or without ``"memory plan"``, is a ``PluginError`` naming this plugin.
+    firstresult: no, every plugin edits the lists in turn, in load order.  The passes of
+    ``fxwrap_wrapper_passes`` run after the whole Wrapper-IR list.
+
+    Example::
+
+        def drop_clones(graph):   # graph: fxwrap.core.passes.AtenGraph
+            ...
+
+        @hookimpl
+        def fxwrap_pipeline(pipeline, target):
+            if target.name == "arena":
+                pipeline.aten.insert_before("patterns", GraphPass("drop clones", drop_clones))
+                pipeline.aten.move_before("matmul padding", "channels-last convolutions")
     """
 
 

@@ -51,6 +51,7 @@ naming the plugin too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import difflib
 import importlib.metadata
 import inspect
@@ -61,10 +62,11 @@ import pluggy
 
 import fxwrap.core.rules  # noqa: F401  (registers fxwrap's default lowering rules)
 from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable
+from fxwrap.core.passes import Pipeline, default_pipeline
 from fxwrap.core.templates import check_template
 from fxwrap.plugins import hookspecs
 from fxwrap.plugins import debug_modes, graph_capture
-from fxwrap.plugins.session import CompileOptions, CompileSession
+from fxwrap.plugins.session import CompileOptions, CompileSession, PluginFacts
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.targets.base import DeviceInterface, KernelEmitter, KernelSource, Target, WrapperCodegen
 
@@ -365,6 +367,24 @@ class PluginManager:
             (own if who == owner else others).extend(found)
         return tuple(own + others)
 
+    def pipeline(self, target: Target) -> Pipeline:
+        """The declared pass lists for ``target`` (``fxwrap.core.passes``): fxwrap's, then
+        each plugin's ``fxwrap_pipeline(pipeline, target)`` edits, in load order.  A pass
+        list that is broken afterwards (an entry of the wrong kind, no memory plan) is a
+        ``PluginError`` naming the last plugin that edited it."""
+        self.load()
+        pipeline = default_pipeline()
+        implementers = {impl.plugin_name for impl in self.pm.hook.fxwrap_pipeline.get_hookimpls()}
+        for name, who in [*self.plugins, *self.builtin_plugins]:
+            if name not in implementers:
+                continue
+            self._results("fxwrap_pipeline", only=name, pipeline=pipeline, target=target)
+            try:
+                pipeline.check(target.name)
+            except (TypeError, ValueError) as exc:
+                raise PluginError(f"{who}: its fxwrap_pipeline() left a broken pass list: {exc}") from exc
+        return pipeline
+
     def lowering_table(self, target: Target) -> LoweringTable:
         """The lowering rules for ``target``: fxwrap's defaults, the target's own rules
         (``REGISTRY.register(op, rule, target=target.name)``), then what every plugin's
@@ -389,9 +409,11 @@ class PluginManager:
         with self._session_lock:
             session = self._sessions.get(target)
             if session is None:
-                session = CompileSession(self, target, self.lowering_table(target),
+                facts = PluginFacts(self.kernel_loader, functools.partial(self.wrapper_passes, target),
+                                    tuple(self.plugins), tuple(self.pm.get_plugins()))
+                session = CompileSession(facts, target, self.lowering_table(target),
                                          self.decompositions(target), self.wrapper_passes(target),
-                                         templates=self.templates(target))
+                                         templates=self.templates(target), pipeline=self.pipeline(target))
                 self._sessions[target] = session
             return session
 

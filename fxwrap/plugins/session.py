@@ -22,18 +22,17 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from fxwrap.ir.capabilities import Capabilities, as_capabilities
 from fxwrap.core.capture import default_decompositions, kernel_decompositions
 from fxwrap.core.lowering import LoweringTable
 from fxwrap.core.numerics import Numerics, numerics_for
+from fxwrap.core.passes import LinesPass, Pipeline, default_pipeline
 from fxwrap.core.templates import TEMPLATE_MODES
 from fxwrap.targets.base import KernelEmitter, Target
-
-if TYPE_CHECKING:
-    from fxwrap.plugins.manager import PluginManager
 
 #: ``mode``: fxwrap's own ``"cudagraphs"`` and Inductor's names (``torch.compile(mode=...)``):
 #: ``"reduce-overhead"`` is CUDA graphs; ``"max-autotune"`` a wider set of candidate configs per
@@ -44,7 +43,7 @@ DECOMPOSITION_MODES = ("core", "none")
 PARTITIONS = ("min_cut", "save_all")
 
 # the dtypes fxwrap's loop IR and emitters can put in a generated kernel; a device's
-# ``capabilities()["dtypes"]`` and an emitter's ``supported_dtypes`` narrow it
+# ``capabilities().dtypes`` and an emitter's ``supported_dtypes`` narrow it
 KERNEL_DTYPES = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
                            torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
 
@@ -173,19 +172,41 @@ class CompileOptions:
         return cls(**{**defaults, **options})
 
 
+@dataclass(frozen=True)
+class PluginFacts:
+    """What a compile session needs from the plugins, handed to it when it is built (the
+    session never calls back into the plugin manager).
+
+    ``kernel_loader``: what a ``Kernel`` built in the session loads its launcher with after
+    unpickling; ``wrapper_passes(options)``: the ``fxwrap_wrapper_passes`` of every plugin for
+    the session's target under other options; ``plugins``: ``(name, description)`` of every
+    loaded plugin, in load order, and ``plugin_objects`` the registered plugin objects (the
+    program cache keys on both)."""
+
+    kernel_loader: Callable
+    wrapper_passes: Callable[[CompileOptions], list]
+    plugins: tuple = ()
+    plugin_objects: tuple = ()
+
+
 class CompileSession:
     """Everything fxwrap compiles one target's graphs with; built by
     ``PluginManager.session(target)`` once per target and shared by every graph.
 
-    ``lowerings`` (a ``LoweringTable``), ``decompositions(options)``, ``wrapper_passes``,
-    ``capabilities`` (the device's, read once), ``kernel_dtypes`` (what a generated
-    kernel may hold on this target), ``new_emitter(size_hints)`` and ``options``.
+    ``lowerings`` (a ``LoweringTable``), ``decompositions(options)``, ``pipeline`` (the
+    declared ATen-graph and Wrapper-IR passes, ``fxwrap.core.passes``), ``wrapper_passes``
+    (the ``fxwrap_wrapper_passes`` hook's), ``capabilities`` (the device's, read once),
+    ``kernel_dtypes`` (what a generated kernel may hold on this target),
+    ``new_emitter(size_hints)`` and ``options``.
     """
 
-    def __init__(self, manager: "PluginManager", target: Target, lowerings: LoweringTable,
+    def __init__(self, plugins: PluginFacts, target: Target, lowerings: LoweringTable,
                  plugin_decompositions: dict, wrapper_passes: list[Callable],
-                 options: CompileOptions | None = None, templates: tuple = ()):
-        self.manager = manager
+                 options: CompileOptions | None = None, templates: tuple = (),
+                 pipeline: Pipeline | None = None):
+        self.plugins = plugins
+        #: the declared pass lists (fxwrap's, edited by every plugin's ``fxwrap_pipeline``)
+        self.pipeline = default_pipeline() if pipeline is None else pipeline
         #: the target's templates, then every other plugin's (``fxwrap_templates``)
         self.templates = tuple(templates)
         self.target = target
@@ -213,7 +234,13 @@ class CompileSession:
     def kernel_loader(self) -> Callable:
         """What a ``Kernel`` built in this session loads its launcher with after unpickling
         (``fxwrap.plugins.manager.load_kernel``: the named target's emitter)."""
-        return self.manager.kernel_loader
+        return self.plugins.kernel_loader
+
+    @property
+    def lines_passes(self) -> tuple[LinesPass, ...]:
+        """Every Wrapper-IR pass a program goes through: the pipeline's, then the
+        ``fxwrap_wrapper_passes`` hook's (``LinesPass.of``)."""
+        return (*self.pipeline.wrapper, *(LinesPass.of(p) for p in self.wrapper_passes))
 
     @property
     def generates_kernels(self) -> bool:
@@ -228,31 +255,33 @@ class CompileSession:
             passes = shared.wrapper_passes.get(options)
             if passes is None:  # the hook, once per set of options (check_nan adds a pass)
                 passes = self.wrapper_passes if options == self.options else \
-                    self.manager.wrapper_passes(self.target, options)
+                    self.plugins.wrapper_passes(options)
                 shared.wrapper_passes[options] = passes
-        other = CompileSession(self.manager, self.target, self.lowerings, self.plugin_decompositions,
-                               passes, options, self.templates)
+        other = CompileSession(self.plugins, self.target, self.lowerings, self.plugin_decompositions,
+                               passes, options, self.templates, self.pipeline)
         other._shared = shared
         return other
 
     @property
-    def capabilities(self) -> dict:
-        """``target.device.capabilities()``, asked once per session."""
+    def capabilities(self) -> Capabilities:
+        """``target.device.capabilities()`` as a ``Capabilities`` record, asked once per
+        session (a device still returning a dict: converted, with a ``DeprecationWarning``)."""
         shared = self._shared
         with shared.lock:
             if shared.capabilities is None:
-                shared.capabilities = dict(self.target.device.capabilities() or {})
+                device = self.target.device
+                shared.capabilities = as_capabilities(device.capabilities(), device)
             return shared.capabilities
 
     @property
     def kernel_dtypes(self) -> frozenset:
         """The dtypes a generated kernel may read or write on this target: fxwrap's own,
-        narrowed by the device's ``capabilities()["dtypes"]`` (names such as
-        ``"bfloat16"``; absent: no limit) and by the emitter's ``supported_dtypes``."""
+        narrowed by the device's ``capabilities().dtypes`` (names such as
+        ``"bfloat16"``; None: no limit) and by the emitter's ``supported_dtypes``."""
         dtypes = set(KERNEL_DTYPES)
-        named = self.capabilities.get("dtypes")
+        named = self.capabilities.dtypes
         if named is not None:
-            dtypes &= {getattr(torch, n) if isinstance(n, str) else n for n in named}
+            dtypes &= {getattr(torch, n) for n in named}
         supported = getattr(self.target.emitter, "supported_dtypes", None)  # None: every dtype
         if supported is not None:
             dtypes &= set(supported)
@@ -297,7 +326,7 @@ class CompileSession:
     def __repr__(self) -> str:
         return (f"CompileSession(target={self.target.name!r}, {len(self.lowerings)} lowerings, "
                 f"{len(self.plugin_decompositions)} plugin decompositions, "
-                f"{len(self.wrapper_passes)} wrapper passes, {len(self.templates)} templates)")
+                f"{len(self.wrapper_passes)} wrapper passes, {len(self.templates)} templates, {self.pipeline})")
 
 
 class _SharedState:
@@ -305,6 +334,6 @@ class _SharedState:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.capabilities: dict | None = None
+        self.capabilities: Capabilities | None = None
         self.decompositions: dict = {}
         self.wrapper_passes: dict[CompileOptions, list] = {}  # options -> the hook's passes

@@ -44,12 +44,17 @@ def stride_of(tensor: torch.Tensor, dim: int) -> int:
     return tensor.stride(dim)
 
 
-_reinterpret_tensor = torch._C._dynamo.guards._reinterpret_tensor
+# torch's private unchecked reinterpretation (what Inductor's wrappers call); a torch
+# without it runs the public, checked ``torch.as_strided`` instead (same result)
+_reinterpret_tensor = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None)
 
 
 def view_of(base: torch.Tensor, size, stride, offset=None) -> torch.Tensor:
     """``torch.as_strided(base, size, stride, offset)`` without the bounds check (see the
-    module docstring); ``offset`` None keeps ``base``'s storage offset."""
+    module docstring) where torch has the unchecked call, else ``torch.as_strided`` itself;
+    ``offset`` None keeps ``base``'s storage offset."""
+    if _reinterpret_tensor is None:
+        return torch.as_strided(base, size, stride, offset)
     return _reinterpret_tensor(base, size, stride, 0 if offset is None else offset - base.storage_offset())
 
 

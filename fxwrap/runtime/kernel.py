@@ -24,6 +24,8 @@ from typing import Any
 import torch.autograd.profiler as _autograd_profiler
 import torch.fx
 
+from fxwrap.runtime.launch import KernelLaunch
+
 ROLES = ("input", "output", "inout", "workspace", "size")  # workspace: scratch the kernel writes and no one reads
 
 # Kernels alive in this process, by key: lets FX's import block of a pickled
@@ -52,8 +54,11 @@ class Kernel:
 
         k = Kernel("add_one", source, target="cpu",
                    signature=(KernelArg("x", "input"), KernelArg("y", "output")),
-                   launch={"threads": 4}, loader=my_loader)
+                   launch=KernelLaunch(symbol="add_one", pointers=2), loader=my_loader)
         k(x, y)
+
+    ``launch`` is a ``KernelLaunch`` (``fxwrap.runtime.launch``; a dict is converted, its
+    keys checked).
     """
 
     __module__ = "fxwrap.runtime.kernel"
@@ -64,7 +69,7 @@ class Kernel:
         self.source = source
         self.target = target
         self.signature = tuple(signature)
-        self.launch = dict(launch or {})
+        self.launch = KernelLaunch.of(launch).copy()
         self.loader = loader
         loader_name = (f"{getattr(loader, '__module__', '')}."
                        f"{getattr(loader, '__qualname__', type(loader).__qualname__)}")

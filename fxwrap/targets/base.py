@@ -20,9 +20,11 @@ from typing import Any
 
 import torch
 
+from fxwrap.ir.capabilities import Capabilities
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.graph_replay import GraphCapture
 from fxwrap.runtime.kernel import Kernel, KernelArg
+from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.runtime.provenance import header_lines
 
 
@@ -31,11 +33,13 @@ class DeviceInterface:
 
     What fxwrap calls, and where (a method a device has no use for keeps its default):
 
-    * ``capabilities()``: read once per compile session.  ``"dtypes"`` (dtype names,
-      e.g. ``["float32", "bfloat16"]``; absent: no limit) narrows what a generated
-      kernel may hold: an op on another dtype runs as an ATen extern call
-      (``CompileSession.kernel_dtypes``).  Emitters read their launch limits here
-      (Metal: ``max_threads_per_threadgroup``).
+    * ``capabilities()``: a ``Capabilities`` record (``fxwrap.ir.capabilities``), read
+      once per compile session.  ``dtypes`` (dtype names, e.g. ``("float32",
+      "bfloat16")``; None: no limit) narrows what a generated kernel may hold: an op on
+      another dtype runs as an ATen extern call (``CompileSession.kernel_dtypes``).
+      Emitters read their launch limits here (Metal: ``max_threads_per_threadgroup``).
+      A dict (the old contract) is converted with a ``DeprecationWarning``; an unknown
+      key is an error naming the valid ones.
     * ``synchronize(device)``: waits for queued work; autotuning calls it before it starts.
     * ``graph_capture()``: the device's ``GraphCapture`` (``fxwrap.runtime.graph_replay``:
       record a run of a program, replay it), or None (the default) when it has none.  A
@@ -76,8 +80,8 @@ class DeviceInterface:
         self.synchronize(device)
         return (time.perf_counter() - start) / n
 
-    def capabilities(self) -> dict:
-        return {}
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
 
     def graph_capture(self) -> GraphCapture | None:
         """How the device records and replays a program (``mode="reduce-overhead"``), or None."""
@@ -106,6 +110,8 @@ class Workspace:
 class KernelSource:
     """Rendered kernel: ``KernelSource("fxwrap_pointwise_0", "extern \"C\" void ...", "c++")``.
 
+    ``launch``: the launch metadata, a ``KernelLaunch`` (``fxwrap.runtime.launch``: typed
+    fields; a dict is converted and an unknown key is an error naming the valid ones).
     ``workspaces``: the scratch buffers (``Workspace``) the kernel takes after its outputs,
     in that order; no kernel allocates memory itself."""
 
@@ -113,8 +119,11 @@ class KernelSource:
     text: str
     language: str
     signature: tuple = ()
-    launch: dict = field(default_factory=dict, hash=False, compare=False)
+    launch: KernelLaunch = field(default_factory=KernelLaunch, hash=False, compare=False)
     workspaces: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "launch", KernelLaunch.of(self.launch))
 
 
 def kernel_function_name(kernel) -> str:
@@ -208,7 +217,8 @@ class KernelEmitter:
         when a loaded program first launches it (through the plugin manager)."""
         return None
 
-    def user_kernel(self, name: str, source: str, signature: tuple, launch: dict, triton_kernel) -> Kernel:
+    def user_kernel(self, name: str, source: str, signature: tuple, launch: KernelLaunch,
+                    triton_kernel) -> Kernel:
         """The ``Kernel`` (bound to its launcher) of a user-written Triton kernel launched in the
         program: ``triton_kernel`` is the ``JITFunction`` (or ``Autotuner``) from the user's code,
         ``launch`` what ``wrapper_ir.build_user_kernels`` records of the launch (constants,
@@ -216,7 +226,7 @@ class KernelEmitter:
         targets run it; by default a target cannot, and says so."""
         from fxwrap.core.errors import UnsupportedUserKernel  # here: a loaded program imports this module
         raise UnsupportedUserKernel(
-            f"user Triton kernel {name} ({launch.get('module')}.{launch.get('qualname')}) cannot run on "
+            f"user Triton kernel {name} ({launch.module}.{launch.qualname}) cannot run on "
             f"target {getattr(self.target, 'name', '?')!r}: Triton kernels run on target 'cuda' (CUDA "
             "tensors) or 'triton-interpret' (CPU tensors, through Triton's interpreter). Compile with "
             "target='triton-interpret' (options={'target': 'triton-interpret'}) or 'cuda', or launch the "

@@ -80,7 +80,7 @@ class SympyIndexPrinter:
 
     def symbolic_power(self, e, base, exp) -> str:
         raise self.error(f"index expression {e} ({self.pow_error}) cannot be rendered on "
-                         f"target {self.target_name}; precompute it on the host (DefineSymbol)")
+                         f"target {self.target_name}; the kernel's nodes run as ATen extern calls")
 
     def div(self, a, b) -> str:
         raise NotImplementedError
@@ -156,7 +156,7 @@ class SympyIndexPrinter:
             if exp.is_Integer and int(exp) >= 0:
                 return self.power(base, int(exp))
             raise self.error(f"index expression {e} ({self.pow_error}) cannot be rendered on "
-                             f"target {self.target_name}; precompute it on the host (DefineSymbol)")
+                             f"target {self.target_name}; the kernel's nodes run as ATen extern calls")
         if isinstance(e, symfn.FloorDiv):
             a, b = e.args
             if nonneg(a) and positive(b):
@@ -210,5 +210,4 @@ class SympyIndexPrinter:
         if isinstance(e, sympy.Not):
             return self.logical_not(e.args[0])
         raise self.error(f"index expression {e} ({type(e).__name__}) cannot be rendered on target "
-                         f"{self.target_name}; precompute it on the host (a DefineSymbol line) and "
-                         "pass it in as a size symbol")
+                         f"{self.target_name}; the kernel's nodes run as ATen extern calls")

@@ -33,6 +33,7 @@ import torch.fx
 
 from fxwrap.core import extern
 from fxwrap.core.overlap import overlap_collectives
+from fxwrap.core.passes import default_pipeline
 from fxwrap.wrapper_ir import build_control_flow, build_user_kernels
 from fxwrap.ir.collectives import (
     IN_PLACE_COLLECTIVES, OUT_COLLECTIVES, CallCollective, WaitCollective, is_collective, is_wait,
@@ -61,7 +62,7 @@ class BuiltProgram:
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
     fake_values: dict[str, Any] = field(default_factory=dict)
     symbol_hints: dict[sympy.Symbol, int] = field(default_factory=dict)
-    #: the kernels made, in program order (``build_kernels.KernelRecord``): the debug dump's
+    #: the kernels made, in program order (``build_render.KernelRecord``): the debug dump's
     kernels: list = field(default_factory=list)
     #: one ``core.templates.TemplateChoiceRecord`` per template group, in program order
     template_choices: list = field(default_factory=list)
@@ -103,7 +104,8 @@ class _Builder:
         self.returned_roots: set[str] = set()  # storages a nested program returns so far
         self.kernel_prefix = "fxwrap"  # kernels are named f"{kernel_prefix}_pointwise_0"
         self.reuse = True  # storage reuse in the memory plans of nested programs
-        self.wrapper_passes: tuple = ()  # what nested programs' lines go through, as the top program's
+        # what nested programs' lines go through, as the top program's (``core.passes.LinesPass``)
+        self.wrapper_passes: tuple = tuple(default_pipeline().wrapper)
         self.current: torch.fx.Node | None = None  # the ATen node being lowered
         self._origins: dict[torch.fx.Node, Origin] = {}
         # result of a collective (buffer name) -> the buffers that collective reads
@@ -405,7 +407,7 @@ class _Builder:
         ``all_gather_into_tensor`` writes into an allocated buffer (its out= form): both are
         planned like any buffer (``core.memory``)."""
         if extern.is_mutating(op):  # all_reduce_ in the graph: what reads its argument runs first
-            self._materialize_before_write(node)
+            self.write_barrier(node)
         kwargs = tuple((k, self.value(v)) for k, v in node.kwargs.items())
         in_place = IN_PLACE_COLLECTIVES.get(op)
         out_form = OUT_COLLECTIVES.get(op)
@@ -551,7 +553,7 @@ class _Builder:
         if op is aten.copy_.default and len(args) >= 2 and isinstance(args[0], Buffer) and args[0] == args[1]:
             self.env[node] = args[0]  # a buffer copied into itself: nothing to do
             return
-        self._materialize_before_write(node)
+        self.write_barrier(node)
         schema = op._schema
         aliased: list = []
         for ret in schema.returns:
@@ -594,7 +596,7 @@ class _Builder:
         else:
             self.env[node] = tuple(results)
 
-    def _materialize_before_write(self, node: torch.fx.Node) -> None:
+    def write_barrier(self, node: torch.fx.Node) -> None:
         """A write is a barrier: every value made before ``node`` and used after it is
         materialized now, so it holds what it held at its place in the program.
 
@@ -751,8 +753,10 @@ def _flatten(value):
 def build_lines(gm: torch.fx.GraphModule, target_name: str = "cpu", reuse: bool = True,
                 wrapper_passes=()) -> BuiltProgram:
     """Lines for an ATen graph; every op an extern call or a view (see module doc).
-    ``reuse`` and ``wrapper_passes``: how the nested programs of control-flow ops are
-    planned, as the caller plans the top program."""
+    ``reuse`` and ``wrapper_passes`` (``core.passes.LinesPass``; default: fxwrap's memory
+    plan): how the nested programs of control-flow ops are planned, as the caller plans
+    the top program."""
     builder = _Builder(gm, target_name)
-    builder.reuse, builder.wrapper_passes = reuse, tuple(wrapper_passes)
+    builder.reuse = reuse
+    builder.wrapper_passes = tuple(wrapper_passes) or builder.wrapper_passes
     return builder.run()

@@ -34,7 +34,7 @@ import logging
 
 import torch
 
-from fxwrap.core.memory import plan_memory
+from fxwrap.core.passes import WrapperProgram, run_wrapper_passes
 from fxwrap.ir.symbolic import evaluate, is_non_overlapping_and_dense
 from fxwrap.ir.control_flow import Conditional, NestedProgram, WhileLoop
 from fxwrap.ir.lines import Buffer, Comment, SizeInput
@@ -68,10 +68,7 @@ def nested_program(builder, gm: torch.fx.GraphModule, name: str, output_layouts)
     the wrapper passes: a ``NestedProgram`` named ``name``."""
     sub = builder.nested_builder(gm, name, output_layouts)
     built = sub.run()
-    plan = plan_memory(built.lines, built.hints, reuse=builder.reuse)
-    lines = plan.lines
-    for wrapper_pass in builder.wrapper_passes:
-        lines = list(wrapper_pass(lines))
+    lines, plan = run_wrapper_passes(builder.wrapper_passes, built.lines, WrapperProgram(built.hints, builder.reuse))
     return NestedProgram(name, tuple(built.inputs), tuple(lines), dict(built.constants),
                          dict(built.fake_values), plan.peak_bytes)
 

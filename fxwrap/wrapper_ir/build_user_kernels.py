@@ -45,6 +45,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxwrap.core.errors import UnsupportedUserKernel
 from fxwrap.ir.symbolic import evaluate, is_non_overlapping_and_dense
 from fxwrap.runtime.kernel import KernelArg
+from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.runtime.user_kernels import importable_name, jit_function_of
 from fxwrap.ir.lines import Buffer, DefineKernel
 from fxwrap.ir.user_kernels import CallUserKernel
@@ -133,7 +134,7 @@ def build(builder, node: torch.fx.Node) -> None:
     else:
         written = _mutated_by(kw, given)
     if written:
-        builder._materialize_before_write(node)  # later readers of values made before see them unwritten
+        builder.write_barrier(node)  # later readers of values made before see them unwritten
     tensors, scalars = {}, {}
     for arg_name, arg in given.items():
         value = builder.value(arg)
@@ -154,16 +155,16 @@ def build(builder, node: torch.fx.Node) -> None:
     signature += [KernelArg(f"grid{i}_{d}", "size") for i in range(len(grids)) for d in range(3)]
     configs = getattr(kernel, "configs", None)
     module, qualname = importable_name(kernel)  # add_kernel = JITFunction(_add): add_kernel
-    launch = {
-        "language": "triton", "user_kernel": True, "symbol": name,
-        "module": module, "qualname": qualname, "digest": kernel_digest(kernel),
-        "jit_key": str(jit.cache_key),
-        "params": tuple(order), "grids": len(grids),
-        "constants": tuple(sorted(constants.items(), key=lambda kv: _position(jit, kv[0]))),
-        "configs": tuple(_config_record(c) for c in configs) if configs is not None else None,
-        "reset_to_zero": tuple(getattr(kernel, "reset_to_zero", None) or ()),
-        "restore_value": tuple(getattr(kernel, "restore_value", None) or ()),
-    }
+    launch = KernelLaunch(
+        language="triton", user_kernel=True, symbol=name,
+        module=module, qualname=qualname, digest=kernel_digest(kernel),
+        jit_key=str(jit.cache_key),
+        params=tuple(order), grids=len(grids),
+        constants=tuple(sorted(constants.items(), key=lambda kv: _position(jit, kv[0]))),
+        configs=tuple(_config_record(c) for c in configs) if configs is not None else None,
+        reset_to_zero=tuple(getattr(kernel, "reset_to_zero", None) or ()),
+        restore_value=tuple(getattr(kernel, "restore_value", None) or ()),
+    )
     compiled = emitter.user_kernel(name, _source(jit, where), tuple(signature), launch, kernel)
     args = tuple(tensors[n] if n in tensors else scalars[n] for n in order)
     builder.emit(DefineKernel(compiled))

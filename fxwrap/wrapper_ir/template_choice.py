@@ -1,8 +1,8 @@
 """Which candidate computes a template group: a template (with the epilogue fused) or
 the ATen extern (the op's call, then the epilogue as a pointwise kernel).
 
-``choose(builder, group, ...)`` renders every candidate, and under ``templates="auto"``
-times them on the size hints with fresh random inputs, interleaved round by round, each
+``candidates(builder, group, ...)`` renders every candidate, and ``decide`` under
+``templates="auto"`` times them on the size hints with fresh random inputs, interleaved round by round, each
 candidate's time its fastest round (``time_candidates``), with the times cached on disk
 (``core.templates.TimingCache``).
 The extern wins ties, and a template is chosen only when it is faster by more than
@@ -80,13 +80,6 @@ class Candidates:
         return [made for _, made in self.candidates] + [part for part in self.extern[1:]]
 
 
-def choose(builder, group: Group, keep: set, inputs: set, count: int, emitter) -> list:
-    """The lines (``KernelLines`` or plain line lists, in order) computing template group
-    ``group``: the chosen candidate's, preceded by a ``TemplateChoice`` comment
-    (``candidates`` then ``decide``)."""
-    return decide(builder, candidates(builder, group, keep, inputs, count, emitter), emitter)
-
-
 def candidates(builder, group: Group, keep: set, inputs: set, count: int, emitter) -> Candidates:
     """Render every candidate of template group ``group`` (kernels named from ``count``);
     nothing runs yet: the kernel builder compiles the kernels of every group's candidates
@@ -125,8 +118,9 @@ def candidates(builder, group: Group, keep: set, inputs: set, count: int, emitte
 
 
 def decide(builder, choice: Candidates, emitter) -> list:
-    """The lines of ``choice``'s chosen candidate (see ``choose``): the fastest on the size
-    hints where the candidates are timed (the extern wins ties), else the first template."""
+    """The lines (``KernelLines`` or plain line lists, in order) of ``choice``'s chosen
+    candidate, preceded by a ``TemplateChoice`` comment: the fastest on the size hints where
+    the candidates are timed (the extern wins ties), else the first template."""
     call, prefix, count = choice.group.template, builder.kernel_prefix, choice.count
     candidates, extern, extern_lines = choice.candidates, choice.extern, choice.extern_lines
     times: dict[str, float] = {}

@@ -193,10 +193,11 @@ def test_the_key_covers_plugin_sources(tmp_path, monkeypatch):
     entry = importlib.metadata.EntryPoint("vendor_rules", "vendor_rules.plugin", group="fxwrap")
     manager = PluginManager([*installed_entry_points(), entry])
     manager.load()
-    first = program_cache.plugin_digest(manager)
-    assert first == program_cache.plugin_digest(manager)
+    plugins = manager.pm.get_plugins()
+    first = program_cache.plugin_digest(plugins)
+    assert first == program_cache.plugin_digest(plugins)
     (package / "helpers.py").write_text("SCALE = 3.0\n")  # a file the plugin's package holds
-    assert program_cache.plugin_digest(manager) != first
+    assert program_cache.plugin_digest(plugins) != first
 
 
 def test_graph_constants_are_keyed_by_their_bytes(tmp_path, monkeypatch):

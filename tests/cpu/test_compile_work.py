@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
+from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.targets.cpu_cpp.emitter import SHARED_PRELUDE, CppEmitter
 from fxwrap.targets.host import compiler as compiler_module
 from fxwrap.targets.host.compiler import CppCompiler, SharedPrelude
@@ -70,7 +71,7 @@ def test_a_binary_saved_with_the_kernels_own_symbol_still_binds(tmp_path):
     src = ('#include <cstdint>\nextern "C" void old_kernel(const float* x, float* y, int64_t n) '
            '{ for (int64_t i = 0; i < n; ++i) y[i] = 2.0f * x[i] + 1.0f; }\n')
     path = CppCompiler(cache_dir=tmp_path).compile(src)
-    kernel = types.SimpleNamespace(launch={"symbol": "old_kernel", "pointers": 2, "size_symbols": ("s0",)})
+    kernel = types.SimpleNamespace(launch=KernelLaunch(symbol="old_kernel", pointers=2, size_symbols=("s0",)))
     launch = bind_c_kernel(path, kernel)
     x, y = torch.randn(7), torch.empty(7)
     launch(x, y, 7)

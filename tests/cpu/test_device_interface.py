@@ -1,5 +1,6 @@
 """What the compiler takes from a target's ``DeviceInterface``: the dtypes a generated
-kernel may hold come from ``capabilities()["dtypes"]`` (read once per compile session)."""
+kernel may hold come from ``capabilities().dtypes`` (read once per compile session)."""
+import dataclasses
 import torch
 
 import fxwrap
@@ -14,9 +15,9 @@ class Float32OnlyDevice(CpuDevice):
 
     asked = 0
 
-    def capabilities(self) -> dict:
+    def capabilities(self) -> fxwrap.Capabilities:
         type(self).asked += 1
-        return {**super().capabilities(), "dtypes": ["float32"]}
+        return dataclasses.replace(super().capabilities(), dtypes=("float32",))
 
 
 def _sines(a, b):

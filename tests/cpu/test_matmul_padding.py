@@ -7,6 +7,7 @@ eager's numbers; structure: the padded product's result has rows of a multiple o
 bytes, a graph output comes back contiguous, a small product is not padded."""
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ def aligned(monkeypatch):
     original = CompileSession.capabilities
 
     def capabilities(self):
-        return {**original.fget(self), "matmul_alignment_bytes": 16}
+        return dataclasses.replace(original.fget(self), matmul_alignment_bytes=16)
     monkeypatch.setattr(CompileSession, "capabilities", property(capabilities))
     monkeypatch.setattr(matmul_padding, "MIN_FLOPS", 1)
 

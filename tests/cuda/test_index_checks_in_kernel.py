@@ -10,6 +10,7 @@ itself: structure and numbers only), and the capability off keeps the extern.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def in_kernel(monkeypatch):
     original = CompileSession.capabilities
 
     def capabilities(self):
-        return {**original.fget(self), "index_checks": "in_kernel"}
+        return dataclasses.replace(original.fget(self), index_checks="in_kernel")
     monkeypatch.setattr(CompileSession, "capabilities", property(capabilities))
 
 

@@ -3,6 +3,7 @@ looped, inner/outer), masks on ragged edges, NaN and tie semantics, symbolic siz
 launchers, errors, the device interface and target registration."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -216,11 +217,11 @@ def test_device_interface():
     if GPU:
         assert dev.is_available() and dev.device_count() >= 1
         caps = dev.capabilities()
-        assert caps["warp_size"] == 32 and caps["multiprocessors"] > 0 and "bfloat16" in caps["dtypes"]
+        assert caps.warp_size == 32 and caps.multiprocessors > 0 and "bfloat16" in caps.dtypes
         assert dev.current_stream() is not None
         dev.synchronize()
     else:
-        assert not dev.is_available() and dev.device_count() == 0 and dev.capabilities() == {}
+        assert not dev.is_available() and dev.device_count() == 0 and dev.capabilities() == fxwrap.Capabilities()
         assert dev.current_stream() is None
         dev.synchronize()
 

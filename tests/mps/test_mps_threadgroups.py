@@ -1,6 +1,7 @@
 """Reductions run one threadgroup of many threads per row; barriers are real barriers."""
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 
@@ -100,8 +101,8 @@ def test_barrier_has_its_real_meaning():
 class _SmallThreadgroups(CpuDevice):
     """A CPU device whose capabilities cap a threadgroup at 64 threads."""
 
-    def capabilities(self) -> dict:
-        return {**super().capabilities(), "max_threads_per_threadgroup": 64}
+    def capabilities(self):
+        return dataclasses.replace(super().capabilities(), max_threads_per_threadgroup=64)
 
 
 @pytest.mark.parametrize("threadgroup_size, kernels_expected", [(64, True), (128, False)])

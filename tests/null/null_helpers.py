@@ -141,7 +141,7 @@ def double_plus_one_kernel() -> fxwrap.Kernel:
     return fxwrap.Kernel(
         "double_plus_one", DOUBLE_PLUS_ONE, target="cpu",
         signature=(fxwrap.KernelArg("x", "input"), fxwrap.KernelArg("out", "output")),
-        launch={"threads": 1}, loader=exec_loader)
+        launch={"extra": {"threads": 1}}, loader=exec_loader)
 
 
 def kernel_program(kernel=None):

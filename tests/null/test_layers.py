@@ -1,4 +1,4 @@
-"""Imports go one way down the layers (DESIGN.md section 8, docs/architecture.md "Layers").
+"""Imports go one way down the layers (docs/architecture.md, "Layers").
 
 Every ``import`` in the package is read from the source (module level and inside
 functions alike; only ``if TYPE_CHECKING:`` blocks are exempt, since they never run) and
@@ -32,14 +32,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",
                   "fxwrap.core.lowering", "fxwrap.core.numerics", "fxwrap.core.rules")),
     ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.memory", "fxwrap.core.overlap")),
+    ("pass lists", ("fxwrap.core.passes",)),
     ("build", ("fxwrap.wrapper_ir", "fxwrap.wrapper_ir.build", "fxwrap.wrapper_ir.build_kernels",
                "fxwrap.wrapper_ir.guards", "fxwrap.wrapper_ir.build_control_flow",
-               "fxwrap.wrapper_ir.build_user_kernels", "fxwrap.wrapper_ir.partitions")),
+               "fxwrap.wrapper_ir.build_user_kernels", "fxwrap.wrapper_ir.partitions", "fxwrap.wrapper_ir.build_provenance",
+               "fxwrap.wrapper_ir.build_realize", "fxwrap.wrapper_ir.build_templates", "fxwrap.wrapper_ir.build_render")),
     ("fx", ("fxwrap.wrapper_ir.fx", "fxwrap.wrapper_ir.printer")),
     ("hook specs", ("fxwrap.plugins.hookspecs",)),
     ("targets", ("fxwrap.targets",)),
     ("plugins", ("fxwrap.plugins",)),
-    ("api", ("fxwrap.arguments", "fxwrap.dump", "fxwrap.api", "fxwrap.artifacts", "fxwrap.program_cache",
+    ("api", ("fxwrap.arguments", "fxwrap.dump", "fxwrap.api", "fxwrap.artifacts", "fxwrap.program", "fxwrap.program_cache",
              "fxwrap.profiling", "fxwrap.cli", "fxwrap.__main__", "fxwrap")),
     ("testing", ("fxwrap.testing",)),
 ]
@@ -234,3 +236,57 @@ def test_the_folder_check_catches_core_importing_wrapper_ir():
     assert folder_of("fxwrap.wrapper_ir.lines_x") > folder_of("fxwrap.core.lowering")
     assert folder_of("fxwrap.ir.lines") < folder_of("fxwrap.core.lowering")
     assert folder_of("fxwrap.plugins.hookspecs") < folder_of("fxwrap.targets.cstyle") < folder_of("fxwrap.plugins.manager")
+
+
+def import_cycles(imports: list[Import]) -> list[list[str]]:
+    """Every set of modules that import one another, directly or around a circle (the
+    strongly connected components of the import graph with more than one module), each
+    sorted; function-local imports count (they are an import all the same)."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        if imp.source != imp.target:
+            graph.setdefault(imp.source, set()).add(imp.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph.get(module, ())):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_no_two_modules_import_each_other():
+    """No import circle, function-local imports included (``api`` <-> ``program_cache``
+    and ``plugins.manager`` <-> ``plugins.session`` were two: the program cache builds a
+    ``Program`` from ``fxwrap.program``, the session is handed ``PluginFacts``)."""
+    cycles = import_cycles(all_imports())
+    assert not cycles, "modules importing each other:\n  " + "\n  ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_a_function_local_circle():
+    found = [Import("fxwrap.api", "fxwrap.program_cache", 30),
+             Import("fxwrap.program_cache", "fxwrap.api", 235),  # inside a function
+             Import("fxwrap.a", "fxwrap.b", 1), Import("fxwrap.b", "fxwrap.c", 1), Import("fxwrap.c", "fxwrap.a", 1),
+             Import("fxwrap.c", "fxwrap.d", 1)]
+    assert import_cycles(found) == [["fxwrap.a", "fxwrap.b", "fxwrap.c"], ["fxwrap.api", "fxwrap.program_cache"]]

@@ -192,3 +192,60 @@ def test_zero_fill_of_a_reused_workspace_zeroes_it():
     (got,) = gm(x)
     torch.testing.assert_close(got, torch.cos(x) + torch.sin(x))  # plus the zeros
     assert any(n.target is aten.zero_.default for n in gm.graph.nodes)
+
+
+# getattr reads of a line member that are not reads of a line (a Kernel's, a target's, a guard's)
+# (``getattr(self.<attr>, ...)`` is never a line's member read by a pass: not listed)
+_NOT_LINE_READS = {
+    ("fxwrap/plugins/debug_modes.py", "getattr(launch, 'target', None)"),  # an FX node's target
+    ("fxwrap/program_cache.py", "getattr(value, 'name', value)"),
+    ("fxwrap/wrapper_ir/guards.py", "getattr(guard, 'expr', guard)"),
+    ("fxwrap/wrapper_ir/guards.py", "getattr(inp, 'name', str(inp))"),
+    ("fxwrap/artifacts.py", "getattr(program, 'capture', None)"),  # a LoadedProgram's recording facts
+    ("fxwrap/profiling.py", "getattr(backend, 'kwargs', None)"),  # dynamo's backend wrapper
+}
+
+
+def _line_classes():
+    import fxwrap.ir.collectives  # noqa: F401  (every line module, so every subclass is seen)
+    import fxwrap.ir.control_flow  # noqa: F401
+    import fxwrap.ir.user_kernels  # noqa: F401
+    import fxwrap.wrapper_ir.debug_lines  # noqa: F401
+    found, todo = [], [Line]
+    while todo:
+        cls = todo.pop()
+        found += cls.__subclasses__()
+        todo += cls.__subclasses__()
+    return found
+
+
+def test_every_line_member_read_with_getattr_is_declared_on_the_base():
+    """A pass that asks ``getattr(line, "kernel", None)`` relies on a member only some lines
+    have: each such member (``kernel``, ``programs``, ``src``, ``op``, ``scratch``,
+    ``issues_collective``, ``waits_collective``) is declared on ``Line`` with its neutral value,
+    so the passes read it plainly and a new line type sees what it may override."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    import fxwrap
+    for name in ("kernel", "programs", "src", "op", "scratch", "issues_collective", "waits_collective"):
+        assert hasattr(Line, name), name
+    members = set()
+    for cls in _line_classes():
+        members |= {f.name for f in dataclasses.fields(cls)} | {k for k in vars(cls) if not k.startswith("_")}
+    undeclared = members - set(dir(Line))
+    root = Path(fxwrap.__file__).parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = str(Path("fxwrap") / path.relative_to(root))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in undeclared
+                    and not ast.unparse(node.args[0]).startswith("self.")
+                    and (rel, ast.unparse(node)) not in _NOT_LINE_READS):
+                bad.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "line members read with getattr, undeclared on Line:\n  " + "\n  ".join(bad)
+    # the neutral values
+    assert Line().kernel is None and Line().programs == () and Line().scratch() == []
+    assert not Line().issues_collective and not Line().waits_collective and Line().op is None

@@ -305,10 +305,11 @@ def test_builtin_targets_load_through_the_installed_entry_points():
 
 
 def test_every_hook_is_specified_and_documented():
-    assert HOOKS == ("fxwrap_decompositions", "fxwrap_lowerings", "fxwrap_targets", "fxwrap_templates",
-                     "fxwrap_wrapper_passes")
+    assert HOOKS == ("fxwrap_decompositions", "fxwrap_lowerings", "fxwrap_pipeline", "fxwrap_targets",
+                     "fxwrap_templates", "fxwrap_wrapper_passes")
     params = {name: list(inspect.signature(getattr(hookspecs, name)).parameters) for name in HOOKS}
     assert params == {"fxwrap_decompositions": ["target"], "fxwrap_lowerings": ["registry", "target"],
+                      "fxwrap_pipeline": ["pipeline", "target"],
                       "fxwrap_targets": [], "fxwrap_templates": ["target"],
                       "fxwrap_wrapper_passes": ["target", "options"]}
     for name in HOOKS:
@@ -337,3 +338,100 @@ def test_builtin_targets_load_without_installed_metadata(monkeypatch):
     assert [(ep.name, ep.value) for ep in eps] == sorted(BUILTIN_ENTRY_POINTS)
     manager = PluginManager(eps).load()
     assert {"cpu", "cuda", "mps", "reference"} <= set(manager.targets)
+
+
+def _sin_of_triple_times_two(t):
+    return torch.sin(t * 3) * 2  # sin's operand is lazy: realizing it makes a kernel and a buffer
+
+
+def _kernels(program):
+    return [n.target for n in program.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)]
+
+
+@pytest.mark.parametrize("below", [None, "sin_to_cos"])
+def test_a_lowering_rule_declines_back_to_the_rule_it_overrides(below):
+    """``fxwrap.DECLINE`` from a plugin's rule runs the rule beneath it: another plugin's
+    (``sin_to_cos``: cos) or fxwrap's own (sin), inside a generated kernel, with what the
+    declining rule realized first undone (one kernel, no extra buffer)."""
+    from fxwrap_plugin_fixtures import declines
+    x32, x64 = torch.randn(33, 17), torch.randn(33, 17, dtype=torch.float64)
+    plugins = [ep(below)] if below else []
+    manager = PluginManager([*installed_entry_points(), *plugins, ep("declines")])
+    declines.declined.clear()
+    with use_plugin_manager(manager):
+        torch._dynamo.reset()
+        handled = fxwrap.lower(_sin_of_triple_times_two, x64, target="cpu")
+        torch._dynamo.reset()
+        declined = fxwrap.lower(_sin_of_triple_times_two, x32, target="cpu")
+    torch.testing.assert_close(handled.run(x64), (torch.sin(x64 * 3) + 1) * 2)
+    beneath = torch.cos if below else torch.sin
+    torch.testing.assert_close(declined.run(x32), beneath(x32 * 3) * 2)
+    assert declines.declined, "the rule did not run for float32"
+    (kernel,) = _kernels(declined)  # the realization before the decline left no kernel
+    assert ("std::cos" in kernel.source) == bool(below) and "aten." not in declined.code(), declined.code()
+    assert declined.code().count("empty_strided") == 1, declined.code()
+    assert "the declining rule ran here" not in declined.code()
+
+
+def test_a_rule_that_declines_with_nothing_beneath_is_an_extern():
+    from fxwrap.core.lowering import DECLINE, DeclinableRule, LoweringTable
+
+    def never(ctx, x):
+        return DECLINE
+
+    class Ctx:
+        rolled_back = 0
+
+        def rollback(self):
+            self.rolled_back += 1
+    table = LoweringTable("cpu", {aten.sin.default: never}, {aten.sin.default: never})
+    runner = table.rule(aten.sin.default)
+    assert isinstance(runner, DeclinableRule) and table.lookup(aten.sin.default) is never
+    ctx = Ctx()
+    assert runner(ctx, None) is None and ctx.rolled_back == 2
+    assert repr(DECLINE) == "fxwrap.DECLINE"
+
+
+def _mm_sin(a, b):
+    return torch.sin(a @ b).sum(0) * 2  # the product: a buffer freed after the kernel that sums it
+
+
+def test_a_plugin_adds_and_reorders_passes():
+    """``fxwrap_pipeline`` edits the declared pass lists: the compile runs them in the edited
+    order (an added ATen pass rewrites sin to cos: the numbers are cos's) and the Wrapper-IR
+    pass before the memory plan sees no ``Free`` line, the one after it sees them."""
+    from fxwrap_plugin_fixtures import reorders_passes as plugin
+    a, b = torch.randn(12, 7), torch.randn(7, 9)
+    manager = PluginManager([*installed_entry_points(), ep("reorders_passes")])
+    pipeline = manager.session(manager.target("cpu")).pipeline
+    assert pipeline.names() == (
+        ("patterns", "follow input layouts", "channels-last convolutions", "matmul padding", "sin to cos",
+         "after the rewrite"),
+        ("before the plan", "memory plan", "after the plan"))
+    assert manager.session(manager.target("reference")).pipeline.names() == (
+        ("follow input layouts", "channels-last convolutions", "matmul padding", "patterns"), ("memory plan",))
+    plugin.ran.clear()
+    plugin.frees.clear()
+    with use_plugin_manager(manager):
+        torch._dynamo.reset()
+        program = fxwrap.lower(_mm_sin, a, b, target="cpu", options={"cache": False, "templates": "off"})
+    torch.testing.assert_close(program.run(a, b), torch.cos(a @ b).sum(0) * 2)
+    assert plugin.ran == ["sin to cos", "after the rewrite"]
+    assert plugin.frees["before the plan"] == 0 and plugin.frees["after the plan"] >= 1, plugin.frees
+    assert "free(" in program.code()
+
+
+def test_a_pass_list_without_the_memory_plan_names_the_plugin():
+    manager = PluginManager([*installed_entry_points(), ep("drops_memory_plan")])
+    with pytest.raises(PluginError, match=r"drops_memory_plan.*fxwrap_pipeline\(\) left a broken pass list.*"
+                                          r"lacks 'memory plan'"):
+        manager.session(manager.target("cpu"))
+
+
+def test_the_session_is_handed_what_it_needs_not_the_plugin_manager():
+    from fxwrap.plugins.session import PluginFacts
+    manager = load("alpha")
+    session = manager.session(manager.target("alpha"))
+    assert isinstance(session.plugins, PluginFacts)
+    assert not any(isinstance(value, PluginManager) for value in vars(session).values())
+    assert session.kernel_loader is manager.kernel_loader

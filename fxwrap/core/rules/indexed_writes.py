@@ -74,8 +74,7 @@ def _offset(buf, at) -> Op:
 def _reads_target(ctx, value, target) -> bool:
     builder = ctx.builder
     if isinstance(value, Stored):
-        root = builder.roots.get(target.name, target).name
-        return builder.roots.get(value.buffer.name, value.buffer).name == root
+        return builder.same_storage(value.buffer, target)
     return isinstance(value, Loops) and builder.reads_storage(value, target)
 
 

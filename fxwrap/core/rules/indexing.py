@@ -135,7 +135,7 @@ def _write_slice_in_place(ctx, src: Loops, position) -> Stored | None:
     indexed store (``Store.indexed``): a kernel of its own that leaves every other element."""
     if ctx.in_place_refusal() is not None or not ctx.indexed_stores(None, ctx.out_dtype):
         return None
-    if ctx.builder.reads_storage(src, ctx.builder.env[ctx.node.args[0]]):
+    if ctx.builder.reads_storage(src, ctx.builder.value_of(ctx.node.args[0])):
         return None  # src is read from the storage written: the one pass over base
     target, _ = ctx.indexed_write_target()
     xs = tuple(xvar(k) for k in range(len(src.size)))
@@ -351,14 +351,14 @@ def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
     """The index values, checked to index a dim of ``size`` (``[-size, size)`` when
     ``negative_ok``) before any read through them.
 
-    On a target that checks indices inside its kernels (``capabilities()["index_checks"]
+    On a target that checks indices inside its kernels (``capabilities().index_checks
     == "in_kernel"``: Triton's ``tl.device_assert``, as Inductor and eager's own CUDA
     index kernels do) each value goes through ``index_check`` where it is used, and the
     index may stay lazy; lanes past the end load 0, so the size must be positive.
     Elsewhere the index tensor is put in memory and a ``check_index_bounds`` extern
     runs before the kernel: on a CPU it raises ``IndexError``, on an accelerator it
     asserts on the device without reading back (five small ATen calls)."""
-    if ctx.capabilities.get("index_checks") == "in_kernel" and sympy.sympify(size).is_positive:
+    if ctx.capabilities.index_checks == "in_kernel" and sympy.sympify(size).is_positive:
         values = as_loops(index)
         low = index_value(-sympy.sympify(size)) if negative_ok else Op.const(0, I64)
 

@@ -225,8 +225,8 @@ class CppEmitter(CStyleEmitter):
     def load(self, source: KernelSource) -> Callable:
         """Compile (or fetch from the on-disk cache), dlopen, and bind a launcher."""
         from fxwrap.targets.host.loader import launcher_for
-        return launcher_for(source.text, source.launch["symbol"],
-                            source.launch["pointers"], len(source.launch["size_symbols"]),
+        return launcher_for(source.text, source.launch.symbol,
+                            source.launch.pointers, len(source.launch.size_symbols),
                             compiler=self._compiler, prelude=SHARED_PRELUDE)
 
     def saved_loader(self, kernel) -> Callable:

@@ -4,14 +4,15 @@ from __future__ import annotations
 import torch
 
 from fxwrap.runtime.cuda_capture import CudaGraphCapture
+from fxwrap.ir.capabilities import Capabilities
 from fxwrap.targets.base import DeviceInterface
 
 
 class CudaDevice(DeviceInterface):
-    """``CudaDevice().capabilities() -> {"name": "NVIDIA H200", "warp_size": 32, ...}``.
+    """``CudaDevice().capabilities() -> Capabilities(name="NVIDIA H200", warp_size=32, ...)``.
 
     Every method is safe to call without a GPU: ``is_available()`` is False,
-    ``device_count()`` 0, ``capabilities()`` ``{}``, ``current_stream()`` None and
+    ``device_count()`` 0, ``capabilities()`` ``Capabilities()``, ``current_stream()`` None and
     ``synchronize()`` a no-op.
     """
 
@@ -54,32 +55,36 @@ class CudaDevice(DeviceInterface):
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / n
 
-    def capabilities(self, device=None) -> dict:
+    def capabilities(self, device=None) -> Capabilities:
         if not self.is_available():
-            return {}
+            return Capabilities()
         index = torch.cuda.current_device() if device is None else torch.device(device).index or 0
         props = torch.cuda.get_device_properties(index)
         major, minor = props.major, props.minor
         dtypes = ["float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"]
         if major >= 8:
             dtypes.insert(2, "bfloat16")
-        return {"name": props.name, "capability": (major, minor),
-                "convolution_layout": "channels_last",  # cuDNN: NHWC, no transposes around a conv
-                # not "training_convolution_layout": a training step channels-last puts batch
-                # norm's statistics over (N, H, W) with C innermost, which the Triton reduction
-                # plans read strided: 19 ms a kernel on an H200 (convnet bf16: 53 ms a step
-                # against 5.4 NCHW); the planner must read those rows coalesced first
-                # gathers check their index values inside the kernel (tl.device_assert), not
-                # by ATen calls before it (fxwrap.core.rules.indexing._checked)
-                "index_checks": "in_kernel",
-                # cuBLAS's fast GEMM kernels want 16-byte leading dimensions: a product with
-                # an odd column count computes padded rows (fxwrap.core.matmul_padding)
-                "matmul_alignment_bytes": 16,
-                "multiprocessors": props.multi_processor_count,
-                "warp_size": getattr(props, "warp_size", 32),
-                "memory_bytes": props.total_memory,
-                "max_threads_per_block": getattr(props, "max_threads_per_block", 1024),
-                "shared_memory_per_block": getattr(props, "shared_memory_per_block_optin",
-                                                   getattr(props, "shared_memory_per_block", None)),
-                "l2_cache_bytes": getattr(props, "L2_cache_size", None),
-                "dtypes": dtypes, "kernel_language": "triton"}
+        return Capabilities(
+            dtypes=tuple(dtypes),
+            convolution_layout="channels_last",  # cuDNN: NHWC, no transposes around a conv
+            # not training_convolution_layout: a training step channels-last puts batch
+            # norm's statistics over (N, H, W) with C innermost, which the Triton reduction
+            # plans read strided: 19 ms a kernel on an H200 (convnet bf16: 53 ms a step
+            # against 5.4 NCHW); the planner must read those rows coalesced first
+            # gathers check their index values inside the kernel (tl.device_assert), not
+            # by ATen calls before it (fxwrap.core.rules.indexing._checked)
+            index_checks="in_kernel",
+            # cuBLAS's fast GEMM kernels want 16-byte leading dimensions: a product with
+            # an odd column count computes padded rows (fxwrap.core.matmul_padding)
+            matmul_alignment_bytes=16,
+            name=props.name,
+            capability=(major, minor),
+            kernel_language="triton",
+            multiprocessors=props.multi_processor_count,
+            warp_size=getattr(props, "warp_size", 32),
+            memory_bytes=props.total_memory,
+            max_threads_per_block=getattr(props, "max_threads_per_block", 1024),
+            shared_memory_per_block=getattr(props, "shared_memory_per_block_optin",
+                                            getattr(props, "shared_memory_per_block", None)),
+            l2_cache_bytes=getattr(props, "L2_cache_size", None),
+        )

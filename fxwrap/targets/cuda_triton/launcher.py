@@ -380,11 +380,6 @@ def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int, *, device
 
 
 # ---------------------------------------------------------------------------- split-outer
-def host_function(expr: str, size_symbols):
-    """``f(*sizes) -> int`` for a host expression over the size symbols."""
-    return eval(f"lambda {', '.join(size_symbols)}: int({expr})", dict(_HOST))  # noqa: S307
-
-
 def split_launches(launch: dict) -> tuple[dict, dict]:
     """The launch metadata of the two kernels of a split-outer reduction."""
     nws = len(launch["workspace_dtypes"])

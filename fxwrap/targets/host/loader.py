@@ -103,5 +103,4 @@ def launcher_for(source: str, symbol: str, pointers: int, sizes: int,
 def kernel_loader(kernel) -> Callable:
     """``fxwrap.runtime.Kernel`` loader (picklable): rebuild the launcher from the source."""
     launch = kernel.launch
-    return launcher_for(kernel.source, launch["symbol"], launch["pointers"],
-                        len(launch["size_symbols"]))
+    return launcher_for(kernel.source, launch.symbol, launch.pointers, len(launch.size_symbols))

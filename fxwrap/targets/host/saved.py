@@ -75,8 +75,8 @@ def bind_c_kernel(library: Path, kernel) -> Callable:
     ``SHARED_SYMBOL``, or the kernel's own symbol in a file saved before kernels shared objects)."""
     launch = kernel.launch
     lib = load_library(library)
-    symbol = SHARED_SYMBOL if hasattr(lib, SHARED_SYMBOL) else launch["symbol"]
-    fn = c_function(lib, symbol, launch["pointers"], len(launch["size_symbols"]))
-    launcher = make_launcher(fn, launch["pointers"], len(launch["size_symbols"]), name=launch["symbol"])
+    symbol = SHARED_SYMBOL if hasattr(lib, SHARED_SYMBOL) else launch.symbol
+    fn = c_function(lib, symbol, launch.pointers, len(launch.size_symbols))
+    launcher = make_launcher(fn, launch.pointers, len(launch.size_symbols), name=launch.symbol)
     launcher.library = str(library)
     return launcher

@@ -31,6 +31,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from fxwrap.ir.capabilities import Capabilities, as_capabilities
 from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.core.numerics import compute_dtype
 from fxwrap.ir.symbolic import python_source
@@ -168,7 +169,7 @@ class MetalEmitter(CStyleEmitter):
         if kernel.reductions and not kernel.is_scan and (tg < self.simd_width or tg % self.simd_width):
             raise EmitError(f"threadgroup_size {tg} of target {self.target_name} must be a multiple "
                             f"of the SIMD width {self.simd_width}")
-        limit = self.device_capabilities.get("max_threads_per_threadgroup")
+        limit = self.device_capabilities.max_threads_per_threadgroup
         if limit is not None and tg > limit:
             origins = describe(kernel.origins)
             raise EmitError(f"kernel {kernel.name} ({origins}): threadgroup_size {tg} of target "
@@ -182,13 +183,14 @@ class MetalEmitter(CStyleEmitter):
                 "sync": grouped, "execute": execute}
 
     @property
-    def device_capabilities(self) -> dict:
+    def device_capabilities(self) -> Capabilities:
         """The target device's ``capabilities()`` (asked once per emitter); launch limits
         such as ``max_threads_per_threadgroup`` come from here."""
         caps = self.__dict__.get("_device_capabilities")
         if caps is None:
             device = getattr(self.target, "device", None)
-            caps = self.__dict__["_device_capabilities"] = dict(device.capabilities() or {}) if device else {}
+            caps = self.__dict__["_device_capabilities"] = (
+                as_capabilities(device.capabilities(), device) if device else Capabilities())
         return caps
 
     @property
@@ -227,4 +229,4 @@ def python_expr(expr) -> str:
         return python_source(expr)
     except NotImplementedError as exc:
         raise EmitError(f"grid size {expr} cannot be computed by the Metal launcher ({exc}); "
-                        "precompute it on the host (a DefineSymbol line)") from exc
+                        "the kernel's nodes run as ATen extern calls") from exc

@@ -24,6 +24,7 @@ from fxwrap.ir.loops import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, f
                             rvar, walk, xvar)
 from fxwrap.core.numerics import illegal
 from fxwrap.ir.symbolic import SizeArithmetic, evaluate_with
+from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.targets.base import KernelEmitter, KernelSource, kernel_header
 
 _UNARY = {
@@ -274,10 +275,10 @@ class ReferenceEmitter(KernelEmitter):
             lines += format_ssa(list(s.roots()), names)
             lines.append(format_store(s, names))
         text = "\n".join(lines)
-        return KernelSource(kernel.name, text, self.language, launch={"kernel": kernel})
+        return KernelSource(kernel.name, text, self.language, launch=KernelLaunch(kernel=kernel))
 
     def load(self, source: KernelSource):
-        return ReferenceLauncher(source.launch["kernel"])
+        return ReferenceLauncher(source.launch.kernel)
 
     def saved_loader(self, kernel):
         """The kernel's loop IR (in its launch metadata) is what the reference target runs."""
@@ -286,7 +287,7 @@ class ReferenceEmitter(KernelEmitter):
 
 def kernel_loader(kernel) -> ReferenceLauncher:
     """``fxwrap.Kernel`` loader (picklable): evaluate the kernel's loop IR with torch."""
-    return ReferenceLauncher(kernel.launch["kernel"])
+    return ReferenceLauncher(kernel.launch.kernel)
 
 
 kernel_loader.fxwrap_saved = True  # imports the loop IR (fxwrap.ir.loops, sympy), no dynamo

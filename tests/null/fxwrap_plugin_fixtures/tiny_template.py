@@ -37,15 +37,15 @@ class TorchGemm(fxwrap.Template):
         inner = dataclasses.replace(kernel, inputs=(*kernel.inputs, acc), stores=stores, template=None)
         rendered.append(kernel.name)
         return KernelSource(kernel.name, f"# torch_gemm {call.describe()}", emitter.language,
-                            launch={"kernel": inner, "gemm_inputs": len(kernel.inputs),
-                                    "int8": call.op == aten._weight_int8pack_mm.default})
+                            launch={"kernel": inner, "extra": {"gemm_inputs": len(kernel.inputs),
+                                                               "int8": call.op == aten._weight_int8pack_mm.default}})
 
 
 class GemmLauncher:
     def __init__(self, launch):
-        self.epilogue = ReferenceLauncher(launch["kernel"])
-        self.n_inputs = launch["gemm_inputs"]
-        self.int8 = launch["int8"]
+        self.epilogue = ReferenceLauncher(launch.kernel)
+        self.n_inputs = launch.extra["gemm_inputs"]
+        self.int8 = launch.extra["int8"]
 
     def __call__(self, *args):
         b = args[1].float().t() if self.int8 else args[1].float()  # int8 w is (N, K)
@@ -55,7 +55,7 @@ class GemmLauncher:
 
 class TinyEmitter(ReferenceEmitter):
     def load(self, source):
-        return GemmLauncher(source.launch) if "gemm_inputs" in source.launch else super().load(source)
+        return GemmLauncher(source.launch) if "gemm_inputs" in source.launch.extra else super().load(source)
 
 
 @fxwrap.hookimpl

@@ -1,0 +1,297 @@
+"""The compile pipeline as data: the declared ATen-graph passes and Wrapper-IR passes.
+
+``api.compile_aten_graph`` runs, for every graph, the session's ``Pipeline``::
+
+    >>> get_plugin_manager().session(target("cpu")).pipeline
+    Pipeline(aten=['follow input layouts', 'channels-last convolutions', 'matmul padding',
+                   'patterns'],
+             wrapper=['memory plan'])
+
+    ATen graph --aten passes (in place)--> [program cache] --> kernel builder --> lines
+    lines --wrapper passes--> (the passes of ``fxwrap_wrapper_passes`` after them) --> FX
+
+Each pass decides for itself whether it applies (the channels-last pass only where the
+device asks for it, the matmul padding only on inference and forward graphs ...).  A plugin
+edits a target's pipeline through the ``fxwrap_pipeline(pipeline, target)`` hook, once per
+target when the compile session is built: ``pipeline.aten`` and ``pipeline.wrapper`` are
+lists it may add to, remove from or reorder (``insert_after``, ``insert_before``,
+``move_before``, ``remove`` find passes by name)::
+
+    @fxwrap.hookimpl
+    def fxwrap_pipeline(pipeline, target):
+        pipeline.aten.insert_after("matmul padding", GraphPass("fold my ops", fold_my_ops))
+
+The ATen passes all run before the program cache is asked (the key is the rewritten graph,
+and the pipeline's pass names are part of it).  The Wrapper-IR list must keep ``"memory
+plan"`` (it gives the program its ``MemoryPlan``); a pass before it sees lines without
+``Free`` / ``Reuse``, a pass after it must keep the plan valid.  Nested programs
+(``torch.cond`` branches, loop bodies) go through the same Wrapper-IR list.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fxwrap.core import patterns
+from fxwrap.core.layout import channels_last_convolutions, follow_input_layouts, has_channels_last_convolution
+from fxwrap.core.matmul_padding import pad_matmul_columns
+from fxwrap.core.memory import MemoryPlan, plan_memory
+
+log = logging.getLogger("fxwrap")
+
+
+@dataclass
+class AtenGraph:
+    """What an ATen-graph pass sees: the graph (rewrite ``gm`` in place) and its context.
+
+    ``kind``: ``"inference"``, ``"forward"`` or ``"backward"``; ``session``: the compile
+    session (``options``, ``capabilities``, ``templates``, ``generates_kernels``);
+    ``example_inputs``: AOTAutograd's example inputs (a backward graph's saved activations
+    in the strides the compiled forward returns them in), or None; ``saved_outputs``: a
+    forward graph's outputs saved for the backward (a ``range``), or None."""
+
+    gm: torch.fx.GraphModule
+    kind: str
+    session: Any
+    example_inputs: Sequence[Any] | None = None
+    saved_outputs: range | None = None
+
+    @property
+    def makes_kernels(self) -> bool:
+        """The session's target generates kernels and the options let it."""
+        return bool(self.session.generates_kernels and self.session.options.kernels)
+
+
+@dataclass
+class WrapperProgram:
+    """What a Wrapper-IR pass sees besides the lines: the size hints, whether storage may be
+    reused, and the memory plan once ``"memory plan"`` made it."""
+
+    hints: dict
+    reuse: bool = True
+    memory: MemoryPlan | None = None
+
+
+@dataclass(frozen=True)
+class GraphPass:
+    """An ATen-graph pass: ``run(graph: AtenGraph) -> None`` rewrites ``graph.gm`` in place.
+    ``phase``: the phase it is timed under (``FXWRAP_LOG=timing``)."""
+
+    name: str
+    run: Callable[[AtenGraph], Any]
+    phase: str = "passes"
+
+
+@dataclass(frozen=True)
+class LinesPass:
+    """A Wrapper-IR pass: ``run(lines, program: WrapperProgram) -> lines``."""
+
+    name: str
+    run: Callable[[list, WrapperProgram], list]
+    phase: str = "wrapper passes"
+
+    @classmethod
+    def of(cls, fn: Callable[[list], list]) -> "LinesPass":
+        """A ``fxwrap_wrapper_passes`` callable ``pass(lines) -> lines`` as a ``LinesPass``."""
+        name = fn.__name__ if hasattr(fn, "__name__") else type(fn).__name__
+        return cls(name, lambda lines, program: fn(lines))
+
+
+class PassList(list):
+    """A list of passes, found by name: ``passes.insert_after("matmul padding", p)``."""
+
+    def names(self) -> list[str]:
+        return [p.name for p in self]
+
+    def index_of(self, name: str) -> int:
+        for i, p in enumerate(self):
+            if p.name == name:
+                return i
+        raise KeyError(f"no pass named {name!r}; the passes are {self.names()}")
+
+    def insert_before(self, name: str, new) -> None:
+        self.insert(self.index_of(name), new)
+
+    def insert_after(self, name: str, new) -> None:
+        self.insert(self.index_of(name) + 1, new)
+
+    def remove_named(self, name: str):
+        return self.pop(self.index_of(name))
+
+    def move_before(self, name: str, before: str) -> None:
+        """Move pass ``name`` just before pass ``before``."""
+        moved = self.remove_named(name)
+        self.insert_before(before, moved)
+
+    def move_after(self, name: str, after: str) -> None:
+        moved = self.remove_named(name)
+        self.insert_after(after, moved)
+
+
+@dataclass
+class Pipeline:
+    """The declared pass lists of one target (see the module docstring)."""
+
+    aten: PassList = field(default_factory=PassList)
+    wrapper: PassList = field(default_factory=PassList)
+
+    def __post_init__(self):
+        self.aten, self.wrapper = PassList(self.aten), PassList(self.wrapper)
+
+    def names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The pass names in order (what the program cache keys on)."""
+        return tuple(self.aten.names()), tuple(self.wrapper.names())
+
+    def copy(self) -> "Pipeline":
+        return Pipeline(PassList(self.aten), PassList(self.wrapper))
+
+    def check(self, target_name: str) -> None:
+        """Every entry a pass of the right kind; the Wrapper-IR list keeps the memory plan."""
+        for kind, passes, cls in (("aten", self.aten, GraphPass), ("wrapper", self.wrapper, LinesPass)):
+            for p in passes:
+                if not isinstance(p, cls):
+                    raise TypeError(f"target {target_name!r}: pipeline.{kind} holds {p!r}, not a "
+                                    f"fxwrap.core.passes.{cls.__name__}")
+        if MEMORY_PLAN not in self.wrapper.names():
+            raise ValueError(f"target {target_name!r}: the Wrapper-IR pass list {self.wrapper.names()} lacks "
+                             f"{MEMORY_PLAN!r} (it gives every program its memory plan; move it, do not remove it)")
+
+    def run_aten(self, graph: AtenGraph, timer) -> None:
+        for p in self.aten:
+            with timer.phase(p.phase):
+                p.run(graph)
+
+    def __repr__(self) -> str:
+        return f"Pipeline(aten={self.aten.names()}, wrapper={self.wrapper.names()})"
+
+
+def run_wrapper_passes(passes: Sequence[LinesPass], lines: list, program: WrapperProgram,
+                       timer=None) -> tuple[list, MemoryPlan]:
+    """``lines`` through ``passes`` in order; the lines and the memory plan made on the way."""
+    for p in passes:
+        if timer is None:
+            lines = list(p.run(lines, program))
+        else:
+            with timer.phase(p.phase):
+                lines = list(p.run(lines, program))
+    if program.memory is None:
+        raise ValueError(f"the Wrapper-IR passes {[p.name for p in passes]} made no memory plan "
+                         f"(the {MEMORY_PLAN!r} pass)")
+    return lines, program.memory
+
+
+# -- fxwrap's passes ------------------------------------------------------------------------
+
+def _follow_input_layouts(graph: AtenGraph) -> None:
+    """A backward graph reads its inputs in the layout the compiled forward returns them in."""
+    if graph.kind != "backward" or graph.example_inputs is None:
+        return
+    channels_last = graph.session.capabilities.convolution_layout == "channels_last"
+    follow_input_layouts(graph.gm, graph.example_inputs,
+                         channels_last and _restrided_channels_last(graph.gm, graph.example_inputs))
+
+
+def _channels_last(graph: AtenGraph) -> None:
+    """Inference and forward graphs with 2-D convolutions run channels-last where the device
+    asks for it (``Capabilities.convolution_layout``)."""
+    if graph.session.capabilities.convolution_layout != "channels_last" or graph.kind not in ("inference", "forward"):
+        return
+    if _takes_layout_pass(graph):
+        channels_last_convolutions(graph.gm, saved_outputs=graph.saved_outputs or ())
+
+
+def _matmul_padding(graph: AtenGraph) -> None:
+    """Matrix products padded to the device's alignment (``Capabilities.matmul_alignment_bytes``)."""
+    alignment = graph.session.capabilities.matmul_alignment_bytes
+    if alignment and graph.kind in ("inference", "forward") and graph.makes_kernels:
+        pad_matmul_columns(graph.gm, alignment)
+
+
+def _patterns(graph: AtenGraph) -> None:
+    """The rewrites of ``fxwrap.core.patterns`` that the session's templates ask for: the
+    dequantize-and-linear pattern becomes ``_weight_int8pack_mm`` where a template of the
+    session computes that op and asks for the rewrite (``Template.pattern_refusal``), and only
+    where ATen's own kernel of it (the template's fallback and rival) runs on the device and is
+    exact for the shapes, or where the template promises to compute every call it asks for
+    (``Template.pattern_guarantee``: then it is the op's only kernel)."""
+    session = graph.session
+    if not graph.makes_kernels or session.options.templates == "off":
+        return
+    templates = [t for t in session.active_templates if patterns.INT8_MM in t.ops]
+    if not templates:
+        return
+
+    def allow(x, w, scale) -> bool:
+        aten_ok = patterns.aten_int8_mm_refusal(x.dtype, x.shape[-1], x.device.type, x.is_contiguous()) is None
+        return any(t.pattern_refusal(patterns.INT8_MM, (x, w, scale)) is None and (aten_ok or t.pattern_guarantee)
+                   for t in templates)
+
+    patterns.int8_weight_only_linears(graph.gm, allow)
+
+
+def _takes_layout_pass(graph: AtenGraph) -> bool:
+    """Whether an inference or forward graph goes channels-last.  A forward graph only where
+    AOTAutograd says which outputs are saved activations and every input is of static shape:
+    the backward graph is compiled for the strides the forward reports, which must be numbers."""
+    if graph.kind == "inference":
+        return True
+    gm = graph.gm
+    if not graph.session.capabilities.training_convolution_layout == "channels_last":
+        log.info("channels-last layout not applied to the forward graph: the device does not ask for "
+                 "it in training (capabilities().training_convolution_layout)")
+        return False
+    if not has_channels_last_convolution(gm):
+        return False
+    if graph.saved_outputs is None:
+        log.info("channels-last layout not applied to the forward graph: no AOTAutograd metadata "
+                 "says which outputs are saved for the backward")
+        return False
+    dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
+               and isinstance(v := n.meta.get("val"), (torch.Tensor, torch.SymInt))
+               and not all(isinstance(s, int) for s in (v.shape if isinstance(v, torch.Tensor) else (v,)))]
+    if dynamic:
+        log.info("channels-last layout not applied to the forward graph: inputs %s have symbolic "
+                 "sizes, and the backward graph needs the saved activations' strides as numbers",
+                 ", ".join(dynamic))
+        return False
+    return True
+
+
+def _restrided_channels_last(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether one of a backward graph's inputs comes channels-last where it was traced
+    otherwise: the forward graph went channels-last, and the backward follows."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, given in zip(placeholders, example_inputs):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and isinstance(given, torch.Tensor) and given.dim() == 4 \
+                and given.stride() != val.stride() and given.is_contiguous(memory_format=torch.channels_last):
+            return True
+    return False
+
+
+def _memory_plan(lines: list, program: WrapperProgram) -> list:
+    """``Free`` after each last use and ``Reuse`` where it never raises the peak (``core.memory``)."""
+    program.memory = plan_memory(lines, program.hints, reuse=program.reuse)
+    return program.memory.lines
+
+
+MEMORY_PLAN = "memory plan"
+
+
+def default_pipeline() -> Pipeline:
+    """fxwrap's pass lists, before any plugin edits them."""
+    return Pipeline(
+        aten=[
+            GraphPass("follow input layouts", _follow_input_layouts, "layout"),
+            GraphPass("channels-last convolutions", _channels_last, "layout"),
+            GraphPass("matmul padding", _matmul_padding, "layout"),
+            GraphPass("patterns", _patterns, "patterns"),
+        ],
+        wrapper=[
+            LinesPass(MEMORY_PLAN, _memory_plan, "memory plan"),
+        ],
+    )

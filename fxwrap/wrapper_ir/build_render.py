@@ -1,0 +1,248 @@
+"""Render, compile and choose in the kernel builder: the fused groups become kernels
+(``KernelLines``), every kernel of the program is compiled at once, each template group's
+candidate is chosen (``template_choice``) and the launchers are bound.  Mixed into
+``build_kernels.KernelBuilder``."""
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from fxwrap.core import logs
+from fxwrap.core.errors import EmitError
+from fxwrap.core.numerics import legalize
+from fxwrap.core.overlap import overlap_collectives
+from fxwrap.core.progress import Progress
+from fxwrap.core.scheduler import Group, fuse, referenced_outside, to_kernel
+from fxwrap.ir.lines import Allocate, Buffer, CallKernel, DefineKernel, Line, ZeroFill, buffers_read
+from fxwrap.ir.loops import ScheduledKernel, format_kernel
+from fxwrap.runtime.kernel import Kernel, KernelArg
+from fxwrap.runtime.provenance import describe
+from fxwrap.wrapper_ir import template_choice
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelRecord:
+    """One kernel the builder made: its loop IR, its source, the ATen nodes whose values
+    it stores (``roots``) and why it did not join the kernel before it (``started_because``)."""
+
+    scheduled: ScheduledKernel
+    source: object  # targets.base.KernelSource
+    roots: tuple[str, ...]
+    started_because: str
+
+
+@dataclasses.dataclass
+class KernelLines:
+    """A rendered kernel and the lines that allocate its outputs, define and launch it."""
+
+    scheduled: ScheduledKernel
+    source: object  # targets.base.KernelSource
+    kernel: Kernel
+    lines: list
+
+
+class RenderMixin:
+    """Scheduled groups -> kernels: render each (``KernelLines``), compile every kernel
+    at once, choose each template group's candidate, bind the launchers."""
+
+    def run(self):
+        """Build the lines; a kernel the emitter cannot render (``EmitError``) is rebuilt
+        with its source nodes as ATen extern calls (logged), until every kernel renders."""
+        extern = set(self.extern_nodes)
+        builder = self
+        while True:
+            try:
+                return builder._run_once()
+            except _RenderFailed as failed:
+                new = set(failed.nodes) - extern
+                if not new:
+                    raise failed.error
+                logs.logger("schedule").info(
+                    "fxwrap: target %s cannot render the kernel of %s (%s); they run as ATen "
+                    "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
+                extern |= new
+                builder = type(self)(self.gm, self.session, extern_nodes=extern, timer=self.timer,
+                                     label=self.label)
+                builder.output_layouts, builder.kernel_prefix = self.output_layouts, self.kernel_prefix
+                builder.reuse, builder.wrapper_passes = self.reuse, self.wrapper_passes
+
+    def _run_once(self):
+        with self.timer.phase("lowering"):
+            built = super().run()
+        with self.timer.phase("schedule"):
+            items = fuse(self.items)
+            needed = referenced_outside(items, buffers_read)
+        with self.timer.phase("render"):
+            rendered = self._render(items, needed, built)
+        with self.timer.phase("compile kernels"):
+            # every kernel known now at once: the plain kernels and the template candidates
+            # that will be timed (their compiles overlap; timing then runs on a quiet machine)
+            self._load_each([entry[1] for entry in rendered if isinstance(entry, tuple) and entry[1] is not None]
+                            + [made for entry in rendered if isinstance(entry, template_choice.Candidates)
+                               for made in entry.kernels_to_time()])
+        with self.timer.phase("template choice"):
+            lines, loads = self._choose(rendered, built)
+        with self.timer.phase("compile kernels"):
+            self._load_each([made for made, _ in loads])
+            for made, _ in loads:
+                made.kernel.bind(self._launchers[id(made.source)])
+        built.lines = overlap_collectives(lines)
+        return built
+
+    def _render(self, items, needed, built) -> list:
+        """Each item rendered, in program order: a line as it is, a group as ``(group,
+        KernelLines or None when it stores nothing)``, a template group as its
+        ``template_choice.Candidates``."""
+        inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
+        emitter = self.session.new_emitter(self.out.hints)  # example sizes (autotuning of symbolic kernels)
+        self._emitter = emitter
+        rendered: list = []
+        count = 0
+        for item in items:
+            if not isinstance(item, Group):
+                rendered.append(item)
+                continue
+            keep = needed[id(item)]
+            if item.template is not None:
+                rendered.append(template_choice.candidates(self, item, keep, inputs, count, emitter))
+                count += 1
+                continue
+            kind = "scan" if any(r.is_scan for r in item.reductions) else \
+                "reduction" if item.reductions else "pointwise"
+            rendered.append((item, self.kernel_lines(item, f"{self.kernel_prefix}_{kind}_{count}", keep, inputs,
+                                                     emitter.render)))
+            count += 1
+        return rendered
+
+    def _choose(self, rendered: list, built) -> tuple[list, list]:
+        """The program's lines from the rendered items (each template group's candidate
+        chosen, ``template_choice.decide``) and the ``(KernelLines, group)`` to bind."""
+        lines: list[Line] = []
+        loads: list = []
+        for entry in rendered:
+            if isinstance(entry, template_choice.Candidates):
+                for made in template_choice.decide(self, entry, self._emitter):
+                    self._add_kernel(made, entry.group, lines, loads, built)
+            elif isinstance(entry, tuple):
+                group, made = entry
+                if made is not None:
+                    self._add_kernel(made, group, lines, loads, built)
+            else:
+                lines.append(entry)
+        return lines, loads
+
+    def load_kernel(self, source):
+        """``source``'s launcher (``KernelSource``), loaded once per program."""
+        launcher = self._launchers.get(id(source))
+        if launcher is None:
+            self._launchers[id(source)] = launcher = self._emitter.load(source)
+        return launcher
+
+    def _load_each(self, kernels: list) -> None:
+        """Load (compile) the launchers of ``kernels`` (``KernelLines``) not loaded yet,
+        ``emitter.load_threads`` at once (see ``_load_all``)."""
+        todo, seen = [], set()
+        for made in kernels:
+            if id(made.source) not in self._launchers and id(made.source) not in seen:
+                seen.add(id(made.source))
+                todo.append(made.source)
+        for source, launcher in zip(todo, _load_all(self._emitter, todo, self.label)):
+            self._launchers[id(source)] = launcher
+
+    def kernel_lines(self, group: Group, name: str, keep: set, inputs: set, render) -> "KernelLines | None":
+        """Group -> legalized ``ScheduledKernel`` -> ``render(sk)`` (a ``KernelSource``) -> its
+        ``Allocate`` / ``DefineKernel`` / ``CallKernel`` lines; None when it stores nothing."""
+        sk = to_kernel(group, name, keep, self.buffers, inputs)
+        sk = dataclasses.replace(sk, origins=self.in_program_order(sk.origins))
+        sk = legalize(sk, self.session.numerics)  # explicit compute dtypes, casts and 16-bit rounding
+        if not sk.stores:
+            return None
+        try:
+            source = render(sk)
+        except EmitError as exc:
+            raise _RenderFailed(group.roots, exc) from exc
+        # an indexed store's buffer holds its values already (it writes only some elements)
+        written = {st.buffer for st in sk.stores if st.indexed}
+        new = [Allocate(out) for out in sk.outputs if out.name not in inputs and out.name not in written]
+        workspaces = self._workspaces(sk, source, new)
+        signature = tuple([KernelArg(b.name, "input") for b in sk.inputs]
+                          + [KernelArg(b.name, "output") for b in sk.outputs]
+                          + [KernelArg(b.name, "workspace") for b in workspaces]
+                          + [KernelArg(s.name, "size") for s in sk.size_symbols])
+        kernel = Kernel(sk.name, source.text, self.target.name, signature, source.launch,
+                        loader=self.session.kernel_loader)
+        new += [DefineKernel(kernel),
+                CallKernel(kernel, (*sk.inputs, *sk.outputs, *workspaces, *sk.size_symbols), origins=sk.origins)]
+        return KernelLines(sk, source, kernel, new)
+
+    def _workspaces(self, sk: ScheduledKernel, source, lines: list) -> list[Buffer]:
+        """The scratch buffers ``source`` declares (``targets.base.Workspace``), each a
+        buffer of its own allocated by an ``Allocate`` line (a zero fill after it where
+        the kernel needs zeros) appended to ``lines``; the memory planner frees it after
+        the launch, its last use."""
+        out = []
+        device = (sk.outputs or sk.inputs)[0].device
+        for ws in getattr(source, "workspaces", ()):
+            size = sympy.sympify(ws.numel)
+            stray = size.free_symbols - set(sk.size_symbols)
+            if stray:
+                raise EmitError(f"kernel {sk.name}: its workspace size {size} uses {sorted(map(str, stray))}, "
+                                f"which are not size arguments of the kernel (target {self.target.name})")
+            buf = Buffer(self.fresh("ws"), (size,), (sympy.Integer(1),), ws.dtype, device)
+            self.buffers[buf.name] = buf
+            lines.append(Allocate(buf))
+            if ws.zeroed:
+                lines.append(ZeroFill(buf))
+            out.append(buf)
+        return out
+
+    def _add_kernel(self, made, group: Group, lines: list, loads: list, built) -> None:
+        """Append a candidate's lines; a kernel's launcher is bound with the others at the end."""
+        if not isinstance(made, KernelLines):  # lines without a kernel (an extern call, a choice)
+            lines.extend(made)
+            return
+        lines.extend(made.lines)
+        loads.append((made, group))
+        built.kernels.append(KernelRecord(made.scheduled, made.source, tuple(group.roots), group.started_because))
+        _log_kernel(made.scheduled, made.source, group)
+
+
+
+def _log_kernel(sk: ScheduledKernel, source, group: Group) -> None:
+    """The schedule, lowering and kernels stages' records of one kernel (when enabled)."""
+    if logs.enabled("schedule"):
+        logs.logger("schedule").debug("%s <- %s\n  stores the values of %s\n  a new kernel: %s", sk.name,
+                                      describe(sk.origins), ", ".join(group.roots), group.started_because)
+    if logs.enabled("lowering"):
+        logs.logger("lowering").debug("%s", format_kernel(sk))
+    if logs.enabled("kernels"):
+        logs.logger("kernels").debug("%s (%s):\n%s", sk.name, source.language, source.text)
+
+
+def _load_all(emitter, sources: list, label: str = "program") -> list:
+    """The launchers of ``sources`` (``KernelSource``), ``emitter.load_threads`` of them at once
+    (loading waits on compiler subprocesses: Triton's ptxas, g++), with a progress bar on a
+    terminal when there are more than a handful."""
+    if not sources:
+        return []
+    threads = min(int(getattr(emitter, "load_threads", 1) or 1), len(sources))
+    with Progress(len(sources), label) as progress:
+        def load(source):
+            launcher = emitter.load(source)
+            progress.advance()
+            return launcher
+
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-load") as pool:
+                return list(pool.map(load, sources))
+        return [load(source) for source in sources]
+
+
+class _RenderFailed(Exception):
+    """The emitter rejected the kernel fused from ``nodes`` (ATen node names)."""
+
+    def __init__(self, nodes, error):
+        super().__init__(str(error))
+        self.nodes, self.error = tuple(nodes), error
