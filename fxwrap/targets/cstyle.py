@@ -1107,7 +1107,8 @@ class ReductionAccumulator:
     def upd(self, st: list[str], v: str, idx: str) -> str:
         """The statement folding value ``v`` (at reduction index ``idx``) into states ``st``."""
         if self.kind in ("any", "all"):
-            return self.em.helper(f"{self.kind}_upd", v, type_name=self.value_type(), inout=(st[0],), generic=True) + ";"
+            return self.em.helper(f"{self.kind}_upd", v, type_name=self.value_type(), inout=(st[0],),
+                                  generic=True) + ";"
         args = (v, idx) if self.kind in ("argmax", "argmin") else (v,)
         return self.em.helper(f"{self.kind}_upd", *args, type_name=self.T, inout=tuple(st), generic=True) + ";"
 

@@ -8,9 +8,12 @@ C99_PRELUDE = r"""
 #include <tgmath.h>
 static inline int64_t c99_imin(int64_t a, int64_t b) { return b < a ? b : a; }
 static inline int64_t c99_imax(int64_t a, int64_t b) { return a < b ? b : a; }
-static inline int64_t c99_ifloordiv(int64_t a, int64_t b) { const int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
-static inline int64_t c99_imod(int64_t a, int64_t b) { const int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-static inline int64_t c99_ipow_index(int64_t b, int64_t e) { int64_t r = 1; for (; e > 0; e >>= 1, b *= b) if (e & 1) r *= b; return r; }
+static inline int64_t c99_ifloordiv(int64_t a, int64_t b) {
+  const int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t c99_imod(int64_t a, int64_t b) {
+  const int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t c99_ipow_index(int64_t b, int64_t e) {
+  int64_t r = 1; for (; e > 0; e >>= 1, b *= b) if (e & 1) r *= b; return r; }
 /* erfinv: Winitzki's closed form, then Halley steps on erf(x) = y (erfc near |y| = 1) */
 static inline double c99_erfinv_d(double y) {
   const double a = fabs(y), k = 0.147, pi = 3.14159265358979323846;
@@ -88,7 +91,8 @@ static inline T c99_pow_##T(T b, T e) { \
 static inline T c99_lshift_##T(T a, T b) { \
   return (int64_t)b < 0 || (int64_t)b >= (int64_t)(8 * sizeof(T)) ? 0 : (T)((uint64_t)a << b); } \
 static inline T c99_rshift_##T(T a, T b) { \
-  return (int64_t)b < 0 || (int64_t)b >= (int64_t)(8 * sizeof(T)) ? (T)(C99_SIGNED(T) && a < 0 ? -1 : 0) : (T)(a >> b); }
+  if ((int64_t)b < 0 || (int64_t)b >= (int64_t)(8 * sizeof(T))) return (T)(C99_SIGNED(T) && a < 0 ? -1 : 0); \
+  return (T)(a >> b); }
 /* every type: maximum/minimum (NaN wins), sign, and the reduction and scan accumulators */
 #define C99_ANY(T, LOWEST, HIGHEST) \
 static inline T c99_max_##T(T a, T b) { return (a < b || c99_isnan_##T(b)) ? b : a; } \

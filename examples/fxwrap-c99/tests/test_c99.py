@@ -33,7 +33,8 @@ def test_c99_numbers_and_source(tmp_path):
         assert "fx_" not in body and "static_cast" not in body and "std::" not in body
         path = tmp_path / f"{k.name}.c"
         path.write_text(k.source)  # strict C99: no GNU extension, no implicit declaration
-        cmd = ["cc", "-std=c99", "-pedantic-errors", "-Werror=implicit-function-declaration", "-c", str(path), "-o", str(tmp_path / "k.o")]
+        cmd = ["cc", "-std=c99", "-pedantic-errors", "-Werror=implicit-function-declaration", "-c", str(path),
+               "-o", str(tmp_path / "k.o")]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -1,4 +1,5 @@
-"""fxwrap's conformance kit on the C99 target: ``python -m pytest -ra examples/fxwrap-c99/tests/test_c99_conformance.py``.
+"""fxwrap's conformance kit on the C99 target:
+``python -m pytest -ra examples/fxwrap-c99/tests/test_c99_conformance.py``.
 
 C has no 16-bit float type: the C99 target declares ``supported_dtypes`` without bfloat16
 and float16, so their ops run as ATen externs (numbers still compared with eager).
