@@ -1,5 +1,7 @@
 """The C99 example target: a dialect of fxwrap's C-family engine, not of its C++ emitter.
 Its kernels are strict C99 with the target's own helper prefix and calling convention."""
+import pathlib
+import re
 import subprocess
 
 import torch
@@ -44,3 +46,12 @@ def test_c99_is_a_dialect_of_the_engine_not_of_cpp():
     own = {name for name, _ in vars(C99Emitter).items() if not name.startswith("__")}
     assert own <= {"language", "prefix", "prelude", "code_for_op", "supported_dtypes", "function_head",
                    "render_body", "load"}
+
+
+def test_the_documented_kernel():
+    """docs/adding-a-device.md shows this kernel (after ``<!-- c99-kernel -->``): render it again."""
+    doc = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "adding-a-device.md").read_text()
+    shown = re.search(r"<!-- c99-kernel -->\n```c\n(.*?)```", doc, flags=re.S).group(1)
+    program = fxwrap.lower(lambda x: (x.relu() * x).sum(-1), torch.randn(4, 8), target="c99")
+    (kernel,) = _kernels(program)
+    assert "\nvoid " + kernel.source.split("\nvoid ", 1)[1] == "\n" + shown
