@@ -59,6 +59,7 @@ from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, Workspace, kernel_function_name, kernel_header,
                                   kernel_signature)
 from fxwrap.targets.index_printer import SympyIndexPrinter
+from fxwrap.targets.values import ValueWalker
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -144,7 +145,7 @@ C_TYPES: dict[torch.dtype, str] = {
 CSTYLE_OPS: dict[str, Callable[..., str]] = c_ops("fx_", "std::")
 
 
-class CStyleEmitter(KernelEmitter):
+class CStyleEmitter(KernelEmitter, ValueWalker):
     """The shared C-family renderer; ``render(kernel) -> KernelSource``.
 
     The engine writes plain C99 (what a dialect that sets nothing gets); a **dialect** is a
@@ -662,6 +663,34 @@ class CStyleEmitter(KernelEmitter):
             raise EmitError(f"{why} (target {self.target_name})")
         return fn(*args, dtype=dtype)
 
+    # ------------------------------------------------------------------ the value walk's hooks
+    def value_home(self, scope: "Scope", op: Op) -> "Scope":
+        return scope.home(op)
+
+    def value_acc(self, home: "Scope", op: Op) -> tuple[str, bool]:
+        expr, dtype = Scope._acc_binding(home, op)
+        if dtype == op.dtype and _IDENT.match(expr):
+            return expr, True
+        return self.render_cast(expr, dtype, op.dtype), False
+
+    def value_load(self, home: "Scope", op: Op) -> str:
+        return self.render_load(op, home)
+
+    def value_const(self, op: Op) -> str:
+        return self.render_const(op.arg, op.dtype)
+
+    def value_index(self, op: Op) -> str:
+        return self.render_cast(self.render_index(op.arg), torch.int64, op.dtype)
+
+    def value_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        return self.render_op(op, args, arg_dtypes)
+
+    def value_local(self, home: "Scope") -> str:
+        return home.names.fresh("tmp")
+
+    def value_declaration(self, name: str, dtype: torch.dtype, expr: str) -> str:
+        return f"const {self.ctype(dtype)} {name} = {expr};"
+
     # ------------------------------------------------------------------ templates
     def template_epilogue(self, kernel: ScheduledKernel, parent: "Scope", accumulator: str) -> list[str]:
         """The statements that store template kernel ``kernel``'s epilogue at one output
@@ -895,33 +924,9 @@ class Scope:
                         "uses; an acc may only be read after its reduction)")
 
     def value(self, op: Op) -> str:
-        """The C local holding ``op`` (declared on first use, operands first)."""
-        for node in walk(op):
-            if self.lookup(node) is None:
-                self._declare(node)
-        return self.lookup(op)[0]
-
-    def _declare(self, op: Op) -> None:
-        em = self.emitter
-        home = self.home(op)
-        if op.op == OpCode.ACC:
-            expr, dtype = self._acc_binding(home, op)
-            if dtype == op.dtype and _IDENT.match(expr):
-                home.env[op] = (expr, dtype)  # already a local: no copy
-                return
-            expr = em.render_cast(expr, dtype, op.dtype)
-        elif op.op == OpCode.LOAD:
-            expr = em.render_load(op, home)
-        elif op.op == OpCode.CONST:
-            expr = em.render_const(op.arg, op.dtype)
-        elif op.op == OpCode.INDEX:
-            expr = em.render_cast(em.render_index(op.arg), torch.int64, op.dtype)
-        else:
-            kids = [self.lookup(c) for c in op.src]
-            expr = em.render_op(op, [k[0] for k in kids], [k[1] for k in kids])
-        name = self.names.fresh("tmp")
-        home.lines.append(f"const {em.ctype(op.dtype)} {name} = {expr};")
-        home.env[op] = (name, op.dtype)
+        """The C local holding ``op`` (declared on first use, operands first: the emitter's
+        ``ValueWalker.value``, the walk every target shares)."""
+        return self.emitter.value(self, op)
 
     @staticmethod
     def _acc_binding(home: "Scope", op: Op):
