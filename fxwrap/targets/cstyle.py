@@ -1,9 +1,13 @@
-"""One emitter for the C family: C++ (``cpu_cpp``) and Metal (``mps_metal``) subclass it.
+"""The C-family engine: one renderer of which C99, C++ (``cpu_cpp``) and Metal (``mps_metal``)
+are dialects (and the C99 example target, ``examples/fxwrap-c99``, a fourth).
 
-A subclass overrides only what differs, through class attributes (kernel qualifier,
-pointer qualifiers, type names, thread indexing, barrier, prelude) and the one dict
-``code_for_op`` of op renderings; the Op-DAG walk, the SSA locals, the sympy index
-printer, loads, stores, casts and 16-bit float handling are shared.
+The engine writes plain C; a dialect only spells syntax, through class attributes (helper
+``prefix``, ``cast``, ``typed_value``, ``generic`` / ``overload`` helper calls, ``out_arg``,
+qualifiers, type names, prelude) and the one dict ``code_for_op`` of op renderings built
+by ``c_ops``; the value walk (``targets/values.py``), the SSA locals, the sympy index
+printer, loads, stores, casts, 16-bit float handling, the accumulators of every reduction
+and scan kind and a serial ``render_body`` are shared.  ``HELPERS`` lists every helper the
+engine calls, which a dialect's prelude defines under its prefix.
 
 A kernel over a contiguous ``(s0, 64)`` float tensor computing ``relu(x) * 2``::
 
