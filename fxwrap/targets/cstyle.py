@@ -1,9 +1,13 @@
-"""One emitter for the C family: C++ (``cpu_cpp``) and Metal (``mps_metal``) subclass it.
+"""The C-family engine: one renderer of which C99, C++ (``cpu_cpp``) and Metal (``mps_metal``)
+are dialects (and the C99 example target, ``examples/fxwrap-c99``, a fourth).
 
-A subclass overrides only what differs, through class attributes (kernel qualifier,
-pointer qualifiers, type names, thread indexing, barrier, prelude) and the one dict
-``code_for_op`` of op renderings; the Op-DAG walk, the SSA locals, the sympy index
-printer, loads, stores, casts and 16-bit float handling are shared.
+The engine writes plain C; a dialect only spells syntax, through class attributes (helper
+``prefix``, ``cast``, ``typed_value``, ``generic`` / ``overload`` helper calls, ``out_arg``,
+qualifiers, type names, prelude) and the one dict ``code_for_op`` of op renderings built
+by ``c_ops``; the value walk (``targets/values.py``), the SSA locals, the sympy index
+printer, loads, stores, casts, 16-bit float handling, the accumulators of every reduction
+and scan kind and a serial ``render_body`` are shared.  ``HELPERS`` lists every helper the
+engine calls, which a dialect's prelude defines under its prefix.
 
 A kernel over a contiguous ``(s0, 64)`` float tensor computing ``relu(x) * 2``::
 
@@ -51,20 +55,18 @@ import torch
 
 from fxwrap.core.errors import EmitError
 from fxwrap.ir.loops import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, ScheduledKernel, acc_key, is_indirect,
-                            is_loop_var, load_buffer, load_index, load_mask, rvar, value_deps, walk, xvar)
+                            is_loop_var, load_buffer, load_index, load_mask, rvar, split_stores, value_deps, walk,
+                            xvar)
 from fxwrap.core.numerics import compute_dtype, holds_exact, illegal
 from fxwrap.core.templates import accumulators
 from fxwrap.runtime.kernel import KernelArg
 from fxwrap.targets.base import (KernelEmitter, KernelSource, Workspace, kernel_function_name, kernel_header,
                                   kernel_signature)
 from fxwrap.targets.index_printer import SympyIndexPrinter
+from fxwrap.targets.values import ValueWalker
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _call(fn: str) -> Callable[..., str]:
-    return lambda *args, dtype: f"{fn}({', '.join(args)})"
 
 
 def _infix(op: str) -> Callable[..., str]:
@@ -75,97 +77,135 @@ def _is_bool(dtype: torch.dtype) -> bool:
     return dtype == torch.bool
 
 
-# One rendering per op of fxwrap.ir.loops: argument strings (C locals, already of the op's
-# compute type) -> a C expression.  Subclasses copy the dict and replace entries.
-CSTYLE_OPS: dict[str, Callable[..., str]] = {
-    # unary
-    "neg": lambda x, dtype: f"!{x}" if _is_bool(dtype) else f"-{x}",
-    "abs": _call("fx_abs"),
-    "exp": _call("std::exp"), "exp2": _call("std::exp2"), "expm1": _call("std::expm1"),
-    "log": _call("std::log"), "log2": _call("std::log2"), "log10": _call("std::log10"),
-    "log1p": _call("std::log1p"), "sqrt": _call("std::sqrt"), "rsqrt": _call("fx_rsqrt"),
-    "sin": _call("std::sin"), "cos": _call("std::cos"), "tan": _call("std::tan"),
-    "asin": _call("std::asin"), "acos": _call("std::acos"), "atan": _call("std::atan"),
-    "sinh": _call("std::sinh"), "cosh": _call("std::cosh"), "tanh": _call("std::tanh"),
-    "asinh": _call("std::asinh"), "acosh": _call("std::acosh"), "atanh": _call("std::atanh"),
-    "erf": _call("std::erf"), "erfc": _call("std::erfc"), "erfinv": _call("fx_erfinv"),
-    "floor": _call("fx_floor"), "ceil": _call("fx_ceil"), "round": _call("fx_round"),
-    "trunc": _call("fx_trunc"), "sigmoid": _call("fx_sigmoid"), "sign": _call("fx_sign"),
-    "reciprocal": _call("fx_reciprocal"),
-    "logical_not": lambda x, dtype: f"!{x}",
-    "bitwise_not": lambda x, dtype: f"!{x}" if _is_bool(dtype) else f"~{x}",
-    "isnan": _call("fx_isnan"), "isinf": _call("fx_isinf"), "signbit": _call("fx_signbit"),
-    # binary
-    "add": lambda a, b, dtype: f"{a} || {b}" if _is_bool(dtype) else f"{a} + {b}",
-    "sub": lambda a, b, dtype: f"{a} != {b}" if _is_bool(dtype) else f"{a} - {b}",
-    "mul": lambda a, b, dtype: f"{a} && {b}" if _is_bool(dtype) else f"{a} * {b}",
-    "truediv": _infix("/"),
-    "floordiv": _call("fx_floordiv"), "truncdiv": _call("fx_truncdiv"),
-    "mod": _call("fx_mod"), "fmod": _call("fx_fmod"), "pow": _call("fx_pow"),
-    "maximum": _call("fx_max"), "minimum": _call("fx_min"),
-    "atan2": _call("std::atan2"), "copysign": _call("std::copysign"),
-    "logical_and": lambda a, b, dtype: f"({a} != 0) && ({b} != 0)",
-    "logical_or": lambda a, b, dtype: f"({a} != 0) || ({b} != 0)",
-    "logical_xor": lambda a, b, dtype: f"({a} != 0) != ({b} != 0)",
-    "bitwise_and": _infix("&"), "bitwise_or": _infix("|"), "bitwise_xor": _infix("^"),
-    "lshift": _call("fx_lshift"), "rshift": _call("fx_rshift"),
-    "lt": _infix("<"), "le": _infix("<="), "gt": _infix(">"), "ge": _infix(">="),
-    "eq": _infix("=="), "ne": _infix("!="),
-    # ternary
-    "where": lambda c, a, b, dtype: f"{c} ? {a} : {b}",
+#: Every helper the shared engine calls, without the dialect's prefix: a dialect's prelude
+#: defines each as ``<prefix><name>`` (C++: ``fx_imin``; the C99 example: ``c99_imin``), as an
+#: overload / template (C++, Metal) or once per type (C: ``<prefix><name>_<type>``, see
+#: ``CStyleEmitter.overload`` and ``generic``).  ``index``: the index printer's integer
+#: helpers (int64 arguments, never per type); ``ops``: the op table's (``c_ops``);
+#: ``reductions`` / ``scans``: the accumulators' (``ReductionAccumulator``, ``ScanState``).
+#: tests/null/test_c_dialects.py checks that each built-in dialect's prelude defines them.
+HELPERS: dict[str, tuple[str, ...]] = {
+    "index": ("imin", "imax", "ifloordiv", "imod", "ipow_index"),
+    "ops": ("abs", "rsqrt", "erfinv", "floor", "ceil", "round", "trunc", "sigmoid", "sign", "reciprocal",
+            "isnan", "isinf", "signbit", "floordiv", "truncdiv", "mod", "fmod", "pow", "max", "min",
+            "lshift", "rshift"),
+    "reductions": ("lowest", "highest", "sum_upd", "prod_upd", "max_upd", "min_upd", "any_upd", "all_upd",
+                   "argmax_upd", "argmin_upd", "welford_upd", "welford_cmb"),
+    "scans": ("logcumsumexp_upd", "cummax_upd", "cummin_upd"),
 }
 
+#: the ops a dialect's math library computes (``math`` + name: ``std::exp``, ``metal::exp``,
+#: C99 ``<tgmath.h>``'s type-generic ``exp``)
+LIBM_OPS = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "asin",
+            "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "atan2", "copysign")
 
 
-class CStyleEmitter(KernelEmitter):
+def c_ops(prefix: str = "fx_", math: str = "", overload: str = "{f}",
+          type_name: Callable[[torch.dtype], str] = str) -> dict[str, Callable[..., str]]:
+    """One rendering per op of ``fxwrap.ir.loops``: argument strings (C locals, already of the
+    op's compute type) -> a C expression.  A dialect builds its table with its spellings:
+    helpers are ``overload.format(f=prefix + name, t=type_name(dtype))`` (``fx_abs`` in C++,
+    ``c99_abs_float`` in C), libm calls ``math + name``; then it copies and replaces entries."""
+
+    def helper(name: str) -> Callable[..., str]:
+        return lambda *args, dtype: (f"{overload.format(f=prefix + name, t=type_name(dtype))}"
+                                     f"({', '.join(args)})")
+
+    def libm(name: str) -> Callable[..., str]:
+        return lambda *args, dtype: f"{math}{name}({', '.join(args)})"
+
+    ops: dict[str, Callable[..., str]] = {name: helper(name) for name in HELPERS["ops"]}
+    ops.update({name: libm(name) for name in LIBM_OPS})
+    del ops["max"], ops["min"]  # helpers of the ops maximum / minimum
+    ops.update({
+        "maximum": helper("max"), "minimum": helper("min"),
+        "neg": lambda x, dtype: f"!{x}" if _is_bool(dtype) else f"-{x}",
+        "logical_not": lambda x, dtype: f"!{x}",
+        "bitwise_not": lambda x, dtype: f"!{x}" if _is_bool(dtype) else f"~{x}",
+        "add": lambda a, b, dtype: f"{a} || {b}" if _is_bool(dtype) else f"{a} + {b}",
+        "sub": lambda a, b, dtype: f"{a} != {b}" if _is_bool(dtype) else f"{a} - {b}",
+        "mul": lambda a, b, dtype: f"{a} && {b}" if _is_bool(dtype) else f"{a} * {b}",
+        "truediv": _infix("/"),
+        "logical_and": lambda a, b, dtype: f"({a} != 0) && ({b} != 0)",
+        "logical_or": lambda a, b, dtype: f"({a} != 0) || ({b} != 0)",
+        "logical_xor": lambda a, b, dtype: f"({a} != 0) != ({b} != 0)",
+        "bitwise_and": _infix("&"), "bitwise_or": _infix("|"), "bitwise_xor": _infix("^"),
+        "lt": _infix("<"), "le": _infix("<="), "gt": _infix(">"), "ge": _infix(">="),
+        "eq": _infix("=="), "ne": _infix("!="),
+        "where": lambda c, a, b, dtype: f"{c} ? {a} : {b}",
+    })
+    return ops
+
+
+#: the C99 types of each dtype (<stdint.h>, <stdbool.h>); C has no 16-bit float
+C_TYPES: dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float64: "double",
+    torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
+    torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
+}
+
+# The C++ spelling of the table (kept for plugins that extend it: ``{**CSTYLE_OPS, ...}``).
+CSTYLE_OPS: dict[str, Callable[..., str]] = c_ops("fx_", "std::")
+
+
+class CStyleEmitter(KernelEmitter, ValueWalker):
     """The shared C-family renderer; ``render(kernel) -> KernelSource``.
 
-    Subclasses set the language options below and implement ``render_body`` (the
-    loop nest or thread indexing around the values this class renders), or use the
-    default one-thread-per-element ``render_body`` of grid targets (Metal) by setting
-    ``thread_index``.
+    The engine writes plain C99 (what a dialect that sets nothing gets); a **dialect** is a
+    subclass that only spells syntax, through the class attributes below: its helper
+    ``prefix``, type names, casts, typed values, helper instantiation (``generic`` /
+    ``overload``), in-out arguments, qualifiers, the op table ``code_for_op`` (``c_ops``)
+    and the ``prelude`` defining every helper of ``HELPERS`` under its prefix.  The values
+    (``Scope``), loads, stores, constants, casts, the index printer and the accumulators of
+    every reduction and scan kind (``ReductionAccumulator``, ``ScanState``) are written once
+    here, and so is a serial ``render_body`` (loop nests; reductions and scans one row at a
+    time).  C++/OpenMP (``cpu_cpp``) and Metal (``mps_metal``) replace ``render_body`` with
+    their parallel schedules over the same accumulators; the C99 example
+    (``examples/fxwrap-c99``) keeps it.  The C99 dialect, ``c99_`` helpers, whole::
+
+        class C99Emitter(CStyleEmitter):
+            prefix = "c99_"
+            code_for_op = c_ops("c99_", "", "{f}_{t}", C99_TYPES.__getitem__)
+            prelude = C99_PRELUDE
     """
 
     language = "c"
     comment = "//"
     headers: tuple[str, ...] = ()
-    prelude: str = ""                       # helpers every kernel includes (fx_*)
+    prelude: str = ""                       # defines every helper of HELPERS, as prefix + name
+    prefix = "fx_"                          # of every helper the engine calls (HELPERS)
     kernel_qualifier = ""                   # 'extern "C"' (C++), 'kernel' (Metal)
     buffer_qualifier = ""                   # address space of buffers: Metal 'device '
     const_qualifier = "const "              # read-only buffers
-    restrict_qualifier = "__restrict__"     # '' where unsupported
-    size_param_type = "const int64_t"       # Metal: 'constant int64_t&'
+    restrict_qualifier = "restrict"         # C++ '__restrict__'; '' where unsupported
+    size_param_type = "const int64_t"       # Metal: 'constant long&'
     index_type = "int64_t"
-    extra_params: tuple[str, ...] = ()      # Metal: ('uint3 gid [[thread_position_in_grid]]',)
-    thread_index: str | None = None         # grid targets: the global thread id expression
+    extra_params: tuple[str, ...] = ()      # parameters after the size symbols
     barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
     infinity = "INFINITY"
-    renders_scans = False  # a subclass that renders scan kernels (``ScanState``) sets it
+    nan = "NAN"
+    cast = "(({t})({x}))"                   # x converted to C type t; C++: 'static_cast<{t}>({x})'
+    typed_value = "(({t}){v})"              # literal v as a value of C type t; C++: '{t}({v})'
+    generic = "{f}_{t}"                     # helper f instantiated at C type t; C++: '{f}<{t}>'
+    overload = "{f}_{t}"                    # helper f called on values of C type t; C++: '{f}'
+    out_arg = "&{x}"                        # an argument a helper updates; C++ (references): '{x}'
+    renders_scans = True  # the scans of ir.loops.SCANS (``ScanState``) render on this target
     # the program may write a kernel's output into an input's storage where the kernel
     # allows it (``ScheduledKernel.in_place_pairs``: those pointers lose ``restrict``)
     writes_in_place = False
     # the dtype a sum / product / logcumsumexp scan of a dtype runs in, where it is not the
     # dtype's compute dtype (C++: float32 in double, as eager's CPU kernels do)
     scan_accumulate: dict[torch.dtype, torch.dtype] = {}
-    nan = "NAN"
     # storage type of each dtype (what pointers point to)
-    type_names: dict[torch.dtype, str] = {
-        torch.float32: "float", torch.float64: "double",
-        torch.bfloat16: "fx_bf16", torch.float16: "fx_half",
-        torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
-        torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
-        torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
-    }
+    type_names: dict[torch.dtype, str] = C_TYPES
     # 16-bit floats, held in float locals: (storage -> float, float -> storage, round)
-    half_types: dict[torch.dtype, tuple[str, str, str]] = {
-        torch.bfloat16: ("fx_bf16_to_float", "fx_float_to_bf16", "fx_bf16_round"),
-        torch.float16: ("fx_half_to_float", "fx_float_to_half", "fx_half_round"),
-    }
+    half_types: dict[torch.dtype, tuple[str, str, str]] = {}
     # 16-bit floats whose exact value a float local holds (a load, a rounding, an exact op
     # of them: ``EXACT_16BIT``) -> the function storing such a local without rounding it
     # again; a dtype not listed is stored through its rounding conversion (``half_types``)
     exact_half_stores: dict[torch.dtype, str] = {}
-    code_for_op: dict[str, Callable[..., str]] = CSTYLE_OPS
+    code_for_op: dict[str, Callable[..., str]] = c_ops("fx_", "", "{f}_{t}", C_TYPES.__getitem__)
 
     def __init__(self, target=None):
         super().__init__(target)
@@ -182,6 +222,27 @@ class CStyleEmitter(KernelEmitter):
     def ctype(self, dtype: torch.dtype) -> str:
         """The C type a local of ``dtype`` is held in (bf16/fp16: float)."""
         return self.storage_type(compute_dtype(dtype))
+
+    def helper(self, name: str, *args: str, type_name: str | None = None, inout: tuple[str, ...] = (),
+               generic: bool = False) -> str:
+        """A call of helper ``name`` (one of ``HELPERS``) in this dialect: prefixed, instantiated
+        at C type ``type_name`` (``generic``: a template's explicit type, else an overload's),
+        the ``inout`` arguments passed for update (``out_arg``) before ``args``::
+
+            fx_sum_upd<float>(rd0_a0, tmp3)      # C++: helper("sum_upd", "tmp3", type_name="float",
+            c99_sum_upd_float(&rd0_a0, tmp3)     # C99:        inout=("rd0_a0",), generic=True)
+        """
+        fn = self.prefix + name
+        if type_name is not None:
+            fn = (self.generic if generic else self.overload).format(f=fn, t=type_name)
+        return f"{fn}({', '.join([*(self.out_arg.format(x=a) for a in inout), *args])})"
+
+    def value_of(self, type_name: str, v) -> str:
+        """Literal ``v`` as a value of C type ``type_name``: ``float(0)`` (C++), ``((float)0)`` (C)."""
+        return self.typed_value.format(t=type_name, v=v)
+
+    def render_c_cast(self, type_name: str, x: str) -> str:
+        return self.cast.format(t=type_name, x=x)
 
     @property
     def target_name(self) -> str:
@@ -228,21 +289,116 @@ class CStyleEmitter(KernelEmitter):
     def launch_metadata(self, kernel: ScheduledKernel) -> dict:
         return {}
 
+    # ------------------------------------------------------------------ the serial schedule
     def render_body(self, kernel: ScheduledKernel, names: "LocalNames") -> list[str]:
-        """Grid targets: one thread per element of ``ranges`` (no reductions)."""
-        if self.thread_index is None:
-            raise EmitError(f"{type(self).__name__} must implement render_body or set thread_index")
-        if kernel.is_reduction or kernel.reduction_ranges:
-            raise EmitError(f"{type(self).__name__}: reductions need a target-specific "
-                            f"render_body (kernel {kernel.name})")
-        xvars = self.xvars(kernel)
-        fn = Scope(self, names, parent=None, kernel=kernel)
-        out = [f"const {self.index_type} xindex = {self.thread_index};",
-               f"if (xindex >= {self.numel(kernel.ranges)}) return;"]
-        out += self.decompose("xindex", xvars, kernel.ranges, names)
-        inner = Scope(self, names, parent=fn, declares=[v.name for v in xvars])
-        stores = self.render_stores(kernel, kernel.stores, inner)
-        return fn.lines + out + stores
+        """The function body: this serial schedule, which a dialect keeps (C99) or replaces
+        with a parallel one over the same ``Scope`` / accumulators (C++/OpenMP, Metal).
+
+        ``render_body`` builds its text from ``Scope``s that nest like its loops (``Scope(self,
+        names, parent, declares=[loop var names])``); ``scope.value(op)`` declares an op's local
+        in the outermost scope where its loop vars are declared, ``scope.flush_into(lines)``
+        moves those declarations to where the scope's loop body starts, ``render_stores``
+        writes stores, and a reduction's result becomes readable as its ``acc`` through
+        ``ReductionAccumulator.bind`` (``Scope.bind_acc``).  Pointwise: a loop nest::
+
+            for (int64_t x0 = 0; x0 < s0; ++x0) {
+              for (int64_t x1 = 0; x1 < 64; ++x1) {
+                const float tmp0 = in_ptr0[64*x0 + x1];
+                ...
+        """
+        if kernel.is_scan:
+            return self.serial_scan(kernel, names)
+        if kernel.reductions:
+            return self.serial_reduction(kernel, names)
+        fn = Scope(self, names, None, kernel=kernel)
+        vars_ = self.xvars(kernel) + self.rvars(kernel)  # without reductions, r vars are more loops
+        ranges = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
+        body = self.loop_nest(fn, vars_, ranges, lambda inner: self.render_stores(kernel, kernel.stores, inner))
+        return fn.lines + body
+
+    def loop_nest(self, parent: "Scope", vars_, ranges, body: Callable[["Scope"], list[str]]) -> list[str]:
+        """``for`` loops over ``vars_`` (outermost first) around ``body(innermost scope)``; each
+        loop's scope declares its var, so a value lands in the outermost loop it needs."""
+        scopes = [parent]
+        for v in vars_:
+            scopes.append(Scope(self, parent.names, scopes[-1], declares=[v.name]))
+        lines = body(scopes[-1])
+        for v, r, scope in reversed(list(zip(vars_, ranges, scopes[1:]))):
+            block: list[str] = []
+            append_block(block, f"for ({self.index_type} {v.name} = 0; {v.name} < {self.render_index(r)}; "
+                                f"++{v.name})", scope.lines + lines)
+            lines = block
+        return lines
+
+    def serial_reduction(self, kernel: ScheduledKernel, names: "LocalNames") -> list[str]:
+        """One output row (``xindex``) after the other: a pass over ``rindex`` per group of
+        reductions (``reduction_passes``), then the stores indexed by ``r`` (a last pass),
+        then those indexed by ``x`` only::
+
+            for (int64_t xindex = 0; xindex < s0; ++xindex) {
+              const int64_t x0 = xindex;
+              float rd0_a0 = 0;
+              for (int64_t rindex = 0; rindex < 67; ++rindex) {
+                const int64_t r0 = rindex;
+                const float tmp0 = in_ptr0[67*x0 + r0];
+                fx_sum_upd_float(&rd0_a0, tmp0);
+              }
+              out_ptr0[x0] = rd0_a0;
+            }
+        """
+        xv, rv = self.xvars(kernel), self.rvars(kernel)
+        if not rv:
+            raise EmitError(f"kernel {kernel.name} has reductions but no reduction_ranges (target {self.target_name})")
+        it = self.index_type
+        accs = [ReductionAccumulator(self, i, r) for i, r in enumerate(kernel.reductions)]
+        r_stores, x_stores = split_stores(kernel.stores, rv)
+        fn = Scope(self, names, None, kernel=kernel)
+        row = Scope(self, names, fn, declares=[v.name for v in xv])
+        r_loop = f"for ({it} rindex = 0; rindex < {self.numel(kernel.reduction_ranges)}; ++rindex)"
+        body = self.decompose("xindex", xv, kernel.ranges, names)
+
+        def over_r(statements: Callable[[Scope], list[str]]) -> list[str]:
+            inner = Scope(self, names, row, declares=[v.name for v in rv])
+            loop = self.decompose("rindex", rv, kernel.reduction_ranges, names)
+            done = statements(inner)
+            inner.flush_into(loop)
+            return loop + done
+
+        for p in reduction_passes(kernel, accs):
+            loop = over_r(lambda inner: [r.upd(r.names("a"), r.value(inner), "rindex") for r in p])
+            row.flush_into(body)
+            body += [f"{t} {a} = {init};" for r in p for (t, init), a in zip(r.states, r.names("a"))]
+            append_block(body, r_loop, loop)
+            for r in p:
+                body += r.finish(r.names("a"))
+                r.bind(row, r.names("a"))
+        if r_stores:
+            loop = over_r(lambda inner: self.render_stores(kernel, r_stores, inner))
+            row.flush_into(body)
+            append_block(body, r_loop, loop)
+        if x_stores:
+            stores = self.render_stores(kernel, x_stores, Scope(self, names, row))
+            row.flush_into(body)
+            body += stores
+        out: list[str] = []
+        append_block(out, f"for ({it} xindex = 0; xindex < {self.numel(kernel.ranges)}; ++xindex)", body)
+        return fn.lines + out
+
+    def serial_scan(self, kernel: ScheduledKernel, names: "LocalNames") -> list[str]:
+        """One row after the other, each a pass over ``r0`` (``scan_pass``)."""
+        fn = Scope(self, names, None, kernel=kernel)
+        xv = self.xvars(kernel)
+        row = Scope(self, names, fn, declares=[v.name for v in xv])
+        head, update, _ = self.scan_pass(kernel, names, row)
+        rv = self.rvars(kernel)[0].name
+        body = self.decompose("xindex", xv, kernel.ranges, names)
+        row.flush_into(body)
+        body += head
+        append_block(body, f"for ({self.index_type} {rv} = 0; {rv} < {self.render_index(kernel.reduction_ranges[0])}; "
+                           f"++{rv})", update)
+        out: list[str] = []
+        append_block(out, f"for ({self.index_type} xindex = 0; xindex < {self.numel(kernel.ranges)}; ++xindex)", body)
+        return fn.lines + out
 
     def scan_pass(self, kernel: ScheduledKernel, names: LocalNames, row: Scope):
         """``(state declarations, loop body)`` of one row's pass over ``r0``: the running
@@ -327,7 +483,7 @@ class CStyleEmitter(KernelEmitter):
 
     def symbol_name(self, sym: sympy.Symbol) -> str:
         name = sym.name
-        if not _IDENT.match(name) or re.match(r"^(tmp|in_ptr|out_ptr|rd|xi|rl|fx_)", name):
+        if not _IDENT.match(name) or re.match(rf"^(tmp|in_ptr|out_ptr|rd|xi|rl|fx_|{re.escape(self.prefix)})", name):
             raise EmitError(f"size symbol {name!r} cannot be a {self.language} parameter name "
                             f"(target {self.target_name}); rename it in the ShapeEnv mapping")
         return name
@@ -453,7 +609,7 @@ class CStyleEmitter(KernelEmitter):
         expr = self.render_cast(expr, dtype, op.dtype)
         if load_mask(op) is not None:  # a masked load reads nothing where its mask is false
             mask = scope.value(load_mask(op))
-            expr = f"{mask} ? {expr} : {self.ctype(op.dtype)}(0)"
+            expr = f"{mask} ? {expr} : {self.value_of(self.ctype(op.dtype), 0)}"
         return expr
 
     def render_const(self, value, dtype: torch.dtype) -> str:
@@ -503,16 +659,15 @@ class CStyleEmitter(KernelEmitter):
             return f"({x} != 0)"
         if dst in self.half_types:
             # torch goes through float: double -> float -> bf16 rounds twice, like c10
-            inner = x if compute_dtype(src) == torch.float32 else f"static_cast<float>({x})"
+            inner = x if compute_dtype(src) == torch.float32 else self.render_c_cast(self.ctype(torch.float32), x)
             return f"{self.half_types[dst][2]}({inner})"
         if src.is_floating_point and not cdst.is_floating_point:
             # float -> integer truncates; through int64 like c10 (defined for unsigned targets)
-            if cdst == torch.int64:
-                return f"static_cast<int64_t>({x})"
-            return f"static_cast<{self.ctype(cdst)}>(static_cast<int64_t>({x}))"
+            i64 = self.render_c_cast(self.ctype(torch.int64), x)
+            return i64 if cdst == torch.int64 else self.render_c_cast(self.ctype(cdst), i64)
         if self.ctype(src) == self.ctype(dst):
             return x
-        return f"static_cast<{self.ctype(dst)}>({x})"
+        return self.render_c_cast(self.ctype(dst), x)
 
     def render_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
         """The C expression of ``op`` over already-rendered argument locals; the kernel is
@@ -530,6 +685,34 @@ class CStyleEmitter(KernelEmitter):
         if (why := illegal(name, op.dtype, arg_dtypes)) is not None:
             raise EmitError(f"{why} (target {self.target_name})")
         return fn(*args, dtype=dtype)
+
+    # ------------------------------------------------------------------ the value walk's hooks
+    def value_home(self, scope: "Scope", op: Op) -> "Scope":
+        return scope.home(op)
+
+    def value_acc(self, home: "Scope", op: Op) -> tuple[str, bool]:
+        expr, dtype = Scope._acc_binding(home, op)
+        if dtype == op.dtype and _IDENT.match(expr):
+            return expr, True
+        return self.render_cast(expr, dtype, op.dtype), False
+
+    def value_load(self, home: "Scope", op: Op) -> str:
+        return self.render_load(op, home)
+
+    def value_const(self, op: Op) -> str:
+        return self.render_const(op.arg, op.dtype)
+
+    def value_index(self, op: Op) -> str:
+        return self.render_cast(self.render_index(op.arg), torch.int64, op.dtype)
+
+    def value_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        return self.render_op(op, args, arg_dtypes)
+
+    def value_local(self, home: "Scope") -> str:
+        return home.names.fresh("tmp")
+
+    def value_declaration(self, name: str, dtype: torch.dtype, expr: str) -> str:
+        return f"const {self.ctype(dtype)} {name} = {expr};"
 
     # ------------------------------------------------------------------ templates
     def template_epilogue(self, kernel: ScheduledKernel, parent: "Scope", accumulator: str) -> list[str]:
@@ -588,12 +771,12 @@ class _CIndexPrinter(SympyIndexPrinter):
     symbols come from the emitter (``int_literal``, ``symbol_name``)."""
 
     error = EmitError
-    max_fn, min_fn = "fx_imax", "fx_imin"
     and_op, or_op = "&&", "||"
     pow_error = "a non-natural power"
 
     def __init__(self, emitter: CStyleEmitter):
         self.em = emitter
+        self.max_fn, self.min_fn = emitter.prefix + "imax", emitter.prefix + "imin"
 
     @property
     def target_name(self) -> str:
@@ -635,7 +818,7 @@ class _CIndexPrinter(SympyIndexPrinter):
         return f"({'*'.join([b] * n)})"
 
     def symbolic_power(self, e, base, exp) -> str:
-        return f"fx_ipow_index({self.arg(base)}, {self.arg(exp)})"
+        return self.em.helper("ipow_index", self.arg(base), self.arg(exp))
 
     def div(self, a, b) -> str:
         return f"({self.expr(a)} / {self.expr(b)})"
@@ -653,10 +836,10 @@ class _CIndexPrinter(SympyIndexPrinter):
         return f"(-{text})"
 
     def floordiv_call(self, a_text: str, b_text: str) -> str:
-        return f"fx_ifloordiv({a_text}, {b_text})"
+        return self.em.helper("ifloordiv", a_text, b_text)
 
     def mod_call(self, a_text: str, b_text: str) -> str:
-        return f"fx_imod({a_text}, {b_text})"
+        return self.em.helper("imod", a_text, b_text)
 
     def where(self, c, a, b) -> str:
         return f"({self.expr(c)} ? {self.expr(a)} : {self.expr(b)})"
@@ -764,33 +947,9 @@ class Scope:
                         "uses; an acc may only be read after its reduction)")
 
     def value(self, op: Op) -> str:
-        """The C local holding ``op`` (declared on first use, operands first)."""
-        for node in walk(op):
-            if self.lookup(node) is None:
-                self._declare(node)
-        return self.lookup(op)[0]
-
-    def _declare(self, op: Op) -> None:
-        em = self.emitter
-        home = self.home(op)
-        if op.op == OpCode.ACC:
-            expr, dtype = self._acc_binding(home, op)
-            if dtype == op.dtype and _IDENT.match(expr):
-                home.env[op] = (expr, dtype)  # already a local: no copy
-                return
-            expr = em.render_cast(expr, dtype, op.dtype)
-        elif op.op == OpCode.LOAD:
-            expr = em.render_load(op, home)
-        elif op.op == OpCode.CONST:
-            expr = em.render_const(op.arg, op.dtype)
-        elif op.op == OpCode.INDEX:
-            expr = em.render_cast(em.render_index(op.arg), torch.int64, op.dtype)
-        else:
-            kids = [self.lookup(c) for c in op.src]
-            expr = em.render_op(op, [k[0] for k in kids], [k[1] for k in kids])
-        name = self.names.fresh("tmp")
-        home.lines.append(f"const {em.ctype(op.dtype)} {name} = {expr};")
-        home.env[op] = (name, op.dtype)
+        """The C local holding ``op`` (declared on first use, operands first: the emitter's
+        ``ValueWalker.value``, the walk every target shares)."""
+        return self.emitter.value(self, op)
 
     @staticmethod
     def _acc_binding(home: "Scope", op: Op):
@@ -818,14 +977,35 @@ def append_block(lines: list[str], head: str, body: list[str]) -> None:
     lines.append("}")
 
 
+def reduction_passes(kernel: ScheduledKernel, accs: list["ReductionAccumulator"]) -> list[list["ReductionAccumulator"]]:
+    """The reductions of ``kernel`` (their ``accs``, in order) as passes over the reduction
+    range: a reduction that reads an earlier one's ``acc`` (softmax's sum of ``exp(x - max)``)
+    starts a new pass, the others join the last one."""
+    by_name = {r.red.name: r for r in accs}
+    if len(by_name) != len(accs):
+        raise EmitError(f"kernel {kernel.name}: two reductions share a name")
+    passes: list[list[ReductionAccumulator]] = []
+    for r in accs:
+        reads = {acc_key(n)[0] for n in walk(r.red.value) if n.op == OpCode.ACC}
+        for name in sorted(reads):
+            if name not in by_name or by_name[name].k >= r.k:
+                raise EmitError(f"kernel {kernel.name}: reduction {r.red.name} reads acc "
+                                f"{name!r}, which is not an earlier reduction of the kernel")
+        if passes and not reads & {p.red.name for p in passes[-1]}:
+            passes[-1].append(r)
+        else:
+            passes.append([r])
+    return passes
+
+
 class ScanState:
     """One scan's running state in C-family source (``fxwrap.ir.loops.SCANS``): declared
-    per row, updated once per ``r`` (``fx_cumsum``: ``sc0_s0 += tmp3;``), read by the
+    per row, updated once per ``r`` (``cumsum``: ``sc0_s0 = sc0_s0 + tmp3;``), read by the
     stores after the update as the scan's ``acc``.  bf16/fp16 run in float, and a sum,
     product or logcumsumexp in the emitter's ``scan_accumulate`` dtype where it has one
     (C++: float32 in double; the ``acc`` is the state converted, rounded once); the
-    prelude's ``fx_logcumsumexp_upd`` / ``fx_cummax_upd`` / ``fx_cummin_upd`` follow
-    eager's CPU kernels (NaN propagates; cummax/cummin: ties and NaNs take the later
+    prelude's ``logcumsumexp_upd`` / ``cummax_upd`` / ``cummin_upd`` (``HELPERS["scans"]``)
+    follow eager's CPU kernels (NaN propagates; cummax/cummin: ties and NaNs take the later
     index)."""
 
     def __init__(self, em: "CStyleEmitter", k: int, red: Reduction):
@@ -834,14 +1014,14 @@ class ScanState:
         T = em.ctype(red.dtype)
         self.T = T
         if self.kind in ("cummax", "cummin"):
-            init = f"fx_lowest<{T}>()" if self.kind == "cummax" else f"fx_highest<{T}>()"
+            init = em.helper("lowest" if self.kind == "cummax" else "highest", type_name=T, generic=True)
             self.states = [(T, init), (em.ctype(torch.int64), "0")]
             self.fields = {0: (1, torch.int64), 1: (0, red.dtype)}
         else:
             acc = em.scan_accumulate.get(red.dtype, compute_dtype(red.dtype))
             T = self.T = em.ctype(acc)
             init = {"cumsum": "0", "cumprod": "1", "logcumsumexp": f"-{em.infinity}"}[self.kind]
-            self.states = [(T, f"{T}({init})" if init[0] != "-" else init)]
+            self.states = [(T, em.value_of(T, init) if init[0] != "-" else init)]
             self.fields = {0: (0, acc)}
 
     def names(self) -> list[str]:
@@ -872,8 +1052,8 @@ class ScanState:
         if self.kind == "cumprod":
             return f"{s[0]} = {s[0]} * {v};"
         if self.kind == "logcumsumexp":
-            return f"fx_logcumsumexp_upd({s[0]}, {v});"
-        return f"fx_{self.kind}_upd<{self.T}>({s[0]}, {s[1]}, {v}, {index});"
+            return self.em.helper("logcumsumexp_upd", v, type_name=self.T, inout=(s[0],)) + ";"
+        return self.em.helper(f"{self.kind}_upd", v, index, type_name=self.T, inout=(s[0], s[1]), generic=True) + ";"
 
     def combine(self, into: list[str], later: list[str]) -> str:
         """The statement folding the state ``later`` (of the elements after those ``into``
@@ -885,10 +1065,12 @@ class ScanState:
     def merge(self, into: list[str], other: list[str]) -> str:
         """Like ``combine``, where ``other`` may hold elements before ``into``'s (the lanes of
         one chunk: element ``j`` in lane ``j % lanes``): cummax/cummin compare indices
-        (``fx_cumextreme_merge``), the other scans commute."""
+        (the C++ prelude's ``fx_cumextreme_merge``: only the C++ split scan merges lanes),
+        the other scans commute."""
         if self.kind in ("cummax", "cummin"):
             flag = "true" if self.kind == "cummax" else "false"
-            return f"fx_cumextreme_merge<{flag}, {self.T}>({into[0]}, {into[1]}, {other[0]}, {other[1]});"
+            return self.em.helper("cumextreme_merge", other[0], other[1], type_name=f"{flag}, {self.T}",
+                                  inout=(into[0], into[1]), generic=True) + ";"
         return self.combine(into, other)
 
     def bind(self, scope: "Scope", states: list[str] | None = None) -> None:
@@ -898,37 +1080,45 @@ class ScanState:
 
 
 class ReductionAccumulator:
-    """One reduction's accumulator state and its update / combine statements in C-family
-    source (``fx_sum_upd<float>(rd0_a0, tmp3);``); the C++ emitter uses it as it is, the Metal
-    emitter subclasses it with Metal types and SIMD-group combines."""
+    """One reduction's accumulator state and its update / combine statements, written once
+    for every C dialect (``fx_sum_upd<float>(rd0_a0, tmp3);`` in C++,
+    ``c99_sum_upd_float(&rd0_a0, tmp3);`` in C99); each kind is a row of ``KINDS``: its states
+    (C type role, initial value), then the helpers of ``HELPERS["reductions"]`` that update a
+    state with one value and combine two states.  The C++ schedule uses it as it is, the
+    Metal one adds SIMD-group combines (``mps_metal.reduction.MetalRed``).
+
+    States are named ``rd<k>_<tag><i>`` (``rd0_a0``); a reduction's ``acc`` fields read them
+    (``bind``): field 0 is the result (argmax: the index; welford: the mean), then the others.
+    """
+
+    # kind -> initial values, by state: 'zero', 'one', 'false', 'true', 'lowest', 'highest',
+    # 'value0' (0 of the value type), 'index' (-1) and 'count' (0, int64)
+    KINDS: dict[str, tuple[str, ...]] = {
+        "sum": ("zero",), "prod": ("one",), "max": ("lowest",), "min": ("highest",),
+        "any": ("false",), "all": ("true",), "argmax": ("value0", "index"), "argmin": ("value0", "index"),
+        "welford": ("zero", "zero", "count"),
+    }
+    # which state each acc field reads
+    FIELDS: dict[str, tuple[int, ...]] = {"argmax": (1, 0), "argmin": (1, 0), "welford": (0, 1, 2)}
 
     def __init__(self, em: "CStyleEmitter", k: int, red: Reduction):
         self.em, self.k, self.red, self.kind = em, k, red, red.kind
         self.base = f"rd{k}"
+        if red.kind not in self.KINDS:  # pragma: no cover - CStyleEmitter.check rejects it first
+            raise EmitError(f"reduction kind {red.kind!r} (target {em.target_name})")
         vdt = red.value.dtype
-        kind = red.kind
-        if kind in ("any", "all"):
-            self.acc_dtype = torch.bool
-        elif kind in ("argmax", "argmin"):
-            self.acc_dtype = vdt
-        else:
-            self.acc_dtype = red.dtype
-        T = em.ctype(self.acc_dtype)
-        self.T = T
-        inits = {"sum": "0", "prod": "1", "max": f"fx_lowest<{T}>()", "min": f"fx_highest<{T}>()",
-                 "any": "false", "all": "true"}
-        if kind in inits:
-            self.states = [(T, inits[kind])]
-            self.fields = {0: (0, self.acc_dtype)}
-        elif kind in ("argmax", "argmin"):
-            self.states = [(T, f"{T}(0)"), ("int64_t", "-1")]
-            self.fields = {0: (1, torch.int64), 1: (0, self.acc_dtype)}
-        elif kind == "welford":
-            self.states = [(T, "0"), (T, "0"), ("int64_t", "0")]
-            self.fields = {0: (0, self.acc_dtype), 1: (1, self.acc_dtype), 2: (2, torch.int64)}
-        else:  # pragma: no cover - CStyleEmitter.check rejects it first
-            raise EmitError(f"reduction kind {kind!r}")
-        self.flushable = kind == "sum" and self.acc_dtype.is_floating_point
+        self.acc_dtype = torch.bool if red.kind in ("any", "all") else vdt if red.kind in ("argmax", "argmin") \
+            else red.dtype
+        T = self.T = em.ctype(self.acc_dtype)
+        i64 = em.ctype(torch.int64)
+        inits = {"zero": (T, "0"), "one": (T, "1"), "false": (T, "false"), "true": (T, "true"),
+                 "lowest": (T, em.helper("lowest", type_name=T, generic=True)),
+                 "highest": (T, em.helper("highest", type_name=T, generic=True)),
+                 "value0": (T, em.value_of(T, 0)), "index": (i64, "-1"), "count": (i64, "0")}
+        self.states = [inits[role] for role in self.KINDS[red.kind]]
+        dtypes = [torch.int64 if role in ("index", "count") else self.acc_dtype for role in self.KINDS[red.kind]]
+        self.fields = {f: (i, dtypes[i]) for f, i in enumerate(self.FIELDS.get(red.kind, (0,)))}
+        self.flushable = red.kind == "sum" and self.acc_dtype.is_floating_point
 
     def names(self, tag: str) -> list[str]:
         return [f"{self.base}_{tag}{i}" for i in range(len(self.states))]
@@ -943,33 +1133,29 @@ class ReductionAccumulator:
         return self.em.ctype(self.red.value.dtype)
 
     def upd(self, st: list[str], v: str, idx: str) -> str:
-        T, kind = self.T, self.kind
-        if kind in ("sum", "prod", "max", "min"):
-            return f"fx_{kind}_upd<{T}>({st[0]}, {v});"
-        if kind in ("any", "all"):
-            return f"fx_{kind}_upd<{self.value_type()}>({st[0]}, {v});"
-        if kind in ("argmax", "argmin"):
-            return f"fx_{kind}_upd<{T}>({st[0]}, {st[1]}, {v}, {idx});"
-        return f"fx_welford_upd<{T}>({st[0]}, {st[1]}, {st[2]}, {v});"
+        """The statement folding value ``v`` (at reduction index ``idx``) into states ``st``."""
+        if self.kind in ("any", "all"):
+            return self.em.helper(f"{self.kind}_upd", v, type_name=self.value_type(), inout=(st[0],),
+                                  generic=True) + ";"
+        args = (v, idx) if self.kind in ("argmax", "argmin") else (v,)
+        return self.em.helper(f"{self.kind}_upd", *args, type_name=self.T, inout=tuple(st), generic=True) + ";"
 
     def cmb(self, a: list[str], b: list[str]) -> str:
-        T, kind = self.T, self.kind
-        if kind in ("sum", "prod", "max", "min"):
-            return f"fx_{kind}_upd<{T}>({a[0]}, {b[0]});"
-        if kind == "any":
+        """The statement folding states ``b`` into states ``a`` (``b`` covers later indices)."""
+        if self.kind == "any":
             return f"{a[0]} = {a[0]} || {b[0]};"
-        if kind == "all":
+        if self.kind == "all":
             return f"{a[0]} = {a[0]} && {b[0]};"
-        if kind in ("argmax", "argmin"):
-            return f"fx_{kind}_upd<{T}>({a[0]}, {a[1]}, {b[0]}, {b[1]});"
-        return f"fx_welford_cmb<{T}>({a[0]}, {a[1]}, {a[2]}, {b[0]}, {b[1]}, {b[2]});"
+        name = "welford_cmb" if self.kind == "welford" else f"{self.kind}_upd"
+        return self.em.helper(name, *b, type_name=self.T, inout=tuple(a), generic=True) + ";"
 
     def finish(self, st: list[str]) -> list[str]:
         """Round 16-bit float results to their dtype (in place)."""
         if self.acc_dtype not in self.em.half_types or self.kind in ("argmax", "argmin"):
             return []
         rnd = self.em.half_types[self.acc_dtype][2]
-        return [f"{s} = {rnd}({s});" for s, (t, _) in zip(st, self.states) if t != "int64_t"]
+        i64 = self.em.ctype(torch.int64)
+        return [f"{s} = {rnd}({s});" for s, (t, _) in zip(st, self.states) if t != i64]
 
     def bind(self, scope: Scope, exprs: list[str]) -> None:
         for field, (i, dtype) in self.fields.items():

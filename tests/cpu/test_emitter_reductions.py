@@ -10,8 +10,10 @@ import pytest
 import sympy
 import torch
 
-from emitter_helpers import (Reduction, Store, acc, buf, build, cast, const, kernel, ld, op, r0, r1,
-                             rand, s0, s1, x0, x1)
+from emitter_helpers import (Reduction, Store, acc, buf, build, build_with, cast, const, kernel, ld, op, r0,
+                             r1, rand, s0, s1, x0, x1)
+from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+from fxwrap.targets.cstyle import CStyleEmitter
 
 F32, F64, BF16, I64 = torch.float32, torch.float64, torch.bfloat16, torch.int64
 BOOL = torch.bool
@@ -316,3 +318,47 @@ def test_static_shapes_pick_one_path(m, n, column):
     torch.testing.assert_close(o[0], x.sum(dim), rtol=1e-5, atol=5e-4)
     torch.testing.assert_close(o[1], x.var(dim) * (x.shape[dim] - 1), rtol=1e-4, atol=1e-3)
     assert torch.equal(i, x.argmin(dim))
+
+
+class _SerialCpp(CppEmitter):
+    """The engine's serial schedule (``CStyleEmitter.render_body``: what the C99 example
+    target keeps) in the C++ dialect: one row after the other, a pass per reduction group."""
+
+    def render_body(self, kernel, names):
+        return CStyleEmitter.render_body(self, kernel, names)
+
+
+@pytest.mark.parametrize("which", ["inner", "outer"])
+def test_serial_schedule_every_reduction_kind(which):
+    k = inner_kernel() if which == "inner" else outer_kernel()
+    launch, src = build_with(_SerialCpp(), k)
+    assert "#pragma omp" not in src.text.split('extern "C" void')[1]
+    for m, n in [(5, 7), (3, 1), (4, 300)]:
+        x, p = _inputs(m, n, nan_rows=True, dim=1 if which == "inner" else 0)
+        outs = m if which == "inner" else n
+        of, ob, oi = torch.empty(7, outs), torch.empty(2, outs, dtype=BOOL), torch.empty(3, outs, dtype=I64)
+        launch(x, p, of, ob, oi, m, n)
+        _check_all(of, ob, oi, x, p, 1 if which == "inner" else 0)
+
+
+def test_serial_schedule_softmax_passes_and_scans():
+    launch, src = build_with(_SerialCpp(), softmax_kernel(column=False))
+    x = rand((6, 33), low=-10, high=10)
+    y, lse = torch.empty(6, 33), torch.empty(6)
+    launch(x, y, lse, 6, 33)
+    torch.testing.assert_close(y, torch.softmax(x, 1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse, torch.logsumexp(x, 1), rtol=1e-5, atol=1e-5)
+    X = ld("x", s1 * x0 + r0)
+    scans = [Reduction("cs", "cumsum", X, F32), Reduction("cm", "cummax", X, F32)]
+    k = kernel("scans", [buf("x", (s0, s1))], [buf("c", (s0, s1)), buf("m", (s0, s1)), buf("i", (s0, s1), I64)],
+               [Store("c", s1 * x0 + r0, acc("cs", F32)), Store("m", s1 * x0 + r0, acc("cm", F32, 1)),
+                Store("i", s1 * x0 + r0, acc("cm", I64, 0))],
+               ranges=(s0,), reduction_ranges=(s1,), reductions=scans, sizes=(s0, s1))
+    launch, src = build_with(_SerialCpp(), k)
+    x = rand((4, 50))
+    x[:, 10] = x[:, 20] = 9.0  # ties: the later index
+    c, m, i = torch.empty(4, 50), torch.empty(4, 50), torch.empty(4, 50, dtype=I64)
+    launch(x, c, m, i, 4, 50)
+    torch.testing.assert_close(c, x.cumsum(1), rtol=1e-5, atol=1e-5)
+    expected = x.cummax(1)
+    assert torch.equal(m, expected.values) and torch.equal(i, expected.indices)

@@ -61,3 +61,13 @@ def test_readme_commands_need_only_python_and_pip():
         for step in command.split("&&"):
             words = shlex.split(step)
             assert words[:2] == ["python", "-m"], f"{step.strip()!r}: a fresh machine has python, not this"
+
+
+def test_every_example_package_is_installed_and_tested():
+    """Each installable example (``examples/*/pyproject.toml``) is installed and its tests run."""
+    tests = _ci_commands()[1]
+    examples = sorted(p.parent.name for p in (ROOT / "examples").glob("*/pyproject.toml"))
+    assert examples, "no example package found"
+    for name in examples:
+        assert f"python -m pip install -e examples/{name} " in tests
+        assert f" examples/{name}/tests" in tests

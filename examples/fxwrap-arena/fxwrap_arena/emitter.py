@@ -1,10 +1,8 @@
 """The arena's kernel flavour: fxwrap's C++ emitter with its own prologue and ``tanh``."""
 import fxwrap
 
-ARENA_PRELUDE = """
-// arena flavour: tanh through one vendor hook (a real team would call its own math library)
-template <typename T> static inline T arena_tanh(T x) { return std::tanh(x); }
-"""
+# arena flavour: tanh through one vendor hook (a real team would call its own math library)
+ARENA_PRELUDE = "\ntemplate <typename T> static inline T arena_tanh(T x) { return std::tanh(x); }\n"
 
 
 class ArenaEmitter(fxwrap.CppEmitter):

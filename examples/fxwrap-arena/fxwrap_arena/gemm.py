@@ -1,11 +1,5 @@
-"""The arena target's own GEMM template: a blocked C++ ``mm`` / ``addmm`` (float32) with
-fxwrap's epilogue fused in -- what a vendor writes to plug its GEMM library in.
-
-A vendor's real template would call its library's micro-kernel where this one has the
-three plain loops; the rest is the same: declare the op (``ops``), say when it does not
-apply (``refusal``), and render a kernel whose stores are the epilogue, with the
-emitter printing them (``template_epilogue``) and wrapping the body (``template_source``).
-"""
+"""The arena target's own GEMM template: a blocked float32 ``mm`` / ``addmm`` with fxwrap's
+epilogue fused in, where a vendor would call its GEMM library (see docs/templates.md)."""
 import torch
 
 import fxwrap
@@ -15,22 +9,15 @@ aten = torch.ops.aten
 
 
 class ArenaBlockedGemm(fxwrap.Template):
-    """``C = A @ B`` in ``BLOCK x BLOCK`` output blocks (one OpenMP task each), the block's
-    sums in a local array, then the epilogue over the block::
-
-        for each block (m0, n0):
-            acc[i][j] = sum_k A[m0 + i, k] * B[k, n0 + j]
-            for i, j in the block: x0 = m0 + i; x1 = n0 + j; <stores over template_out = acc[i][j]>
-    """
+    """``C = A @ B`` in ``BLOCK x BLOCK`` output blocks (one OpenMP task each): the block's sums
+    in ``acc[i][j]``, then the epilogue's stores over ``template_out = acc[i][j]``."""
 
     name = "arena_blocked_gemm"
     ops = frozenset({aten.mm.default, aten.addmm.default})
     BLOCK = 32
 
     def refusal(self, call):
-        if call.dtype != torch.float32:
-            return f"{call.dtype} operands (arena_blocked_gemm computes float32)"
-        return None
+        return None if call.dtype == torch.float32 else f"{call.dtype} operands (arena_blocked_gemm computes float32)"
 
     def render(self, kernel, emitter):
         call = kernel.template

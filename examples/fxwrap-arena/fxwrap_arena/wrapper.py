@@ -1,9 +1,6 @@
-"""Runs an fxwrap GraphModule out of one preallocated byte arena, without ``gm.forward``.
-
-Intermediate ``empty_strided`` storages get arena ranges, live from allocation to
-``free`` node; outputs and functional externs' results (ATen schemas: never an
-alias of an input) are allocated per call.  See docs/adding-a-device.md.
-"""
+"""Runs an fxwrap GraphModule out of one preallocated byte arena, without ``gm.forward``: intermediate
+``empty_strided`` storages get arena ranges, live from allocation to ``free`` node; outputs and functional
+externs' results (never an alias of an input) are allocated per call.  See docs/adding-a-device.md."""
 from __future__ import annotations
 
 import itertools
@@ -58,17 +55,7 @@ def span(size, stride) -> int:
 
 def _reader(a, slot):
     """``env -> value`` of an FX argument, nodes read from their ``env`` slot."""
-    if isinstance(a, torch.fx.Node):
-        return operator.itemgetter(slot[a])
-    found = []
-    torch.fx.node.map_arg(a, found.append)
-    if not found:
-        return lambda env: a
-    if isinstance(a, dict):
-        items = [(k, _reader(v, slot)) for k, v in a.items()]
-        return lambda env: {k: r(env) for k, r in items}
-    parts, kind = [_reader(x, slot) for x in a], type(a)
-    return lambda env: kind([r(env) for r in parts])
+    return lambda env: torch.fx.node.map_arg(a, lambda n: env[slot[n]])
 
 
 class ArenaProgram:

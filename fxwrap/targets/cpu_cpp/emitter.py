@@ -51,12 +51,13 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, Store, acc_key, load_buffer, split_stores, walk
+from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, Store, load_buffer, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cpu_cpp.scan import ScanCode
 from fxwrap.targets.host.compiler import SharedPrelude
-from fxwrap.targets.cstyle import (CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
+from fxwrap.targets.cstyle import (C_TYPES, CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
+                                   reduction_passes,
                                    c_operand as _operand)
 
 #: the prelude, precompiled once (host.compiler: g++ then skips parsing it in every kernel),
@@ -72,6 +73,18 @@ class CppEmitter(CStyleEmitter):
     """
 
     language = "c++"
+    # the C++ dialect's spellings (CStyleEmitter's attributes)
+    restrict_qualifier = "__restrict__"
+    cast = "static_cast<{t}>({x})"
+    typed_value = "{t}({v})"
+    generic = "{f}<{t}>"                    # fx_sum_upd<float>(...): the prelude's templates
+    overload = "{f}"                        # fx_abs(x): overloads and deduced templates
+    out_arg = "{x}"                         # T& parameters
+    type_names = {**C_TYPES, torch.bfloat16: "fx_bf16", torch.float16: "fx_half"}
+    half_types = {
+        torch.bfloat16: ("fx_bf16_to_float", "fx_float_to_bf16", "fx_bf16_round"),
+        torch.float16: ("fx_half_to_float", "fx_float_to_half", "fx_half_round"),
+    }
     load_threads = min(8, os.cpu_count() or 1)  # g++ runs as a subprocess: compile in parallel
     kernel_qualifier = 'extern "C"'
     renders_scans = True
@@ -290,10 +303,7 @@ class _ReductionCode:
         if not self.rv:
             raise EmitError(f"kernel {kernel.name} has reductions but no reduction_ranges")
         self.reds = [ReductionAccumulator(em, i, r) for i, r in enumerate(kernel.reductions)]
-        by_name = {r.red.name: r for r in self.reds}
-        if len(by_name) != len(self.reds):
-            raise EmitError(f"kernel {kernel.name}: two reductions share a name")
-        self.passes = self._passes(by_name)
+        self.passes = reduction_passes(kernel, self.reds)
         self.r_stores, self.x_stores = split_stores(kernel.stores, self.rv)
         self.xnumel = sympy.Mul(*self.xr) if self.xr else sympy.Integer(1)
         self.rnumel = sympy.Mul(*self.rr)
@@ -339,20 +349,6 @@ class _ReductionCode:
                 for st, v in self.stash]
 
     # -- analysis --------------------------------------------------------------
-    def _passes(self, by_name) -> list[list[ReductionAccumulator]]:
-        passes: list[list[ReductionAccumulator]] = []
-        for r in self.reds:
-            reads = {acc_key(n)[0] for n in walk(r.red.value) if n.op == OpCode.ACC}
-            for name in reads:
-                if name not in by_name or by_name[name].k >= r.k:
-                    raise EmitError(f"kernel {self.k.name}: reduction {r.red.name} reads acc "
-                                    f"{name!r}, which is not an earlier reduction of the kernel")
-            if passes and not reads & {p.red.name for p in passes[-1]}:
-                passes[-1].append(r)
-            else:
-                passes.append([r])
-        return passes
-
     def _is_column(self) -> bool:
         """Reduce over an outer dim with contiguous outputs: iterate r outer, x inner."""
         if not self.xv:

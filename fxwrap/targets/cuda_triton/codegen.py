@@ -35,6 +35,7 @@ from fxwrap.targets.cstyle import EmitError  # the builder keeps such kernels as
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.printer import IndexPrinter
 from fxwrap.targets.cuda_triton.tiling import Plan
+from fxwrap.targets.values import ValueWalker
 
 RESERVED = frozenset("""xnumel ynumel rnumel xoffset yoffset roffset xindex yindex rindex xmask ymask rmask
 xrmask rbase pid xblocks XBLOCK YBLOCK RBLOCK NSPLIT split rchunk rstart rend tl triton libdevice""".split())
@@ -80,7 +81,7 @@ class _Scope:
         return self._nearest("accs", key)
 
 
-class KernelWriter:
+class KernelWriter(ValueWalker):
     """``KernelWriter(kernel, plan).write() -> (function lines, helper names, params)``."""
 
     def __init__(self, kernel: ScheduledKernel, plan: Plan, target_name: str = "triton"):
@@ -171,45 +172,45 @@ class KernelWriter:
                            "which are not available where it is used (target "
                            f"{self.target_name})")
 
-    def value(self, scope: _Scope, op: Op) -> str:
-        for node in walk(op):
-            if scope.lookup(node) is None:
-                self._declare(scope, node)
-        return scope.lookup(op)[0]
+    # the shared value walk (``targets.values.ValueWalker.value(scope, op)``): its hooks
+    def value_home(self, scope: _Scope, op: Op) -> _Scope:
+        return self.home(scope, op)
 
-    def _declare(self, scope: _Scope, op: Op) -> None:
-        home = self.home(scope, op)
-        if op.op == OpCode.ACC:
-            key = acc_key(op)
-            bound = home.acc(key)
-            if bound is None:
-                raise CodegenError(f"kernel {self.k.name}: acc {key} is read before reduction "
-                                   f"{key[0]!r} has a result")
-            name, dtype = bound
-            if dtype == op.dtype or O.compute_dtype(dtype) == O.compute_dtype(op.dtype) and op.dtype not in O.HALF:
-                home.env[op] = (name, op.dtype)
-                return
-            expr = O.cast(name, dtype, op.dtype)
-        elif op.op == OpCode.LOAD:
-            expr = self.load(home, op)
-        elif op.op == OpCode.CONST:
-            expr = O.const_literal(op.arg, op.dtype)
-        elif op.op == OpCode.INDEX:
-            e = op.arg
-            if e.is_Integer:
-                expr = O.const_literal(int(e), op.dtype)
-            else:
-                src = torch.int64 if self.int64 else torch.int32
-                expr = O.cast(f"({self.idx(e)})", src, op.dtype)
-        else:
-            kids = [home.lookup(c) for c in op.src]
-            try:
-                expr = self.ops.op(op.op, op.dtype, [k[0] for k in kids], [k[1] for k in kids])
-            except O.OpError as e:
-                raise CodegenError(f"{e} (kernel {self.k.name})") from None
-        name = self.fresh()
-        home.lines.append(f"{name} = {expr}")
-        home.env[op] = (name, op.dtype)
+    def value_acc(self, home: _Scope, op: Op) -> tuple[str, bool]:
+        key = acc_key(op)
+        bound = home.acc(key)
+        if bound is None:
+            raise CodegenError(f"kernel {self.k.name}: acc {key} is read before reduction "
+                               f"{key[0]!r} has a result")
+        name, dtype = bound
+        if dtype == op.dtype or O.compute_dtype(dtype) == O.compute_dtype(op.dtype) and op.dtype not in O.HALF:
+            return name, True
+        return O.cast(name, dtype, op.dtype), False
+
+    def value_load(self, home: _Scope, op: Op) -> str:
+        return self.load(home, op)
+
+    def value_const(self, op: Op) -> str:
+        return O.const_literal(op.arg, op.dtype)
+
+    def value_index(self, op: Op) -> str:
+        e = op.arg
+        if e.is_Integer:
+            return O.const_literal(int(e), op.dtype)
+        src = torch.int64 if self.int64 else torch.int32
+        return O.cast(f"({self.idx(e)})", src, op.dtype)
+
+    def value_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        try:
+            return self.ops.op(op.op, op.dtype, args, arg_dtypes)
+        except O.OpError as e:
+            raise CodegenError(f"{e} (kernel {self.k.name})") from None
+
+    def value_local(self, home: _Scope) -> str:
+        return self.fresh()
+
+    def value_declaration(self, name: str, dtype: torch.dtype, expr: str) -> str:
+        return f"{name} = {expr}"
 
     def load(self, scope: _Scope, op: Op) -> str:
         buf, index = load_buffer(op), load_index(op)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from fxwrap.targets.cstyle import EmitError  # the builder keeps such kernels as ATen externs
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -261,14 +262,94 @@ def cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     return f"{x}.to({TL_TYPES[cdst]})"
 
 
+def _infix(op: str) -> Callable[..., str]:
+    return lambda r, t, x, b: f"({x} {op} {b})"
+
+
+def _by_kind(floating: Callable[..., str], integer: Callable[..., str]) -> Callable[..., str]:
+    return lambda r, t, *a: (floating if t.is_floating_point else integer)(r, t, *a)
+
+
+def _div(x: str, b: str, t: torch.dtype) -> str:
+    """IEEE division (Triton's float32 ``/`` is the approximate one)."""
+    return f"tl.math.div_rn({x}, {b})" if t == torch.float32 else f"({x} / {b})"
+
+
+def _sign(r, t, x):
+    if t == torch.bool:
+        return x
+    z = "0.0" if t.is_floating_point else "0"
+    return f"((({z} < {x}).to({TL_TYPES[t]})) - (({x} < {z}).to({TL_TYPES[t]})))"
+
+
+def _shift(name: str) -> Callable[..., str]:
+    def render(r, t, x, b):
+        bits = _BITS.get(t)
+        if bits is None:
+            raise OpError(f"op {name!r} on {t} (target {r.target_name})")
+        out_of_range = f"(({b} < 0) | ({b} >= {bits}))"
+        safe = f"tl.where({out_of_range}, 0, {b})"
+        if name == "lshift":
+            return f"tl.where({out_of_range}, 0, {x} << {safe})"
+        fill = f"tl.where({x} < 0, -1, 0)" if t != torch.uint8 else "0"
+        return f"tl.where({out_of_range}, {fill}, {x} >> {safe})"
+    return render
+
+
+# One rendering per loop-IR op: ``(renderer, compute dtype t, *operand locals) -> expression``
+# (float unary math: ``_FLOAT_UNARY``, by float width).  ``r.need(helper)`` names a helper of
+# ``HELPERS`` and makes the kernel module define it.
+TRITON_OPS: dict[str, Callable[..., str]] = {
+    **{name: (lambda r, t, x: x) for name in ("floor", "ceil", "round", "trunc")},  # integers
+    "neg": lambda r, t, x: f"({x} == 0)" if t == torch.bool else f"-{x}",
+    "abs": lambda r, t, x: x if t in (torch.bool, torch.uint8) else f"tl.abs({x})",
+    "sign": _sign,
+    "reciprocal": lambda r, t, x: (f"tl.math.div_rn(tl.full([], 1.0, tl.float32), {x})" if t == torch.float32
+                                   else f"1.0 / {x}"),
+    "logical_not": lambda r, t, x: f"({x} == 0)",
+    "bitwise_not": lambda r, t, x: f"({x} == 0)" if t == torch.bool else f"~{x}",
+    "isnan": lambda r, t, x: f"({x} != {x})",
+    "isinf": _by_kind(lambda r, t, x: f"(tl.abs({x}) == float(\"inf\"))", lambda r, t, x: f"({x} != {x})"),
+    "signbit": _by_kind(lambda r, t, x: f"(libdevice.signbit({x}) != 0)", lambda r, t, x: f"({x} < 0)"),
+    "where": lambda r, t, c, x, b: f"tl.where({c}, {x}, {b})",
+    "index_check": lambda r, t, v, low, high: f"{r.need('_fx_index_check')}({v}, {low}, {high})",
+    **{name: _infix(op) for name, op in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="), ("eq", "=="),
+                                         ("ne", "!="), ("bitwise_and", "&"), ("bitwise_or", "|"))},
+    "add": lambda r, t, x, b: f"({x} | {b})" if t == torch.bool else f"({x} + {b})",
+    "sub": lambda r, t, x, b: f"({x} != {b})" if t == torch.bool else f"({x} - {b})",
+    "mul": lambda r, t, x, b: f"({x} & {b})" if t == torch.bool else f"({x} * {b})",
+    "truediv": lambda r, t, x, b: _div(x, b, t),
+    "floordiv": _by_kind(lambda r, t, x, b: f"{r.need('_fx_floordiv_f')}({x}, {b})",
+                         lambda r, t, x, b: f"{r.need('_fx_floordiv_i')}({x}, {b})"),
+    "truncdiv": _by_kind(lambda r, t, x, b: f"libdevice.trunc({_div(x, b, t)})",
+                         lambda r, t, x, b: f"{r.need('_fx_truncdiv_i')}({x}, {b})"),
+    "mod": _by_kind(lambda r, t, x, b: f"{r.need('_fx_mod_f')}({x}, {b})",
+                    lambda r, t, x, b: f"{r.need('_fx_mod_i')}({x}, {b})"),
+    "fmod": _by_kind(lambda r, t, x, b: f"libdevice.fmod({x}, {b})",
+                     lambda r, t, x, b: f"{r.need('_fx_fmod_i')}({x}, {b})"),
+    "pow": _by_kind(lambda r, t, x, b: f"libdevice.pow({x}, {b})",
+                    lambda r, t, x, b: (f"({x} | ({b} == 0))" if t == torch.bool
+                                        else f"{r.need('_fx_pow_i')}({x}, {b})")),
+    "maximum": lambda r, t, x, b: f"({x} | {b})" if t == torch.bool else f"{r.need('_fx_max')}({x}, {b})",
+    "minimum": lambda r, t, x, b: f"({x} & {b})" if t == torch.bool else f"{r.need('_fx_min')}({x}, {b})",
+    "atan2": lambda r, t, x, b: f"libdevice.atan2({x}, {b})",
+    "copysign": lambda r, t, x, b: f"libdevice.copysign({x}, {b})",
+    "logical_and": lambda r, t, x, b: f"(({x} != 0) & ({b} != 0))",
+    "logical_or": lambda r, t, x, b: f"(({x} != 0) | ({b} != 0))",
+    "logical_xor": lambda r, t, x, b: f"(({x} != 0) != ({b} != 0))",
+    "bitwise_xor": lambda r, t, x, b: f"({x} != {b})" if t == torch.bool else f"({x} ^ {b})",
+    "lshift": _shift("lshift"), "rshift": _shift("rshift"),
+}
+
+
 class OpRenderer:
-    """Renders one op over already-rendered operands; records the helpers it needs."""
+    """Renders one op over already-rendered operands (``TRITON_OPS``); records the helpers it needs."""
 
     def __init__(self, target_name: str = "triton"):
         self.target_name = target_name
         self.helpers: set[str] = set()
 
-    def _need(self, name: str) -> str:
+    def need(self, name: str) -> str:
         self.helpers.add(name)
         return name
 
@@ -283,106 +364,15 @@ class OpRenderer:
         return self._render(name, cdt, args)
 
     def _render(self, name: str, t: torch.dtype, a: list[str]) -> str:
-        is_f = t.is_floating_point
-        is_b = t == torch.bool
-        f64 = t == torch.float64
-        if name in _FLOAT_UNARY and is_f:
-            return _FLOAT_UNARY[name][1 if f64 else 0].format(*a)
-        x = a[0]
-        if name in ("floor", "ceil", "round", "trunc"):
-            return x  # integers
-        if name == "neg":
-            return f"({x} == 0)" if is_b else f"-{x}"
-        if name == "abs":
-            return x if is_b or t == torch.uint8 else f"tl.abs({x})"
-        if name == "sign":
-            if is_b:
-                return x
-            z = "0.0" if is_f else "0"
-            return f"((({z} < {x}).to({TL_TYPES[t]})) - (({x} < {z}).to({TL_TYPES[t]})))"
-        if name == "reciprocal":
-            if t == torch.float32:
-                return f"tl.math.div_rn(tl.full([], 1.0, tl.float32), {x})"
-            return f"1.0 / {x}"
-        if name == "logical_not":
-            return f"({x} == 0)"
-        if name == "bitwise_not":
-            return f"({x} == 0)" if is_b else f"~{x}"
-        if name == "isnan":
-            return f"({x} != {x})"
-        if name == "isinf":
-            return f"(tl.abs({x}) == float(\"inf\"))" if is_f else f"({x} != {x})"
-        if name == "signbit":
-            return f"(libdevice.signbit({x}) != 0)" if is_f else f"({x} < 0)"
+        if name in _FLOAT_UNARY and t.is_floating_point:
+            return _FLOAT_UNARY[name][1 if t == torch.float64 else 0].format(*a)
+        fn = TRITON_OPS.get(name)
+        if fn is not None and (name not in BINARY or len(a) == 2):
+            return fn(self, t, *a)
         if name in UNARY:
             raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}; "
                           "add it to fxwrap.targets.cuda_triton.ops or let the lowering fall back")
-        if name == "where":
-            return f"tl.where({a[0]}, {a[1]}, {a[2]})"
-        if name == "index_check":
-            return f"{self._need('_fx_index_check')}({a[0]}, {a[1]}, {a[2]})"
-        if name not in BINARY or len(a) != 2:
-            raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}; it is "
-                          "not a loop-IR op (see fxwrap.ir.loops), so the lowering should emit an "
-                          "extern call instead")
-        b = a[1]
-        infix = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-        if name in infix:
-            return f"({x} {infix[name]} {b})"
-        if name == "add":
-            return f"({x} | {b})" if is_b else f"({x} + {b})"
-        if name == "sub":
-            return f"({x} != {b})" if is_b else f"({x} - {b})"
-        if name == "mul":
-            return f"({x} & {b})" if is_b else f"({x} * {b})"
-        if name == "truediv":  # IEEE division (Triton's float32 ``/`` is the approximate one)
-            return f"tl.math.div_rn({x}, {b})" if t == torch.float32 else f"({x} / {b})"
-        if name == "floordiv":
-            return f"{self._need('_fx_floordiv_f' if is_f else '_fx_floordiv_i')}({x}, {b})"
-        if name == "truncdiv":
-            if is_f:
-                div = f"tl.math.div_rn({x}, {b})" if t == torch.float32 else f"({x} / {b})"
-                return f"libdevice.trunc({div})"
-            return f"{self._need('_fx_truncdiv_i')}({x}, {b})"
-        if name == "mod":
-            return f"{self._need('_fx_mod_f' if is_f else '_fx_mod_i')}({x}, {b})"
-        if name == "fmod":
-            return f"libdevice.fmod({x}, {b})" if is_f else f"{self._need('_fx_fmod_i')}({x}, {b})"
-        if name == "pow":
-            if is_f:
-                return f"libdevice.pow({x}, {b})"
-            if is_b:
-                return f"({x} | ({b} == 0))"
-            return f"{self._need('_fx_pow_i')}({x}, {b})"
-        if name == "maximum":
-            return f"({x} | {b})" if is_b else f"{self._need('_fx_max')}({x}, {b})"
-        if name == "minimum":
-            return f"({x} & {b})" if is_b else f"{self._need('_fx_min')}({x}, {b})"
-        if name in ("atan2", "copysign"):
-            return f"libdevice.{name}({x}, {b})"
-        if name == "logical_and":
-            return f"(({x} != 0) & ({b} != 0))"
-        if name == "logical_or":
-            return f"(({x} != 0) | ({b} != 0))"
-        if name == "logical_xor":
-            return f"(({x} != 0) != ({b} != 0))"
-        if name == "bitwise_and":
-            return f"({x} & {b})"
-        if name == "bitwise_or":
-            return f"({x} | {b})"
-        if name == "bitwise_xor":
-            return f"({x} ^ {b})" if not is_b else f"({x} != {b})"
-        if name in ("lshift", "rshift"):
-            bits = _BITS.get(t)
-            if bits is None:
-                raise OpError(f"op {name!r} on {t} (target {self.target_name})")
-            out_of_range = f"(({b} < 0) | ({b} >= {bits}))"
-            safe = f"tl.where({out_of_range}, 0, {b})"
-            if name == "lshift":
-                return f"tl.where({out_of_range}, 0, {x} << {safe})"
-            fill = f"tl.where({x} < 0, -1, 0)" if t != torch.uint8 else "0"
-            return f"tl.where({out_of_range}, {fill}, {x} >> {safe})"
-        known = name in BINARY
+        known = name in BINARY and len(a) == 2
         raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}"
                       + ("; add it to fxwrap.targets.cuda_triton.ops" if known else
                          "; it is not a loop-IR op (see fxwrap.ir.loops), so the lowering should emit "

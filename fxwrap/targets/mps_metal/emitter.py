@@ -33,21 +33,16 @@ import torch
 
 from fxwrap.ir.capabilities import Capabilities, as_capabilities
 from fxwrap.ir.loops import ScheduledKernel
-from fxwrap.core.numerics import compute_dtype
 from fxwrap.ir.symbolic import python_source
-from fxwrap.targets.cstyle import CSTYLE_OPS, CStyleEmitter, EmitError, Scope, LocalNames
+from fxwrap.targets.cstyle import CStyleEmitter, c_ops, EmitError, Scope, LocalNames
 from fxwrap.targets.mps_metal.prelude import PRELUDE
 from fxwrap.targets.mps_metal.scan import MetalScan
 from fxwrap.runtime.provenance import describe
 
 
 def _metal_ops() -> dict:
-    ops = dict(CSTYLE_OPS)
-    for name in ("exp", "exp2", "log", "log2", "log10", "sqrt", "sin", "cos", "tan", "asin",
-                 "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "atan2",
-                 "copysign"):
-        ops[name] = (lambda fn: lambda *args, dtype: f"{fn}({', '.join(args)})")(f"metal::{name}")
-    for name in ("expm1", "log1p", "erf", "erfc"):
+    ops = c_ops("fx_", "metal::")
+    for name in ("expm1", "log1p", "erf", "erfc"):  # the prelude's, where metal:: has none
         ops[name] = (lambda fn: lambda *args, dtype: f"{fn}({', '.join(args)})")(f"fx_{name}")
     return ops
 
@@ -70,6 +65,12 @@ class MetalEmitter(CStyleEmitter):
     """
 
     language = "metal"
+    # the Metal dialect's spellings (CStyleEmitter's attributes): Metal Shading Language is C++
+    cast = "static_cast<{t}>({x})"
+    typed_value = "{t}({v})"
+    generic = "{f}<{t}>"
+    overload = "{f}"
+    out_arg = "{x}"
     kernel_qualifier = "kernel"
     buffer_qualifier = "device "
     restrict_qualifier = ""
@@ -106,14 +107,7 @@ class MetalEmitter(CStyleEmitter):
     scan_max_chunks = 1024
     scan_min_chunk = 256
 
-    # ------------------------------------------------------------------ types
-    def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
-        csrc, cdst = compute_dtype(src), compute_dtype(dst)
-        if src != dst and csrc.is_floating_point and not cdst.is_floating_point and dst != torch.bool:
-            inner = f"static_cast<long>({x})"  # float -> integer truncates through int64, like c10
-            return inner if cdst == torch.int64 else f"static_cast<{self.ctype(cdst)}>({inner})"
-        return super().render_cast(x, src, dst)
-
+    # ------------------------------------------------------------------ names
     def symbol_name(self, sym: sympy.Symbol) -> str:
         if sym.name in self.reserved_names:
             raise EmitError(f"size symbol {sym.name!r} clashes with a local of the Metal emitter "

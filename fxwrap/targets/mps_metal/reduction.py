@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import sympy
 
-from fxwrap.ir.loops import REDUCTIONS, OpCode, Reduction, ScheduledKernel, acc_key, split_stores, walk
-from fxwrap.targets.cstyle import EmitError, LocalNames, ReductionAccumulator, Scope, append_block
+from fxwrap.ir.loops import REDUCTIONS, Reduction, ScheduledKernel, split_stores
+from fxwrap.targets.cstyle import EmitError, LocalNames, ReductionAccumulator, Scope, append_block, reduction_passes
 
 
 class MetalRed(ReductionAccumulator):
@@ -47,7 +47,7 @@ class MetalRed(ReductionAccumulator):
         super().__init__(em, k, red)
 
     def types(self) -> list[str]:
-        return ["long" if t == "int64_t" else t for t, _ in self.states]
+        return [t for t, _ in self.states]
 
     def decls(self, tag: str) -> list[str]:
         return [f"{t} {n} = {init};" for t, (_, init), n in zip(self.types(), self.states, self.names(tag))]
@@ -90,24 +90,8 @@ class MetalReduction:
         if not self.rv:
             raise EmitError(f"kernel {kernel.name} has reductions but no reduction_ranges")
         self.reds = [MetalRed(em, i, r) for i, r in enumerate(kernel.reductions)]
-        self.passes = self._passes()
+        self.passes = reduction_passes(kernel, self.reds)
         self.r_stores, self.x_stores = split_stores(kernel.stores, self.rv)
-
-    def _passes(self) -> list[list[MetalRed]]:
-        by_name = {r.red.name: r for r in self.reds}
-        if len(by_name) != len(self.reds):
-            raise EmitError(f"kernel {self.k.name}: two reductions share a name")
-        passes: list[list[MetalRed]] = []
-        for r in self.reds:
-            reads = {acc_key(n)[0] for n in walk(r.red.value) if n.op == OpCode.ACC}
-            if any(name not in by_name or by_name[name].k >= r.k for name in sorted(reads)):
-                raise EmitError(f"kernel {self.k.name}: reduction {r.red.name} reads an acc that is "
-                                "not an earlier reduction of the kernel")
-            if passes and not reads & {p.red.name for p in passes[-1]}:
-                passes[-1].append(r)
-            else:
-                passes.append([r])
-        return passes
 
     def strided_loop(self, row: Scope) -> tuple[Scope, list[str], str]:
         """A scope declaring the r vars, the lines decomposing ``rindex``, the loop head."""

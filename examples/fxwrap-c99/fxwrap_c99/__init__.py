@@ -1,0 +1,1 @@
+"""fxwrap-c99: an out-of-tree fxwrap target whose kernels are plain C99, ``options={"target": "c99"}``."""

@@ -1,0 +1,57 @@
+"""The C99 example target: a dialect of fxwrap's C-family engine, not of its C++ emitter.
+Its kernels are strict C99 with the target's own helper prefix and calling convention."""
+import pathlib
+import re
+import subprocess
+
+import torch
+import torch.utils._pytree as pytree
+
+import fxwrap
+from fxwrap_c99.emitter import C99Emitter
+
+
+def _kernels(program):
+    return [line.kernel for line in program.lines if type(line).__name__ == "DefineKernel"]
+
+
+def f(x, i):
+    return ((x.relu() * 2).sum(-1), x.softmax(-1), x.argmin(1), torch.var_mean(x, 1),
+            x.cumsum(1), x.cummin(1), (i // 3) % 4, i << 2, x[i.clamp(0, 4)], x.erfinv())
+
+
+def test_c99_numbers_and_source(tmp_path):
+    x = torch.randn(5, 9)
+    x[1, 3] = float("nan")
+    i = torch.randint(-20, 20, (5, 9))
+    program = fxwrap.lower(f, x, i, target="c99")
+    for got, expected in zip(pytree.tree_leaves(program(x, i)), pytree.tree_leaves(f(x, i)), strict=True):
+        torch.testing.assert_close(got, expected, equal_nan=True)
+    kernels = _kernels(program)
+    assert len(kernels) >= 3
+    for k in kernels:
+        body = k.source.split("\nvoid ", 1)[1]  # the kernel function, after the prelude
+        assert "(void *const *buffers, const int64_t *sizes)" in body.splitlines()[0]
+        assert "fx_" not in body and "static_cast" not in body and "std::" not in body
+        path = tmp_path / f"{k.name}.c"
+        path.write_text(k.source)  # strict C99: no GNU extension, no implicit declaration
+        cmd = ["cc", "-std=c99", "-pedantic-errors", "-Werror=implicit-function-declaration", "-c", str(path),
+               "-o", str(tmp_path / "k.o")]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_c99_is_a_dialect_of_the_engine_not_of_cpp():
+    assert fxwrap.CStyleEmitter in C99Emitter.__mro__ and not issubclass(C99Emitter, fxwrap.CppEmitter)
+    own = {name for name, _ in vars(C99Emitter).items() if not name.startswith("__")}
+    assert own <= {"language", "prefix", "prelude", "code_for_op", "supported_dtypes", "function_head",
+                   "render_body", "load"}
+
+
+def test_the_documented_kernel():
+    """docs/adding-a-device.md shows this kernel (after ``<!-- c99-kernel -->``): render it again."""
+    doc = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "adding-a-device.md").read_text()
+    shown = re.search(r"<!-- c99-kernel -->\n```c\n(.*?)```", doc, flags=re.S).group(1)
+    program = fxwrap.lower(lambda x: (x.relu() * x).sum(-1), torch.randn(4, 8), target="c99")
+    (kernel,) = _kernels(program)
+    assert "\nvoid " + kernel.source.split("\nvoid ", 1)[1] == "\n" + shown

@@ -1,0 +1,71 @@
+"""The C-family dialects (fxwrap.targets.cstyle): each built-in dialect's prelude defines every
+helper the shared engine calls (``HELPERS``) and every helper its op table calls, under its
+prefix; a dialect's spellings are attributes, not code.  Pure text: no compiler."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from fxwrap.ir.loops import Op, Reduction
+from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+from fxwrap.targets.cstyle import HELPERS, CStyleEmitter, ReductionAccumulator, ScanState
+from fxwrap.targets.mps_metal.emitter import MetalEmitter
+
+DIALECTS = [CppEmitter, MetalEmitter]
+
+
+def defined(prelude: str, fn: str) -> bool:
+    """``fn`` is defined in ``prelude``: its name, a parameter list, then a body."""
+    return re.search(rf"\b{re.escape(fn)}\s*\([^;{{]*\)\s*(const\s*)?\{{", prelude) is not None
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.__name__)
+def test_prelude_defines_every_engine_helper(dialect):
+    missing = [dialect.prefix + name for names in HELPERS.values() for name in names
+               if not defined(dialect.prelude, dialect.prefix + name)]
+    assert not missing, f"{dialect.__name__}'s prelude lacks {missing}"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.__name__)
+def test_prelude_defines_every_op_table_helper(dialect):
+    called = set()
+    for name, fn in dialect.code_for_op.items():
+        for dtype in (torch.float32, torch.int64, torch.bool):
+            try:
+                text = fn("a", "b", "c", dtype=dtype)
+            except TypeError:
+                try:
+                    text = fn("a", "b", dtype=dtype)
+                except TypeError:
+                    text = fn("a", dtype=dtype)
+            called |= set(re.findall(rf"\b({re.escape(dialect.prefix)}\w+)\(", text))
+    assert called and not [fn for fn in sorted(called) if not defined(dialect.prelude, fn)]
+
+
+def test_a_dialect_spells_accumulators_and_casts():
+    """The same reduction and scan, spelled by the engine's C default, C++ and Metal."""
+    x = Op.load("x", 0, torch.float32)
+
+    def spell(em):
+        red = ReductionAccumulator(em, 0, Reduction("m", "argmax", x, torch.int64))
+        scan = ScanState(em, 0, Reduction("c", "cummax", x, torch.float32))
+        return red.states, red.upd(red.names("a"), "v", "i"), scan.upd("v", "r0"), em.render_cast("v", torch.float32,
+                                                                                                    torch.int32)
+
+    assert spell(CStyleEmitter()) == (
+        [("float", "((float)0)"), ("int64_t", "-1")], "fx_argmax_upd_float(&rd0_a0, &rd0_a1, v, i);",
+        "fx_cummax_upd_float(&sc0_s0, &sc0_s1, v, r0);", "((int32_t)(((int64_t)(v))))")
+    assert spell(CppEmitter()) == (
+        [("float", "float(0)"), ("int64_t", "-1")], "fx_argmax_upd<float>(rd0_a0, rd0_a1, v, i);",
+        "fx_cummax_upd<float>(sc0_s0, sc0_s1, v, r0);", "static_cast<int32_t>(static_cast<int64_t>(v))")
+    assert spell(MetalEmitter())[0] == [("float", "float(0)"), ("long", "-1")]
+    assert spell(MetalEmitter())[3] == "static_cast<int>(static_cast<long>(v))"
+
+
+def test_dialects_share_no_cpp_ancestry():
+    """C++ and Metal are dialects of the engine side by side: neither subclasses the other."""
+    assert not issubclass(MetalEmitter, CppEmitter) and not issubclass(CppEmitter, MetalEmitter)
+    assert CStyleEmitter.cast == "(({t})({x}))" and "std::" not in "".join(
+        fn("a", dtype=torch.float32) for name, fn in CStyleEmitter.code_for_op.items() if name in ("exp", "sin"))
