@@ -98,8 +98,7 @@ class CppEmitter(CStyleEmitter):
     writes_in_place = True  # one loop nest per kernel: each element read, then written
     # indexed writes (index_put, scatter in place): plain ones in parallel, accumulating
     # ones in one serial loop (each addition whole, in eager's order: its CPU kernel is serial)
-    indexed_stores = {"set": frozenset(CStyleEmitter.type_names),
-                      "add": frozenset(CStyleEmitter.type_names) - {torch.bool}}
+    indexed_stores = {"set": frozenset(type_names), "add": frozenset(type_names) - {torch.bool}}
     # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
     # (they vectorize; libm calls vectorize only under -ffast-math)
     code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
