@@ -24,6 +24,7 @@ from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
 from fxwrap.core.capture import capture_backend, report_output_strides, saved_activation_outputs
 from fxwrap.core import patterns
+from fxwrap.core.convolution_bias import bias_as_epilogue
 from fxwrap.core.layout import channels_last_convolutions, follow_input_layouts, has_channels_last_convolution
 from fxwrap.core.matmul_padding import pad_matmul_columns
 from fxwrap.core.memory import MemoryPlan, describe_plan, plan_memory
@@ -172,6 +173,10 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if alignment and kind in ("inference", "forward") and session.generates_kernels and options.kernels:
         with timer.phase("layout"):
             pad_matmul_columns(gm, alignment)
+    if session.capabilities.get("convolution_bias") == "epilogue" and kind in ("inference", "forward") \
+            and session.generates_kernels and options.kernels:
+        with timer.phase("layout"):
+            bias_as_epilogue(gm)  # the vendor call would add it in a pass of its own
     if session.generates_kernels and options.kernels and options.templates != "off":
         with timer.phase("patterns"):
             rewrite_patterns(gm, session)

@@ -67,6 +67,9 @@ class CudaDevice(DeviceInterface):
                 # gathers check their index values inside the kernel (tl.device_assert), not
                 # by ATen calls before it (fxwrap.core.rules.indexing._checked)
                 "index_checks": "in_kernel",
+                # cuDNN's convolution adds its bias in an ATen add_ of its own: the kernel after
+                # the convolution adds it instead (fxwrap.core.convolution_bias)
+                "convolution_bias": "epilogue",
                 # cuBLAS's fast GEMM kernels want 16-byte leading dimensions: a product with
                 # an odd column count computes padded rows (fxwrap.core.matmul_padding)
                 "matmul_alignment_bytes": 16,
