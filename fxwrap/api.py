@@ -24,6 +24,7 @@ from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
 from fxwrap.core.capture import capture_backend, report_output_strides, saved_activation_outputs
 from fxwrap.core import patterns
+from fxwrap.core.constant_folding import fold_constants
 from fxwrap.core.convolution_bias import bias_as_epilogue
 from fxwrap.core.layout import channels_last_convolutions, follow_input_layouts, has_channels_last_convolution
 from fxwrap.core.matmul_padding import pad_matmul_columns
@@ -166,6 +167,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         if program is not None:
             return program
     dump = ProgramDump.start(options.debug_dir, gm, kind)  # None unless a debug dump was asked for
+    with timer.phase("constant folding"):
+        fold_constants(gm)  # what depends on no input: computed now, once
     if channels_last and kind in ("inference", "forward") and _takes_layout_pass(gm, kind, saved_outputs, session):
         with timer.phase("layout"):
             channels_last_convolutions(gm, saved_outputs=saved_outputs or ())
