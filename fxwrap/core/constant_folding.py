@@ -38,6 +38,7 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from fxwrap.core.extern import is_mutating, is_view
+from fxwrap.runtime.layout import is_non_overlapping_and_dense
 
 log = logging.getLogger("fxwrap.layout")
 aten = torch.ops.aten
@@ -55,16 +56,6 @@ _NEVER = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.
 def _static_tensor(val) -> bool:
     return isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in (*val.shape, *val.stride())) \
         and isinstance(val.storage_offset(), int)
-
-
-def _dense(value: torch.Tensor) -> bool:
-    """Whether ``value``'s elements fill a storage of exactly its size (a permuted layout)."""
-    expected = 1
-    for stride, size in sorted((st, s) for s, st in zip(value.shape, value.stride()) if s != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _pure(node: torch.fx.Node) -> bool:
@@ -134,7 +125,7 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
             while hasattr(gm, name):
                 name += "_"
             if value._base is not None:  # a view: a storage of its own, in the value's layout
-                if not _dense(value):
+                if not is_non_overlapping_and_dense(value.shape, value.stride()):
                     continue
                 value = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
                                             device=value.device).copy_(value)
