@@ -409,7 +409,9 @@ class Planner:
             if rn < self.split_min_rnumel or -(-xn // 64) >= self.split_max_programs:
                 return None
             configs = []
-            for xb, rb, nw in ((64, 32, 4), (128, 16, 4), (32, 64, 4)):
+            # (16, 128): few columns (batch norm's 64 channels) still give 4 tiles x NSPLIT programs,
+            # each row a full 32-byte sector of 16 bf16 values
+            for xb, rb, nw in ((64, 32, 4), (128, 16, 4), (32, 64, 4), (16, 128, 4)):
                 xb = max(1, min(xb, next_pow2(xn)))
                 tiles = -(-xn // xb)
                 nsplit = next_pow2(-(-self.split_target_programs // tiles))
