@@ -60,10 +60,11 @@ class CudaDevice(DeviceInterface):
             dtypes.insert(2, "bfloat16")
         return {"name": props.name, "capability": (major, minor),
                 "convolution_layout": "channels_last",  # cuDNN: NHWC, no transposes around a conv
-                # not "training_convolution_layout": a training step channels-last puts batch
-                # norm's statistics over (N, H, W) with C innermost, which the Triton reduction
-                # plans read strided: 19 ms a kernel on an H200 (convnet bf16: 53 ms a step
-                # against 5.4 NCHW); the planner must read those rows coalesced first
+                # training too: batch norm's statistics over (N, H, W) with C innermost are a
+                # Welford reduction the planner splits (split-outer: NSPLIT chunks of rows per
+                # tile of channels, then Chan's combine); before that plan they ran one program
+                # per channel tile walking every row, 19 ms a kernel on an H200
+                "training_convolution_layout": "channels_last",
                 # gathers check their index values inside the kernel (tl.device_assert), not
                 # by ATen calls before it (fxwrap.core.rules.indexing._checked)
                 "index_checks": "in_kernel",
