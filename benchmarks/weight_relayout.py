@@ -7,6 +7,8 @@ call (``fxwrap_pointwise_N(arg0, buf1)  # clone_default``).  Three ways to run t
 * ``prelaid``: the model converted once with ``model.to(memory_format=torch.channels_last)``:
   no relayout kernel (what a cache keyed by the parameter's ``_version`` / ``data_ptr``, or
   an opt-in freezing, would give);
+* ``cached``: the NCHW model with ``options={"cache_weight_layouts": True}``: each weight
+  relaid once per version of it (``fxwrap.runtime.weight_layouts``);
 * ``inductor``: ``torch.compile`` default on the same NCHW model.
 
     python benchmarks/weight_relayout.py --out relayout.log
@@ -17,9 +19,9 @@ It prints milliseconds per call (the median of rounds), the relayout's share of 
 Measured here (2 shared cores, load 18, 1 thread, batch 1, 64x64): relayout 121 ms,
 prelaid 36 ms, Inductor 58 ms a call.  Passing the NCHW parameter to oneDNN instead (no
 kernel of ours) cost the same 123 ms: ATen then copies the weight to channels-last inside
-the call.  A cache keyed by ``_version`` and ``data_ptr`` would not see writes through
-``param.data`` (a detached tensor with a version counter of its own), so it must be an
-opt-in, as Inductor's ``freezing`` is.
+the call.  A cache keyed by ``_version`` and ``data_ptr`` does not see writes through
+``param.data`` (a detached tensor with a version counter of its own), so it is an opt-in
+(``cache_weight_layouts``), as Inductor's ``freezing`` is.
 """
 from __future__ import annotations
 
@@ -72,8 +74,9 @@ def main(argv=None) -> int:
     x = torch.randn(args.batch, 3, args.image, args.image)
     runs, counts = {}, {}
     with torch.no_grad():
-        for name, m in (("relayout", model), ("prelaid", prelaid)):
-            program = fxwrap.lower(m, x, options={"cache": False})
+        for name, m, opts in (("relayout", model, {}), ("prelaid", prelaid, {}),
+                              ("cached", model, {"cache_weight_layouts": True})):
+            program = fxwrap.lower(m, x, options={"cache": False, **opts})
             torch.testing.assert_close(program.run(x), model(x), rtol=1e-3, atol=1e-3)
             runs[name], counts[name] = (lambda p=program: p.run(x)), _relayouts(program)
         inductor = torch.compile(copy.deepcopy(model))
@@ -94,7 +97,7 @@ def main(argv=None) -> int:
               for name in runs]
     lines.append(f"relayout share of a call: {100 * (ms['relayout'] - ms['prelaid']) / ms['relayout']:.1f}%; "
                  f"fxwrap/Inductor: relayout {ms['relayout'] / ms['inductor']:.3f}, "
-                 f"prelaid {ms['prelaid'] / ms['inductor']:.3f}")
+                 f"prelaid {ms['prelaid'] / ms['inductor']:.3f}, cached {ms['cached'] / ms['inductor']:.3f}")
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:
