@@ -172,7 +172,10 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if channels_last and kind in ("inference", "forward") and _takes_layout_pass(gm, kind, saved_outputs, session):
         with timer.phase("layout"):
             channels_last_convolutions(gm, saved_outputs=saved_outputs or (),
-                                       cache_weights=kind == "inference" and options.cache_weight_layouts)
+                                       # a CUDA graph replays the convolution on the copy without
+                                       # asking the cache whether the parameter changed
+                                       cache_weights=kind == "inference" and options.cache_weight_layouts
+                                       and not options.cuda_graphs)
     alignment = session.capabilities.get("matmul_alignment_bytes")
     if alignment and kind in ("inference", "forward") and session.generates_kernels and options.kernels:
         with timer.phase("layout"):

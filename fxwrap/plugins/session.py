@@ -86,7 +86,8 @@ class CompileOptions:
     ``cache_weight_layouts`` (inference programs that relay a parameter out for a convolution
     (channels-last) make the copy once and reuse it while the parameter's ``_version`` and
     ``data_ptr`` are unchanged, ``fxwrap.runtime.weight_layouts``; a write through ``p.data``
-    is not seen, hence off by default, as Inductor's ``freezing``)::
+    is not seen, hence off by default, as Inductor's ``freezing``; not with CUDA graphs, whose
+    replay would not ask the cache)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
