@@ -5,9 +5,16 @@
     python benchmarks/models.py --models gpt,convnet --variants inference-fp32 --profile
     python benchmarks/models.py --device cuda --markdown out.md --json out.json
     python benchmarks/models.py --device cuda --mode reduce-overhead  # both compilers under CUDA graphs
+    python benchmarks/models.py --suite vision --variants inference-bf16,training-amp --out vision.log
+
+``--suite vision``: the torchvision families (ResNet-18/50, EfficientNet-B0, MobileNet-V3,
+ConvNeXt-T, RegNetY-400MF, Swin-T, ViT-B/16, FCN-ResNet50 segmentation), built from their
+constructors with random weights at a user's sizes (32 images of 224x224 on a GPU, 8 for
+the segmentation net; 1-2 on the CPU); skipped, with the reason, without torchvision.
 
 Per model and variant (``inference-fp32``, ``inference-bf16``, ``training-fp32``,
-``training-bf16``): milliseconds per iteration of each backend (the median of rounds
+``training-bf16``, ``training-amp``: a float32 model stepped under ``torch.autocast`` in
+bfloat16): milliseconds per iteration of each backend (the median of rounds
 that run eager, Inductor and fxwrap one after the other, so machine noise hits all
 three alike), the ratios, the first-call (compile) time of Inductor and fxwrap (with
 the whole-graph caches of both off: Inductor's FX graph and AOTAutograd caches, fxwrap's
@@ -40,7 +47,7 @@ import suite_models  # noqa: E402
 
 import fxwrap  # noqa: E402
 
-VARIANTS = ("inference-fp32", "inference-bf16", "training-fp32", "training-bf16")
+VARIANTS = ("inference-fp32", "inference-bf16", "training-fp32", "training-bf16", "training-amp")
 TOL = {torch.float32: (2e-3, 2e-3), torch.bfloat16: (6e-2, 6e-2)}
 
 
@@ -53,10 +60,11 @@ def _cast_inputs(inputs, dtype):
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
 
 
-def _step(model, inputs, training, loss_fn):
+def _step(model, inputs, training, loss_fn, amp=False):
     if training:
-        out = model(*inputs)
-        loss = loss_fn(out)
+        with torch.autocast(inputs[0].device.type, dtype=torch.bfloat16, enabled=amp):
+            out = model(*inputs)
+            loss = loss_fn(out)
         loss.backward()
         return loss.detach()
     with torch.no_grad():
@@ -164,6 +172,7 @@ def _profile_cpu(programs, recorded, top):
 
 def run_one(entry, variant, args, device) -> dict:
     training, dtype = variant.startswith("training"), torch.bfloat16 if variant.endswith("bf16") else torch.float32
+    amp = variant == "training-amp"  # a float32 model, its step under autocast (bf16)
     size = "small" if device == "cpu" else "large"
     torch.manual_seed(0)
     base, make_inputs, loss_fn = entry.build(device, size)
@@ -199,12 +208,12 @@ def run_one(entry, variant, args, device) -> dict:
             model.zero_grad(set_to_none=True)
         _sync(device)
         start = time.perf_counter()
-        outs[name] = _step(model, inputs, training, loss_fn)
+        outs[name] = _step(model, inputs, training, loss_fn, amp)
         _sync(device)
         result[f"{name}_first_s"] = time.perf_counter() - start
     for name in ("inductor", "fxwrap"):
         result[f"check_{name}"] = _check(name, outs[name], outs["eager"],
-                                         (backends[name], eager), training, dtype)
+                                         (backends[name], eager), training, torch.bfloat16 if amp else dtype)
     for model in backends.values():
         model.zero_grad(set_to_none=True)
 
@@ -212,7 +221,7 @@ def run_one(entry, variant, args, device) -> dict:
         def fn():
             if training:
                 model.zero_grad(set_to_none=True)
-            return _step(model, inputs, training, loss_fn)
+            return _step(model, inputs, training, loss_fn, amp)
         return fn
 
     calls = {name: call(model) for name, model in backends.items()}
@@ -242,7 +251,7 @@ def run_one(entry, variant, args, device) -> dict:
 
 def _fmt(result) -> str:
     r = result
-    line = (f"{r['model']:>9} {r['variant']:<15} eager {r['eager_ms']:8.2f}  inductor {r['inductor_ms']:8.2f}  "
+    line = (f"{r['model']:>18} {r['variant']:<15} eager {r['eager_ms']:8.2f}  inductor {r['inductor_ms']:8.2f}  "
             f"fxwrap {r['fxwrap_ms']:8.2f} ms | fx/eager {r['fxwrap_ms'] / r['eager_ms']:.2f}  "
             f"fx/ind {r['fxwrap_ms'] / r['inductor_ms']:.2f} | compile ind {r['inductor_first_s']:.1f}s "
             f"fx {r['fxwrap_first_s']:.1f}s | {r['check_fxwrap']}")
@@ -251,7 +260,7 @@ def _fmt(result) -> str:
                  f" | gpu ms ind {r['inductor_gpu_ms']:.2f} fx {r['fxwrap_gpu_ms']:.2f}"
                  f" | host ms ind {r['inductor_host_ms']:.2f} fx {r['fxwrap_host_ms']:.2f}"
                  f" | peak MiB ind {r['inductor_peak_mib']:.0f} fx {r['fxwrap_peak_mib']:.0f}"
-                 f" eager {r['eager_peak_mib']:.0f}")
+                 f" eager {r['eager_peak_mib']:.0f} (fx/ind {r['fxwrap_peak_mib'] / max(r['inductor_peak_mib'], 1e-9):.2f})")
     return line
 
 
@@ -259,7 +268,7 @@ def _markdown(results, device) -> str:
     head = ["model", "variant", "eager ms", "Inductor ms", "fxwrap ms", "fx/eager", "fx/Inductor",
             "compile Ind s", "compile fx s"]
     if device == "cuda":
-        head += ["kernels Ind/fx", "GPU ms Ind/fx", "peak MiB Ind/fx"]
+        head += ["kernels Ind/fx", "GPU ms Ind/fx", "peak MiB Ind/fx", "peak fx/Ind"]
     head.append("check")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -272,7 +281,8 @@ def _markdown(results, device) -> str:
         if device == "cuda":
             cells += [f"{r['inductor_kernels']}/{r['fxwrap_kernels']}",
                       f"{r['inductor_gpu_ms']:.2f}/{r['fxwrap_gpu_ms']:.2f}",
-                      f"{r['inductor_peak_mib']:.0f}/{r['fxwrap_peak_mib']:.0f}"]
+                      f"{r['inductor_peak_mib']:.0f}/{r['fxwrap_peak_mib']:.0f}",
+                      f"{r['fxwrap_peak_mib'] / max(r['inductor_peak_mib'], 1e-9):.2f}"]
         cells.append(r["check_fxwrap"])
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -285,13 +295,36 @@ def geomeans(results) -> dict:
                   if r["variant"].startswith(kind) and "fxwrap_ms" in r]
         if ratios:
             out[kind] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        peaks = [r["fxwrap_peak_mib"] / r["inductor_peak_mib"] for r in results
+                 if r["variant"].startswith(kind) and r.get("inductor_peak_mib")]
+        if peaks:
+            out[f"{kind} peak memory"] = math.exp(sum(map(math.log, peaks)) / len(peaks))
     return out
+
+
+class _Tee:
+    """Writes to the terminal and to the ``--out`` log alike."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self):
+        for stream in self.streams:
+            stream.flush()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", default=None, help="comma-separated names (default: all)")
+    parser.add_argument("--suite", default=None, choices=("core", "vision"),
+                        help="only the models of this suite (vision: the torchvision families)")
+    parser.add_argument("--out", default=None, help="also write every printed line to this file")
     parser.add_argument("--variants", default=None, help=f"comma-separated, of {','.join(VARIANTS)}")
     parser.add_argument("--quick", action="store_true", help="plain models, inference-fp32, few rounds")
     parser.add_argument("--rounds", type=int, default=7)
@@ -306,7 +339,10 @@ def main(argv=None) -> int:
                         help='fxwrap options as JSON, e.g. \'{"partition": "min_cut"}\'')
     args = parser.parse_args(argv)
     device = args.device
-    names = args.models.split(",") if args.models else [m.name for m in suite_models.MODELS]
+    names = args.models.split(",") if args.models else [m.name for m in suite_models.MODELS
+                                                        if args.suite in (None, m.suite)]
+    if args.out:
+        sys.stdout = _Tee(sys.stdout, open(args.out, "a"))
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
     if args.quick:
         names = [n for n in names if not suite_models.MODELS[[m.name for m in suite_models.MODELS].index(n)].needs]
@@ -329,14 +365,14 @@ def main(argv=None) -> int:
         for variant in variants:
             if why:
                 results.append({"model": entry.name, "variant": variant, "skipped": why})
-                print(f"{entry.name:>9} {variant:<15} skipped: {why}", flush=True)
+                print(f"{entry.name:>18} {variant:<15} skipped: {why}", flush=True)
                 continue
             torch._dynamo.reset()
             try:
                 result = run_one(entry, variant, args, device)
             except Exception as error:  # noqa: BLE001 - one model's failure is reported, the rest run
                 result = {"model": entry.name, "variant": variant, "error": f"{type(error).__name__}: {error}"[:300]}
-                print(f"{entry.name:>9} {variant:<15} ERROR {result['error']}", flush=True)
+                print(f"{entry.name:>18} {variant:<15} ERROR {result['error']}", flush=True)
                 results.append(result)
                 continue
             results.append(result)

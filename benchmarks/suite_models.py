@@ -161,6 +161,7 @@ class SuiteModel:
     name: str
     build: Callable[[str, str], tuple]   # (device, size) -> (model, make_inputs, loss_fn)
     needs: str = ""                      # the optional package it needs, if any
+    suite: str = "core"                  # "vision": the torchvision families (``models.py --suite vision``)
 
 
 def _tokens(vocab, batch, seq, device):
@@ -243,9 +244,26 @@ def _hf_bert(device, size):
     return BertModel(config, add_pooling_layer=False), _token_ids(config.vocab_size, size, device), _mean_loss
 
 
+def _torchvision(constructor: str, gpu_batch: int = 32, cpu_batch: int = 2, image: int = 224, **kwargs):
+    """A torchvision model from its constructor (random weights), at the sizes a user runs it:
+    ``gpu_batch`` images of ``image`` x ``image`` on a GPU, ``cpu_batch`` on the CPU."""
+    def build(device, size):
+        import torchvision.models as models
+        import torchvision.models.segmentation as segmentation
+        make = getattr(models, constructor, None) or getattr(segmentation, constructor)
+        batch = cpu_batch if size == "small" else gpu_batch
+        return make(weights=None, **kwargs), _images(batch, image, device), _vision_loss
+    return build
+
+
+def _vision_loss(out):
+    """Classifiers return logits; segmentation models a dict whose ``"out"`` is the map."""
+    return _mean_loss(out["out"] if isinstance(out, dict) else out)
+
+
 def _resnet50(device, size):
     from torchvision.models import resnet50
-    batch, image = (2, 96) if size == "small" else (32, 224)
+    batch, image = (2, 224) if size == "small" else (32, 224)
     return resnet50(), _images(batch, image, device), _mean_loss
 
 
@@ -258,8 +276,18 @@ def _vit(device, size):
 MODELS = [
     SuiteModel("llama", _llama), SuiteModel("gpt", _gpt), SuiteModel("convnet", _convnet),
     SuiteModel("mlp", _mlp), SuiteModel("hf_gpt2", _hf_gpt2, "transformers"),
-    SuiteModel("hf_bert", _hf_bert, "transformers"), SuiteModel("resnet50", _resnet50, "torchvision"),
-    SuiteModel("vit_b_16", _vit, "torchvision"),
+    SuiteModel("hf_bert", _hf_bert, "transformers"),
+    SuiteModel("resnet18", _torchvision("resnet18"), "torchvision", "vision"),
+    SuiteModel("resnet50", _resnet50, "torchvision", "vision"),
+    SuiteModel("efficientnet_b0", _torchvision("efficientnet_b0"), "torchvision", "vision"),
+    SuiteModel("mobilenet_v3_large", _torchvision("mobilenet_v3_large"), "torchvision", "vision"),
+    SuiteModel("convnext_tiny", _torchvision("convnext_tiny"), "torchvision", "vision"),
+    SuiteModel("regnet_y_400mf", _torchvision("regnet_y_400mf"), "torchvision", "vision"),
+    SuiteModel("swin_t", _torchvision("swin_t"), "torchvision", "vision"),
+    SuiteModel("vit_b_16", _vit, "torchvision", "vision"),
+    # a segmentation network: dilated ResNet-50 backbone and FCN head, 8 images on a GPU
+    SuiteModel("fcn_resnet50", _torchvision("fcn_resnet50", gpu_batch=8, cpu_batch=1, weights_backbone=None,
+                                            aux_loss=False), "torchvision", "vision"),
 ]
 
 

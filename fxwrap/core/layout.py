@@ -54,6 +54,8 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+from fxwrap.runtime.weight_layouts import CACHED_LAYOUT
+
 log = logging.getLogger("fxwrap.layout")
 aten = torch.ops.aten
 
@@ -94,21 +96,24 @@ def has_channels_last_convolution(gm: torch.fx.GraphModule) -> bool:
 
 
 def channels_last_convolutions(gm: torch.fx.GraphModule, saved_outputs: Collection[int] = (),
-                               input_values: Sequence | None = None) -> bool:
+                               input_values: Sequence | None = None, cache_weights: bool = False) -> bool:
     """Rewrite ``gm`` as the module docstring says; True if it changed.
 
     ``saved_outputs``: positions of the (flat) outputs that keep the layout the pass gives
     them (a forward graph's saved activations); every other output gets its traced
     layout back.  ``input_values``: the fake values to propagate from, one per
     placeholder (default: the placeholders' own); they become the placeholders'
-    ``meta["val"]`` when the rewrite is kept.  The rewrite is made on a copy of the graph,
-    which replaces ``gm.graph`` only once it propagated."""
+    ``meta["val"]`` when the rewrite is kept.  ``cache_weights``: a convolution's weight that
+    is a graph input (a parameter) goes channels-last through ``fxwrap.cached_layout`` (one
+    copy per version of the parameter, ``fxwrap.runtime.weight_layouts``), not a copy per
+    call.  The rewrite is made on a copy of the graph, which replaces ``gm.graph`` only
+    once it propagated."""
     if not has_channels_last_convolution(gm):
         return False
     if any(n.target in _STRIDE_DEPENDENT for n in gm.graph.nodes):
         log.info("channels-last layout not applied: the graph has a stride-dependent op (as_strided)")
         return False
-    return _relayout(gm, input_values, convert=True, saved_outputs=saved_outputs)
+    return _relayout(gm, input_values, convert=True, saved_outputs=saved_outputs, cache_weights=cache_weights)
 
 
 def follow_input_layouts(gm: torch.fx.GraphModule, example_inputs: Sequence,
@@ -149,7 +154,7 @@ def _static(val: torch.Tensor) -> bool:
 
 
 def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: bool,
-              saved_outputs: Collection[int] = ()) -> bool:
+              saved_outputs: Collection[int] = (), cache_weights: bool = False) -> bool:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     outputs = graph.graph_copy(gm.graph, env)
@@ -171,9 +176,15 @@ def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: 
                 arg = node.args[position]
                 if not isinstance(arg, torch.fx.Node) or _is_channels_last(arg.meta["val"]):
                     continue
+                val = arg.meta["val"]
                 with graph.inserting_before(node):
-                    clone = graph.call_function(aten.clone.default, (arg,),
-                                                {"memory_format": torch.channels_last})
+                    if cache_weights and node.target is aten.convolution.default and position == 1 \
+                            and arg.op == "placeholder" and _static(val):
+                        n, c, h, w = val.shape  # a parameter: copied once per version of it
+                        clone = graph.call_function(CACHED_LAYOUT, (arg, [c * h * w, 1, w * c, c]))
+                    else:
+                        clone = graph.call_function(aten.clone.default, (arg,),
+                                                    {"memory_format": torch.channels_last})
                 args = list(node.args)
                 args[position] = clone
                 node.args = tuple(args)

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 
 from fxwrap.core import patterns
+from fxwrap.core.constant_folding import fold_constants
+from fxwrap.core.convolution_bias import bias_as_epilogue
 from fxwrap.core.layout import channels_last_convolutions, follow_input_layouts, has_channels_last_convolution
 from fxwrap.core.matmul_padding import pad_matmul_columns
 from fxwrap.core.memory import MemoryPlan, plan_memory
@@ -201,7 +203,26 @@ def _channels_last(graph: AtenGraph) -> None:
     if graph.session.capabilities.convolution_layout != "channels_last" or graph.kind not in ("inference", "forward"):
         return
     if _takes_layout_pass(graph):
-        channels_last_convolutions(graph.gm, saved_outputs=graph.saved_outputs or ())
+        options = graph.session.options
+        channels_last_convolutions(graph.gm, saved_outputs=graph.saved_outputs or (),
+                                   # a recorded graph replays the convolution on the copy without
+                                   # asking the cache whether the parameter changed
+                                   cache_weights=graph.kind == "inference" and options.cache_weight_layouts
+                                   and not options.cuda_graphs)
+
+
+def _constant_folding(graph: AtenGraph) -> None:
+    """What depends on no input (tensor constants, a mask built from ``arange``s) computed
+    now, once (``fxwrap.core.constant_folding``)."""
+    fold_constants(graph.gm)
+
+
+def _convolution_bias(graph: AtenGraph) -> None:
+    """A convolution's bias added by the kernel after it where the device's call would add it
+    in a pass of its own (``Capabilities.convolution_bias == "epilogue"``)."""
+    if graph.session.capabilities.convolution_bias == "epilogue" and graph.kind in ("inference", "forward") \
+            and graph.makes_kernels:
+        bias_as_epilogue(graph.gm)
 
 
 def _matmul_padding(graph: AtenGraph) -> None:
@@ -287,8 +308,10 @@ def default_pipeline() -> Pipeline:
     return Pipeline(
         aten=[
             GraphPass("follow input layouts", _follow_input_layouts, "layout"),
+            GraphPass("constant folding", _constant_folding, "constant folding"),
             GraphPass("channels-last convolutions", _channels_last, "layout"),
             GraphPass("matmul padding", _matmul_padding, "layout"),
+            GraphPass("convolution bias", _convolution_bias, "layout"),
             GraphPass("patterns", _patterns, "patterns"),
         ],
         wrapper=[

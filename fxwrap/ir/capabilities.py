@@ -25,6 +25,10 @@ import torch
 
 #: ``convolution_layout`` / ``training_convolution_layout`` values
 CONVOLUTION_LAYOUTS = ("channels_last",)
+#: ``convolution_bias`` values: ``"call"`` (the convolution call adds it, the default) or
+#: ``"epilogue"`` (the kernel after the convolution adds it: the vendor call would add it in
+#: a pass of its own)
+CONVOLUTION_BIAS = ("call", "epilogue")
 #: ``index_checks`` values: ``"host"`` (ATen checks before the kernel, the default) or
 #: ``"in_kernel"`` (the kernel traps on an index out of bounds)
 INDEX_CHECKS = ("host", "in_kernel")
@@ -43,6 +47,8 @@ class Capabilities:
     * ``convolution_layout``: ``"channels_last"`` runs inference graphs with 2-D
       convolutions channels-last (``fxwrap.core.layout``).
     * ``training_convolution_layout``: the same for training graphs.
+    * ``convolution_bias``: ``"epilogue"``: a convolution's bias is added by the kernel after
+      it (``fxwrap.core.convolution_bias``); ``"call"`` or None: by the convolution call.
     * ``index_checks``: ``"in_kernel"``: gathers check their indices inside the kernel
       (``fxwrap.core.rules.indexing``); ``"host"`` or None: ATen checks before it.
     * ``matmul_alignment_bytes``: pad matrix products to leading dimensions of this many
@@ -55,6 +61,7 @@ class Capabilities:
     convolution_layout: str | None = None
     training_convolution_layout: str | None = None
     index_checks: str | None = None
+    convolution_bias: str | None = None
     matmul_alignment_bytes: int | None = None
     max_threads_per_threadgroup: int | None = None
     # --- facts (printed, keyed on by the program cache)
@@ -89,6 +96,9 @@ class Capabilities:
             if value is not None and value not in CONVOLUTION_LAYOUTS:
                 raise ValueError(f"Capabilities.{name}={value!r} is not one of {list(CONVOLUTION_LAYOUTS)} "
                                  "(or None: the traced layout)")
+        if self.convolution_bias is not None and self.convolution_bias not in CONVOLUTION_BIAS:
+            raise ValueError(f"Capabilities.convolution_bias={self.convolution_bias!r} is not one of "
+                             f"{list(CONVOLUTION_BIAS)}")
         if self.index_checks is not None and self.index_checks not in INDEX_CHECKS:
             raise ValueError(f"Capabilities.index_checks={self.index_checks!r} is not one of {list(INDEX_CHECKS)}")
         if self.capability is not None:

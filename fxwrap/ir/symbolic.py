@@ -176,15 +176,18 @@ def _nonnegative(expr: sympy.Expr) -> bool:
 def _bounds(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]):
     """``(lo, hi)`` with ``lo <= expr <= hi`` over ``0 <= v < ranges[v]``, or None when
     ``expr`` is not a sum of non-negative multiples of loop variables, floor divisions
-    and modulos of them, and a constant."""
+    and modulos of them, and terms without them (numbers, sizes, ``Mod(e, n)`` of them)."""
     lo = hi = sympy.Integer(0)
     for term in sympy.Add.make_args(expr):
         factors = sympy.Mul.make_args(term)
         atoms = [f for f in factors if _is_loop_atom(f, ranges)]
         if not atoms:
-            if not term.is_number:
+            if term.free_symbols & set(ranges):
                 return None
-            lo, hi = lo + term, hi + term
+            if isinstance(term, sympy.Mod) and term.args[1].is_positive:  # a roll's start: Mod(n - k, n)
+                hi = hi + term.args[1] - 1
+                continue
+            lo, hi = lo + term, hi + term  # the same at every position: a number, or of the sizes
             continue
         scale = sympy.Mul(*[f for f in factors if f is not atoms[0]])
         if len(atoms) != 1 or not _nonnegative(scale):
@@ -209,7 +212,34 @@ def _below(expr: sympy.Expr, bound: sympy.Expr, ranges) -> bool:
     if found is None:
         return False
     lo, hi = found
-    return bool(sympy.sympify(lo).is_nonnegative) and bool(sympy.simplify(bound - 1 - hi).is_nonnegative)
+    return bool(sympy.sympify(lo).is_nonnegative) and bool(sympy.simplify(bound - 1 - _relaxed(hi)).is_nonnegative)
+
+
+def _relaxed(hi: sympy.Expr) -> sympy.Expr:
+    """An upper bound of ``hi`` with each ``c*(a//d)`` (``c`` a positive multiple of ``d``)
+    as ``(c/d)*a``, which is no smaller: ``2*((s0 + 1)//2) - 2`` -> ``s0 - 1`` (the last
+    index of ``arange(0, s0, 2)``)."""
+    terms = []
+    for term in sympy.Add.make_args(sympy.expand(hi)):
+        coeff, rest = term.as_coeff_Mul()
+        if isinstance(rest, FloorDiv) and rest.args[1].is_Integer and rest.args[1] > 0 \
+                and coeff.is_Integer and coeff > 0 and coeff % rest.args[1] == 0:
+            term = coeff // rest.args[1] * rest.args[0]
+        terms.append(term)
+    return sympy.Add(*terms)
+
+
+def index_in_range(expr: sympy.Expr, bound: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) -> bool:
+    """``0 <= expr < bound`` for every value of the loop variables, ``0 <= v < ranges[v]``:
+    ``index_in_range(ModularIndexing(x0 + 2, 1, s0), s0, {x0: s0})`` is True (a roll's
+    index); False where it cannot tell."""
+    return _below(sympy.sympify(expr), sympy.sympify(bound), ranges)
+
+
+def index_nonnegative(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) -> bool:
+    """``expr >= 0`` for every value of the loop variables (False where it cannot tell)."""
+    found = _bounds(sympy.sympify(expr), ranges)
+    return found is not None and bool(sympy.sympify(found[0]).is_nonnegative)
 
 
 def _floordiv(a: sympy.Expr, d: sympy.Expr, ranges) -> sympy.Expr:

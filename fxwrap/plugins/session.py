@@ -81,7 +81,12 @@ class CompileOptions:
     template where it is timed faster than the ATen call plus the epilogue kernel;
     ``"default"``, the default, does so with the templates marked ``in_default_mode`` (the
     CPU's), and with every template under a max-autotune mode; ``"always"`` wherever one
-    applies; ``"off"`` never; default ``$FXWRAP_TEMPLATES`` or ``"default"``)::
+    applies; ``"off"`` never; default ``$FXWRAP_TEMPLATES`` or ``"default"``),
+    ``cache_weight_layouts`` (inference programs that relay a parameter out for a convolution
+    (channels-last) make the copy once and reuse it while the parameter's ``_version`` and
+    ``data_ptr`` are unchanged, ``fxwrap.runtime.weight_layouts``; a write through ``p.data``
+    is not seen, hence off by default, as Inductor's ``freezing``; not with CUDA graphs, whose
+    replay would not ask the cache)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -102,6 +107,7 @@ class CompileOptions:
     print_values: bool | tuple[str, ...] = False
     debug_dir: str | None = None
     templates: str = field(default_factory=lambda: os.environ.get("FXWRAP_TEMPLATES", "default"))
+    cache_weight_layouts: bool = False
 
     def __post_init__(self):
         if self.templates not in TEMPLATE_MODES:

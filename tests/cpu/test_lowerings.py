@@ -46,7 +46,6 @@ aten = torch.ops.aten
 _NO_RULE = "no lowering rule yet (add it to fxwrap/core/rules, then drop this entry)"
 EXTERNS = {
     "elu": {aten.elu: _NO_RULE},
-    "hardtanh": {aten.hardtanh: _NO_RULE},
     "leaky_relu": {aten.leaky_relu: _NO_RULE},
     "hypot": {aten.hypot: _NO_RULE},
     "shifts": {aten.__lshift__: _NO_RULE, aten.__rshift__: _NO_RULE},
@@ -106,7 +105,7 @@ UNARY_CASES = [(dtype, layout, dynamic)
 @pytest.mark.parametrize("dtype,layout,dynamic", UNARY_CASES)
 def test_unary_float(dtype, layout, dynamic):
     x = make(layout, dtype)
-    check(unary_float, (x,), dynamic, TOL[dtype], expected_externs("elu", "hardtanh", "leaky_relu"))
+    check(unary_float, (x,), dynamic, TOL[dtype], expected_externs("elu", "leaky_relu"))
 
 
 def binary_float(x, y, ny):

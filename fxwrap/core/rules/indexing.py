@@ -33,6 +33,7 @@ from fxwrap.ir.loops import Op, OpCode, Store, load_buffer, load_index, load_mas
 from fxwrap.core.lowering import (
     Loops, Stored, Unsupported, as_loops, broadcast, cast, const, index_value, masked, register,
 )
+from fxwrap.ir.symbolic import index_in_range, index_nonnegative
 from fxwrap.runtime.checks import check_index_bounds
 from fxwrap.ir.lines import CallExtern, Comment
 
@@ -236,6 +237,7 @@ def read(buf, index) -> Op:
     direct = sympy.Integer(0)
     terms = []
     for e, s, n in zip(index, buf.stride, buf.size):
+        e = _position(e)
         if n == 1:
             continue  # index 0 (a checked indirect index is 0 there too)
         if isinstance(e, Op):
@@ -274,7 +276,7 @@ def read_lazy(x: Loops, at) -> Op | None:
     """
     values: dict = {}
     index = []
-    for e in at:
+    for e in map(_position, at):
         if isinstance(e, Op):
             if len(values) == len(_PLACEHOLDERS):
                 return None
@@ -323,10 +325,13 @@ def _affine_value(expr, values: dict) -> Op:
     return offset
 
 
-def _source(ctx, x, dim: int):
+def _source(ctx, x, dim: int, direct: bool = False):
     """``(size of dim, reader)`` of an indexed operand: ``reader(at)`` is its value at
-    ``at``, computed from a lazy ``x`` where ``read_lazy`` can, else read from ``x``
+    ``at``, computed from a lazy ``x`` where ``read_lazy`` can (every lazy ``x`` when
+    ``direct``: the positions are expressions, ``_proven``), else read from ``x``
     stored (``ctx.stored``)."""
+    if isinstance(x, Loops) and direct:
+        return x.size[dim], lambda at: x(tuple(_position(e) for e in at))
     if isinstance(x, Loops):
         probe = tuple(Op.const(0, I64) if k == dim else xvar(k) for k in range(len(x.size)))
         if read_lazy(x, probe) is not None:
@@ -347,6 +352,61 @@ def _index_tensor(value) -> Loops:
     return loops
 
 
+# probe positions an index tensor is evaluated at to read its values as an expression
+_PROBES = tuple(sympy.Symbol(f"fxprobe{k}", integer=True, nonnegative=True) for k in range(8))
+_INTEGER_OPS = {OpCode.ADD: lambda a, b: a + b, OpCode.SUB: lambda a, b: a - b, OpCode.MUL: lambda a, b: a * b}
+
+
+def _expression(value: Op, ranges) -> sympy.Expr | None:
+    """An integer value computed from its index alone (``arange``, ``+``, ``*``, ``fmod`` /
+    ``remainder`` / ``//`` by a positive divisor of a non-negative value) as a sympy
+    expression: ``fmod(index(x0) + 2, 8)`` -> ``ModularIndexing(x0 + 2, 1, 8)``; None for
+    anything else (a load: data-dependent)."""
+    code = value.op
+    if code == OpCode.INDEX:
+        return value.arg
+    if code == OpCode.CONST:
+        return sympy.Integer(value.arg) if isinstance(value.arg, int) and not isinstance(value.arg, bool) else None
+    if value.dtype not in _INDEX_DTYPES:
+        return None
+    if code == OpCode.CAST:
+        source = value.src[0]
+        return _expression(source, ranges) if source.dtype in _INDEX_DTYPES else None
+    parts = [_expression(s, ranges) for s in value.src]
+    if any(p is None for p in parts):
+        return None
+    if code in _INTEGER_OPS:
+        return _INTEGER_OPS[code](*parts)
+    if code in (OpCode.FMOD, OpCode.MOD, OpCode.FLOORDIV):
+        a, n = parts
+        if not (n.is_positive or n.is_Symbol and n.is_positive) or not index_nonnegative(a, ranges):
+            return None
+        return FloorDiv(a, n) if code == OpCode.FLOORDIV else ModularIndexing(a, 1, n)
+    return None
+
+
+def _proven(index, size) -> Loops | None:
+    """The index values as ``index`` ops of expressions over the position, where every one
+    is provably in ``[0, size)`` (a roll's ``(arange + k) % n``, an ``arange``): no check is
+    needed, and the read is a plain strided one.  None otherwise."""
+    values = as_loops(index)
+    if len(values.size) > len(_PROBES):
+        return None
+    probes = _PROBES[:len(values.size)]
+    ranges = dict(zip(probes, values.size))
+    expr = _expression(values(probes), ranges)
+    if expr is None or not index_in_range(expr, size, ranges):
+        return None
+    return Loops(values.size, I64, values.device,
+                 lambda i: Op.index(expr.xreplace(dict(zip(probes, i)))))
+
+
+def _position(e):
+    """A position along a dim: an ``index`` op (a proven index, ``_proven``) as its
+    expression, so the read through it is direct."""
+    return e.arg if isinstance(e, Op) and e.op == OpCode.INDEX else e
+
+
 def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
     """The index values, checked to index a dim of ``size`` (``[-size, size)`` when
     ``negative_ok``) before any read through them.
@@ -357,7 +417,11 @@ def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
     index may stay lazy; lanes past the end load 0, so the size must be positive.
     Elsewhere the index tensor is put in memory and a ``check_index_bounds`` extern
     runs before the kernel: on a CPU it raises ``IndexError``, on an accelerator it
-    asserts on the device without reading back (five small ATen calls)."""
+    asserts on the device without reading back (five small ATen calls).  Neither where
+    the values are provably in ``[0, size)`` (``_proven``): those are ``index`` ops."""
+    proven = _proven(index, size)
+    if proven is not None:
+        return proven
     if ctx.capabilities.index_checks == "in_kernel" and sympy.sympify(size).is_positive:
         values = as_loops(index)
         low = index_value(-sympy.sympify(size)) if negative_ok else Op.const(0, I64)
@@ -369,6 +433,12 @@ def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
     ctx.emit(Comment(f"{ctx.node.name}: every index of {buf.name} in range for dim {dim}"))
     ctx.emit(CallExtern(check_index_bounds, (buf, size, dim, negative_ok), (), None))
     return as_loops(Stored(buf))
+
+
+def _is_proven(idx: Loops) -> bool:
+    """Whether ``_checked`` gave expressions (``_proven``) rather than values."""
+    probe = idx(_PROBES[:len(idx.size)])
+    return isinstance(probe, Op) and probe.op == OpCode.INDEX
 
 
 def _wrap(v: Op, n) -> Op:
@@ -391,8 +461,8 @@ def _gather(ctx, x, dim, index, *, sparse_grad=False):
     if len(as_loops(index).size) != rank:
         raise Unsupported("gather with an index of another rank")
     dim %= rank
-    size, reader = _source(ctx, x, dim)
-    idx = _checked(ctx, index, size, dim, negative_ok=False)
+    idx = _checked(ctx, index, as_loops(x).size[dim], dim, negative_ok=False)
+    size, reader = _source(ctx, x, dim, direct=_is_proven(idx))
     out = ctx.out_dtype
 
     def fn(i):
@@ -419,8 +489,8 @@ def _index_select(ctx, x, dim, index):
     if len(_index_tensor(index).size) > 1:
         raise Unsupported("index_select with a multi-dimensional index")
     dim %= rank
-    size, reader = _source(ctx, x, dim)
-    idx = _checked(ctx, index, size, dim, negative_ok=False)
+    idx = _checked(ctx, index, as_loops(x).size[dim], dim, negative_ok=False)
+    size, reader = _source(ctx, x, dim, direct=_is_proven(idx))
     out = ctx.out_dtype
 
     def fn(i):
@@ -438,12 +508,14 @@ def _index(ctx, x, indices):
         raise Unsupported("index with other than one trailing index tensor")
     dim = given[0]
     _index_tensor(indices[dim])
-    size, reader = _source(ctx, x, dim)
-    idx = _checked(ctx, indices[dim], size, dim, negative_ok=True)
+    idx = _checked(ctx, indices[dim], as_loops(x).size[dim], dim, negative_ok=True)
+    proven = _is_proven(idx)
+    size, reader = _source(ctx, x, dim, direct=proven)
     nidx, out = len(idx.size), ctx.out_dtype
 
     def fn(i):
-        v = _wrap(cast(idx(tuple(i[dim:dim + nidx])), I64), size)
+        v = cast(idx(tuple(i[dim:dim + nidx])), I64)
+        v = v if proven else _wrap(v, size)  # a proven index is in [0, size) already
         at = tuple(i[:dim]) + (v,) + tuple(i[dim + nidx:])
         return cast(reader(at), out)
     return Loops(ctx.out_size, out, ctx.device, fn)

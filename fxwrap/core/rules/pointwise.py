@@ -96,6 +96,12 @@ def _clamp(ctx, x, min=None, max=None):
     return ctx.map(body, *args, compute=compute_dtype(ctx.out_dtype))
 
 
+@register(aten.hardtanh.default)
+def _hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    """``relu6`` (MobileNet) is ``hardtanh(x, 0, 6)``: a clamp, in the kernel with the rest."""
+    return _clamp(ctx, x, min_val, max_val)
+
+
 register(aten.clamp_min.default, lambda ctx, x, m: ctx.map(lambda v, b: Op("maximum", v.dtype, (v, b)), x, m))
 register(aten.clamp_max.default, lambda ctx, x, m: ctx.map(lambda v, b: Op("minimum", v.dtype, (v, b)), x, m))
 register(aten.relu.default, lambda ctx, x: ctx.map(lambda v: Op("maximum", v.dtype, (v, const(0, v.dtype))), x))

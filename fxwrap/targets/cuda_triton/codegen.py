@@ -312,13 +312,22 @@ class KernelWriter(ValueWalker):
 
     # ------------------------------------------------------------------ split-outer
     def workspace_dtypes(self) -> list[torch.dtype]:
-        """The dtype of each reduction's partials (split-outer): its accumulator's
-        (``int8`` for any/all)."""
+        """The dtype of each workspace of partials (split-outer), reduction by reduction: its
+        accumulator's (``int8`` for any/all); a Welford reduction has three (mean, M2, count)."""
         out = []
         for red in self.k.reductions:
             T = self._acc_dtype(red)
-            out.append(torch.int8 if T == torch.bool else T)
+            out += [T] * 3 if red.kind == "welford" else [torch.int8 if T == torch.bool else T]
         return out
+
+    def _workspace_slots(self) -> list[list[int]]:
+        """Per reduction, the indices of its workspaces (``ws_ptr{i}``)."""
+        slots, at = [], 0
+        for red in self.k.reductions:
+            n = 3 if red.kind == "welford" else 1
+            slots.append(list(range(at, at + n)))
+            at += n
+        return slots
 
     def write_split(self) -> tuple[list[str], list[str]]:
         """The bodies of the two kernels of a split-outer reduction: partials, combine.
@@ -362,12 +371,13 @@ class KernelWriter(ValueWalker):
         top.lines.clear()
         a += init
         a += self._loop(loop, update, start="rstart", end="rend")
-        for i, (fin_lines, results) in enumerate(finish):
+        dtypes = self.workspace_dtypes()
+        for (fin_lines, results), slots in zip(finish, self._workspace_slots()):
             a += fin_lines
-            v = results[0]
-            if self.workspace_dtypes()[i] == torch.int8:
-                v = f"{v}.to(tl.int8)"
-            a.append(f"tl.store(ws_ptr{i} + (split * xnumel + xindex), {v}, xmask)")
+            for i, v in zip(slots, results):  # a Welford reduction's mean, M2 and count
+                if dtypes[i] == torch.int8:
+                    v = f"{v}.to(tl.int8)"
+                a.append(f"tl.store(ws_ptr{i} + (split * xnumel + xindex), {v}, xmask)")
         zeros_a = [f"{name} = tl.full({self.shape(key)}, 0, {self.plan.index_dtype})"
                    for key, name in sorted(self.zeros.items())]
         body_a = casts + zeros_a + a
@@ -379,11 +389,22 @@ class KernelWriter(ValueWalker):
              "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
              "xmask = xindex < xnumel",
              *self.decompose("xindex", p.groups["x"], p.ranges["x"])]
-        for i, red in enumerate(reds):
+        for red, slots in zip(reds, self._workspace_slots()):
             kind = red.kind
             T = self._acc_dtype(red)
             tt = O.TL_TYPES[T]
             base = self.red_local(red)
+            if kind == "welford":  # Chan's combine of (mean, M2, count), partial by partial, in order
+                fn = self._combine_name("welford")
+                parts = [f"tl.load(ws_ptr{i} + (_sp * xnumel + xindex), xmask, other=0)" for i in slots]
+                b += [f"{base}_rmean = tl.zeros([XBLOCK, 1], {tt})", f"{base}_rm2 = tl.zeros([XBLOCK, 1], {tt})",
+                      f"{base}_rn = tl.zeros([XBLOCK, 1], {tt})",
+                      "for _sp in tl.static_range(NSPLIT):",
+                      f"    {base}_rmean, {base}_rm2, {base}_rn = {fn}({base}_rmean, {base}_rm2, {base}_rn, "
+                      f"{', '.join(parts)})"]
+                self._bind(top, red, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"], b)
+                continue
+            i = slots[0]
             part = f"tl.load(ws_ptr{i} + (_sp * xnumel + xindex), xmask, other=0)"
             if T == torch.bool:
                 part = f"({part} != 0)"

@@ -67,13 +67,17 @@ class CudaDevice(DeviceInterface):
         return Capabilities(
             dtypes=tuple(dtypes),
             convolution_layout="channels_last",  # cuDNN: NHWC, no transposes around a conv
-            # not training_convolution_layout: a training step channels-last puts batch
-            # norm's statistics over (N, H, W) with C innermost, which the Triton reduction
-            # plans read strided: 19 ms a kernel on an H200 (convnet bf16: 53 ms a step
-            # against 5.4 NCHW); the planner must read those rows coalesced first
+            # training too: batch norm's statistics over (N, H, W) with C innermost are a
+            # Welford reduction the planner splits (split-outer: NSPLIT chunks of rows per
+            # tile of channels, then Chan's combine); before that plan they ran one program
+            # per channel tile walking every row, 19 ms a kernel on an H200
+            training_convolution_layout="channels_last",
             # gathers check their index values inside the kernel (tl.device_assert), not
             # by ATen calls before it (fxwrap.core.rules.indexing._checked)
             index_checks="in_kernel",
+            # cuDNN's convolution adds its bias in an ATen add_ of its own: the kernel after
+            # the convolution adds it instead (fxwrap.core.convolution_bias)
+            convolution_bias="epilogue",
             # cuBLAS's fast GEMM kernels want 16-byte leading dimensions: a product with
             # an odd column count computes padded rows (fxwrap.core.matmul_padding)
             matmul_alignment_bytes=16,

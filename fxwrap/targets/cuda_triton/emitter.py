@@ -211,7 +211,7 @@ class TritonEmitter(KernelEmitter):
             workspaces = tuple(Workspace(xnumel * nchunks, T) for _, _, T in writer.workspace_fields())
         elif plan.kind == "split-outer":
             body_a, body_b = writer.write_split()
-            ws = [f"ws_ptr{i}" for i in range(len(kernel.reductions))]
+            ws = [f"ws_ptr{i}" for i in range(len(writer.workspace_dtypes()))]
             functions = [(f"{fname}_partial", ptrs + ws + sizes + [f"{b}: tl.constexpr" for b in plan.block_names],
                           body_a),
                          (fname, ptrs + ws + sizes + ["XBLOCK: tl.constexpr", "NSPLIT: tl.constexpr"], body_b)]

@@ -7,11 +7,13 @@
 * reduction, persistent: axes ``x`` (rows) and ``r`` with the whole reduction in
   registers (``RBLOCK = next_pow2(rnumel)``), when ``rnumel`` is static and small;
 * reduction, looped: the same axes, ``r`` walked in ``RBLOCK`` steps;
-* reduction, split-outer: a column reduction (``x.sum(0)``) with a long ``r`` and few
+* reduction, split-outer: a column reduction (``x.sum(0)``, batch norm's statistics over
+  (N, H, W) of a channels-last tensor: a Welford reduction) with a long ``r`` and few
   ``x`` tiles.  Two kernels: the first gives each (x tile, r chunk) pair a program
   (``NSPLIT`` chunks) and stores its partial accumulators to a workspace
-  ``[NSPLIT, xnumel]``; the second combines the ``NSPLIT`` partials of each ``x`` in a
-  fixed order (bitwise reproducible, no atomics) and runs the x-indexed stores.
+  ``[NSPLIT, xnumel]`` (three for a Welford reduction: mean, M2, count); the second
+  combines the ``NSPLIT`` partials of each ``x`` in a fixed order (bitwise reproducible,
+  no atomics; Chan's combine for Welford) and runs the x-indexed stores.
 * scan: one program per row walking it in ``RBLOCK`` steps with a carry;
 * lookback-scan: few long rows of ``cumsum``/``cumprod``/``logcumsumexp``, one launch:
   each program takes a chunk of ``RBLOCK`` elements (in registers) by an atomic ticket,
@@ -133,7 +135,7 @@ class Planner:
     split_max = 64                 # most partials per x (the combine kernel unrolls them)
     split_min_rnumel_interpret = 128
     split_min_rows_rnumel = 1 << 16  # a row split pays for its second launch from here on
-    split_kinds = frozenset("sum prod max min any all".split())
+    split_kinds = frozenset("sum prod max min any all welford".split())
 
     # mode="max-autotune": every candidate kept, each widened by its neighbours (half and
     # double the innermost block, half and double num_warps), at most this many in all
@@ -409,7 +411,9 @@ class Planner:
             if rn < self.split_min_rnumel or -(-xn // 64) >= self.split_max_programs:
                 return None
             configs = []
-            for xb, rb, nw in ((64, 32, 4), (128, 16, 4), (32, 64, 4)):
+            # (16, 128): few columns (batch norm's 64 channels) still give 4 tiles x NSPLIT programs,
+            # each row a full 32-byte sector of 16 bf16 values
+            for xb, rb, nw in ((64, 32, 4), (128, 16, 4), (32, 64, 4), (16, 128, 4)):
                 xb = max(1, min(xb, next_pow2(xn)))
                 tiles = -(-xn // xb)
                 nsplit = next_pow2(-(-self.split_target_programs // tiles))
