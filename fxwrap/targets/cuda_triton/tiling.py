@@ -3,7 +3,11 @@
 * pointwise, 1-D: one axis ``x`` over the flattened ranges (``XBLOCK``);
 * pointwise, 2-D: axes ``y`` (the outer vars, ``YBLOCK``) and ``x`` (the inner vars,
   ``XBLOCK``) when some load or store is contiguous in a var other than the last
-  (a transpose): the split is the one that coalesces the most bytes;
+  (a transpose): the split is the one that coalesces the most bytes, each access
+  weighed by the bytes it moves (its element size times the elements its index
+  reaches), and only when it coalesces at least ``pointwise2d_min_gain`` of the
+  kernel's bytes more than the 1-D tiling: a small broadcast read (the positions of a
+  rotary embedding) never picks a 2-D tiling, whose layout conversions cost more;
 * reduction, persistent: axes ``x`` (rows) and ``r`` with the whole reduction in
   registers (``RBLOCK = next_pow2(rnumel)``), when ``rnumel`` is static and small;
 * reduction, looped: the same axes, ``r`` walked in ``RBLOCK`` steps;
@@ -202,20 +206,26 @@ class Planner:
                     {"y": ranges[:split], "x": ranges[split:]}, idt, configs=configs)
 
     # -- pointwise -------------------------------------------------------------
+    # share of a kernel's bytes a 2-D tiling must coalesce beyond the 1-D one to be chosen
+    pointwise2d_min_gain = 0.125
+
     def _split(self, kernel, buffers, vars_, ranges):
         """Index where the y group ends, or None for 1-D (the most coalesced bytes wins)."""
         if len(vars_) < 2:
             return None
-        acc = accesses(kernel, buffers)
+        acc = [(index, self._footprint(index, size, vars_, ranges)) for index, size in accesses(kernel, buffers)]
 
         def coalesced(fast_vars) -> int:
             total = 0
-            for index, size in acc:
+            for index, nbytes in acc:
                 if any(_coeff(index, v) == 1 for v in fast_vars):
-                    total += size
+                    total += nbytes
             return total
 
-        best, best_bytes = None, coalesced([vars_[-1]])
+        # a 2-D tile pays for itself (its layout conversions, its shorter contiguous runs)
+        # only when it coalesces a good share of the bytes the 1-D tiling leaves strided
+        flat = coalesced([vars_[-1]])
+        best, best_bytes = None, flat + sum(nbytes for _, nbytes in acc) * self.pointwise2d_min_gain
         for i in range(len(vars_) - 1):
             if _static(ranges[i]) == 1:
                 continue
@@ -223,6 +233,22 @@ class Planner:
             if got > best_bytes:
                 best, best_bytes = i + 1, got
         return best
+
+    def _footprint(self, index, itemsize: int, vars_, ranges) -> int:
+        """Bytes an access moves: ``itemsize`` times the elements its index reaches (the
+        product of the ranges of the loop vars it uses).  A broadcast read (the positions of
+        a rotary embedding, ``[S]`` read by a ``[B, H, S, D]`` kernel) moves little however
+        it is laid out, so it must not outweigh the full-size reads and the store when the
+        tiling is chosen; a range without a static value or hint counts as unbounded."""
+        used = sympy.sympify(index).free_symbols
+        elements = 1
+        for v, r in zip(vars_, ranges):
+            if v in used:
+                n = self._hint([r])
+                if n is None:
+                    return itemsize << 62
+                elements *= n
+        return itemsize * elements
 
     # Pointwise kernels are memory-bound: one config from a heuristic, not autotuned
     # (cold compile time); reductions keep at most ``max_configs`` candidates.
