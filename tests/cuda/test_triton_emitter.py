@@ -79,6 +79,23 @@ def test_transpose_with_a_broadcast_read_is_still_2d_tiled():
     torch.testing.assert_close(o, a.t() * w[:, None])
 
 
+def test_one_transposed_read_among_many_is_still_2d_tiled():
+    """A transposed read is a tenth of the bytes here, but a 1-D tiling would spend a 32-byte
+    sector on each of its float32 elements: the 2-D tiling still pays."""
+    n, m = 33, 70
+    v = ld("a0", m * x0 + x1)
+    for i in range(1, 9):
+        v = op("add", F32, v, ld(f"a{i}", m * x0 + x1))
+    v = op("add", F32, v, ld("t", n * x1 + x0))
+    k = kernel("sum_and_transpose", [buf(f"a{i}", (n, m)) for i in range(9)] + [buf("t", (m, n))],
+               [buf("o", (n, m))], [Store("o", m * x0 + x1, v)], ranges=(n, m))
+    launch, src = build(k)
+    assert src.launch["plan"] == "pointwise2d"
+    xs, t, o = [rand(n, m) for _ in range(9)], rand(m, n), torch.empty(n, m, device=DEVICE)
+    launch(*xs, t, o)
+    torch.testing.assert_close(o, sum(xs[1:], xs[0]) + t.t())
+
+
 @pytest.mark.parametrize("rnumel,kind", [(40, "persistent"), (5000, "looped")])
 def test_row_sum_and_max_persistent_and_looped(rnumel, kind):
     rows = 8  # enough rows that a long row is not split (see test_triton_split.py)
