@@ -16,7 +16,7 @@ from fxwrap.targets.cuda_triton import plugin as triton_plugin
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
 from triton_helpers import (DEVICE, GPU, TARGET, Op, Reduction, Store, acc, buf, build, const, emitter, kernel,
-                            ld, op, r0, s0, x0, x1)
+                            ld, op, r0, s0, x0, x1, x2)
 
 F32, I64 = torch.float32, torch.int64
 
@@ -46,6 +46,55 @@ def test_transpose_is_2d_tiled():
     a, o = rand(m, n), torch.empty(n, m, device=DEVICE)
     launch(a, o)
     torch.testing.assert_close(o, a.t() + 1)
+
+
+def test_small_broadcast_read_keeps_a_1d_tiling():
+    """A rotary-embedding pattern: ``o[h, s, d] = q[s, h, d] * cos(pos[s])``, the q read
+    from a ``[S, H, D]`` buffer through a transposed view.  Every full-size access is
+    contiguous along ``d``; only the small ``pos`` read is contiguous along ``s``.  The
+    2-D tiling it would ask for cost more than it saved (on an H100, HF Llama's rotary
+    kernels ran 2.5x Inductor's: 177 registers a thread against 80, and three layout
+    conversions), so the plan stays 1-D."""
+    h, s, d = 4, 24, 16
+    q = ld("q", h * d * x1 + d * x0 + x2)
+    angle = op("cos", F32, op("cast", F32, ld("pos", x1, I64)))
+    k = kernel("rope", [buf("q", (s, h, d)), buf("pos", (s,), I64)], [buf("o", (h, s, d))],
+               [Store("o", s * d * x0 + d * x1 + x2, op("mul", F32, q, angle))], ranges=(h, s, d))
+    launch, src = build(k)
+    assert src.launch["plan"] == "pointwise1d"
+    qt, pos, o = rand(s, h, d), torch.randint(0, 100, (s,), device=DEVICE), torch.empty(h, s, d, device=DEVICE)
+    launch(qt, pos, o)
+    torch.testing.assert_close(o, qt.transpose(0, 1) * pos.float().cos()[:, None])
+
+
+def test_transpose_with_a_broadcast_read_is_still_2d_tiled():
+    """The weighing by bytes moved keeps a real transpose 2-D (both full-size accesses)."""
+    n, m = 33, 70
+    v = op("mul", F32, ld("a", n * x1 + x0), ld("w", x0))
+    k = kernel("transpose_scale", [buf("a", (m, n)), buf("w", (n,))], [buf("o", (n, m))],
+               [Store("o", m * x0 + x1, v)], ranges=(n, m))
+    launch, src = build(k)
+    assert src.launch["plan"] == "pointwise2d"
+    a, w, o = rand(m, n), rand(n), torch.empty(n, m, device=DEVICE)
+    launch(a, w, o)
+    torch.testing.assert_close(o, a.t() * w[:, None])
+
+
+def test_one_transposed_read_among_many_is_still_2d_tiled():
+    """A transposed read is a tenth of the bytes here, but a 1-D tiling would spend a 32-byte
+    sector on each of its float32 elements: the 2-D tiling still pays."""
+    n, m = 33, 70
+    v = ld("a0", m * x0 + x1)
+    for i in range(1, 9):
+        v = op("add", F32, v, ld(f"a{i}", m * x0 + x1))
+    v = op("add", F32, v, ld("t", n * x1 + x0))
+    k = kernel("sum_and_transpose", [buf(f"a{i}", (n, m)) for i in range(9)] + [buf("t", (m, n))],
+               [buf("o", (n, m))], [Store("o", m * x0 + x1, v)], ranges=(n, m))
+    launch, src = build(k)
+    assert src.launch["plan"] == "pointwise2d"
+    xs, t, o = [rand(n, m) for _ in range(9)], rand(m, n), torch.empty(n, m, device=DEVICE)
+    launch(*xs, t, o)
+    torch.testing.assert_close(o, sum(xs[1:], xs[0]) + t.t())
 
 
 @pytest.mark.parametrize("rnumel,kind", [(40, "persistent"), (5000, "looped")])

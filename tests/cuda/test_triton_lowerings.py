@@ -184,6 +184,35 @@ def test_permuted_3d_copy_is_tiled():
     assert any(k.launch["plan"] == "pointwise2d" for k in ks)
 
 
+def hf_rotary(qf, kf, pos, inv_freq, heads=4, kv_heads=2, head_dim=16):
+    """HF Llama's rotary embedding of q and k (``LlamaRotaryEmbedding`` then
+    ``apply_rotary_pos_emb``): projections viewed ``[B, S, H, D]`` and transposed,
+    angles from float32 positions, ``rotate_half`` as a cat of the negated halves."""
+    b, s = pos.shape
+    q = qf.view(b, s, heads, head_dim).transpose(1, 2)
+    k = kf.view(b, s, kv_heads, head_dim).transpose(1, 2)
+    freqs = pos[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(qf.dtype)[:, None], emb.sin().to(qf.dtype)[:, None]
+
+    def rotate_half(x):
+        return torch.cat((-x[..., head_dim // 2:], x[..., :head_dim // 2]), dim=-1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def test_rotary_embedding_is_1d_tiled():
+    """Every full-size access of the rotary kernels is contiguous along the head dim; the
+    positions' broadcast read must not turn them into 2-D tiles (issue 27: 2.5x slower)."""
+    b, s = 2, 24
+    qf = torch.randn(b, s, 4 * 16, device=DEVICE, dtype=torch.bfloat16)
+    kf = torch.randn(b, s, 2 * 16, device=DEVICE, dtype=torch.bfloat16)
+    pos = torch.arange(s, device=DEVICE)[None].expand(b, s) + torch.randint(0, 50, (b, 1), device=DEVICE)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2, device=DEVICE).float() / 16))
+    ks = check(hf_rotary, (qf, kf, pos, inv_freq))
+    plans = [k.launch["plan"] for k in ks]
+    assert plans and all(p == "pointwise1d" for p in plans), plans
+
+
 def test_mlp_forward_backward():
     torch._dynamo.reset()
     torch.manual_seed(torch.seed() % 2 ** 31)
