@@ -1,8 +1,9 @@
-"""``python -m fxwrap demo`` and ``fxwrap targets``: the command line."""
+"""``python -m fxwrap demo``, ``fxwrap targets`` and ``fxwrap fuzz``: the command line."""
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 
@@ -60,6 +61,18 @@ def show(args) -> int:
     return 0
 
 
+def fuzz(args) -> int:
+    """Check random programs against eager on a target; exit status 1 where any failed."""
+    from fxwrap.testing.fuzz import fuzz as run_fuzz
+
+    stop_at = time.time() + args.time_limit if args.time_limit is not None else None
+    summary = run_fuzz(args.target, programs=args.programs, seed=args.seed, out=args.out,
+                       bad_inputs_every=args.bad_inputs_every, log=None if args.quiet else print,
+                       jobs=args.jobs, stop_at=stop_at)
+    print(summary.report())
+    return 0 if summary.ok else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="fxwrap", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -67,6 +80,19 @@ def main(argv=None) -> int:
     p.add_argument("--target", default=None, help="target name (default: from the device)")
     p.add_argument("--device", default="cpu")
     p.set_defaults(fn=demo)
+    p = sub.add_parser("fuzz", help="check seeded random programs against eager on a target; "
+                       "failures become standalone reproducer files")
+    p.add_argument("--target", default="cpu", help="target name, a plugin's included (default: cpu)")
+    p.add_argument("--programs", type=int, default=100, help="how many programs (default: 100)")
+    p.add_argument("--seed", type=int, default=0, help="the first program's seed; program i is seed + i")
+    p.add_argument("--out", default="fuzz-out", help="directory for reproducers (default: fuzz-out)")
+    p.add_argument("--bad-inputs-every", type=int, default=10, metavar="N",
+                   help="feed every N-th program wrong inputs too, lowered and loaded (0: never; default 10)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default: 1)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="start no program after this many seconds; the summary says how many ran")
+    p.add_argument("--quiet", action="store_true", help="print the summary only")
+    p.set_defaults(fn=fuzz)
     p = sub.add_parser("targets", help="list registered targets")
     p.set_defaults(fn=show)
     args = parser.parse_args(argv)

@@ -35,6 +35,7 @@ import itertools
 from dataclasses import dataclass, field
 
 import sympy
+import torch
 
 from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_buffer,
                             load_key,
@@ -284,13 +285,30 @@ class Group:
                 self.values[(s.buffer, s.index)] = value
 
 
+_INDEX_COMPARISONS = {OpCode.LT: sympy.Lt, OpCode.LE: sympy.Le, OpCode.GT: sympy.Gt, OpCode.GE: sympy.Ge,
+                      OpCode.EQ: sympy.Eq, OpCode.NE: sympy.Ne}
+
+
+def _folded_comparison(node: Op) -> Op | None:
+    """A comparison of two index values that mapping made numbers (the index of a size-1
+    dimension becomes 0: a slice's backward over it compares ``0 < 1``) as a constant, so no
+    kernel compares two constants (Triton's interpreter cannot mask a load with that)."""
+    a, b = node.src
+    if a.op is OpCode.INDEX and b.op is OpCode.INDEX and sympy.sympify(a.arg).is_Integer \
+            and sympy.sympify(b.arg).is_Integer:
+        return Op.const(bool(_INDEX_COMPARISONS[node.op](a.arg, b.arg)), torch.bool)
+    return None
+
+
 def subs_index(op: Op, mapping: dict) -> Op:
-    """``op`` with ``mapping`` (symbol -> expr) applied to every index expression."""
+    """``op`` with ``mapping`` (symbol -> expr) applied to every index expression;
+    comparisons of two index values that become numbers fold to constants."""
     def direct_load(load: Op) -> Op | None:  # an indirect index / mask is an operand, already remapped
         buffer, index = load.arg
         return None if index is None else load.replace(arg=(buffer, index.xreplace(mapping)))
     return rewrite(op, {OpCode.LOAD: direct_load,
-                        OpCode.INDEX: lambda node: node.replace(arg=node.arg.xreplace(mapping))})
+                        OpCode.INDEX: lambda node: node.replace(arg=node.arg.xreplace(mapping)),
+                        **dict.fromkeys(_INDEX_COMPARISONS, _folded_comparison)})
 
 
 def _as_epilogue(job: Job, n_outer: int) -> Job:

@@ -42,8 +42,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("targets", ("fxwrap.targets",)),
     ("plugins", ("fxwrap.plugins",)),
     ("api", ("fxwrap.arguments", "fxwrap.dump", "fxwrap.api", "fxwrap.artifacts", "fxwrap.program", "fxwrap.program_cache",
-             "fxwrap.profiling", "fxwrap.cli", "fxwrap.__main__", "fxwrap")),
+             "fxwrap.profiling", "fxwrap")),
     ("testing", ("fxwrap.testing",)),
+    # the command line runs everything, the fuzzer of fxwrap.testing included
+    ("command line", ("fxwrap.cli", "fxwrap.__main__")),
 ]
 # modules every target may import; anything else under fxwrap.targets belongs to one target
 SHARED_TARGET_MODULES = ("fxwrap.targets", "fxwrap.targets.base", "fxwrap.targets.cstyle",

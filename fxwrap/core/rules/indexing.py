@@ -254,7 +254,7 @@ def read(buf, index) -> Op:
 
 
 # Stand-ins for data-dependent positions while a lazy value is evaluated (see read_lazy).
-_PLACEHOLDERS = tuple(sympy.Symbol(f"fxindirect{k}", integer=True, nonnegative=True) for k in range(4))
+_PLACEHOLDERS = tuple(sympy.Symbol(f"fxindirect{k}", integer=True, nonnegative=True) for k in range(8))
 
 
 class _NotAffine(Exception):
@@ -276,11 +276,16 @@ def read_lazy(x: Loops, at) -> Op | None:
     """
     values: dict = {}
     index = []
-    for e in map(_position, at):
+    at = tuple(map(_position, at))
+    # a placeholder of an enclosing read_lazy may be in ``at`` already (a gather of a lazy
+    # value, read lazily itself by an index op): this one's placeholders must be others
+    taken = set().union(*(sympy.sympify(e).free_symbols for e in at if not isinstance(e, Op)))
+    placeholders = [p for p in _PLACEHOLDERS if p not in taken]
+    for e in at:
         if isinstance(e, Op):
-            if len(values) == len(_PLACEHOLDERS):
+            if len(values) == len(placeholders):
                 return None
-            symbol = _PLACEHOLDERS[len(values)]
+            symbol = placeholders[len(values)]
             values[symbol] = e
             index.append(symbol)
         else:
