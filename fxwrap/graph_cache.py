@@ -2,8 +2,9 @@
 
 The program cache (``fxwrap.program_cache``) is keyed by the ATen graph, so a warm
 process still runs AOTAutograd to make that graph.  This cache sits one level up, in
-the backend dynamo calls: it is keyed by dynamo's graph and answers with the programs
-and the little AOTAutograd metadata needed to run them (``fxwrap.runtime.aot_replay``)::
+the backend dynamo calls: it is keyed by dynamo's graph and answers with the programs,
+the shape guards their compile added (checked and installed again on a hit) and the little
+AOTAutograd metadata needed to run them (``fxwrap.runtime.aot_replay``)::
 
     FXWRAP_CACHE_DIR/graphs/9c/9c41...d0.pkl        {"kind": "training", "layout": ReplayLayout(...),
                                                      "programs": {"forward": <program key>, ...}}
@@ -18,8 +19,7 @@ and the little AOTAutograd metadata needed to run them (``fxwrap.runtime.aot_rep
 
 Only graphs whose AOTAutograd wrappers are plain are stored (no input mutation, no
 output aliasing an input or another output, no tensor subclass, no effect tokens or
-functionalized RNG, only torch functions in the graph, no shape guard added while
-compiling); any other graph compiles every time, as before.  A hit calls no AOTAutograd
+functionalized RNG, only torch functions in the graph); any other graph compiles every time, as before.  A hit calls no AOTAutograd
 and no lowering: ``stats`` counts hits, misses, stores and refusals.
 
 Bundles: ``save_cache_artifacts(path)`` writes every entry this process stored or
@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 from torch._functorch._aot_autograd.schemas import OutputType, SubclassCreationMeta
 from torch._guards import TracingContext
+from torch.fx.experimental.sym_node import SymNode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fxwrap.artifacts import fxwrap_version, triton_version
@@ -243,6 +244,9 @@ class GraphCompile:
             log.warning("fxwrap warm-start cache: ignoring entry %s (%s)", self.path(), exc)
             stats["miss"] += 1
             return None
+        if not self._guards_hold(entry.get("guards", ())):
+            stats["miss"] += 1
+            return None
         cache = ProgramCache()
         programs = {kind: cache.load(key, self.session) for kind, key in entry["programs"].items()}
         if entry.get("key") != self.key or any(p is None for p in programs.values()):
@@ -256,6 +260,21 @@ class GraphCompile:
         if entry["kind"] == "inference":
             return InferenceReplay(programs["inference"].runner)
         return TrainingReplay(programs["forward"].runner, programs["backward"].runner, entry["layout"])
+
+    def _guards_hold(self, guards) -> bool:
+        """Whether the shape guards the cold compile added hold at this graph's sizes; if they
+        do, they become guards of this compile (dynamo checks them before each call)."""
+        if not guards:
+            return True
+        if self.env is None:
+            return False
+        hints = self.env.backed_var_to_val if hasattr(self.env, "backed_var_to_val") else self.env.var_to_val
+        if not all(bool(expr.xreplace(hints)) for expr in guards):
+            log.info("fxwrap warm-start cache: an entry's shape guards fail at these sizes; compiling")
+            return False
+        for expr in guards:
+            bool(torch.SymBool(SymNode(expr, self.env, bool, True)))  # records the guard
+        return True
 
     def _touch(self, program_keys) -> None:
         _touched[str(self.path().relative_to(cache_dir()))] = None
@@ -273,8 +292,6 @@ class GraphCompile:
         graph's ``kind`` program; store the entry once it holds every program."""
         if self.refused:
             return
-        if self.env is not None and len(self.env.guards) != self.guards:
-            return self._refuse("compiling it added shape guards")
         if kind in ("inference", "forward"):
             context = TracingContext.try_get()
             meta = getattr(context, "fw_metadata", None)
@@ -295,10 +312,17 @@ class GraphCompile:
             cache.store(keys[name], prog)
             if not cache.path(keys[name]).exists():
                 return self._refuse(f"its {name} program does not pickle")
-        entry = {"key": self.key, "kind": "inference" if kind == "inference" else "training",
+        # shape guards AOTAutograd and the lowering added (a tiling for sizes below a bound):
+        # a hit checks them at the sizes it is asked for and installs them for dynamo
+        added = [g.expr for g in self.env.guards[self.guards:]] if self.env is not None else []
+        entry = {"key": self.key, "guards": added, "kind": "inference" if kind == "inference" else "training",
                  "layout": self.layout, "programs": keys, "device_type": self.session.target.device_type}
         self.path().parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path(), pickle.dumps(entry))  # the commit point
+        try:
+            data = pickle.dumps(entry)
+        except Exception as exc:  # noqa: BLE001 - a guard that does not pickle: compiled every time
+            return self._refuse(f"its shape guards do not pickle ({exc})")
+        write_atomically(self.path(), data)  # the commit point
         stats["stored"] += 1
         self._touch(keys.values())
         self.programs = {}
