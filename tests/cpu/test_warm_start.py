@@ -116,6 +116,7 @@ def test_not_a_bundle_is_refused(tmp_path):
 
 def test_input_mutation_is_not_cached_and_stays_correct(tmp_path, monkeypatch):
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")  # tests/conftest.py turns the caches off
     torch._dynamo.reset()
 
     def f(x, y):
