@@ -23,6 +23,7 @@ parser.add_argument("dtype", choices=("float32", "float64"))
 parser.add_argument("--save")
 parser.add_argument("--load")
 parser.add_argument("--batch", type=int, default=8)
+parser.add_argument("--device", default="cpu")
 parser.add_argument("--then-batch", type=int, help="run again with this many rows (the error covers both runs)")
 args = parser.parse_args()
 
@@ -41,9 +42,9 @@ api.compile_aten_graph = counting
 dtype = getattr(torch, args.dtype)
 torch.manual_seed(0)  # the same weights in every process; fresh inputs below
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8),
-                            torch.nn.Softmax(-1)).to(dtype)
+                            torch.nn.Softmax(-1)).to(dtype=dtype, device=args.device)
 torch.manual_seed(torch.seed())
-x = torch.randn(args.batch, 16, dtype=dtype)
+x = torch.randn(args.batch, 16, dtype=dtype, device=args.device)
 dynamic = args.shapes == "dynamic"
 # dynamic training: the matmul templates' timing crashes under symbolic sizes on main (not this cache)
 options = {"templates": "off"} if dynamic else None
@@ -58,18 +59,18 @@ def error(x) -> float:
     model.zero_grad()
     xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
     out = compiled(xc)
-    (out * torch.arange(8, dtype=dtype)).sum().backward()
+    (out * torch.arange(8, dtype=dtype, device=args.device)).sum().backward()
     grads = [p.grad.clone() for p in model.parameters()] + [xc.grad]
     model.zero_grad()
     ref = model(xe)
-    (ref * torch.arange(8, dtype=dtype)).sum().backward()
+    (ref * torch.arange(8, dtype=dtype, device=args.device)).sum().backward()
     grads_ref = [p.grad for p in model.parameters()] + [xe.grad]
     return max([(out - ref).abs().max().item()] + [(a - b).abs().max().item() for a, b in zip(grads, grads_ref)])
 
 
 err = error(x)
 if args.then_batch:
-    err = max(err, error(torch.randn(args.then_batch, 16, dtype=dtype)))
+    err = max(err, error(torch.randn(args.then_batch, 16, dtype=dtype, device=args.device)))
 saved = fxwrap.save_cache_artifacts(args.save) if args.save else None
 print(json.dumps({"err": err, "lowered": lowered, "aot": counters["aot_autograd"]["total"],
                   "stats": dict(graph_cache.stats), "saved": saved}))
