@@ -20,6 +20,8 @@ _EXPORTS: dict[str, str] = {
     "load": "fxwrap.artifacts", "LoadedProgram": "fxwrap.artifacts",
     "LoadedTrainingPrograms": "fxwrap.artifacts", "ProgramFileError": "fxwrap.artifacts",
     "MemoryPlan": "fxwrap.core.memory",
+    "save_cache_artifacts": "fxwrap.graph_cache", "load_cache_artifacts": "fxwrap.graph_cache",
+    "CacheBundleError": "fxwrap.graph_cache",
     "ProfileReport": "fxwrap.profiling", "profile": "fxwrap.profiling",
     "EmitError": "fxwrap.core.errors", "UnsupportedUserKernel": "fxwrap.core.errors",
     "hookimpl": "fxwrap.plugins.hookspecs", "hookspec": "fxwrap.plugins.hookspecs",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.api import Backend, compile, lower  # noqa: F401
     from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
     from fxwrap.ir.capabilities import Capabilities  # noqa: F401
+    from fxwrap.graph_cache import CacheBundleError, load_cache_artifacts, save_cache_artifacts  # noqa: F401
     from fxwrap.core.errors import EmitError, UnsupportedUserKernel  # noqa: F401
     from fxwrap.core.lowering import DECLINE  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401

@@ -25,6 +25,7 @@ from fxwrap.core.capture import capture_backend, report_output_strides, saved_ac
 from fxwrap.core.memory import describe_plan
 from fxwrap.core.passes import AtenGraph, WrapperProgram, run_wrapper_passes
 from fxwrap.dump import ProgramDump, aten_graph_text, debug_dir
+from fxwrap.graph_cache import GraphCompile
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
 from fxwrap.program import Program, TrainingPrograms, finish_program
@@ -190,9 +191,15 @@ class Backend:
             raise ValueError(f"fxwrap mode {options.mode!r} needs a CUDA target, not target {target.name!r} "
                              f"(device type {target.device_type!r}); drop the mode or compile for cuda")
         session = get_plugin_manager().session(target).configured(options)
+        # the warm-start cache (fxwrap/graph_cache.py): a hit skips AOTAutograd and lowering
+        warm = None if lowering else GraphCompile.start(gm, example_inputs, session)
+        if warm is not None and (runner := warm.load(options.on_program)) is not None:
+            return runner
 
         def compile_graph(aten_gm, aten_inputs, kind):
             program = compile_aten_graph(aten_gm, session, kind, example_inputs=aten_inputs)
+            if warm is not None:
+                warm.compiled(kind, program)
             if kind == "forward":  # the backward graph is compiled for these (core/capture.py)
                 report_output_strides(program.output_strides)
             if options.on_program is not None:

@@ -1,0 +1,409 @@
+"""The warm-start cache: a dynamo graph compiled once skips AOTAutograd and lowering next time.
+
+The program cache (``fxwrap.program_cache``) is keyed by the ATen graph, so a warm
+process still runs AOTAutograd to make that graph.  This cache sits one level up, in
+the backend dynamo calls: it is keyed by dynamo's graph and answers with the programs,
+the shape guards their compile added (checked and installed again on a hit) and the little
+AOTAutograd metadata needed to run them (``fxwrap.runtime.aot_replay``)::
+
+    FXWRAP_CACHE_DIR/graphs/9c/9c41...d0.pkl        {"kind": "training", "layout": ReplayLayout(...),
+                                                     "programs": {"forward": <program key>, ...}}
+    FXWRAP_CACHE_DIR/programs/..                     the programs, in the program cache's format
+
+    key = sha256(dynamo graph's code; every node's example value (sizes, strides, dtypes,
+                 devices, requires_grad; symbolic sizes as expressions) and the shape
+                 environment's guards, ranges and hints; tensor constants by value;
+                 grad mode, autocast, deterministic algorithms; AOTAutograd's config;
+                 the program cache's own environment (options, target, capabilities, host,
+                 plugins, FXWRAP_* settings, versions, fxwrap's file hashes))
+
+Only graphs whose AOTAutograd wrappers are plain are stored (no input mutation, no
+output aliasing an input or another output, no tensor subclass, no effect tokens or
+functionalized RNG, only torch functions in the graph); any other graph compiles every time, as before.  A hit calls no AOTAutograd
+and no lowering: ``stats`` counts hits, misses, stores and refusals.
+
+Bundles: ``save_cache_artifacts(path)`` writes every entry this process stored or
+loaded (graph entries and their programs, kernel binaries inside) to one file;
+``load_cache_artifacts(path)`` puts them into this process's cache directory, after
+checking the versions, the host and the devices (``CacheBundleError`` otherwise).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import pickle
+import platform
+import sys
+import zipfile
+from collections import Counter
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+from torch._functorch._aot_autograd.schemas import OutputType, SubclassCreationMeta
+from torch._guards import TracingContext
+from torch.fx.experimental.sym_node import SymNode
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from fxwrap.artifacts import fxwrap_version, triton_version
+from fxwrap.program_cache import ProgramCache, cache_enabled, package_digest, plugin_digest
+from fxwrap.runtime.aot_replay import InferenceReplay, ReplayLayout, TrainingReplay
+from fxwrap.targets.host.cache import default_cache_dir, write_atomically
+from fxwrap.targets.host.compiler import host_fingerprint
+
+log = logging.getLogger("fxwrap")
+
+FORMAT_VERSION = 1
+BUNDLE_FORMAT = "fxwrap-cache-bundle"
+#: what happened in this process: "hit", "miss", "stored", "uncacheable"
+stats: Counter = Counter()
+# cache files (relative to the cache directory) this process stored or loaded: a bundle's contents
+_touched: dict[str, None] = {}
+# modules whose functions a cacheable dynamo graph may call (anything else: user code, unkeyed)
+_TORCH_MODULES = ("torch", "_operator", "operator", "builtins", "math", "_functools")
+_ENV_IGNORED = frozenset({"FXWRAP_CACHE_DIR", "FXWRAP_LOG", "FXWRAP_PROGRAM_CACHE"})
+
+
+class CacheBundleError(RuntimeError):
+    """A cache bundle cannot be used here: another fxwrap/torch/Triton/Python version, another
+    host CPU, an absent device, or not a bundle.  The message says what to do."""
+
+
+def _describe(value) -> object:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(map(str, value.shape)), tuple(map(str, value.stride())), str(value.storage_offset()),
+                str(value.dtype), str(value.device), value.requires_grad, type(value).__name__)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", str(value))
+    if isinstance(value, (list, tuple)):
+        return tuple(_describe(v) for v in value)
+    if isinstance(value, (int, float, bool, str)) or value is None:
+        return value
+    return ("object", type(value).__qualname__)
+
+
+def _shape_env(gm: torch.fx.GraphModule):
+    for node in gm.graph.nodes:
+        env = getattr(getattr(node.meta.get("example_value"), "fake_mode", None), "shape_env", None)
+        if env is not None:
+            return env
+    return None
+
+
+def _shape_env_state(env) -> object:
+    if env is None:
+        return None
+    hints = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
+    return (tuple(str(g.expr) for g in env.guards), sorted((str(k), str(v)) for k, v in env.var_to_range.items()),
+            sorted((str(k), str(v)) for k, v in hints.items()),
+            sorted((str(k), str(v)) for k, v in env.replacements.items()))
+
+
+def _refusal(gm: torch.fx.GraphModule) -> str | None:
+    """Why the dynamo graph ``gm`` is not keyable by its text, or None."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            return f"it calls submodule {node.target!r}"
+        if node.op == "call_function":
+            module = getattr(node.target, "__module__", None) or ""
+            if not isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
+                    and module.split(".")[0] not in _TORCH_MODULES:
+                return f"it calls {getattr(node.target, '__qualname__', node.target)!r} of module {module!r}"
+        if node.op == "get_attr" and not isinstance(getattr(gm, node.target, None), torch.Tensor):
+            return f"it reads attribute {node.target!r}, not a tensor"
+    return None
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    with unset_fake_temporarily():
+        t = t.detach().to("cpu").contiguous()
+        return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs, session) -> str:
+    """The warm-start key of dynamo graph ``gm`` compiled in ``session`` (module docstring)."""
+    h = hashlib.sha256()
+
+    def add(value) -> None:
+        h.update(repr(value).encode())
+        h.update(b"\0")
+
+    add(("fxwrap graph cache", FORMAT_VERSION))
+    add(gm.code)
+    for node in gm.graph.nodes:
+        add((node.op, node.name, _describe(node.meta.get("example_value"))))
+        if node.op == "get_attr":
+            value = getattr(gm, node.target)
+            add(_describe(value))
+            h.update(_tensor_bytes(value))
+    add(tuple(_describe(x) for x in example_inputs))
+    add(_shape_env_state(_shape_env(gm)))
+    add(("grad", torch.is_grad_enabled(), "deterministic", torch.are_deterministic_algorithms_enabled()))
+    add(sorted((d, str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)))
+    h.update(torch._functorch.config.save_config())
+    options = session.options
+    add([(f.name, getattr(getattr(options, f.name), "name", getattr(options, f.name)))
+         for f in fields(options) if f.name not in ("on_program", "cache")])
+    target = session.target
+    add((target.name, target.device_type, sorted(target.options.items(), key=repr)))
+    add(session.capabilities)
+    add(host_fingerprint())
+    add(session.plugins.plugins)
+    add(plugin_digest(session.plugins.plugin_objects))
+    add(session.pipeline.names())
+    add(sorted((k, v) for k, v in os.environ.items()
+               if (k.startswith("FXWRAP_") and k not in _ENV_IGNORED) or k == "CXX"))
+    add((sys.version, platform.machine(), torch.__version__, triton_version(), fxwrap_version(), package_digest()))
+    return h.hexdigest()
+
+
+def _plain_refusal(meta) -> str | None:
+    """Why AOTAutograd's runtime wrappers for ``meta`` (a ``ViewAndMutationMeta``) are not
+    the plain ones ``aot_replay`` replays, or None."""
+    if any(i.mutates_data or i.mutates_metadata or getattr(i, "mutates_storage_metadata", False)
+           for i in meta.input_info):
+        return "it mutates an input"
+    if any(o.output_type != OutputType.non_alias for o in meta.output_info):
+        return "an output aliases an input or another output"
+    if meta.num_intermediate_bases or meta.tokens or meta.is_rng_op_functionalized \
+            or getattr(meta, "num_graphsafe_rng_states", 0) or getattr(meta, "num_backward_tokens", 0):
+        return "it has intermediate bases, effect tokens or functionalized RNG"
+    if getattr(meta, "num_opaque_objects_saved_for_bw", 0):
+        return "it saves opaque objects for the backward"
+    if any(isinstance(m, SubclassCreationMeta) for m in
+           [*meta.subclass_inp_meta, *meta.subclass_fw_graph_out_meta, *meta.subclass_tangent_meta]):
+        return "it takes or makes tensor subclasses"
+    return None
+
+
+def _layout(meta) -> ReplayLayout | str:
+    """The training replay's layout from ``meta``, or why there is none."""
+    needs_grad = tuple(bool(o.requires_grad) for o in meta.output_info)
+    if sum(needs_grad) != len(meta.traced_tangents) or len(meta.subclass_tangent_meta) != len(meta.traced_tangents):
+        return "its tangents are not one per output that requires grad"
+    layouts = []
+    for m in meta.subclass_tangent_meta:
+        known = getattr(m, "memory_format", None)
+        fmt, stride = getattr(known, "memory_format", None), getattr(known, "stride", None)
+        if fmt in (torch.contiguous_format, torch.channels_last):
+            layouts.append("contiguous" if fmt == torch.contiguous_format else "channels_last")
+        elif fmt is None and stride is not None and all(isinstance(s, int) for s in stride):
+            layouts.append(tuple(stride))
+        else:
+            return "a tangent's traced layout is neither contiguous, channels-last nor static strides"
+    return ReplayLayout(len(meta.output_info), meta.tensors_saved_for_backwards_slice,
+                        meta.symints_saved_for_backwards_slice, needs_grad, tuple(layouts))
+
+
+def cache_dir() -> Path:
+    return default_cache_dir()
+
+
+class GraphCompile:
+    """One dynamo graph's trip through the cache: ``load()`` a hit, or watch the compile
+    (``compiled(kind, program)`` for each program) and store it when it is whole."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, session):
+        self.session = session
+        self.key = graph_key(gm, example_inputs, session)
+        self.env = _shape_env(gm)
+        self.guards = len(self.env.guards) if self.env is not None else 0
+        self.layout: ReplayLayout | None = None
+        self.programs: dict = {}
+        self.refused = False
+
+    @staticmethod
+    def start(gm: torch.fx.GraphModule, example_inputs, session) -> "GraphCompile | None":
+        """None where the cache is off or ``gm`` is not keyable (logged)."""
+        if not cache_enabled(session.options):
+            return None
+        reason = _refusal(gm)
+        if reason is not None:
+            stats["uncacheable"] += 1
+            log.info("fxwrap warm-start cache: graph not cached: %s", reason)
+            return None
+        return GraphCompile(gm, example_inputs, session)
+
+    def path(self) -> Path:
+        return cache_dir() / "graphs" / self.key[:2] / f"{self.key}.pkl"
+
+    def _program_key(self, kind: str) -> str:
+        return hashlib.sha256(f"{self.key} {kind}".encode()).hexdigest()
+
+    def load(self, on_program=None):
+        """The runner of a cached graph (``InferenceReplay`` / ``TrainingReplay``), or None."""
+        try:
+            entry = pickle.loads(self.path().read_bytes())
+        except FileNotFoundError:
+            stats["miss"] += 1
+            return None
+        except Exception as exc:  # noqa: BLE001 - a bad entry is a miss
+            log.warning("fxwrap warm-start cache: ignoring entry %s (%s)", self.path(), exc)
+            stats["miss"] += 1
+            return None
+        if not self._guards_hold(entry.get("guards", ())):
+            stats["miss"] += 1
+            return None
+        cache = ProgramCache()
+        programs = {kind: cache.load(key, self.session) for kind, key in entry["programs"].items()}
+        if entry.get("key") != self.key or any(p is None for p in programs.values()):
+            stats["miss"] += 1
+            return None
+        stats["hit"] += 1
+        self._touch(entry["programs"].values())
+        if on_program is not None:
+            for program in programs.values():
+                on_program(program)
+        if entry["kind"] == "inference":
+            return InferenceReplay(programs["inference"].runner)
+        return TrainingReplay(programs["forward"].runner, programs["backward"].runner, entry["layout"])
+
+    def _guards_hold(self, guards) -> bool:
+        """Whether the shape guards the cold compile added hold at this graph's sizes; if they
+        do, they become guards of this compile (dynamo checks them before each call)."""
+        if not guards:
+            return True
+        if self.env is None:
+            return False
+        hints = self.env.backed_var_to_val if hasattr(self.env, "backed_var_to_val") else self.env.var_to_val
+        if not all(bool(expr.xreplace(hints)) for expr in guards):
+            log.info("fxwrap warm-start cache: an entry's shape guards fail at these sizes; compiling")
+            return False
+        for expr in guards:
+            bool(torch.SymBool(SymNode(expr, self.env, bool, True)))  # records the guard
+        return True
+
+    def _touch(self, program_keys) -> None:
+        _touched[str(self.path().relative_to(cache_dir()))] = None
+        for key in program_keys:
+            _touched[str(ProgramCache().path(key).relative_to(cache_dir()))] = None
+
+    def _refuse(self, reason: str) -> None:
+        if not self.refused:
+            stats["uncacheable"] += 1
+            log.info("fxwrap warm-start cache: graph not cached: %s", reason)
+        self.refused = True
+
+    def compiled(self, kind: str, program) -> None:
+        """Record ``program`` (just compiled, or loaded from the program cache) as the
+        graph's ``kind`` program; store the entry once it holds every program."""
+        if self.refused:
+            return
+        if kind in ("inference", "forward"):
+            context = TracingContext.try_get()
+            meta = getattr(context, "fw_metadata", None)
+            if meta is None:
+                return self._refuse("no AOTAutograd metadata")
+            reason = _plain_refusal(meta)
+            if reason is None and kind == "forward":
+                layout = _layout(meta)
+                reason, self.layout = (layout, None) if isinstance(layout, str) else (None, layout)
+            if reason is not None:
+                return self._refuse(reason)
+        self.programs[kind] = program
+        if kind == "forward":
+            return  # stored with the backward, when it compiles
+        cache, keys = ProgramCache(), {}
+        for name, prog in self.programs.items():
+            keys[name] = self._program_key(name)
+            cache.store(keys[name], prog)
+            if not cache.path(keys[name]).exists():
+                return self._refuse(f"its {name} program does not pickle")
+        # shape guards AOTAutograd and the lowering added (a tiling for sizes below a bound):
+        # a hit checks them at the sizes it is asked for and installs them for dynamo
+        added = [g.expr for g in self.env.guards[self.guards:]] if self.env is not None else []
+        entry = {"key": self.key, "guards": added, "kind": "inference" if kind == "inference" else "training",
+                 "layout": self.layout, "programs": keys, "device_type": self.session.target.device_type}
+        self.path().parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = pickle.dumps(entry)
+        except Exception as exc:  # noqa: BLE001 - a guard that does not pickle: compiled every time
+            return self._refuse(f"its shape guards do not pickle ({exc})")
+        write_atomically(self.path(), data)  # the commit point
+        stats["stored"] += 1
+        self._touch(keys.values())
+        self.programs = {}
+
+
+# ------------------------------------------------------------------------------ bundles
+def _here(device_types) -> dict:
+    return {"format": BUNDLE_FORMAT, "format_version": FORMAT_VERSION, "fxwrap_version": fxwrap_version(),
+            "fxwrap_files": package_digest(), "torch_version": torch.__version__, "triton_version": triton_version(),
+            "python": sys.version.split()[0], "host": hashlib.sha256(host_fingerprint().encode()).hexdigest(),
+            "device_types": sorted(device_types)}
+
+
+def save_cache_artifacts(path: str | os.PathLike) -> int:
+    """Write every warm-start entry this process compiled or loaded (the graphs, their
+    programs, the kernel binaries inside them) into the one file ``path``; returns how many
+    graphs it holds.  ``load_cache_artifacts(path)`` in another process (another cache
+    directory, another machine with the same host CPU, devices and versions) makes those
+    graphs compile with no AOTAutograd and no lowering.  A bundle is a pickle: load only
+    bundles you trust."""
+    root, files, devices = cache_dir(), {}, set()
+    for name in _touched:
+        try:
+            files[name] = (root / name).read_bytes()
+        except FileNotFoundError:
+            continue
+    for name, data in files.items():
+        if name.startswith("graphs"):
+            devices.add(pickle.loads(data)["device_type"])
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("header.json", json.dumps(_here(devices), indent=1))
+        for name in sorted(files):
+            archive.writestr(name, files[name])
+    write_atomically(Path(path), buffer.getvalue())
+    return sum(name.startswith("graphs") for name in files)
+
+
+def _device_present(device_type: str) -> bool:
+    if device_type == "cpu":
+        return True
+    module = getattr(torch, device_type, None)
+    available = getattr(module, "is_available", None)
+    return bool(available()) if callable(available) else False
+
+
+def load_cache_artifacts(path: str | os.PathLike) -> int:
+    """Put the entries of bundle ``path`` (``save_cache_artifacts``) into this process's cache
+    directory; returns how many graphs it held.  Raises ``CacheBundleError`` where the bundle
+    was made with another fxwrap (version or files), torch, Triton or Python, on another host
+    CPU, or for a device this machine lacks: recompile the model here (and save a bundle)."""
+    origin = f"cache bundle {os.fspath(path)!r}"
+    try:
+        archive = zipfile.ZipFile(path)
+        header = json.loads(archive.read("header.json"))
+    except (OSError, KeyError, zipfile.BadZipFile, ValueError) as exc:
+        raise CacheBundleError(f"{origin} is not an fxwrap cache bundle ({exc}); make one with "
+                               "fxwrap.save_cache_artifacts(path)") from exc
+    here = _here(header.get("device_types", ()))
+    for field_name, what in (("format", "format"), ("format_version", "format version"),
+                             ("fxwrap_version", "fxwrap version"), ("fxwrap_files", "fxwrap source files"),
+                             ("torch_version", "torch version"), ("triton_version", "Triton version"),
+                             ("python", "Python version"), ("host", "host CPU (model and features)")):
+        if header.get(field_name) != here[field_name]:
+            raise CacheBundleError(f"{origin} was made with another {what} ({header.get(field_name)!r}; here "
+                                   f"{here[field_name]!r}): its programs cannot run here. Compile the model "
+                                   "in this environment (torch.compile(..., backend='fxwrap')) and save a "
+                                   "bundle here")
+    for device_type in header.get("device_types", ()):
+        if not _device_present(device_type):
+            raise CacheBundleError(f"{origin} holds programs for {device_type} devices and this machine has "
+                                   f"none (torch.{device_type}.is_available() is False); load it where one is")
+    root, count = cache_dir(), 0
+    with archive:
+        for name in archive.namelist():
+            if name == "header.json":
+                continue
+            target = (root / name).resolve()
+            if root.resolve() not in target.parents:
+                raise CacheBundleError(f"{origin} names a file outside the cache directory: {name!r}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(target, archive.read(name))
+            count += name.startswith("graphs")
+    return count

@@ -1,0 +1,135 @@
+"""The warm-start cache (fxwrap/graph_cache.py): a second process with the same cache
+directory runs a model with no AOTAutograd and no lowering and gives eager's numbers;
+a bundle carries the cache to a process with an empty one; a bundle from elsewhere is refused."""
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import fxwrap
+from fxwrap import graph_cache
+
+CHILD = Path(__file__).with_name("warm_start_child.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child(cache_dir, *args) -> dict:
+    env = dict(os.environ, FXWRAP_CACHE_DIR=str(cache_dir), FXWRAP_PROGRAM_CACHE="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(CHILD), *map(str, args)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def tolerance(dtype: str) -> float:
+    return 1e-4 if dtype == "float32" else 1e-10
+
+
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_second_process_skips_aot_autograd_and_lowering(tmp_path, mode, shapes):
+    cold = child(tmp_path, mode, shapes, "float32")
+    assert cold["lowered"] and cold["aot"] >= 1 and cold["stats"].get("stored") == 1, cold
+    assert cold["err"] < tolerance("float32")
+    warm = child(tmp_path, mode, shapes, "float32")
+    assert warm["lowered"] == [] and warm["aot"] == 0, warm
+    assert warm["stats"] == {"hit": 1}, warm
+    assert warm["err"] < tolerance("float32"), warm
+    # another dtype is another key: compiled (and correct), not answered with the float32 programs
+    other = child(tmp_path, mode, shapes, "float64")
+    assert other["lowered"] and other["stats"].get("hit") is None, other
+    assert other["err"] < tolerance("float64"), other
+
+
+def test_inference_entry_is_not_used_for_training(tmp_path):
+    child(tmp_path, "inference", "static", "float32")
+    training = child(tmp_path, "training", "static", "float32")
+    assert training["lowered"] == ["forward", "backward"] and training["stats"].get("hit") is None, training
+    assert training["err"] < tolerance("float32")
+
+
+def test_static_entry_is_not_used_for_another_shape(tmp_path):
+    child(tmp_path, "inference", "static", "float32")
+    other = child(tmp_path, "inference", "static", "float32", "--batch", 5)
+    assert other["lowered"] == ["inference"] and other["stats"].get("hit") is None, other
+    assert other["err"] < tolerance("float32")
+
+
+def test_hit_installs_the_shape_guards_of_the_cold_compile(tmp_path):
+    """The cold dynamic training compile tiles for batch <= 511 (a shape guard): a warm hit
+    at batch 8 must not answer batch 600 with those programs; dynamo recompiles."""
+    cold = child(tmp_path, "training", "dynamic", "float32")
+    assert cold["stats"].get("stored") == 1, cold
+    warm = child(tmp_path, "training", "dynamic", "float32", "--then-batch", 600)
+    assert warm["stats"].get("hit") == 1 and warm["lowered"] == ["forward", "backward"], warm
+    assert warm["err"] < 3e-4, warm
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_bundle_loads_into_an_empty_cache_dir(tmp_path, mode):
+    bundle = tmp_path / "model.fxcache"
+    made = child(tmp_path / "a", mode, "static", "float32", "--save", bundle)
+    assert made["saved"] == 1 and made["lowered"]
+    warm = child(tmp_path / "b", mode, "static", "float32", "--load", bundle)
+    assert warm["lowered"] == [] and warm["aot"] == 0 and warm["stats"] == {"hit": 1}, warm
+    assert warm["err"] < tolerance("float32"), warm
+
+
+def _rewrite_header(bundle: Path, **changes) -> None:
+    with zipfile.ZipFile(bundle) as archive:
+        files = {name: archive.read(name) for name in archive.namelist()}
+    header = json.loads(files["header.json"])
+    header.update(changes)
+    files["header.json"] = json.dumps(header).encode()
+    with zipfile.ZipFile(bundle, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"torch_version": "2.0.0"}, "another torch version"),
+    ({"fxwrap_files": "0" * 64}, "another fxwrap source files"),
+    ({"host": "0" * 64}, "another host CPU"),
+    ({"device_types": ["cpu", "nodevice"]}, "holds programs for nodevice devices"),
+])
+def test_bundle_from_elsewhere_is_refused(tmp_path, monkeypatch, changes, message):
+    monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "cache"))
+    bundle = tmp_path / "b.fxcache"
+    fxwrap.save_cache_artifacts(bundle)
+    _rewrite_header(bundle, **changes)
+    with pytest.raises(fxwrap.CacheBundleError, match=message):
+        fxwrap.load_cache_artifacts(bundle)
+    assert not (tmp_path / "cache" / "graphs").exists()
+
+
+def test_not_a_bundle_is_refused(tmp_path):
+    path = tmp_path / "junk"
+    path.write_bytes(b"not a zip")
+    with pytest.raises(fxwrap.CacheBundleError, match="not an fxwrap cache bundle"):
+        fxwrap.load_cache_artifacts(path)
+
+
+def test_input_mutation_is_not_cached_and_stays_correct(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")  # tests/conftest.py turns the caches off
+    torch._dynamo.reset()
+
+    def f(x, y):
+        x.mul_(2)
+        return x + y
+
+    before = graph_cache.stats["uncacheable"]
+    x, y = torch.randn(6), torch.randn(6)
+    xc = x.clone()
+    out = torch.compile(f, backend="fxwrap")(xc, y)
+    xe = x.clone()
+    ref = f(xe, y)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(xc, xe)
+    assert graph_cache.stats["uncacheable"] == before + 1
+    assert not (tmp_path / "graphs").exists()
