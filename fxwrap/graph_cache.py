@@ -53,6 +53,7 @@ from fxwrap.program_cache import ProgramCache, cache_enabled, package_digest, pl
 from fxwrap.runtime.aot_replay import InferenceReplay, ReplayLayout, TrainingReplay
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
+from fxwrap.wrapper_ir.build_user_kernels import user_kernel_key
 
 log = logging.getLogger("fxwrap")
 
@@ -140,6 +141,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs, session) -> str:
             add(_describe(value))
             h.update(_tensor_bytes(value))
     add(tuple(_describe(x) for x in example_inputs))
+    add(user_kernel_key(gm))  # user Triton kernels: the graph names them by a per-process index
     add(_shape_env_state(_shape_env(gm)))
     add(("grad", torch.is_grad_enabled(), "deterministic", torch.are_deterministic_algorithms_enabled()))
     add(sorted((d, str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)))

@@ -67,7 +67,7 @@ def test_split_plan_on_the_gpu_sizes():
                ranges=(cols,), reduction_ranges=(rows,),
                reductions=[Reduction("acc0", "sum", ld("a", cols * r0 + x0), F32)])
     plan = Planner(interpret=False).plan(k)
-    assert plan.kind == "split-outer" and 1 <= len(plan.configs) <= 3
+    assert plan.kind == "split-outer" and 1 <= len(plan.configs) <= 4  # 16- to 128-column tiles
     for cfg in plan.configs:
         programs = -(-cols // cfg["XBLOCK"]) * cfg["NSPLIT"]
         assert programs >= 4 * 132 and 2 <= cfg["NSPLIT"] <= 64
