@@ -437,8 +437,8 @@ def _reshaped(job: Job, outer: tuple) -> Job | None:
     over ``outer`` instead: its variables through the flat index, its indices simplified
     over ``outer``'s ranges (``3072*(x0//32) + 96*(x0 % 32) + x1`` -> ``96*x0 + x1``).
     None when the sizes are not such a reshape."""
-    if job.reductions or job.reduced or not job.outer or not outer:
-        return None
+    if job.reductions or job.reduced or not job.outer or not outer or any(st.indexed for st in job.stores):
+        return None  # an indexed store's offset is an int64 value computed in the kernel, no expression
     sizes = [sympy.sympify(n) for n in job.outer]
     target = [sympy.sympify(n) for n in outer]
     if sizes[-1] != target[-1] or sympy.expand(sympy.Mul(*sizes) - sympy.Mul(*target)) != 0:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.testing.fuzz import check, load
+from fxwrap.testing.fuzz import check, generate, load
 
 TARGETS = ["cpu", "reference", "triton-interpret", "mps_shim"]
 
@@ -108,3 +108,12 @@ def test_an_index_of_a_gather_of_a_pointwise_value(target):
         return torch.gather(torch.sin(x), 2, index)[:, rows]
     got = torch.compile(fn, backend=fxwrap.Backend(target))(x, index, rows)
     torch.testing.assert_close(got, fn(x, index, rows))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_4_an_indexed_write_joins_a_reshaped_job(target):
+    """Fuzz seed 4 (cpu, after the indexed-write kernels landed): the scheduler reshaped a job
+    holding an indexed store, whose offset is an int64 value, not an index expression
+    (SympifyError at compile time); such a job is never reshaped."""
+    _needs(target)
+    assert check(load(generate(4)), target) == ("pass", "")

@@ -124,9 +124,12 @@ def _judge(what: str, compiled, eager) -> str | None:
 
 def check_bad_inputs(ns: dict, target: str, seed: int | None = None) -> tuple[list[str], int]:
     """``(problems, calls)`` of the bad-input fuzzer on the program of ``ns`` (a namespace of
-    ``generator.load``); a program with buffers is skipped (no problems, no calls)."""
+    ``generator.load``); a program with buffers, or for a target whose device is not the CPU,
+    is skipped (no problems, no calls)."""
     if ns["BUFFERS"]:
         return [], 0
+    if harness.target_device(target).type != "cpu":
+        return [], 0  # the variations are drawn on the CPU: the CPU-side targets only, for now
     seed = ns["SEED"] if seed is None else seed
     rng = random.Random(seed)
     specs = ns["INPUTS"]

@@ -81,45 +81,51 @@ def _lay_out(base, shape, layout):
     return base
 
 
-def make_tensor(spec, seed, index):
-    """The input of ``spec``: the same values and the same layout for the same seed and index."""
+def target_device(target: str) -> torch.device:
+    """The device the tensors of a program compiled for ``target`` live on (its device type)."""
+    return torch.device(fxwrap.get_plugin_manager().target(target).device_type)
+
+
+def make_tensor(spec, seed, index, device="cpu"):
+    """The input of ``spec``: the same values and the same layout for the same seed and index
+    (drawn on the CPU, then laid out on ``device``)."""
     _name, shape, dtype, kind, arg, layout, requires_grad = spec
     generator = torch.Generator().manual_seed(seed * 1009 + index)
-    base = _draw(kind, arg, _storage_shape(shape, layout), dtype, generator)
+    base = _draw(kind, arg, _storage_shape(shape, layout), dtype, generator).to(device)
     tensor = _lay_out(base, tuple(shape), layout)
     if requires_grad:
         tensor = tensor.detach().requires_grad_()
     return tensor
 
 
-def make_inputs(ns, upcast=False):
+def make_inputs(ns, upcast=False, device="cpu"):
     """Fresh inputs of the program (a new list each call: programs mutate their inputs)."""
     inputs = []
     for index, spec in enumerate(ns["INPUTS"]):
-        tensor = make_tensor(spec, ns["SEED"], index)
+        tensor = make_tensor(spec, ns["SEED"], index, device)
         if upcast and tensor.is_floating_point():
             tensor = tensor.detach().double().requires_grad_(tensor.requires_grad)
         inputs.append(tensor)
     return inputs
 
 
-def make_module(ns, upcast=False):
+def make_module(ns, upcast=False, device="cpu"):
     module = ns["Program"]()
     for index, spec in enumerate(ns["BUFFERS"]):
-        module.register_buffer(spec[0], make_tensor(spec, ns["SEED"], 1000 + index))
+        module.register_buffer(spec[0], make_tensor(spec, ns["SEED"], 1000 + index, device))
     return module.double() if upcast else module
 
 
 def cotangents(outputs, seed):
     generator = torch.Generator().manual_seed(seed * 1009 + 999)
-    return [torch.randn(o.shape, generator=generator).to(o.dtype) for o in outputs]
+    return [torch.randn(o.shape, generator=generator).to(o.device, o.dtype) for o in outputs]
 
 
-def run(ns, compiled_with=None, upcast=False):
-    """Run the program once; returns ``{"outputs", "inputs", "buffers", "grads"}``, each a
-    list of tensors (inputs and buffers after the run: programs mutate them)."""
-    module = make_module(ns, upcast)
-    inputs = make_inputs(ns, upcast)
+def run(ns, compiled_with=None, upcast=False, device="cpu"):
+    """Run the program once on ``device``; returns ``{"outputs", "inputs", "buffers", "grads"}``,
+    each a list of tensors (inputs and buffers after the run: programs mutate them)."""
+    module = make_module(ns, upcast, device)
+    inputs = make_inputs(ns, upcast, device)
     fn = module if compiled_with is None else compiled_with(module)
     outputs = fn(*inputs)
     outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
@@ -222,15 +228,17 @@ def check(ns, target):
     backend: if that raises as well, the failure is torch's (status ``"torch_error"``), not
     fxwrap's."""
     torch._dynamo.reset()
-    want = run(ns)
+    device = target_device(target)  # eager runs where the compiled program does
+    want = run(ns, device=device)
     try:
-        got = run(ns, compiler(target, ns["DYNAMIC"]))
+        got = run(ns, compiler(target, ns["DYNAMIC"]), device=device)
     except Exception as error:  # noqa: BLE001 - every exception is a finding, classified
         status = "compile_error" if _is_compile_error(error) else "runtime_error"
         text = str(error).strip().splitlines()
         torch._dynamo.reset()
         try:
-            run(ns, lambda module: torch.compile(module, backend="aot_eager", dynamic=ns["DYNAMIC"]))
+            run(ns, lambda module: torch.compile(module, backend="aot_eager", dynamic=ns["DYNAMIC"]),
+                device=device)
         except Exception:  # noqa: BLE001 - torch fails without fxwrap too
             status = "torch_error"
         return status, f"{type(error).__name__}: {text[0] if text else ''}"[:2000]
@@ -239,7 +247,7 @@ def check(ns, target):
     problems = compare_runs(got, want)
     if problems:
         try:
-            ref = run(ns, upcast=True)
+            ref = run(ns, upcast=True, device=device)
         except Exception:  # noqa: BLE001 - no float64 reference: judge against eager alone
             ref = None
         if ref is not None:
