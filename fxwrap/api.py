@@ -77,6 +77,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         cache, key = ProgramCache(), program_key(gm, session, key_kind)
         program = cache.load(key, session, static_inputs)
         if program is not None:
+            program.cache_key = key
             return program
     dump = ProgramDump.start(options.debug_dir, gm, kind, graph_text)  # None unless a debug dump was asked for
     if session.generates_kernels and options.kernels:
@@ -103,6 +104,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         dump.write(program, built, timer)
     if cache is not None:
         cache.store(key, program)
+        program.cache_key = key
     return program
 
 

@@ -310,8 +310,10 @@ class GraphCompile:
             return  # stored with the backward, when it compiles
         cache, keys = ProgramCache(), {}
         for name, prog in self.programs.items():
-            keys[name] = self._program_key(name)
-            cache.store(keys[name], prog)
+            keys[name] = prog.cache_key  # the program cache holds it already: no second copy
+            if keys[name] is None or not cache.path(keys[name]).exists():
+                keys[name] = self._program_key(name)
+                cache.store(keys[name], prog)
             if not cache.path(keys[name]).exists():
                 return self._refuse(f"its {name} program does not pickle")
         # shape guards AOTAutograd and the lowering added (a tiling for sizes below a bound):

@@ -48,6 +48,8 @@ class Program:
     outputs: OutputMap | None = field(default=None, repr=False)
     #: positions of the inputs graph capture uses in place (``core.capture.static_input_indices``)
     static_inputs: tuple[int, ...] = field(default=(), repr=False)
+    #: the program cache's key of this program, where it was stored or loaded there
+    cache_key: str | None = field(default=None, repr=False)
 
     @property
     def peak_bytes(self) -> int:

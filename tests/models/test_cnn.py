@@ -79,7 +79,7 @@ def test_cnn_inference_calls_convolution_functionally(kernels, dynamic):
     batch_norm = [op for op in ops if "batch_norm" in str(op)]
     if kernels:
         assert batch_norm == []
-        compute = [getattr(line, "op", "kernel") for line in program.lines
+        compute = [line.op if type(line).__name__ == "CallExtern" else "kernel" for line in program.lines
                    if type(line).__name__ == "CallKernel"
                    or (type(line).__name__ == "CallExtern" and line.op is not aten.sym_storage_offset.default)]
         conv1 = compute.index(aten.convolution.default)

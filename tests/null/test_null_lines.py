@@ -203,6 +203,7 @@ _NOT_LINE_READS = {
     ("fxwrap/wrapper_ir/guards.py", "getattr(inp, 'name', str(inp))"),
     ("fxwrap/artifacts.py", "getattr(program, 'capture', None)"),  # a LoadedProgram's recording facts
     ("fxwrap/profiling.py", "getattr(backend, 'kwargs', None)"),  # dynamo's backend wrapper
+    ("fxwrap/graph_cache.py", "getattr(getattr(options, f.name), 'name', getattr(options, f.name))"),  # options
 }
 
 
