@@ -251,6 +251,12 @@ class GemmWriter:
                  f"    a_ptrs += KBLOCK * ({self.idx(self.a.stride[-1])})",
                  f"    b_ptrs += KBLOCK * ({self.idx(self.b.stride[-2])})",
                  "mindex = rm[:, None]", "mmask = mindex < M", "nindex = rn[None, :]", "nmask = nindex < N"]
+        return self.epilogue(w, body)
+
+    def epilogue(self, w, body: list[str]) -> list[str]:
+        """``body`` (the kernel up to its float32 ``acc`` over ``mindex`` x ``nindex``), then
+        the index variables the epilogue reads, the epilogue (``w``: the kernel writer) and the
+        stores."""
         for axis, index in (("b", "zindex"), ("m", "mindex"), ("n", "nindex")):
             for v in self.plan.groups.get(axis, ()):
                 if v.name in w.used_vars:

@@ -64,9 +64,9 @@ import torch
 
 from fxwrap.core import patterns
 from fxwrap.core.patterns import INT8_MM
-from fxwrap.core.templates import Template, TemplateCall, accumulators
+from fxwrap.core.templates import Template, TemplateCall
 from fxwrap.ir.loops import ScheduledKernel
-from fxwrap.targets.cuda_triton.codegen import CodegenError, _Scope
+from fxwrap.targets.cuda_triton.codegen import CodegenError
 from fxwrap.targets.cuda_triton.gemm import GEMM_DTYPES, GemmWriter, template_source
 from fxwrap.targets.cuda_triton.tiling import next_pow2
 
@@ -171,21 +171,7 @@ class GemvWriter(GemmWriter):
                  "acc = tl.sum(partial, axis=1)[None, :]",
                  "rm = tl.arange(0, MBLOCK)",
                  "mindex = rm[:, None]", "mmask = mindex < M", "nindex = rn[None, :]", "nmask = nindex < N"]
-        for axis, index in (("b", "zindex"), ("m", "mindex"), ("n", "nindex")):
-            for v in self.plan.groups.get(axis, ()):
-                if v.name in w.used_vars:
-                    body.append(f"{v.name} = {index}")
-        top = _Scope(None, provides=[v.name for vs in self.plan.groups.values() for v in vs])
-        for node in accumulators(self.k):
-            if node.dtype != torch.float32:
-                raise CodegenError(f"template kernel {self.k.name}: the accumulator is float32, its epilogue "
-                                   f"reads it as {node.dtype} (target {self.target_name})")
-            top.env[node] = ("acc", node.dtype)
-        for st in self.k.stores:
-            w.store(top, st, ("m", "n"))
-        zeros = [f"{name} = tl.zeros({w.shape(key)}, {self.plan.index_dtype})"
-                 for key, name in sorted(w.zeros.items())]
-        return body + zeros + top.lines
+        return self.epilogue(w, body)
 
 
 def one_row(call: TemplateCall) -> bool:
