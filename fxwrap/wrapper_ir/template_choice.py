@@ -281,13 +281,16 @@ def _measure(runs: dict, load, hints: dict, target) -> dict[str, float]:
         if t is None:
             size = [evaluate(n, hints) for n in buf.size]
             stride = [evaluate(s, hints) for s in buf.stride]
-            t = torch.empty_strided(size, stride, dtype=buf.dtype, device=buf.device)
-            if t.dtype.is_floating_point:
-                t.copy_(torch.randn(size, generator=gen).to(buf.dtype))
-            elif t.dtype == torch.bool:
-                t.fill_(True)
+            # random values over the storage the strides span, then the view: a buffer whose
+            # elements overlap (an expanded input: stride 0) cannot be written elementwise
+            extent = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
+            if buf.dtype.is_floating_point:
+                flat = torch.randn(extent, generator=gen).to(buf.dtype)
+            elif buf.dtype == torch.bool:
+                flat = torch.ones(extent, dtype=torch.bool)
             else:
-                t.copy_(torch.randint(0, 2, size, generator=gen).to(buf.dtype))
+                flat = torch.randint(0, 2, (extent,), generator=gen).to(buf.dtype)
+            t = flat.to(buf.device).as_strided(size, stride)
             tensors[buf.name] = t
         return t
 

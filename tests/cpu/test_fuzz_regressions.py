@@ -119,3 +119,24 @@ def test_seed_4_an_indexed_write_joins_a_reshaped_job(target, monkeypatch):
     _needs(target)
     monkeypatch.setenv("FXWRAP_TEMPLATES", "auto")
     assert check(load(generate(4)), target) == ("pass", "")
+
+
+def test_seed_40_templates_time_a_product_with_an_expanded_bias(monkeypatch):
+    """Fuzz seed 40 (cpu, templates on): a linear whose bias is an expanded input (stride 0)
+    that needs its gradient.  Timing the GEMM template against the extern filled each
+    argument elementwise, and a buffer whose elements overlap cannot be written so
+    (RuntimeError at compile time); the timing inputs are now views of random storage."""
+    monkeypatch.setenv("FXWRAP_TEMPLATES", "auto")
+    torch._dynamo.reset()
+    x = torch.randn(1, 4, 8, 1, requires_grad=True)
+    w = torch.randn(4, 1, requires_grad=True)
+    bias = torch.randn(1).expand(4).detach().requires_grad_()
+
+    def fn(x, w, b):
+        return torch.add(torch.nn.functional.linear(x, w, b), 0.5, alpha=2)
+    got = torch.compile(fn, backend=fxwrap.Backend("cpu"))(x, w, bias)
+    want = fn(x, w, bias)
+    torch.testing.assert_close(got, want)
+    cot = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, (x, w, bias), cot),
+                               torch.autograd.grad(want, (x, w, bias), cot))
