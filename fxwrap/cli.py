@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -63,6 +64,9 @@ def show(args) -> int:
 
 def fuzz(args) -> int:
     """Check random programs against eager on a target; exit status 1 where any failed."""
+    if args.target == "triton-interpret":
+        # some Triton releases (3.6) interpret kernels only when this is set before triton is imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     from fxwrap.testing.fuzz import fuzz as run_fuzz
 
     stop_at = time.time() + args.time_limit if args.time_limit is not None else None

@@ -140,3 +140,24 @@ def test_seed_40_templates_time_a_product_with_an_expanded_bias(monkeypatch):
     cot = torch.randn_like(want)
     torch.testing.assert_close(torch.autograd.grad(got, (x, w, bias), cot),
                                torch.autograd.grad(want, (x, w, bias), cot))
+
+
+def test_an_interpreter_that_cannot_call_triton_library_functions_is_named(monkeypatch):
+    """Fuzz on the device (triton 3.6): with triton imported before TRITON_INTERPRET was set,
+    that interpreter raised "Cannot call @triton.jit'd outside of the scope of a kernel" at
+    every ``tl.sum``.  The launcher now says what to do; the fuzz command sets the variable."""
+    pytest.importorskip("triton", reason="the triton-interpret target needs triton")
+    from fxwrap.targets.cuda_triton.launcher import InterpretedLauncher
+
+    class Refusing:
+        __name__ = "fxwrap_reduction_0"
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                raise RuntimeError("Cannot call @triton.jit'd outside of the scope of a kernel")
+            return run
+
+    launch = {"pointers": 1, "size_symbols": (), "numels": (("x", "8"),), "config": (("XBLOCK", 8),)}
+    launcher = InterpretedLauncher(Refusing(), launch)
+    with pytest.raises(RuntimeError, match=r"fxwrap_reduction_0 \(target triton-interpret\).*TRITON_INTERPRET=1"):
+        launcher(torch.zeros(8))

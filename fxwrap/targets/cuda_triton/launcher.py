@@ -143,7 +143,17 @@ class InterpretedLauncher:
         n = self.grid(*args[self.npointers:])
         if n <= 0:
             return
-        self.fn[(n,)](*args, **self.constexprs)
+        try:
+            self.fn[(n,)](*args, **self.constexprs)
+        except Exception as error:
+            if "outside of the scope of a kernel" not in str(error):
+                raise
+            import triton
+            raise RuntimeError(
+                f"kernel {getattr(self.fn, '__name__', '?')} (target triton-interpret): Triton "
+                f"{triton.__version__}'s interpreter cannot call its own library functions (tl.sum, ...) "
+                "when triton was imported before TRITON_INTERPRET was set; run with TRITON_INTERPRET=1 "
+                "in the environment (newer Triton releases do not need it)") from error
 
 
 def _hooks():
