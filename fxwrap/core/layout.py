@@ -95,6 +95,19 @@ def has_channels_last_convolution(gm: torch.fx.GraphModule) -> bool:
     return any(_channels_last_positions(n) for n in gm.graph.nodes)
 
 
+def half_precision_convolutions(gm: torch.fx.GraphModule) -> bool:
+    """Whether every convolution the pass would make channels-last takes a float16 or
+    bfloat16 input (``Capabilities`` value ``"channels_last_half"``)."""
+    found = False
+    for node in gm.graph.nodes:
+        if _channels_last_positions(node):
+            input_at = _CONVOLUTIONS[node.target][0]
+            if node.args[input_at].meta["val"].dtype not in (torch.float16, torch.bfloat16):
+                return False
+            found = True
+    return found
+
+
 def channels_last_convolutions(gm: torch.fx.GraphModule, saved_outputs: Collection[int] = (),
                                input_values: Sequence | None = None, cache_weights: bool = False) -> bool:
     """Rewrite ``gm`` as the module docstring says; True if it changed.

@@ -39,7 +39,8 @@ import torch
 from fxwrap.core import patterns
 from fxwrap.core.constant_folding import fold_constants
 from fxwrap.core.convolution_bias import bias_as_epilogue
-from fxwrap.core.layout import channels_last_convolutions, follow_input_layouts, has_channels_last_convolution
+from fxwrap.core.layout import (channels_last_convolutions, follow_input_layouts, half_precision_convolutions,
+                                 has_channels_last_convolution)
 from fxwrap.core.matmul_padding import pad_matmul_columns
 from fxwrap.core.memory import MemoryPlan, plan_memory
 
@@ -261,11 +262,17 @@ def _takes_layout_pass(graph: AtenGraph) -> bool:
     if graph.kind == "inference":
         return True
     gm = graph.gm
-    if not graph.session.capabilities.training_convolution_layout == "channels_last":
+    wanted = graph.session.capabilities.training_convolution_layout
+    if wanted not in ("channels_last", "channels_last_half"):
         log.info("channels-last layout not applied to the forward graph: the device does not ask for "
                  "it in training (capabilities().training_convolution_layout)")
         return False
     if not has_channels_last_convolution(gm):
+        return False
+    if wanted == "channels_last_half" and not half_precision_convolutions(gm):
+        log.info("channels-last layout not applied to the forward graph: the device asks for it only "
+                 "where every convolution is float16/bfloat16 (training_convolution_layout="
+                 "'channels_last_half'), and this graph convolves another dtype")
         return False
     if graph.saved_outputs is None:
         log.info("channels-last layout not applied to the forward graph: no AOTAutograd metadata "

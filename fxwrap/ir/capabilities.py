@@ -23,8 +23,11 @@ from typing import Any
 
 import torch
 
-#: ``convolution_layout`` / ``training_convolution_layout`` values
-CONVOLUTION_LAYOUTS = ("channels_last",)
+#: ``convolution_layout`` / ``training_convolution_layout`` values: ``"channels_last"`` (every
+#: graph with 2-D convolutions) or ``"channels_last_half"`` (only graphs whose convolutions
+#: all take float16/bfloat16 inputs: a device whose float32 NHWC convolutions use TF32, as
+#: cuDNN's do by default, would change eager's float32 numbers)
+CONVOLUTION_LAYOUTS = ("channels_last", "channels_last_half")
 #: ``convolution_bias`` values: ``"call"`` (the convolution call adds it, the default) or
 #: ``"epilogue"`` (the kernel after the convolution adds it: the vendor call would add it in
 #: a pass of its own)
@@ -46,7 +49,8 @@ class Capabilities:
       computed in float32 (``CompileSession.numerics``).
     * ``convolution_layout``: ``"channels_last"`` runs inference graphs with 2-D
       convolutions channels-last (``fxwrap.core.layout``).
-    * ``training_convolution_layout``: the same for training graphs.
+    * ``training_convolution_layout``: the same for training graphs; ``"channels_last_half"``:
+      only where every convolution's input is float16 or bfloat16.
     * ``convolution_bias``: ``"epilogue"``: a convolution's bias is added by the kernel after
       it (``fxwrap.core.convolution_bias``); ``"call"`` or None: by the convolution call.
     * ``index_checks``: ``"in_kernel"``: gathers check their indices inside the kernel

@@ -11,6 +11,7 @@ of a re-strided input whose layout the graph cannot take, and dynamic shapes (of
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 
 import pytest
@@ -20,6 +21,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import fxwrap
 from fxwrap.api import compile_aten_graph, resolve_target
 from fxwrap.core.layout import follow_input_layouts
 from fxwrap.runtime.guards import InputMismatchError
@@ -239,3 +241,23 @@ def test_restrided_input_propagates_where_the_graph_allows():
 def test_bf16_autocast_training_steps_run_channels_last():
     assert_channels_last_programs(compiled_steps("cpu", steps=2, autocast_dtype=torch.bfloat16,
                                                  fwd_tol=None, grad_tol=None))
+
+
+def test_a_half_precision_only_device_trains_float32_convolutions_in_the_traced_layout(monkeypatch):
+    """``training_convolution_layout="channels_last_half"`` (the cuda device: cuDNN's float32
+    NHWC convolutions use TF32): a float32 training pair keeps the traced NCHW layout, a
+    bfloat16 autocast pair goes channels-last.  Here on the cpu target with its device's
+    capabilities set so."""
+    from fxwrap.targets.host.device import CpuDevice
+    real = CpuDevice.capabilities
+    monkeypatch.setattr(CpuDevice, "capabilities",
+                        lambda self: dataclasses.replace(real(self), training_convolution_layout="channels_last_half"))
+    # sessions ask the device once: a fresh manager's sessions ask the patched one
+    with fxwrap.use_plugin_manager(fxwrap.PluginManager(fxwrap.installed_entry_points())):
+        torch._dynamo.reset()
+        fp32 = compiled_steps("cpu", steps=2)
+        convolutions = externs(program_of(fp32, "forward"), aten.convolution.default)
+        assert len(convolutions) == 3 and not any(channels_last(c.args[0]) for c in convolutions)
+        torch._dynamo.reset()
+        assert_channels_last_programs(compiled_steps("cpu", steps=2, autocast_dtype=torch.bfloat16,
+                                                     fwd_tol=None, grad_tol=None))
