@@ -36,3 +36,32 @@ def test_device_is_checked_for_inputs_kernels_read():
     assert devices == {"x": None, "w": None, "b": torch.device("cpu")}, devices
     with pytest.raises(fxwrap.InputMismatchError, match=r"b \(argument 2\) is on device meta"):
         program.run(torch.randn(4, 8), torch.randn(8, 3), torch.randn(3, device="meta"))
+
+
+def test_static_tensor_inputs_are_checked_by_one_tensor_guards_call():
+    """After a call passes, the tensors of static layout go through one ``TensorGuards``
+    check, the rest through the generated check; each mismatch still raises the worded
+    error, and a flip the C++ check refuses but the program accepts (requires_grad) passes."""
+    import torch
+
+    from fxwrap.runtime.guards import InputGuard, SizeInputSpec, TensorInputSpec
+
+    cpu = torch.device("cpu")
+    specs = [TensorInputSpec(f"w{i}", torch.float32, cpu, (8, 4), (4, 1)) for i in range(5)]
+    specs += [SizeInputSpec("s0"), TensorInputSpec("x", torch.float32, cpu, ("s0", 4), (4, 1))]
+    guard = InputGuard(specs)
+    weights = [torch.randn(8, 4) for _ in range(5)]
+    guard(*weights, 3, torch.randn(3, 4))
+    static = guard._static
+    assert static is not None and len(static.pick((*weights, 3, None))) == 5
+    assert static.check((*weights, 6, torch.randn(6, 4)))          # the symbolic input by the rest
+    assert not static.check((*weights, 6, torch.randn(5, 4)))
+    with pytest.raises(fxwrap.InputMismatchError, match=r"w2.* strides \(1, 8\)"):
+        guard(*weights[:2], torch.randn(4, 8).t(), *weights[3:], 3, torch.randn(3, 4))
+    with pytest.raises(fxwrap.InputMismatchError, match=r"w4.* dtype torch.float64"):
+        guard(*weights[:4], torch.randn(8, 4, dtype=torch.float64), 3, torch.randn(3, 4))
+    with pytest.raises(fxwrap.InputMismatchError, match=r"x.* size \(3, 5\)"):
+        guard(*weights, 3, torch.randn(3, 5))
+    flipped = [w.clone().requires_grad_() for w in weights]
+    assert not static.check((*flipped, 3, torch.randn(3, 4)))
+    guard(*flipped, 3, torch.randn(3, 4))  # the generated check accepts it
