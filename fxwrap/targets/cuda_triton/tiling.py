@@ -50,6 +50,11 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+def prev_pow2(n: int) -> int:
+    """The largest power of two at most ``n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (int(n).bit_length() - 1)
+
+
 @dataclass
 class Plan:
     """Structure of one kernel; see the module docstring."""
@@ -130,13 +135,13 @@ class Planner:
 
     persistent_max = 4096          # largest RBLOCK kept in registers (GPU)
     persistent_max_interpret = 64  # interpreter: small, so the looped path is exercised too
-    # split-outer: chosen when rnumel >= split_min_rnumel and the x tiles alone give fewer
-    # than split_max_programs programs; the split aims at split_target_programs programs
-    split_min_rnumel = 4096
+    # split plans: chosen when the x tiles alone give fewer than split_max_programs programs
+    # (see _split_outer for the column reductions); a row split aims at
+    # split_target_programs programs
     split_max_programs = 264       # two waves of an H200's 132 SMs
     split_target_programs = 528    # at least four per SM
-    split_min_chunk = 512          # fewest r elements per program
-    split_max = 64                 # most partials per x (the combine kernel unrolls them)
+    split_min_chunk = 512          # fewest r elements per program of a row split
+    split_max = 64                 # most partials per row of a row split
     split_min_rnumel_interpret = 128
     split_min_rows_rnumel = 1 << 16  # a row split pays for its second launch from here on
     split_kinds = frozenset("sum prod max min any all welford".split())
@@ -434,7 +439,28 @@ class Planner:
                 return False
         return True
 
+    # split-outer on the GPU.  Each candidate is (elements of a [XBLOCK, RBLOCK] tile, num_warps,
+    # programs aimed at).  A memory-bound kernel is at bandwidth when every SM keeps enough
+    # loads in flight (on an H100 about 32 KiB or more): 1056 programs of 4 warps are 8
+    # programs (32 warps) an SM in one wave, each loading 8-16 KiB a step.  Before, 528
+    # programs were aimed at and NSPLIT was at most 64, so batch norm's statistics over 64
+    # channels ran 64 to 256 programs (25% of copy on the H100).
+    split_outer_candidates = ((4096, 4, 1056), (8192, 8, 1056), (4096, 4, 2112), (2048, 4, 2112))
+    split_outer_max = 1024         # most partials per x: the combine reduces [XBLOCK, NSPLIT] tiles
+    split_outer_min_steps = 2      # fewest RBLOCK steps per program
+    split_outer_min_rnumel = 512   # below, the persistent / looped plans (one program per x tile)
+    combine_elements = 4096        # the combine kernel's tile: XBLOCK * NSPLIT at most this
+    x_run_bytes = 128              # XBLOCK covers this many contiguous bytes of a row where it can
+
     def _split_outer(self, kernel, groups, ranges, idt):
+        """Plan ``split-outer`` for a column reduction with too few x tiles to fill the GPU.
+
+        ``XBLOCK`` spans the contiguous run of x the main load reads (up to
+        ``x_run_bytes``; a channels-last tensor's C, the B of ``[A, R, B]``), so a tile's
+        rows are whole 32-byte sectors and, where the run is short, consecutive ``r`` rows
+        continue the same contiguous bytes; ``RBLOCK`` fills the tile.  ``NSPLIT`` (a power of
+        two) brings the programs near the candidate's aim, with at least
+        ``split_outer_min_steps`` steps each."""
         xn, rn = self._hint(kernel.ranges), self._hint(kernel.reduction_ranges)
         if xn is None or rn is None or xn < 1:
             return None
@@ -442,28 +468,54 @@ class Planner:
             if rn < self.split_min_rnumel_interpret:
                 return None
             xb = max(1, min(8, next_pow2(xn)))
-            configs = [{"XBLOCK": xb, "RBLOCK": 32, "NSPLIT": max(2, min(4, -(-rn // 32))), "num_warps": 4}]
+            configs = [{"XBLOCK": xb, "RBLOCK": 32, "NSPLIT": 4, "num_warps": 4}]
             combine = {"XBLOCK": max(1, min(16, next_pow2(xn))), "num_warps": 4}
-        else:
-            if rn < self.split_min_rnumel or -(-xn // 64) >= self.split_max_programs:
-                return None
-            configs = []
-            # (16, 128): few columns (batch norm's 64 channels) still give 4 tiles x NSPLIT programs,
-            # each row a full 32-byte sector of 16 bf16 values
-            for xb, rb, nw in ((64, 32, 4), (128, 16, 4), (32, 64, 4), (16, 128, 4)):
-                xb = max(1, min(xb, next_pow2(xn)))
-                tiles = -(-xn // xb)
-                nsplit = next_pow2(-(-self.split_target_programs // tiles))
-                nsplit = max(2, min(nsplit, self.split_max, max(1, rn // self.split_min_chunk)))
-                cfg = {"XBLOCK": xb, "RBLOCK": rb, "NSPLIT": nsplit, "num_warps": nw}
-                if nsplit >= 2 and cfg not in configs:
-                    configs.append(cfg)
-            if not configs:
-                return None
-            cb = max(32, min(1024, next_pow2(-(-xn // 256))))
-            combine = {"XBLOCK": cb, "num_warps": 1 if cb <= 64 else 2 if cb <= 128 else 4}
+            return Plan("split-outer", ("x", "r"), groups, ranges, idt, "outer", None, configs,
+                        extra_constexprs=("NSPLIT",), combine_config=combine)
+        if rn < self.split_outer_min_rnumel or -(-xn // 64) >= self.split_max_programs:
+            return None
+        run, itemsize = self._x_run(kernel, groups["x"])
+        xb = max(1, min(next_pow2(xn), next_pow2(run), max(1, self.x_run_bytes // itemsize)))
+        configs = []
+        for elements, nw, aim in self.split_outer_candidates:
+            rb = max(1, elements // xb)
+            tiles = -(-xn // xb)
+            nsplit = next_pow2(-(-aim // tiles))
+            most = prev_pow2(max(1, rn // (rb * self.split_outer_min_steps)))
+            nsplit = min(nsplit, self.split_outer_max, most)
+            cfg = {"XBLOCK": xb, "RBLOCK": rb, "NSPLIT": nsplit, "num_warps": nw}
+            if nsplit >= 2 and cfg not in configs:
+                configs.append(cfg)
+        if not configs:
+            return None
+        most = max(c["NSPLIT"] for c in configs)
+        cb = max(1, min(next_pow2(xn), self.combine_elements // most))
+        combine = {"XBLOCK": cb, "num_warps": 4 if cb * most >= 1024 else 2}
         return Plan("split-outer", ("x", "r"), groups, ranges, idt, "outer", None, configs,
                     extra_constexprs=("NSPLIT",), combine_config=combine)
+
+    def _x_run(self, kernel, xv) -> tuple[int, int]:
+        """(elements, itemsize) of the longest contiguous run of x of a reduced read (an
+        access that uses an ``r`` var) contiguous in the innermost x var: the product of
+        the innermost x ranges whose strides continue it (``[A, R, B]`` read ``R``-reduced:
+        ``B``; the output store, contiguous in every x var, does not count)."""
+        buffers = {b.name: b for b in (*kernel.inputs, *kernel.outputs)}
+        rnames = {rvar(i).name for i in range(len(kernel.reduction_ranges))}
+        best = (1, 4)
+        if not xv:
+            return best
+        for index, size in accesses(kernel, buffers):
+            used = {s.name for s in sympy.sympify(index).free_symbols}
+            if _coeff(index, xv[-1]) != 1 or not used & rnames:
+                continue
+            run = 1
+            for v, r in zip(reversed(xv), reversed(list(kernel.ranges))):
+                n = self._hint([r])
+                if n is None or _coeff(index, v) != run:
+                    break
+                run *= n
+            best = max(best, (run, size))
+        return best
 
     def _split_rows(self, kernel, groups, ranges, idt):
         """A few long rows (``x.sum()``, a loss): one program per row leaves the GPU idle,
@@ -475,14 +527,15 @@ class Planner:
         if self.interpret:
             if xn > 4 or rn < self.split_min_rnumel_interpret:
                 return None
-            configs = [{"XBLOCK": 1, "RBLOCK": 32, "NSPLIT": max(2, min(4, -(-rn // 32))), "num_warps": 4}]
+            configs = [{"XBLOCK": 1, "RBLOCK": 32, "NSPLIT": 4, "num_warps": 4}]
         else:
             if xn >= self.split_max_programs // 2 or rn < self.split_min_rows_rnumel:
                 return None
             configs = []
             for rb, nw in ((1024, 4), (2048, 8)):
                 nsplit = next_pow2(-(-self.split_target_programs // xn))
-                nsplit = max(2, min(nsplit, self.split_max, max(1, rn // max(rb, self.split_min_chunk))))
+                # (a power of two: the combine kernel reduces [XBLOCK, NSPLIT] tiles)
+                nsplit = max(2, min(nsplit, self.split_max, prev_pow2(rn // max(rb, self.split_min_chunk))))
                 cfg = {"XBLOCK": 1, "RBLOCK": rb, "NSPLIT": nsplit, "num_warps": nw}
                 if nsplit >= 2 and cfg not in configs:
                     configs.append(cfg)
