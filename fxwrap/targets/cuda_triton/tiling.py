@@ -143,6 +143,7 @@ class Planner:
     split_min_chunk = 512          # fewest r elements per program of a row split
     split_max = 64                 # most partials per row of a row split
     split_min_rnumel_interpret = 128
+    split_nsplit_interpret = 4     # interpreter: partials per x (tests raise it: wide combine tiles)
     split_min_rows_rnumel = 1 << 16  # a row split pays for its second launch from here on
     split_kinds = frozenset("sum prod max min any all welford".split())
 
@@ -447,7 +448,7 @@ class Planner:
     # channels ran 64 to 256 programs (25% of copy on the H100).
     split_outer_candidates = ((4096, 4, 1056), (8192, 8, 1056), (4096, 4, 2112), (2048, 4, 2112))
     split_outer_max = 1024         # most partials per x: the combine reduces [XBLOCK, NSPLIT] tiles
-    split_outer_min_steps = 2      # fewest RBLOCK steps per program
+    split_outer_min_steps = 1      # fewest RBLOCK steps per program
     split_outer_min_rnumel = 512   # below, the persistent / looped plans (one program per x tile)
     combine_elements = 4096        # the combine kernel's tile: XBLOCK * NSPLIT at most this
     x_run_bytes = 128              # XBLOCK covers this many contiguous bytes of a row where it can
@@ -468,7 +469,7 @@ class Planner:
             if rn < self.split_min_rnumel_interpret:
                 return None
             xb = max(1, min(8, next_pow2(xn)))
-            configs = [{"XBLOCK": xb, "RBLOCK": 32, "NSPLIT": 4, "num_warps": 4}]
+            configs = [{"XBLOCK": xb, "RBLOCK": 32, "NSPLIT": self.split_nsplit_interpret, "num_warps": 4}]
             combine = {"XBLOCK": max(1, min(16, next_pow2(xn))), "num_warps": 4}
             return Plan("split-outer", ("x", "r"), groups, ranges, idt, "outer", None, configs,
                         extra_constexprs=("NSPLIT",), combine_config=combine)
@@ -527,7 +528,7 @@ class Planner:
         if self.interpret:
             if xn > 4 or rn < self.split_min_rnumel_interpret:
                 return None
-            configs = [{"XBLOCK": 1, "RBLOCK": 32, "NSPLIT": 4, "num_warps": 4}]
+            configs = [{"XBLOCK": 1, "RBLOCK": 32, "NSPLIT": self.split_nsplit_interpret, "num_warps": 4}]
         else:
             if xn >= self.split_max_programs // 2 or rn < self.split_min_rows_rnumel:
                 return None

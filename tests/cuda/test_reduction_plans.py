@@ -1,0 +1,161 @@
+"""The reduction plans the GPU planner chooses for the shapes of benchmarks/reductions.py
+(issue 30: a middle-dimension mean and batch norm's statistics at the copy bandwidth), and
+numbers against eager for what the new plans render: a split's combine over a wide
+``[XBLOCK, NSPLIT]`` tile of partials (many of them empty), Welford with its count per ``r``
+lane.  The planner runs without a GPU (``Planner(interpret=False)`` on hand-built kernels);
+the numbers run on the target under test (``cuda``, or ``triton-interpret`` here)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxwrap.targets.cuda_triton.tiling import Planner
+from triton_helpers import (DEVICE, Reduction, Store, acc, buf, build, check, kernel, ld, r0, x0, x1)
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+def _middle_reduction(a, r, b, dtype, kind="sum"):
+    """``[A, R, B]`` (contiguous) reduced over R: x vars (A, B), index ``R*B*x0 + B*r0 + x1``."""
+    out_dtype = F32 if kind == "sum" else dtype
+    red = Reduction("acc0", kind, ld("a", r * b * x0 + b * r0 + x1, dtype), F32 if kind == "sum" else F32)
+    return kernel("mid", [buf("a", (a, r, b), dtype)], [buf("o", (a, b), out_dtype)],
+                  [Store("o", b * x0 + x1, acc("acc0", F32))], ranges=(a, b), reduction_ranges=(r,),
+                  reductions=[red])
+
+
+def _channel_stats(n_hw, c, dtype):
+    """Batch norm's statistics over a channels-last tensor seen as ``[N*H*W, C]``: a Welford
+    reduction over the rows per channel, index ``C*r0 + x0``."""
+    red = Reduction("acc0", "welford", ld("a", c * r0 + x0, dtype), F32)
+    return kernel("bnstats", [buf("a", (n_hw, c), dtype)], [buf("m", (c,)), buf("v", (c,))],
+                  [Store("m", x0, acc("acc0", F32, 0)), Store("v", x0, acc("acc0", F32, 1))],
+                  ranges=(c,), reduction_ranges=(n_hw,), reductions=[red])
+
+
+def _programs(cfg, xnumel):
+    return -(-xnumel // cfg["XBLOCK"]) * cfg["NSPLIT"]
+
+
+def _check_split(plan, xnumel, xblock):
+    assert plan.kind == "split-outer", plan.kind
+    assert plan.configs
+    nsplits = []
+    for cfg in plan.configs:
+        # XBLOCK spans the contiguous run of x the load reads (its rows are whole sectors)
+        assert cfg["XBLOCK"] == xblock, cfg
+        assert cfg["XBLOCK"] * cfg["RBLOCK"] in (2048, 4096, 8192), cfg
+        # NSPLIT is a power of two (the combine's tile) and the programs fill an H100's 132
+        # SMs with 29 or more warps each
+        assert cfg["NSPLIT"] & (cfg["NSPLIT"] - 1) == 0 and 2 <= cfg["NSPLIT"] <= Planner.split_outer_max, cfg
+        warps = _programs(cfg, xnumel) * cfg["num_warps"]
+        assert warps >= 29 * 132, (cfg, warps)
+        nsplits.append(cfg["NSPLIT"])
+    # the combine reduces one [XBLOCK, NSPLIT] tile of partials a program
+    assert plan.combine_config["XBLOCK"] * max(nsplits) <= Planner.combine_elements
+
+
+@pytest.mark.parametrize("a,r,b,dtype,xblock", [
+    (32, 12544, 32, BF16, 32),    # an SE block's spatial mean (channels-last, 112x112, 32 channels)
+    (32, 3136, 144, BF16, 64),    # 56x56, 144 channels: 64 bf16 are 128 bytes
+    (64, 4096, 256, F32, 32),     # 32 float32 are 128 bytes
+    (32, 784, 240, F32, 32),      # 28x28, 240 channels: split from 512 rows on
+], ids=["se-112", "se-56", "f32-4096", "se-28"])
+def test_middle_mean_plan(a, r, b, dtype, xblock):
+    _check_split(Planner(interpret=False).plan(_middle_reduction(a, r, b, dtype)), a * b, xblock)
+
+
+@pytest.mark.parametrize("n,c,hw", [(32, 64, 112 * 112), (32, 256, 56 * 56), (32, 512, 28 * 28)])
+def test_batch_norm_statistics_plan(n, c, hw):
+    plan = Planner(interpret=False).plan(_channel_stats(n * hw, c, BF16))
+    _check_split(plan, c, min(c, 64))
+
+
+def test_batch_norm_statistics_of_64_channels_use_1024_partials():
+    """64 channels are one x tile: the programs are the splits, 1024 of them (were 64 to 256
+    programs with at most 64 partials: 25% of copy on the H100)."""
+    plan = Planner(interpret=False).plan(_channel_stats(32 * 112 * 112, 64, BF16))
+    assert {cfg["NSPLIT"] for cfg in plan.configs} == {1024}
+    assert plan.combine_config["XBLOCK"] == 4
+
+
+def test_short_or_wide_column_reductions_keep_one_program_per_tile():
+    # 196 rows (14x14): persistent, the whole reduction in registers
+    assert Planner(interpret=False).plan(_middle_reduction(32, 196, 672, BF16)).kind == "persistent"
+    # x tiles alone fill the GPU: no split
+    assert Planner(interpret=False).plan(_middle_reduction(4, 8192, 1 << 16, F32)).kind != "split-outer"
+
+
+# ------------------------------------------------------------------ numbers, wide combines
+ROWS = 1001
+
+
+@pytest.fixture
+def wide_split(monkeypatch):
+    """The interpreter's split plans with 64 partials per x (a 1001-row reduction in 32-row
+    steps fills 32 chunks: the rest are empty partials the combine must skip)."""
+    monkeypatch.setattr(Planner, "split_nsplit_interpret", 64)
+
+
+def _split(ks):
+    return [k for k in ks if k.launch["plan"] == "split-outer"]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_wide_combine_sum_and_mean(wide_split, dtype):
+    x = torch.randn(3, ROWS, 7, device=DEVICE).to(dtype)
+    ks = check(lambda x: (x.sum(1), x.mean(1)), (x,),
+               tol=dict(rtol=2e-2, atol=2e-2) if dtype is BF16 else dict(rtol=1e-4, atol=1e-4))
+    (sk,) = _split(ks)
+    assert sk.launch["nsplit"] == 64 and "tl.arange(0, NSPLIT)" in sk.source
+
+
+def test_wide_combine_max_min_propagate_nan(wide_split):
+    x = torch.randn(ROWS, 5, device=DEVICE)
+    x[ROWS - 3, 1] = float("nan")  # in the last non-empty chunk
+    x[:, 4] = float("-inf")
+    ks = check(lambda x: (x.amax(0), x.amin(0)), (x,))
+    assert _split(ks) and all(k.launch["nsplit"] == 64 for k in _split(ks))
+
+
+def test_wide_combine_any_all_prod(wide_split):
+    x = torch.rand(ROWS, 6, device=DEVICE) * 0.02 + 0.995
+    b = x > 0.9951
+    ks = check(lambda x, b: (x.prod(0), b.any(0), b.all(0), (x > 0).all(0)), (x, b),
+               tol=dict(rtol=1e-3, atol=1e-6))
+    assert _split(ks)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_wide_combine_welford(wide_split, dtype):
+    """Chan's combine over 64 partials, half of them empty (count 0), of batch norm's
+    statistics over a channels-last tensor."""
+    x = (torch.randn(1, 6, 13, 77, device=DEVICE) * 3 + 1).to(dtype).to(memory_format=torch.channels_last)
+    ks = check(lambda x: torch.var_mean(x, dim=(0, 2, 3), correction=0), (x,),
+               tol=dict(rtol=2e-2, atol=2e-2) if dtype is BF16 else dict(rtol=1e-4, atol=1e-4))
+    sk = [k for k in _split(ks) if "_fx_welford" in k.source]
+    assert sk and sk[0].launch["nsplit"] == 64
+
+
+def test_wide_combine_of_a_row_split(wide_split):
+    x = torch.randn(2, 1003, device=DEVICE)
+    ks = check(lambda x: x.sum(1), (x,))
+    assert _split(ks)
+
+
+def test_looped_welford_counts_per_r_lane():
+    """A looped Welford reduction keeps its count as ``[1, RBLOCK]`` (one division per r
+    lane a step); rows of different lengths and ragged last steps against eager."""
+    rows, cols = 5, 333  # looped under the interpreter (RBLOCK 32 < 333), a ragged last step
+    k = kernel("wf", [buf("a", (rows, cols))], [buf("m", (rows,)), buf("v", (rows,))],
+               [Store("m", x0, acc("acc0", F32, 0)), Store("v", x0, acc("acc0", F32, 1))],
+               ranges=(rows,), reduction_ranges=(cols,),
+               reductions=[Reduction("acc0", "welford", ld("a", cols * x0 + r0), F32)])
+    launch, src = build(k)
+    assert src.launch["plan"] == "looped"
+    assert "_n = tl.zeros([1, RBLOCK], tl.float32)" in src.text and "_d / " not in src.text
+    a = torch.randn(rows, cols, device=DEVICE) * 4 + 2
+    m, v = torch.empty(rows, device=DEVICE), torch.empty(rows, device=DEVICE)
+    launch(a, m, v)
+    torch.testing.assert_close(m, a.mean(1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(v, a.var(1, correction=0) * cols, rtol=1e-4, atol=1e-3)  # M2
