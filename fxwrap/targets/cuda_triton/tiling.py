@@ -11,13 +11,16 @@
 * reduction, persistent: axes ``x`` (rows) and ``r`` with the whole reduction in
   registers (``RBLOCK = next_pow2(rnumel)``), when ``rnumel`` is static and small;
 * reduction, looped: the same axes, ``r`` walked in ``RBLOCK`` steps;
-* reduction, split-outer: a column reduction (``x.sum(0)``, batch norm's statistics over
-  (N, H, W) of a channels-last tensor: a Welford reduction) with a long ``r`` and few
-  ``x`` tiles.  Two kernels: the first gives each (x tile, r chunk) pair a program
-  (``NSPLIT`` chunks) and stores its partial accumulators to a workspace
-  ``[NSPLIT, xnumel]`` (three for a Welford reduction: mean, M2, count); the second
-  combines the ``NSPLIT`` partials of each ``x`` in a fixed order (bitwise reproducible,
-  no atomics; Chan's combine for Welford) and runs the x-indexed stores.
+* reduction, split-outer: a column reduction (``x.sum(0)``, ``x.mean(1)`` of ``[A, R, B]``,
+  batch norm's statistics over (N, H, W) of a channels-last tensor: a Welford reduction)
+  with a long ``r`` and few ``x`` tiles.  Two kernels: the first gives each (x tile, r
+  chunk) pair a program (``NSPLIT`` chunks, a power of two) and stores its partial
+  accumulators to a workspace ``[NSPLIT, xnumel]`` (three for a Welford reduction: mean,
+  M2, count); the second loads each ``x``'s ``[XBLOCK, NSPLIT]`` tile of partials and
+  reduces it along the splits (a fixed tree: bitwise reproducible, no atomics; Chan's
+  combine for Welford), then runs the x-indexed stores.  On the GPU ``XBLOCK`` spans the
+  contiguous run of x the reduced load reads and the programs aim at 8-16 an SM
+  (``_split_outer``).
 * scan: one program per row walking it in ``RBLOCK`` steps with a carry;
 * lookback-scan: few long rows of ``cumsum``/``cumprod``/``logcumsumexp``, one launch:
   each program takes a chunk of ``RBLOCK`` elements (in registers) by an atomic ticket,
