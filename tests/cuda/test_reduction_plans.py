@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fxwrap.targets.cuda_triton.tiling import Planner
-from triton_helpers import (DEVICE, Reduction, Store, acc, buf, build, check, kernel, ld, r0, x0, x1)
+from fxwrap.ir.loops import Op
+from triton_helpers import (DEVICE, Reduction, Store, acc, buf, build, check, compiled, kernel, ld, r0, x0, x1)
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -159,3 +160,49 @@ def test_looped_welford_counts_per_r_lane():
     launch(a, m, v)
     torch.testing.assert_close(m, a.mean(1), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(v, a.var(1, correction=0) * cols, rtol=1e-4, atol=1e-3)  # M2
+
+
+# ------------------------------------------------------------------ RMSNorm's weight gradient
+def _rmsnorm_weight_grad(rows, width):
+    """``(grad * x * rstd[:, None]).sum(0)`` as the backward fuses it: two ``[rows, width]``
+    bf16 reads contiguous in x, and the per-row float32 ``rstd``, contiguous in r."""
+    g, x = ld("g", width * r0 + x0, BF16), ld("x", width * r0 + x0, BF16)
+    rstd = ld("rstd", r0, F32)
+    value = Op("mul", F32, (Op("cast", F32, (g,)), Op("mul", F32, (Op("cast", F32, (x,)), rstd))))
+    return kernel("wgrad", [buf("g", (rows, width), BF16), buf("x", (rows, width), BF16), buf("rstd", (rows, 1))],
+                  [buf("o", (width,), BF16)], [Store("o", x0, acc("acc0", F32))],
+                  ranges=(width,), reduction_ranges=(rows,),
+                  reductions=[Reduction("acc0", "sum", value, F32)])
+
+
+def test_rmsnorm_weight_gradient_is_an_outer_split():
+    """Accesses weigh the bytes they move: the per-row rstd (contiguous in r, 1/width of the
+    bytes) does not make the column sum an inner reduction (it did: one program per column
+    reading it down the rows, HF Llama's RMSNorm backward 361 us a step against Inductor's 197)."""
+    plan = Planner(interpret=False).plan(_rmsnorm_weight_grad(2048, 1024))
+    assert plan.kind == "split-outer" and plan.reduction_shape == "outer"
+    assert {cfg["XBLOCK"] for cfg in plan.configs} == {64}  # 128 bytes of a bf16 row
+    # 2048 rows: every program takes at least one RBLOCK step, the most programs 1024
+    assert all(cfg["NSPLIT"] * cfg["RBLOCK"] <= 2048 for cfg in plan.configs)
+    assert max(_programs(cfg, 1024) for cfg in plan.configs) >= 1024
+
+
+def test_rmsnorm_training_against_eager():
+    def rms(x, w):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * h.to(x.dtype)
+
+    torch._dynamo.reset()
+    x = torch.randn(300, 24, device=DEVICE).to(BF16).requires_grad_()
+    w = (torch.rand(24, device=DEVICE) + 0.5).to(BF16).requires_grad_()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    f, programs = compiled(rms)
+    grad = torch.randn(300, 24, device=DEVICE).to(BF16)
+    f(x, w).backward(grad)
+    rms(x2, w2).backward(grad)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(w.grad.float(), w2.grad.float(), rtol=2e-2, atol=5e-2)
+    ks = [n.target for p in programs for n in p.graph_module.graph.nodes if hasattr(n.target, "launch")]
+    assert any(k.launch["plan"] == "split-outer" and k.launch["reduction_shape"] == "outer" for k in ks), \
+        [(k.launch["plan"], k.launch["reduction_shape"]) for k in ks]

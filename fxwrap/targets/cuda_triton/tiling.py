@@ -550,13 +550,22 @@ class Planner:
                     extra_constexprs=("NSPLIT",), combine_config=combine)
 
     def _shape(self, kernel, buffers, xv, rv) -> str:
-        """``outer`` when most bytes read are contiguous along an x var (``x.sum(0)``)."""
+        """``outer`` when most bytes read are contiguous along an x var (``x.sum(0)``).
+
+        Each access weighs the bytes it moves (``_footprint``): in RMSNorm's weight gradient
+        (``(grad * x * rstd[:, None]).sum(0)``) the per-row ``rstd`` is contiguous in ``r``
+        but is 1/1024 of the bytes; counted by its element size alone it tied the two
+        ``[rows, width]`` reads, and the kernel ran one program per column reading it
+        down the rows (16 of every 32-byte sector wasted)."""
         inner = outer = 0
+        vars_ = list(xv) + list(rv)
+        ranges = list(kernel.ranges) + list(kernel.reduction_ranges)
         for index, size in accesses(kernel, buffers):
+            nbytes = self._footprint(index, size, vars_, ranges)
             if rv and _coeff(index, rv[-1]) == 1:
-                inner += size
+                inner += nbytes
             elif xv and _coeff(index, xv[-1]) == 1 and any(_coeff(index, r) not in (0,) for r in rv):
-                outer += size
+                outer += nbytes
         return "outer" if outer > inner else "inner"
 
     def _persistent_configs(self, rb, xnumel, shape):
