@@ -479,6 +479,8 @@ class Planner:
         if rn < self.split_outer_min_rnumel or -(-xn // 64) >= self.split_max_programs:
             return None
         run, itemsize = self._x_run(kernel, groups["x"])
+        if run <= 1:  # no reduced load contiguous in x (or its sizes unknown): a 16-wide tile
+            run = 16
         xb = max(1, min(next_pow2(xn), next_pow2(run), max(1, self.x_run_bytes // itemsize)))
         configs = []
         for elements, nw, aim in self.split_outer_candidates:
