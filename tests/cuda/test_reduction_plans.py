@@ -206,3 +206,80 @@ def test_rmsnorm_training_against_eager():
     ks = [n.target for p in programs for n in p.graph_module.graph.nodes if hasattr(n.target, "launch")]
     assert any(k.launch["plan"] == "split-outer" and k.launch["reduction_shape"] == "outer" for k in ks), \
         [(k.launch["plan"], k.launch["reduction_shape"]) for k in ks]
+
+
+# ------------------------------------------------------------------ the GPU code, compiled offline
+def _gpu_source(k):
+    """``k`` rendered as the ``cuda`` target renders it (the GPU planner's plan and configs),
+    without a GPU: an emitter whose target does not interpret nor autotune."""
+    from fxwrap.targets.base import DirectCallWrapper, Target
+    from fxwrap.targets.cuda_triton.emitter import TritonEmitter
+    from fxwrap.targets.host.device import CpuDevice
+
+    target = Target("cuda-offline", "cpu", CpuDevice(), TritonEmitter, DirectCallWrapper,
+                    options={"interpret": False, "autotune": False})
+    return TritonEmitter(target).render(k)
+
+
+_OFFLINE_COMPILE = """
+import importlib.util, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+path, symbol, config, types = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+spec = importlib.util.spec_from_file_location("offline_kernel", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+fn = getattr(module, symbol)
+names = fn.arg_names
+sig, consts = {}, {}
+for i, n in enumerate(names):
+    if n in config:
+        sig[n], consts[(i,)] = "constexpr", config[n]
+    else:
+        sig[n] = types.get(n, "*fp32") if "ptr" in n else "i32"
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if "ptr" in n}
+compiled = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": config["num_warps"]})
+print(json.dumps(re.findall(r"ld\\.global[.a-z0-9]*", compiled.asm["ptx"])))
+"""
+
+
+def _ptx_loads(source, symbol, config, pointer_types, tmp_path):
+    """The ``ld.global`` instructions of ``symbol`` compiled for sm_90 with ``config`` (pointers
+    16-byte aligned, as the launcher specializes them).  In a process of its own: this one may
+    run Triton's interpreter (``TRITON_INTERPRET=1`` turns ``tl.sum`` itself into an
+    interpreted function).  Skipped where this Triton cannot compile for CUDA."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    path = tmp_path / f"{symbol}.py"
+    path.write_text(source.text)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    done = subprocess.run([sys.executable, "-c", _OFFLINE_COMPILE, str(path), symbol, json.dumps(config),
+                           json.dumps(pointer_types)], capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode != 0:
+        if "ImportError" in done.stderr or "ptxas" in done.stderr or "ModuleNotFoundError" in done.stderr:
+            pytest.skip(f"Triton cannot compile for sm_90 here: {done.stderr.strip().splitlines()[-1]}")
+        raise AssertionError(f"offline compile of {symbol} {config} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["middle-mean", "bn-stats"])
+def test_split_partials_load_16_byte_vectors(case, tmp_path):
+    """Coalescing, checked on the PTX: every load of the partials kernel is a 16-byte vector
+    (eight bf16 consecutive in x, the fastest-varying index), for each candidate config."""
+    if case == "middle-mean":
+        k = _middle_reduction(32, 12544, 32, BF16)
+    else:
+        k = _channel_stats(32 * 112 * 112, 64, BF16)
+    src = _gpu_source(k)
+    assert src.launch["plan"] == "split-outer"
+    for cfg in src.launch["configs"]:
+        cfg = dict(cfg)
+        loads = _ptx_loads(src, src.launch["partial_symbol"], cfg, {"in_ptr0": "*bf16"}, tmp_path)
+        assert loads and all(ld_.startswith("ld.global.v4") for ld_ in loads), (cfg, loads)
