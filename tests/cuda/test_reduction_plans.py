@@ -287,3 +287,14 @@ def test_split_partials_load_16_byte_vectors(case, tmp_path):
         cfg = dict(cfg)
         loads = _ptx_loads(src, src.launch["partial_symbol"], cfg, {"in_ptr0": "*bf16"}, tmp_path)
         assert loads and all(ld_.startswith("ld.global.v4") for ld_ in loads), (cfg, loads)
+
+
+def test_wide_column_reduction_of_784_rows_is_looped_with_wide_tiles():
+    """A channels-last 28x28 spatial mean with enough x tiles not to split (batch 128, 240
+    channels): the rows held in registers would leave 4-value x tiles (8 bytes of a sector a
+    row); the looped plan reads 32- to 128-wide x tiles."""
+    plan = Planner(interpret=False).plan(_middle_reduction(128, 784, 240, BF16))
+    assert plan.kind == "looped" and plan.reduction_shape == "outer"
+    assert min(cfg["XBLOCK"] for cfg in plan.configs) >= 32
+    # 196 rows still fit a persistent tile 16 wide
+    assert Planner(interpret=False).plan(_middle_reduction(128, 196, 240, BF16)).kind == "persistent"

@@ -138,6 +138,10 @@ class Planner:
 
     persistent_max = 4096          # largest RBLOCK kept in registers (GPU)
     persistent_max_interpret = 64  # interpreter: small, so the looped path is exercised too
+    # an outer (column) reduction keeps its rows in registers only up to this many: beyond,
+    # the tile's x side shrank below 16 values (RBLOCK 1024: 4 bf16, 8 bytes of a 32-byte
+    # sector per row) and the looped plan's 32- to 128-wide tiles read whole sectors
+    persistent_outer_max = 256
     # split plans: chosen when the x tiles alone give fewer than split_max_programs programs
     # (see _split_outer for the column reductions); a row split aims at
     # split_target_programs programs
@@ -320,6 +324,8 @@ class Planner:
         # a small reduction (by its sizes or their hints) is launch-bound: no autotuning
         total = self._hint(list(kernel.ranges) + list(kernel.reduction_ranges))
         keep = 1 if total is not None and total <= self.small_reduction else self.max_configs
+        if shape == "outer" and not self.interpret:  # x tiles narrow enough to hold the rows
+            limit = min(limit, self.persistent_outer_max)
         if rnumel is not None and next_pow2(rnumel) <= limit:
             rb = next_pow2(rnumel)
             configs = self._persistent_configs(rb, xnumel, shape)[:keep]
