@@ -10,7 +10,11 @@ Cases (the shapes vision nets reduce; batch 32 at 224x224):
   a channels-last activation seen as ``[N, H*W, C]``);
 * ``spatial_mean``: ``x.mean((2, 3))`` of a channels-last ``[N, C, H, W]`` tensor;
 * ``bn_stats``: ``torch.var_mean(x, (0, 2, 3))`` of a channels-last ``[N, C, H, W]``: batch
-  norm's training statistics (a Welford reduction over N*H*W per channel).
+  norm's training statistics (a Welford reduction over N*H*W per channel);
+* ``rmsnorm``: HF Llama's RMSNorm forward of ``[rows, width]`` (float32 statistics, the
+  weight in the input's dtype); ``rmsnorm_train``: its forward and backward (the weight's
+  gradient is a column reduction over the rows).  Their "% of copy" is the bytes of the
+  input over a copy's time (a forward reads and writes about that much; the backward more).
 
 Per case and backend: microseconds per call (CUDA events over back-to-back calls, the
 median of rounds), and the bandwidth it reaches as a share of a copy's: a reduction reads
@@ -32,15 +36,34 @@ CASES = {
     "middle_mean": [(32, 12544, 32), (32, 3136, 144), (32, 196, 672), (64, 4096, 256)],
     "spatial_mean": [(32, 32, 112, 112), (32, 240, 28, 28), (32, 1152, 7, 7)],
     "bn_stats": [(32, 64, 112, 112), (32, 256, 56, 56), (32, 512, 28, 28)],
+    "rmsnorm": [(2048, 1024), (4096, 4096)],
+    "rmsnorm_train": [(2048, 1024), (4096, 4096)],
 }
+
+
+def _rmsnorm(x, w):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * h.to(x.dtype)
+
 
 
 def _input(case, shape, dtype):
     x = torch.randn(shape, device="cuda", dtype=dtype)
-    return x.to(memory_format=torch.channels_last) if len(shape) == 4 else x
+    if case.startswith("rmsnorm"):
+        w = torch.rand(shape[-1], device="cuda", dtype=dtype) + 0.5
+        if case == "rmsnorm_train":
+            x.requires_grad_()
+            w.requires_grad_()
+        return (x, w)
+    return (x.to(memory_format=torch.channels_last) if len(shape) == 4 else x,)
 
 
 def _fn(case):
+    if case == "rmsnorm":
+        return _rmsnorm
+    if case == "rmsnorm_train":
+        return _rmsnorm  # timed with its backward (_step)
     if case == "middle_mean":
         return lambda x: x.mean(1)
     if case == "spatial_mean":
@@ -48,8 +71,21 @@ def _fn(case):
     return lambda x: torch.var_mean(x, dim=(0, 2, 3), correction=0)
 
 
+def _step(case, fn):
+    """What one timed call runs: ``fn``, and for ``rmsnorm_train`` its backward too."""
+    if case != "rmsnorm_train":
+        return fn
+
+    def step(x, w):
+        out = fn(x, w)
+        out.backward(torch.ones_like(out))
+        x.grad = w.grad = None
+        return out
+    return step
+
+
 def _time(fn, x, rounds, reps):
-    fn(x)
+    fn(*x)
     torch.cuda.synchronize()
     samples = []
     for _ in range(rounds):
@@ -57,7 +93,7 @@ def _time(fn, x, rounds, reps):
         torch.cuda._sleep(1_000_000)  # the launches queue up behind it: device time only
         start.record()
         for _ in range(reps):
-            fn(x)
+            fn(*x)
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / reps)
@@ -77,7 +113,8 @@ def main(argv=None) -> int:
         return 0
     lines = [f"# {torch.cuda.get_device_name()}: torch {torch.__version__}",
              f"{'case':<13} {'dtype':<9} {'shape':<22} {'copy us':>8} | {'eager us':>9} {'%copy':>6} | "
-             f"{'inductor':>9} {'%copy':>6} | {'fxwrap':>9} {'%copy':>6} | fxwrap plans"]
+             f"{'inductor':>9} {'%copy':>6} | {'fxwrap':>9} {'%copy':>6} | fx/ind | fxwrap plans"]
+    details = ["# fxwrap's reduction kernels: the config autotuning chose, every candidate's time"]
     print("\n".join(lines), flush=True)
     for case in args.cases.split(","):
         for dtype_name in args.dtypes.split(","):
@@ -91,23 +128,34 @@ def main(argv=None) -> int:
                             "fxwrap": torch.compile(fn, backend=fxwrap.Backend(
                                 "cuda", {"on_program": programs.append, "cache": False}))}
                 for name, f in backends.items():  # compile, and check against eager
-                    got, want = f(x), fn(x)
+                    got, want = f(*x), fn(*x)
                     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
                         torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2,
                                                    msg=lambda m: f"{case} {shape} {name}: {m}")
-                copy = _time(lambda t: t.clone(memory_format=torch.preserve_format), x, args.rounds, args.reps)
-                times = {name: _time(f, x, args.rounds, args.reps) for name, f in backends.items()}
+                    if case == "rmsnorm_train":  # the backward compiles on the first call
+                        _step(case, f)(*x)
+                copy = _time(lambda t, *rest: t.detach().clone(memory_format=torch.preserve_format),
+                             x, args.rounds, args.reps)
+                times = {name: _time(_step(case, f), x, args.rounds, args.reps) for name, f in backends.items()}
                 share = {name: 100 * (copy / 2) / t for name, t in times.items()}
-                plans = sorted({n.target.launch.get("plan", "?") for p in programs
-                                for n in p.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)})
+                kernels = [n.target for p in programs for n in p.graph_module.graph.nodes
+                           if isinstance(n.target, fxwrap.Kernel)]
+                plans = sorted({k.launch.get("plan", "?") for k in kernels})
                 line = (f"{case:<13} {dtype_name:<9} {str(shape):<22} {copy:8.1f} | "
                         + " | ".join(f"{times[n]:9.1f} {share[n]:5.0f}%" for n in ("eager", "inductor", "fxwrap"))
-                        + f" | {','.join(plans)}")
+                        + f" | {times['fxwrap'] / times['inductor']:5.2f}x | {','.join(plans)}")
+                for k in kernels:  # the config each reduction kernel autotuned to, and its candidates' times
+                    if k.launch.get("plan") not in ("pointwise1d", "pointwise2d"):
+                        cfg = ",".join(f"{a}={b}" for a, b in k.launch.get("config", ()))
+                        tm = " ".join(f"[{c}]={t * 1e3:.1f}us" for c, t in k.launch.get("timings_ms", ()))
+                        details.append(f"#   {case} {dtype_name} {shape} {k.name} {k.launch.get('plan')}: "
+                                       f"{cfg} combine={k.launch.get('combine_config')} | {tm}")
                 lines.append(line)
                 print(line, flush=True)
+    print("\n".join(details), flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write("\n".join(lines + details) + "\n")
     return 0
 
 

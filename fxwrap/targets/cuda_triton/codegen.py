@@ -381,41 +381,39 @@ class KernelWriter(ValueWalker):
         zeros_a = [f"{name} = tl.full({self.shape(key)}, 0, {self.plan.index_dtype})"
                    for key, name in sorted(self.zeros.items())]
         body_a = casts + zeros_a + a
-        # ---- kernel B: combine the NSPLIT partials in order, then the x-indexed stores
+        # ---- kernel B: each program loads the [XBLOCK, NSPLIT] tile of partials of its x
+        # (one load, NSPLIT a power of two) and reduces it along the splits: a fixed tree
+        # for a given NSPLIT (bitwise reproducible, no atomics), then the x-indexed stores
         self.zeros = {}
         top = _Scope(None, provides=[v.name for v in p.groups["x"]])
         b = [f"xnumel = {self.numel(p.ranges['x'])}",
              f"xoffset = {self.pid()} * XBLOCK",
              "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
              "xmask = xindex < xnumel",
+             "_sp = tl.arange(0, NSPLIT)[None, :]",
              *self.decompose("xindex", p.groups["x"], p.ranges["x"])]
         for red, slots in zip(reds, self._workspace_slots()):
             kind = red.kind
             T = self._acc_dtype(red)
-            tt = O.TL_TYPES[T]
             base = self.red_local(red)
-            if kind == "welford":  # Chan's combine of (mean, M2, count), partial by partial, in order
+            parts = [f"tl.load(ws_ptr{i} + (_sp * xnumel + xindex), xmask, other=0)" for i in slots]
+            if kind == "welford":  # Chan's combine of the (mean, M2, count) partials
                 fn = self._combine_name("welford")
-                parts = [f"tl.load(ws_ptr{i} + (_sp * xnumel + xindex), xmask, other=0)" for i in slots]
-                b += [f"{base}_rmean = tl.zeros([XBLOCK, 1], {tt})", f"{base}_rm2 = tl.zeros([XBLOCK, 1], {tt})",
-                      f"{base}_rn = tl.zeros([XBLOCK, 1], {tt})",
-                      "for _sp in tl.static_range(NSPLIT):",
-                      f"    {base}_rmean, {base}_rm2, {base}_rn = {fn}({base}_rmean, {base}_rm2, {base}_rn, "
-                      f"{', '.join(parts)})"]
+                b += [f"{base}_rmean, {base}_rm2, {base}_rn = tl.reduce(({', '.join(parts)}), 1, {fn})",
+                      f"{base}_rmean = {base}_rmean[:, None]", f"{base}_rm2 = {base}_rm2[:, None]",
+                      f"{base}_rn = {base}_rn[:, None]"]
                 self._bind(top, red, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"], b)
                 continue
-            i = slots[0]
-            part = f"tl.load(ws_ptr{i} + (_sp * xnumel + xindex), xmask, other=0)"
-            if T == torch.bool:
-                part = f"({part} != 0)"
-            if kind in ("max", "min"):
-                new = f"{self._combine_name(kind)}({base}, {part})"
+            part = parts[0]
+            if kind == "sum":
+                b.append(f"{base} = tl.sum({part}, 1)[:, None]")
+            elif kind in ("any", "all"):  # int8 partials, 0 or 1
+                fn = "tl.max" if kind == "any" else "tl.min"
+                b.append(f"{base} = ({fn}({part}.to(tl.int32), 1) != 0)[:, None]")
             else:
-                new = {"sum": f"{base} + {part}", "prod": f"{base} * {part}",
-                       "any": f"{base} | {part}", "all": f"{base} & {part}"}[kind]
-            b += [f"{base} = tl.full([XBLOCK, 1], {self._init(kind, T)}, {tt})",
-                  "for _sp in tl.static_range(NSPLIT):",
-                  f"    {base} = {new}"]
+                b.append(f"{base} = tl.reduce({part}, 1, {self._combine_name(kind)})[:, None]")
+            if T == torch.bool and kind not in ("any", "all"):
+                b.append(f"{base} = {base} != 0")
             self._bind(top, red, [base], b)
         for st in x_stores:
             self.store(top, st, ("x",))
@@ -819,16 +817,22 @@ class KernelWriter(ValueWalker):
             return init, upd, (fin, [f"{base}_ri", f"{base}_rv"])
         if kind == "welford":
             fn = self._combine_name("welford")
+            # the count of a lane depends on its r only (rows masked off in x are never
+            # stored), so it and its reciprocal are [1, RBLOCK]: one division per r lane a
+            # step, not one per element (an IEEE float division is a dozen instructions,
+            # and batch norm's statistics of a bf16 tensor have ~15 a element to stay at
+            # the H100's bandwidth)
             init += [f"{base}_mean = tl.zeros({full}, {tt})", f"{base}_m2 = tl.zeros({full}, {tt})",
-                     f"{base}_n = tl.zeros({full}, {tt})"]
-            upd += [f"{base}_n1 = {base}_n + 1",
+                     f"{base}_n = tl.zeros([1, RBLOCK], {tt})"]
+            upd += [f"{base}_n = tl.where(rmask, {base}_n + 1, {base}_n)",
+                    f"{base}_w = 1 / tl.maximum({base}_n, 1)",
                     f"{base}_d = {v} - {base}_mean",
-                    f"{base}_mean1 = {base}_mean + {base}_d / {base}_n1",
+                    f"{base}_mean1 = {base}_mean + {base}_d * {base}_w",
                     f"{base}_m21 = {base}_m2 + {base}_d * ({v} - {base}_mean1)",
                     f"{base}_mean = tl.where(xrmask, {base}_mean1, {base}_mean)",
-                    f"{base}_m2 = tl.where(xrmask, {base}_m21, {base}_m2)",
-                    f"{base}_n = tl.where(xrmask, {base}_n1, {base}_n)"]
-            fin = [f"{base}_rmean, {base}_rm2, {base}_rn = tl.reduce(({base}_mean, {base}_m2, {base}_n), 1, {fn})",
+                    f"{base}_m2 = tl.where(xrmask, {base}_m21, {base}_m2)"]
+            fin = [f"{base}_rmean, {base}_rm2, {base}_rn = tl.reduce(({base}_mean, {base}_m2, "
+                   f"tl.broadcast_to({base}_n, {full})), 1, {fn})",
                    f"{base}_rmean = {base}_rmean[:, None]", f"{base}_rm2 = {base}_rm2[:, None]",
                    f"{base}_rn = {base}_rn[:, None]"]
             return init, upd, (fin, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"])

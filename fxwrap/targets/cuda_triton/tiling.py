@@ -11,13 +11,16 @@
 * reduction, persistent: axes ``x`` (rows) and ``r`` with the whole reduction in
   registers (``RBLOCK = next_pow2(rnumel)``), when ``rnumel`` is static and small;
 * reduction, looped: the same axes, ``r`` walked in ``RBLOCK`` steps;
-* reduction, split-outer: a column reduction (``x.sum(0)``, batch norm's statistics over
-  (N, H, W) of a channels-last tensor: a Welford reduction) with a long ``r`` and few
-  ``x`` tiles.  Two kernels: the first gives each (x tile, r chunk) pair a program
-  (``NSPLIT`` chunks) and stores its partial accumulators to a workspace
-  ``[NSPLIT, xnumel]`` (three for a Welford reduction: mean, M2, count); the second
-  combines the ``NSPLIT`` partials of each ``x`` in a fixed order (bitwise reproducible,
-  no atomics; Chan's combine for Welford) and runs the x-indexed stores.
+* reduction, split-outer: a column reduction (``x.sum(0)``, ``x.mean(1)`` of ``[A, R, B]``,
+  batch norm's statistics over (N, H, W) of a channels-last tensor: a Welford reduction)
+  with a long ``r`` and few ``x`` tiles.  Two kernels: the first gives each (x tile, r
+  chunk) pair a program (``NSPLIT`` chunks, a power of two) and stores its partial
+  accumulators to a workspace ``[NSPLIT, xnumel]`` (three for a Welford reduction: mean,
+  M2, count); the second loads each ``x``'s ``[XBLOCK, NSPLIT]`` tile of partials and
+  reduces it along the splits (a fixed tree: bitwise reproducible, no atomics; Chan's
+  combine for Welford), then runs the x-indexed stores.  On the GPU ``XBLOCK`` spans the
+  contiguous run of x the reduced load reads and the programs aim at 8-16 an SM
+  (``_split_outer``).
 * scan: one program per row walking it in ``RBLOCK`` steps with a carry;
 * lookback-scan: few long rows of ``cumsum``/``cumprod``/``logcumsumexp``, one launch:
   each program takes a chunk of ``RBLOCK`` elements (in registers) by an atomic ticket,
@@ -48,6 +51,11 @@ INT32_LIMIT = 2 ** 31 - 2 ** 24  # margin for block overshoot past the last elem
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def prev_pow2(n: int) -> int:
+    """The largest power of two at most ``n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (int(n).bit_length() - 1)
 
 
 @dataclass
@@ -130,14 +138,19 @@ class Planner:
 
     persistent_max = 4096          # largest RBLOCK kept in registers (GPU)
     persistent_max_interpret = 64  # interpreter: small, so the looped path is exercised too
-    # split-outer: chosen when rnumel >= split_min_rnumel and the x tiles alone give fewer
-    # than split_max_programs programs; the split aims at split_target_programs programs
-    split_min_rnumel = 4096
+    # an outer (column) reduction keeps its rows in registers only up to this many: beyond,
+    # the tile's x side shrank below 16 values (RBLOCK 1024: 4 bf16, 8 bytes of a 32-byte
+    # sector per row) and the looped plan's 32- to 128-wide tiles read whole sectors
+    persistent_outer_max = 256
+    # split plans: chosen when the x tiles alone give fewer than split_max_programs programs
+    # (see _split_outer for the column reductions); a row split aims at
+    # split_target_programs programs
     split_max_programs = 264       # two waves of an H200's 132 SMs
     split_target_programs = 528    # at least four per SM
-    split_min_chunk = 512          # fewest r elements per program
-    split_max = 64                 # most partials per x (the combine kernel unrolls them)
+    split_min_chunk = 512          # fewest r elements per program of a row split
+    split_max = 64                 # most partials per row of a row split
     split_min_rnumel_interpret = 128
+    split_nsplit_interpret = 4     # interpreter: partials per x (tests raise it: wide combine tiles)
     split_min_rows_rnumel = 1 << 16  # a row split pays for its second launch from here on
     split_kinds = frozenset("sum prod max min any all welford".split())
 
@@ -311,6 +324,8 @@ class Planner:
         # a small reduction (by its sizes or their hints) is launch-bound: no autotuning
         total = self._hint(list(kernel.ranges) + list(kernel.reduction_ranges))
         keep = 1 if total is not None and total <= self.small_reduction else self.max_configs
+        if shape == "outer" and not self.interpret:  # x tiles narrow enough to hold the rows
+            limit = min(limit, self.persistent_outer_max)
         if rnumel is not None and next_pow2(rnumel) <= limit:
             rb = next_pow2(rnumel)
             configs = self._persistent_configs(rb, xnumel, shape)[:keep]
@@ -434,7 +449,28 @@ class Planner:
                 return False
         return True
 
+    # split-outer on the GPU.  Each candidate is (elements of a [XBLOCK, RBLOCK] tile, num_warps,
+    # programs aimed at).  A memory-bound kernel is at bandwidth when every SM keeps enough
+    # loads in flight (on an H100 about 32 KiB or more): 1056 programs of 4 warps are 8
+    # programs (32 warps) an SM in one wave, each loading 8-16 KiB a step.  Before, 528
+    # programs were aimed at and NSPLIT was at most 64, so batch norm's statistics over 64
+    # channels ran 64 to 256 programs (25% of copy on the H100).
+    split_outer_candidates = ((4096, 4, 1056), (8192, 8, 1056), (4096, 4, 2112), (2048, 4, 2112))
+    split_outer_max = 1024         # most partials per x: the combine reduces [XBLOCK, NSPLIT] tiles
+    split_outer_min_steps = 1      # fewest RBLOCK steps per program
+    split_outer_min_rnumel = 512   # below, the persistent / looped plans (one program per x tile)
+    combine_elements = 4096        # the combine kernel's tile: XBLOCK * NSPLIT at most this
+    x_run_bytes = 128              # XBLOCK covers this many contiguous bytes of a row where it can
+
     def _split_outer(self, kernel, groups, ranges, idt):
+        """Plan ``split-outer`` for a column reduction with too few x tiles to fill the GPU.
+
+        ``XBLOCK`` spans the contiguous run of x the main load reads (up to
+        ``x_run_bytes``; a channels-last tensor's C, the B of ``[A, R, B]``), so a tile's
+        rows are whole 32-byte sectors and, where the run is short, consecutive ``r`` rows
+        continue the same contiguous bytes; ``RBLOCK`` fills the tile.  ``NSPLIT`` (a power of
+        two) brings the programs near the candidate's aim, with at least
+        ``split_outer_min_steps`` steps each."""
         xn, rn = self._hint(kernel.ranges), self._hint(kernel.reduction_ranges)
         if xn is None or rn is None or xn < 1:
             return None
@@ -442,28 +478,56 @@ class Planner:
             if rn < self.split_min_rnumel_interpret:
                 return None
             xb = max(1, min(8, next_pow2(xn)))
-            configs = [{"XBLOCK": xb, "RBLOCK": 32, "NSPLIT": max(2, min(4, -(-rn // 32))), "num_warps": 4}]
+            configs = [{"XBLOCK": xb, "RBLOCK": 32, "NSPLIT": self.split_nsplit_interpret, "num_warps": 4}]
             combine = {"XBLOCK": max(1, min(16, next_pow2(xn))), "num_warps": 4}
-        else:
-            if rn < self.split_min_rnumel or -(-xn // 64) >= self.split_max_programs:
-                return None
-            configs = []
-            # (16, 128): few columns (batch norm's 64 channels) still give 4 tiles x NSPLIT programs,
-            # each row a full 32-byte sector of 16 bf16 values
-            for xb, rb, nw in ((64, 32, 4), (128, 16, 4), (32, 64, 4), (16, 128, 4)):
-                xb = max(1, min(xb, next_pow2(xn)))
-                tiles = -(-xn // xb)
-                nsplit = next_pow2(-(-self.split_target_programs // tiles))
-                nsplit = max(2, min(nsplit, self.split_max, max(1, rn // self.split_min_chunk)))
-                cfg = {"XBLOCK": xb, "RBLOCK": rb, "NSPLIT": nsplit, "num_warps": nw}
-                if nsplit >= 2 and cfg not in configs:
-                    configs.append(cfg)
-            if not configs:
-                return None
-            cb = max(32, min(1024, next_pow2(-(-xn // 256))))
-            combine = {"XBLOCK": cb, "num_warps": 1 if cb <= 64 else 2 if cb <= 128 else 4}
+            return Plan("split-outer", ("x", "r"), groups, ranges, idt, "outer", None, configs,
+                        extra_constexprs=("NSPLIT",), combine_config=combine)
+        if rn < self.split_outer_min_rnumel or -(-xn // 64) >= self.split_max_programs:
+            return None
+        run, itemsize = self._x_run(kernel, groups["x"])
+        if run <= 1:  # no reduced load contiguous in x (or its sizes unknown): a 16-wide tile
+            run = 16
+        xb = max(1, min(next_pow2(xn), next_pow2(run), max(1, self.x_run_bytes // itemsize)))
+        configs = []
+        for elements, nw, aim in self.split_outer_candidates:
+            rb = max(1, elements // xb)
+            tiles = -(-xn // xb)
+            nsplit = next_pow2(-(-aim // tiles))
+            most = prev_pow2(max(1, rn // (rb * self.split_outer_min_steps)))
+            nsplit = min(nsplit, self.split_outer_max, most)
+            cfg = {"XBLOCK": xb, "RBLOCK": rb, "NSPLIT": nsplit, "num_warps": nw}
+            if nsplit >= 2 and cfg not in configs:
+                configs.append(cfg)
+        if not configs:
+            return None
+        most = max(c["NSPLIT"] for c in configs)
+        cb = max(1, min(next_pow2(xn), self.combine_elements // most))
+        combine = {"XBLOCK": cb, "num_warps": 4 if cb * most >= 1024 else 2}
         return Plan("split-outer", ("x", "r"), groups, ranges, idt, "outer", None, configs,
                     extra_constexprs=("NSPLIT",), combine_config=combine)
+
+    def _x_run(self, kernel, xv) -> tuple[int, int]:
+        """(elements, itemsize) of the longest contiguous run of x of a reduced read (an
+        access that uses an ``r`` var) contiguous in the innermost x var: the product of
+        the innermost x ranges whose strides continue it (``[A, R, B]`` read ``R``-reduced:
+        ``B``; the output store, contiguous in every x var, does not count)."""
+        buffers = {b.name: b for b in (*kernel.inputs, *kernel.outputs)}
+        rnames = {rvar(i).name for i in range(len(kernel.reduction_ranges))}
+        best = (1, 4)
+        if not xv:
+            return best
+        for index, size in accesses(kernel, buffers):
+            used = {s.name for s in sympy.sympify(index).free_symbols}
+            if _coeff(index, xv[-1]) != 1 or not used & rnames:
+                continue
+            run = 1
+            for v, r in zip(reversed(xv), reversed(list(kernel.ranges))):
+                n = self._hint([r])
+                if n is None or _coeff(index, v) != run:
+                    break
+                run *= n
+            best = max(best, (run, size))
+        return best
 
     def _split_rows(self, kernel, groups, ranges, idt):
         """A few long rows (``x.sum()``, a loss): one program per row leaves the GPU idle,
@@ -475,14 +539,15 @@ class Planner:
         if self.interpret:
             if xn > 4 or rn < self.split_min_rnumel_interpret:
                 return None
-            configs = [{"XBLOCK": 1, "RBLOCK": 32, "NSPLIT": max(2, min(4, -(-rn // 32))), "num_warps": 4}]
+            configs = [{"XBLOCK": 1, "RBLOCK": 32, "NSPLIT": self.split_nsplit_interpret, "num_warps": 4}]
         else:
             if xn >= self.split_max_programs // 2 or rn < self.split_min_rows_rnumel:
                 return None
             configs = []
             for rb, nw in ((1024, 4), (2048, 8)):
                 nsplit = next_pow2(-(-self.split_target_programs // xn))
-                nsplit = max(2, min(nsplit, self.split_max, max(1, rn // max(rb, self.split_min_chunk))))
+                # (a power of two: the combine kernel reduces [XBLOCK, NSPLIT] tiles)
+                nsplit = max(2, min(nsplit, self.split_max, prev_pow2(rn // max(rb, self.split_min_chunk))))
                 cfg = {"XBLOCK": 1, "RBLOCK": rb, "NSPLIT": nsplit, "num_warps": nw}
                 if nsplit >= 2 and cfg not in configs:
                     configs.append(cfg)
@@ -493,13 +558,22 @@ class Planner:
                     extra_constexprs=("NSPLIT",), combine_config=combine)
 
     def _shape(self, kernel, buffers, xv, rv) -> str:
-        """``outer`` when most bytes read are contiguous along an x var (``x.sum(0)``)."""
+        """``outer`` when most bytes read are contiguous along an x var (``x.sum(0)``).
+
+        Each access weighs the bytes it moves (``_footprint``): in RMSNorm's weight gradient
+        (``(grad * x * rstd[:, None]).sum(0)``) the per-row ``rstd`` is contiguous in ``r``
+        but is 1/1024 of the bytes; counted by its element size alone it tied the two
+        ``[rows, width]`` reads, and the kernel ran one program per column reading it
+        down the rows (16 of every 32-byte sector wasted)."""
         inner = outer = 0
+        vars_ = list(xv) + list(rv)
+        ranges = list(kernel.ranges) + list(kernel.reduction_ranges)
         for index, size in accesses(kernel, buffers):
+            nbytes = self._footprint(index, size, vars_, ranges)
             if rv and _coeff(index, rv[-1]) == 1:
-                inner += size
+                inner += nbytes
             elif xv and _coeff(index, xv[-1]) == 1 and any(_coeff(index, r) not in (0,) for r in rv):
-                outer += size
+                outer += nbytes
         return "outer" if outer > inner else "inner"
 
     def _persistent_configs(self, rb, xnumel, shape):
