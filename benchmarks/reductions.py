@@ -16,8 +16,8 @@ Cases (the shapes vision nets reduce; batch 32 at 224x224):
   gradient is a column reduction over the rows).  Their "% of copy" is the bytes of the
   input over a copy's time (a forward reads and writes about that much; the backward more).
 
-Per case and backend: microseconds per call (CUDA events over back-to-back calls, the
-median of rounds), and the bandwidth it reaches as a share of a copy's: a reduction reads
+Per case and backend: microseconds per call (CUDA events over back-to-back calls queued
+behind a GPU spin longer than their host time, so kernels only; the median of rounds), and the bandwidth it reaches as a share of a copy's: a reduction reads
 the input once, a copy reads and writes it, so ``% of copy = (bytes / t) / (2 * bytes /
 t_copy)``.  fxwrap's kernel plans (``split-outer``, ``looped`` ...) are printed with it.
 The issue's bar: mean over the middle dim and batch-norm statistics at >= 85% of copy.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 
 import torch
 
@@ -87,10 +88,18 @@ def _step(case, fn):
 def _time(fn, x, rounds, reps):
     fn(*x)
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(3):
+        fn(*x)
+    host = (time.perf_counter() - start) / 3  # a call's host time (dynamo, autograd, launches)
+    torch.cuda.synchronize()
+    # the GPU spins while the host queues every call (1.5x their host time at up to 2 GHz):
+    # the events then time the kernels back to back, not the host's launches
+    spin = int(1.5 * host * reps * 2e9) + 1_000_000
     samples = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)  # the launches queue up behind it: device time only
+        torch.cuda._sleep(spin)
         start.record()
         for _ in range(reps):
             fn(*x)
