@@ -535,9 +535,10 @@ class ScheduledKernel:
               %9 = maximum.f32 %8 %7
               buf7[131072*x0 + x1 + 2048*x2 + 32*x3] = %9
 
-        gives ``(("buf2", "buf7"),)``: every load of ``buf2`` is at the element the
-        one store of ``buf7`` writes, the two have one layout and dtype, and that
-        layout is dense (each element written by exactly one iteration).  So each
+        gives ``(("buf2", "buf7"),)``: every load of ``buf2`` is at the offset the
+        one store of ``buf7`` writes, the two have one dtype and start, and the
+        store is dense (each element written by exactly one iteration); ``buf2``'s own
+        sizes and strides do not matter (a (64, 256) matmul result read as (2, 32, 256)).  So each
         element of ``buf2`` is read only by the iteration that then overwrites it, in
         any order, vectorization or split of the iterations.  With several stores, an
         input that a later store reads pairs with none (the emitter writes each store
@@ -569,9 +570,10 @@ class ScheduledKernel:
             position = next(i for i, st in enumerate(self.stores) if st.buffer == out.name)
             read_later = set().union(*read_by[position + 1:])
             for inp in self.inputs:
+                # the loads' offsets are the store's, so the input's own sizes and strides
+                # need not be the output's (an addmm's (64, 256) result read as (2, 32, 256))
                 if inp.name in stored or inp.name in read_later or (
-                        inp.size, inp.stride, inp.offset, inp.dtype, inp.device) != (
-                        out.size, out.stride, out.offset, out.dtype, out.device):
+                        inp.offset, inp.dtype, inp.device) != (out.offset, out.dtype, out.device):
                     continue
                 reads = loads.get(inp.name, ())
                 if reads and all(isinstance(r, sympy.Expr) and sympy.expand(r - index) == 0 for r in reads):
