@@ -582,25 +582,43 @@ class ScheduledKernel:
 
 
 def _dense_store(buf, ranges, xs, index) -> bool:
-    """The store ``buf[index]`` over ``ranges`` writes every element of ``buf`` once:
-    the ranges are its sizes, the index is its strided offset, and its strides are a
-    dense, non-overlapping layout (contiguous after some permutation of the dims)."""
-    if len(ranges) != len(buf.size) or any(sympy.expand(sympy.sympify(r) - n) != 0
-                                           for r, n in zip(ranges, buf.size)):
-        return False
+    """The store ``buf[index]`` over ``ranges`` writes every element of ``buf`` once: the
+    index is a strided offset over the iteration (one coefficient per variable, no
+    constant) whose strides are a dense, non-overlapping layout of as many elements as
+    ``buf`` holds, and ``buf`` is itself dense and non-overlapping from its start.  Both
+    then cover the offsets ``0 .. numel - 1`` exactly once, so the iteration may be another
+    shape of the buffer: a (64, 256) loop storing a (2, 32, 256) result row-major."""
     if sympy.sympify(buf.offset) != 0:
         return False
-    expected = sum((x * st for x, st, n in zip(xs, buf.stride, buf.size) if n != 1), sympy.Integer(0))
-    if sympy.expand(index - expected) != 0:
+    numel = sympy.Mul(*[sympy.sympify(r) for r in ranges])
+    if sympy.expand(numel - sympy.Mul(*[sympy.sympify(n) for n in buf.size])) != 0:
         return False
-    dims = [d for d, n in enumerate(buf.size) if n != 1]
+    index = sympy.expand(sympy.sympify(index))
+    used = [x for x in xs if x in index.free_symbols]
+    if used and not index.is_polynomial(*used):
+        return False
+    poly = sympy.Poly(index, *used) if used else None
+    if poly is not None and (poly.total_degree() > 1 or poly.coeff_monomial(1) != 0):
+        return False
+    if poly is None and index != 0:
+        return False
+    coeffs = [poly.coeff_monomial(x) if x in used else sympy.Integer(0) for x in xs]
+    if any(sympy.sympify(c).free_symbols & set(xs) for c in coeffs):
+        return False
+    return _dense_layout(ranges, coeffs) and _dense_layout(buf.size, buf.stride)
+
+
+def _dense_layout(sizes, strides) -> bool:
+    """``(sizes, strides)`` address each of ``0 .. prod(sizes) - 1`` once: contiguous after
+    some permutation of the dims (dims of size 1 aside)."""
+    dims = [d for d, n in enumerate(sizes) if sympy.sympify(n) != 1]
     span = sympy.Integer(1)
     while dims:
-        d = next((d for d in dims if sympy.expand(sympy.sympify(buf.stride[d]) - span) == 0), None)
+        d = next((d for d in dims if sympy.expand(sympy.sympify(strides[d]) - span) == 0), None)
         if d is None:
             return False
         dims.remove(d)
-        span = span * buf.size[d]
+        span = span * sympy.sympify(sizes[d])
     return True
 
 

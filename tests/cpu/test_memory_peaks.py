@@ -69,3 +69,23 @@ def test_a_kernel_never_writes_over_an_input_it_reads_at_other_offsets():
         g = torch.Generator().manual_seed(seed)
         a, b = torch.randn(48, 48, generator=g), torch.randn(48, 48, generator=g)
         torch.testing.assert_close(program.run(a, b), fn(a, b), rtol=1e-4, atol=1e-4)
+
+
+def test_the_epilogue_of_a_chosen_extern_writes_over_its_result(monkeypatch):
+    """Where the timing picks the ATen call over the GEMM template (``templates="auto"``),
+    the GELU epilogue runs as a kernel over the product's (64, 256) iteration while it
+    stores the (2, 32, 256) result: still in place, one hidden buffer live."""
+    from fxwrap.wrapper_ir import template_choice
+
+    def extern_fastest(builder, emitter, candidates, extern):
+        return {**{name: 1.0 for name, _ in candidates}, template_choice.EXTERN: 0.5}
+    monkeypatch.setattr(template_choice, "time_candidates", extern_fastest)
+    args = _mlp_inputs(6)
+    program = _lower(_mlp, args, templates="auto")
+    assert any(isinstance(line, CallExtern) and "addmm" in str(line.op) for line in program.lines)
+    (gelu,) = [line for line in program.lines if isinstance(line, CallKernel)]
+    (written,) = gelu.writes()
+    assert any(isinstance(line, Reuse) and line.new == written for line in program.lines), program.code()
+    assert program.peak_bytes == HIDDEN + OUT, program.code()
+    x = _mlp_inputs(7)
+    torch.testing.assert_close(program.run(*x), _mlp(*x), rtol=1e-4, atol=1e-4)
