@@ -20,7 +20,9 @@ three alike), the ratios, the first-call (compile) time of Inductor and fxwrap (
 the whole-graph caches of both off: Inductor's FX graph and AOTAutograd caches, fxwrap's
 program cache; the per-kernel binary caches of both stay as they are), and a
 correctness check against eager (the output; for training the loss and every
-parameter's gradient).  On CUDA also: peak memory of each backend, CUDA kernels per
+parameter's gradient), the peak memory of one call of each backend (CUDA: the allocator's
+counters; CPU: the profiler's allocation events) and fxwrap's planned peak (the largest
+``program.peak_bytes``).  On CUDA also: CUDA kernels per
 iteration, GPU kernel time per iteration, and host time per call (the Python time of
 one call, measured without waiting for the GPU).  ``--profile`` prints the top kernels
 and externs of fxwrap's programs by time (CUDA: the profiler's kernels; CPU: each node
@@ -43,6 +45,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import memory_peaks  # noqa: E402
 import suite_models  # noqa: E402
 
 import fxwrap  # noqa: E402
@@ -136,15 +139,9 @@ def _cuda_kernels(fn):
 
 
 def _peak_memory(fn, device):
-    if device != "cuda":
-        return None
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+    """MiB held at most during one ``fn()`` above what was held before it (CUDA: the caching
+    allocator's counters; CPU: the profiler's allocation events, ``memory_peaks.measured_peak``)."""
+    return memory_peaks.measured_peak(fn, device) / 2**20
 
 
 def _profile_cpu(programs, recorded, top):
@@ -235,9 +232,11 @@ def run_one(entry, variant, args, device) -> dict:
             samples[name].append(_time_call(fn, device, reps))
     for name in calls:
         result[f"{name}_ms"] = statistics.median(samples[name])
+    for name, fn in calls.items():
+        result[f"{name}_peak_mib"] = _peak_memory(fn, device)
+    result["fxwrap_planned_mib"] = max((p.peak_bytes for p in programs), default=0) / 2**20
     if device == "cuda":
         for name, fn in calls.items():
-            result[f"{name}_peak_mib"] = _peak_memory(fn, device)
             result[f"{name}_host_ms"] = _host_time(fn, device)
             kernels, gpu_ms, prof = _cuda_kernels(fn)
             result[f"{name}_kernels"], result[f"{name}_gpu_ms"] = kernels, gpu_ms
@@ -258,9 +257,11 @@ def _fmt(result) -> str:
     if "fxwrap_kernels" in r:
         line += (f"\n{'':>26}kernels ind {r['inductor_kernels']} fx {r['fxwrap_kernels']} eager {r['eager_kernels']}"
                  f" | gpu ms ind {r['inductor_gpu_ms']:.2f} fx {r['fxwrap_gpu_ms']:.2f}"
-                 f" | host ms ind {r['inductor_host_ms']:.2f} fx {r['fxwrap_host_ms']:.2f}"
-                 f" | peak MiB ind {r['inductor_peak_mib']:.0f} fx {r['fxwrap_peak_mib']:.0f}"
-                 f" eager {r['eager_peak_mib']:.0f} (fx/ind {r['fxwrap_peak_mib'] / max(r['inductor_peak_mib'], 1e-9):.2f})")
+                 f" | host ms ind {r['inductor_host_ms']:.2f} fx {r['fxwrap_host_ms']:.2f}")
+    if "fxwrap_peak_mib" in r:
+        line += (f"\n{'':>26}peak MiB ind {r['inductor_peak_mib']:.1f} fx {r['fxwrap_peak_mib']:.1f}"
+                 f" eager {r['eager_peak_mib']:.1f} (fx/ind {r['fxwrap_peak_mib'] / max(r['inductor_peak_mib'], 1e-9):.2f})"
+                 f" | fxwrap planned {r['fxwrap_planned_mib']:.1f}")
     return line
 
 
@@ -268,7 +269,8 @@ def _markdown(results, device) -> str:
     head = ["model", "variant", "eager ms", "Inductor ms", "fxwrap ms", "fx/eager", "fx/Inductor",
             "compile Ind s", "compile fx s"]
     if device == "cuda":
-        head += ["kernels Ind/fx", "GPU ms Ind/fx", "peak MiB Ind/fx", "peak fx/Ind"]
+        head += ["kernels Ind/fx", "GPU ms Ind/fx"]
+    head += ["peak MiB Ind/fx", "peak fx/Ind"]
     head.append("check")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -280,9 +282,9 @@ def _markdown(results, device) -> str:
                  f"{r['inductor_first_s']:.1f}", f"{r['fxwrap_first_s']:.1f}"]
         if device == "cuda":
             cells += [f"{r['inductor_kernels']}/{r['fxwrap_kernels']}",
-                      f"{r['inductor_gpu_ms']:.2f}/{r['fxwrap_gpu_ms']:.2f}",
-                      f"{r['inductor_peak_mib']:.0f}/{r['fxwrap_peak_mib']:.0f}",
-                      f"{r['fxwrap_peak_mib'] / max(r['inductor_peak_mib'], 1e-9):.2f}"]
+                      f"{r['inductor_gpu_ms']:.2f}/{r['fxwrap_gpu_ms']:.2f}"]
+        cells += [f"{r['inductor_peak_mib']:.1f}/{r['fxwrap_peak_mib']:.1f}",
+                  f"{r['fxwrap_peak_mib'] / max(r['inductor_peak_mib'], 1e-9):.2f}"]
         cells.append(r["check_fxwrap"])
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -262,7 +262,14 @@ def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], root_of
     Each element of such an input is read only before the same element of ``new`` is
     written, so when it has exactly ``new``'s layout, is read in the line through no
     other layout (no view of it with other strides or offset), and this is its last
-    use, ``new`` may take its storage (in place), saving one buffer at the line.
+    use, ``new`` may take its storage (in place), saving one buffer at the line.  The
+    input may be a view of the storage (a matmul's result reshaped for its GELU) where
+    it starts where ``new`` starts: a kernel pairs an input with an output only where
+    it loads the input at exactly the offsets it stores the output at::
+
+        aten.addmm.out(arg11, buf32, arg12, out=buf33)
+        buf34 = empty_strided((2, 32, 256), (8192, 256, 1), ...)   # planned: buf34 = buf33
+        fxwrap_pointwise_5(buf33, buf34)      # buf33 is (64, 256), (256, 1)
     """
     writer = next((i for i in range(j + 1, len(lines))
                    if new.root in lines[i].reads()), None)
@@ -272,13 +279,22 @@ def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], root_of
     candidates = [i for i, o in line.in_place_pairs() if o.name == new.root.name]
     b = new.root
     layout = (b.size, b.stride, b.offset, b.dtype, b.device)
+    paired = {(i.name, i.offset, i.dtype, i.device) for i in candidates if i.offset == b.offset}
     for buf in candidates:
-        donor = owned.get(buf.name)
+        donor = owned.get(root_of.get(buf.name, buf.name))  # the input, or the storage it views
         if (donor is None or donor.root.name in absorbed or not donor.reusable
-                or not donor.freeable or donor.last_use != writer):
+                or not donor.freeable or donor.last_use != writer
+                or not _fits(donor.root, b, donor.nbytes, new.nbytes)
+                or (not new.freeable and donor.nbytes != new.nbytes)):  # an output keeps no larger storage
             continue
+        # every read of the donor's storage in the line: a paired input at the output's start
+        # where the line proved it reads each offset it writes, else one of the output's layout
         reads = [r for r in line.reads() if root_of.get(r.name, r.name) == donor.root.name]
-        if all((r.size, r.stride, r.offset, r.dtype, r.device) == layout for r in reads):
+        if line.in_place_by_offset:
+            safe = all((r.name, r.offset, r.dtype, r.device) in paired for r in reads)
+        else:
+            safe = all((r.size, r.stride, r.offset, r.dtype, r.device) == layout for r in reads)
+        if safe:
             return donor
     return None
 

@@ -115,6 +115,11 @@ class Line:
     returns_reads = False
     #: It says something about the next line (a ``Comment``): dropped with it.
     annotates_next = False
+    #: Its ``in_place_pairs`` are proven at the offsets (a kernel loads each paired input
+    #: at exactly the offsets it stores the output at), so a paired input that starts where
+    #: the output does may have other sizes and strides (a matmul result read reshaped);
+    #: otherwise the memory planner takes a paired input only with the output's layout.
+    in_place_by_offset = False
     #: It runs code compiled for one device, so every buffer it reads must be on
     #: that device (an extern call dispatches on its arguments' own devices).
     binds_device = False
@@ -411,6 +416,7 @@ class CallKernel(Line):
     origins: tuple[Origin, ...] = field(default=(), compare=False)
 
     binds_device = True
+    in_place_by_offset = True
 
     @property
     def label(self):

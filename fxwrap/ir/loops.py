@@ -535,9 +535,10 @@ class ScheduledKernel:
               %9 = maximum.f32 %8 %7
               buf7[131072*x0 + x1 + 2048*x2 + 32*x3] = %9
 
-        gives ``(("buf2", "buf7"),)``: every load of ``buf2`` is at the element the
-        one store of ``buf7`` writes, the two have one layout and dtype, and that
-        layout is dense (each element written by exactly one iteration).  So each
+        gives ``(("buf2", "buf7"),)``: every load of ``buf2`` is at the offset the
+        one store of ``buf7`` writes, the two have one dtype and start, and the
+        store is dense (each element written by exactly one iteration); ``buf2``'s own
+        sizes and strides do not matter (a (64, 256) matmul result read as (2, 32, 256)).  So each
         element of ``buf2`` is read only by the iteration that then overwrites it, in
         any order, vectorization or split of the iterations.  With several stores, an
         input that a later store reads pairs with none (the emitter writes each store
@@ -569,9 +570,10 @@ class ScheduledKernel:
             position = next(i for i, st in enumerate(self.stores) if st.buffer == out.name)
             read_later = set().union(*read_by[position + 1:])
             for inp in self.inputs:
+                # the loads' offsets are the store's, so the input's own sizes and strides
+                # need not be the output's (an addmm's (64, 256) result read as (2, 32, 256))
                 if inp.name in stored or inp.name in read_later or (
-                        inp.size, inp.stride, inp.offset, inp.dtype, inp.device) != (
-                        out.size, out.stride, out.offset, out.dtype, out.device):
+                        inp.offset, inp.dtype, inp.device) != (out.offset, out.dtype, out.device):
                     continue
                 reads = loads.get(inp.name, ())
                 if reads and all(isinstance(r, sympy.Expr) and sympy.expand(r - index) == 0 for r in reads):
@@ -580,25 +582,43 @@ class ScheduledKernel:
 
 
 def _dense_store(buf, ranges, xs, index) -> bool:
-    """The store ``buf[index]`` over ``ranges`` writes every element of ``buf`` once:
-    the ranges are its sizes, the index is its strided offset, and its strides are a
-    dense, non-overlapping layout (contiguous after some permutation of the dims)."""
-    if len(ranges) != len(buf.size) or any(sympy.expand(sympy.sympify(r) - n) != 0
-                                           for r, n in zip(ranges, buf.size)):
-        return False
+    """The store ``buf[index]`` over ``ranges`` writes every element of ``buf`` once: the
+    index is a strided offset over the iteration (one coefficient per variable, no
+    constant) whose strides are a dense, non-overlapping layout of as many elements as
+    ``buf`` holds, and ``buf`` is itself dense and non-overlapping from its start.  Both
+    then cover the offsets ``0 .. numel - 1`` exactly once, so the iteration may be another
+    shape of the buffer: a (64, 256) loop storing a (2, 32, 256) result row-major."""
     if sympy.sympify(buf.offset) != 0:
         return False
-    expected = sum((x * st for x, st, n in zip(xs, buf.stride, buf.size) if n != 1), sympy.Integer(0))
-    if sympy.expand(index - expected) != 0:
+    numel = sympy.Mul(*[sympy.sympify(r) for r in ranges])
+    if sympy.expand(numel - sympy.Mul(*[sympy.sympify(n) for n in buf.size])) != 0:
         return False
-    dims = [d for d, n in enumerate(buf.size) if n != 1]
+    index = sympy.expand(sympy.sympify(index))
+    used = [x for x in xs if x in index.free_symbols]
+    if used and not index.is_polynomial(*used):
+        return False
+    poly = sympy.Poly(index, *used) if used else None
+    if poly is not None and (poly.total_degree() > 1 or poly.coeff_monomial(1) != 0):
+        return False
+    if poly is None and index != 0:
+        return False
+    coeffs = [poly.coeff_monomial(x) if x in used else sympy.Integer(0) for x in xs]
+    if any(sympy.sympify(c).free_symbols & set(xs) for c in coeffs):
+        return False
+    return _dense_layout(ranges, coeffs) and _dense_layout(buf.size, buf.stride)
+
+
+def _dense_layout(sizes, strides) -> bool:
+    """``(sizes, strides)`` address each of ``0 .. prod(sizes) - 1`` once: contiguous after
+    some permutation of the dims (dims of size 1 aside)."""
+    dims = [d for d, n in enumerate(sizes) if sympy.sympify(n) != 1]
     span = sympy.Integer(1)
     while dims:
-        d = next((d for d in dims if sympy.expand(sympy.sympify(buf.stride[d]) - span) == 0), None)
+        d = next((d for d in dims if sympy.expand(sympy.sympify(strides[d]) - span) == 0), None)
         if d is None:
             return False
         dims.remove(d)
-        span = span * buf.size[d]
+        span = span * sympy.sympify(sizes[d])
     return True
 
 

@@ -175,6 +175,23 @@ class TritonEmitter(KernelEmitter):
         return bool(opts.get("autotune", True)) and not self.interpret
 
     # ------------------------------------------------------------------ render
+    @staticmethod
+    def in_place_pairs(kernel: ScheduledKernel) -> tuple[tuple[str, str], ...]:
+        """``(input, output)`` buffer names the memory planner may give one storage
+        (``launch["in_place"]``, read by ``CallKernel.in_place_pairs``): the kernel's own
+        ``in_place_pairs``.  A pointwise program loads each element of such an input at the
+        offsets it then stores the output at, and the stored value depends on that load,
+        so the load comes first; Triton assumes no ``noalias`` between pointer arguments.
+        A GELU after a matmul extern, the hidden activation of an MLP::
+
+            buf8 = empty_strided((512, 128), (128, 1), ...)
+            aten.addmm.out(arg7, buf7, buf5, out=buf8)
+            buf11 = buf8  # reuse
+            fxwrap_pointwise_2(buf9, buf11)     # buf9: a view of buf8; writes over it
+
+        (without it both 512 x 128 buffers are live at the kernel)."""
+        return kernel.in_place_pairs()
+
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         for red in kernel.reductions:
             if red.kind not in REDUCTIONS and not red.is_scan:
@@ -245,6 +262,9 @@ class TritonEmitter(KernelEmitter):
                   "configs": tuple(configs), "config": configs[0],
                   "interpret": self.interpret, "autotuned": False,
                   "pointer_dtypes": tuple(str(b.dtype) for b in (*kernel.inputs, *kernel.outputs))}
+        in_place = self.in_place_pairs(kernel)
+        if in_place:
+            launch["in_place"] = in_place
         device = self._device(kernel)
         if device is not None and device.index is not None:
             launch["device_index"] = device.index  # loaded into, and launched on, this device
