@@ -5,9 +5,7 @@ cuBLAS takes its fast kernels only when every matrix's leading dimension is a mu
 100514 bytes per row) runs in the slow ``align1`` kernel instead, 1151 us where the padded
 product takes 167 us on an H200.  ``pad_matmul_columns(gm, alignment)`` rewrites each such
 ``mm``/``addmm`` of the ATen graph to compute ``N_padded`` columns and read the first ``N``
-through a slice (a view, no copy), unless the result is a graph output (itself or
-through views: padded, it would be copied back to eager's layout, a second output-sized
-buffer live with it at the program's end)::
+through a slice (a view, no copy)::
 
     mm = aten.mm(x, t)                          # t: (768, 50257), a transposed weight
 
@@ -20,8 +18,8 @@ becomes::
 
 (``addmm``'s bias is padded alike; a right operand that is not a transpose is padded
 along its columns directly.)  Every node's ``meta["val"]`` is propagated again, so later
-views see the padded strides; a graph output whose strides still changed gets its traced
-layout back through a ``clone`` (an output of the model is returned as eager returns it).  Only
+views see the padded strides; a graph output whose strides changed gets its traced layout
+back through a ``clone`` (an output of the model is returned as eager returns it).  Only
 products large enough to pay for the copies are padded (``MIN_FLOPS``), with static
 sizes, and never a one-row product (a decode step's: it reads the weight once, the padding
 would copy all of it on every call; the GEMV template reads it unpadded).  The device asks for
@@ -65,35 +63,8 @@ def _padded_width(node: torch.fx.Node, alignment: int, min_flops: int) -> int | 
         return None
     if (n * size) % alignment == 0 or 2 * m * n * a.shape[1] < min_flops or val.stride() != (n, 1):
         return None
-    if _returned(node):
-        log.info("matmul padding: %s left alone: its result is a graph output (padded, a copy of it in "
-                 "eager's layout would be live with it)", node.name)
-        return None
     step = alignment // size
     return (n + step - 1) // step * step
-
-
-#: ops whose result shares its input's storage (besides those whose schema says so)
-_VIEWS = (aten._unsafe_view.default,)
-
-
-def _returned(node: torch.fx.Node) -> bool:
-    """The product's result leaves the graph, itself or through views.  Padded, the output
-    would be copied back to eager's contiguous layout while the padded result is still
-    live: two output-sized buffers at the end of the program, where a language-model
-    head's logits are the largest tensor of the call (GPT-2 at 4 x 1024 tokens, bf16: 393
-    MiB more, issue 30).  Left unpadded, the product writes the output itself."""
-    seen, todo = {node}, [node]
-    while todo:
-        for user in todo.pop().users:
-            if user.op == "output":
-                return True
-            viewing = user.op == "call_function" and (
-                user.target in _VIEWS or getattr(user.target, "is_view", False))
-            if viewing and user not in seen:
-                seen.add(user)
-                todo.append(user)
-    return False
 
 
 def _padded_columns(graph: torch.fx.Graph, operand: torch.fx.Node, pad: int) -> torch.fx.Node:
