@@ -6,6 +6,14 @@
     python benchmarks/models.py --device cuda --markdown out.md --json out.json
     python benchmarks/models.py --device cuda --mode reduce-overhead  # both compilers under CUDA graphs
     python benchmarks/models.py --suite vision --variants inference-bf16,training-amp --out vision.log
+    python benchmarks/models.py --device cpu --threads 1,2 --markdown cpu.md   # the CPU suite, 1 and 2 threads
+
+``--suite core`` (the default set): hand-written Llama (RoPE, grouped KV heads), GPT, conv net,
+MLP; HF transformers models built from configs (GPT-2, BERT, Llama with grouped KV heads, T5);
+one decode step with a static KV cache (hand-written, ``index_copy_``; HF Llama with its
+``StaticCache``), inference only.  ``--threads 1,2`` runs every model and variant at each thread
+count (``torch.set_num_threads``: torch's OpenMP runtime, which Inductor's and fxwrap's C++
+kernels share; each compiled again at that count, since Inductor writes the count into its code).
 
 ``--suite vision``: the torchvision families (ResNet-18/50, EfficientNet-B0, MobileNet-V3,
 ConvNeXt-T, RegNetY-400MF, Swin-T, ViT-B/16, FCN-ResNet50 segmentation), built from their
@@ -201,7 +209,7 @@ def run_one(entry, variant, args, device) -> dict:
                 "fxwrap": torch.compile(copy.deepcopy(base), backend="fxwrap",
                                         options={**args.options, "mode": args.mode, "on_program": on_program,
                                                  "cache": False})}
-    result = {"model": entry.name, "variant": variant}
+    result = {"model": entry.name, "variant": variant, "threads": torch.get_num_threads()}
     outs = {}
     for name, model in backends.items():
         if training:
@@ -251,7 +259,7 @@ def run_one(entry, variant, args, device) -> dict:
 
 def _fmt(result) -> str:
     r = result
-    line = (f"{r['model']:>18} {r['variant']:<15} eager {r['eager_ms']:8.2f}  inductor {r['inductor_ms']:8.2f}  "
+    line = (f"{r['model']:>18} {r['variant']:<15} {r.get('threads', '')}t eager {r['eager_ms']:8.2f}  inductor {r['inductor_ms']:8.2f}  "
             f"fxwrap {r['fxwrap_ms']:8.2f} ms | fx/eager {r['fxwrap_ms'] / r['eager_ms']:.2f}  "
             f"fx/ind {r['fxwrap_ms'] / r['inductor_ms']:.2f} | compile ind {r['inductor_first_s']:.1f}s "
             f"fx {r['fxwrap_first_s']:.1f}s | {r['check_fxwrap']}")
@@ -265,7 +273,7 @@ def _fmt(result) -> str:
 
 
 def _markdown(results, device) -> str:
-    head = ["model", "variant", "eager ms", "Inductor ms", "fxwrap ms", "fx/eager", "fx/Inductor",
+    head = ["model", "variant", "threads", "eager ms", "Inductor ms", "fxwrap ms", "fx/eager", "fx/Inductor",
             "compile Ind s", "compile fx s"]
     if device == "cuda":
         head += ["kernels Ind/fx", "GPU ms Ind/fx", "peak MiB Ind/fx", "peak fx/Ind"]
@@ -273,9 +281,10 @@ def _markdown(results, device) -> str:
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if "error" in r or "skipped" in r:
-            rows.append(f"| {r['model']} | {r['variant']} | " + (r.get("error") or r.get("skipped")) + " |")
+            rows.append(f"| {r['model']} | {r['variant']} | {r.get('threads', '')} | "
+                        + (r.get("error") or r.get("skipped")) + " |")
             continue
-        cells = [r["model"], r["variant"], f"{r['eager_ms']:.2f}", f"{r['inductor_ms']:.2f}", f"{r['fxwrap_ms']:.2f}",
+        cells = [r["model"], r["variant"], str(r["threads"]), f"{r['eager_ms']:.2f}", f"{r['inductor_ms']:.2f}", f"{r['fxwrap_ms']:.2f}",
                  f"{r['fxwrap_ms'] / r['eager_ms']:.2f}", f"{r['fxwrap_ms'] / r['inductor_ms']:.2f}",
                  f"{r['inductor_first_s']:.1f}", f"{r['fxwrap_first_s']:.1f}"]
         if device == "cuda":
@@ -290,16 +299,37 @@ def _markdown(results, device) -> str:
 
 def geomeans(results) -> dict:
     out = {}
+    threads = sorted({r["threads"] for r in results if "threads" in r})
     for kind in ("inference", "training"):
-        ratios = [r["fxwrap_ms"] / r["inductor_ms"] for r in results
-                  if r["variant"].startswith(kind) and "fxwrap_ms" in r]
-        if ratios:
-            out[kind] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        for count in threads:
+            ratios = [r["fxwrap_ms"] / r["inductor_ms"] for r in results
+                      if r["variant"].startswith(kind) and "fxwrap_ms" in r and r["threads"] == count]
+            label = kind if len(threads) == 1 else f"{kind} {count} thread{'s' * (count > 1)}"
+            if ratios:
+                out[label] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            slower = [(r["fxwrap_ms"] / r["eager_ms"], r["model"]) for r in results
+                      if r["variant"].startswith(kind) and "fxwrap_ms" in r and r["threads"] == count]
+            if slower:
+                out[f"{label} worst fxwrap/eager"] = max(slower)
         peaks = [r["fxwrap_peak_mib"] / r["inductor_peak_mib"] for r in results
                  if r["variant"].startswith(kind) and r.get("inductor_peak_mib")]
         if peaks:
             out[f"{kind} peak memory"] = math.exp(sum(map(math.log, peaks)) / len(peaks))
     return out
+
+
+def _set_threads(count: int) -> None:
+    """``count`` OpenMP threads for eager's ATen ops and both compilers' C++ kernels: all three run
+    in torch's OpenMP runtime (the kernels' libgomp.so.1 resolves to the copy torch loaded), whose
+    thread count ``torch.set_num_threads`` sets; ``OMP_NUM_THREADS`` is set alike for any process
+    started from here."""
+    torch.set_num_threads(count)
+    os.environ["OMP_NUM_THREADS"] = str(count)
+
+
+def _summary(means: dict) -> list[str]:
+    return [f"{kind}: {value[0]:.3f} ({value[1]})" if isinstance(value, tuple)
+            else f"geomean fxwrap/Inductor {kind}: {value:.3f}" for kind, value in means.items()]
 
 
 class _Tee:
@@ -335,6 +365,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--mode", default="default", choices=("default", "reduce-overhead", "max-autotune"),
                         help="torch.compile mode of both compilers (reduce-overhead: CUDA graphs)")
+    parser.add_argument("--threads", default=None,
+                        help="comma-separated thread counts (torch.set_num_threads), e.g. 1,2: every model "
+                             "and variant at each (default: torch's count)")
     parser.add_argument("--options", type=json.loads, default={},
                         help='fxwrap options as JSON, e.g. \'{"partition": "min_cut"}\'')
     args = parser.parse_args(argv)
@@ -355,38 +388,47 @@ def main(argv=None) -> int:
     # the compile column measures a compile, not a cache hit (see the module docstring)
     importlib.import_module("torch._inductor.config").fx_graph_cache = False
     importlib.import_module("torch._functorch.config").enable_autograd_cache = False
-    print(f"# {device}: torch {torch.__version__}, {torch.get_num_threads()} threads, mode {args.mode}"
-          + (f", {torch.cuda.get_device_name()}" if device == "cuda" else ""), flush=True)
+    thread_counts = [int(n) for n in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+    print(f"# {device}: torch {torch.__version__}, threads {','.join(map(str, thread_counts))}, mode {args.mode}"
+          + (f", {torch.cuda.get_device_name()}" if device == "cuda" else "")
+          + (f", load average {load[0]:.2f} at the start" if load else ""), flush=True)
     results = []
     for entry in suite_models.MODELS:
         if entry.name not in names:
             continue
         why = suite_models.missing(entry)
         for variant in variants:
-            if why:
-                results.append({"model": entry.name, "variant": variant, "skipped": why})
-                print(f"{entry.name:>18} {variant:<15} skipped: {why}", flush=True)
-                continue
-            torch._dynamo.reset()
-            try:
-                result = run_one(entry, variant, args, device)
-            except Exception as error:  # noqa: BLE001 - one model's failure is reported, the rest run
-                result = {"model": entry.name, "variant": variant, "error": f"{type(error).__name__}: {error}"[:300]}
-                print(f"{entry.name:>18} {variant:<15} ERROR {result['error']}", flush=True)
+            if not entry.training and variant.startswith("training"):
+                continue  # a decode step: inference only
+            for count in thread_counts:
+                _set_threads(count)
+                if why:
+                    results.append({"model": entry.name, "variant": variant, "threads": count, "skipped": why})
+                    print(f"{entry.name:>18} {variant:<15} skipped: {why}", flush=True)
+                    continue
+                torch._dynamo.reset()
+                try:
+                    result = run_one(entry, variant, args, device)
+                except Exception as error:  # noqa: BLE001 - one model's failure is reported, the rest run
+                    result = {"model": entry.name, "variant": variant, "threads": count,
+                              "error": f"{type(error).__name__}: {error}"[:300]}
+                    print(f"{entry.name:>18} {variant:<15} {count}t ERROR {result['error']}", flush=True)
+                    results.append(result)
+                    continue
                 results.append(result)
-                continue
-            results.append(result)
-            print(_fmt(result), flush=True)
-            if "profile" in result:
-                print(result["profile"], flush=True)
+                print(_fmt(result), flush=True)
+                if "profile" in result:
+                    print(result["profile"], flush=True)
+    if load:
+        print(f"# load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     means = geomeans(results)
-    for kind, value in means.items():
-        print(f"geomean fxwrap/Inductor {kind}: {value:.3f}")
+    for line in _summary(means):
+        print(line)
     bad = [r for r in results if "error" in r or r.get("check_fxwrap", "OK") != "OK"]
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(_markdown(results, device) + "\n\n" + "\n".join(
-                f"geomean fxwrap/Inductor {k}: {v:.3f}" for k, v in means.items()) + "\n")
+            f.write(_markdown(results, device) + "\n\n" + "\n".join(_summary(means)) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{k: v for k, v in r.items() if k != "profile"} for r in results], f, indent=1)
