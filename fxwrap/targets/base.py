@@ -55,7 +55,10 @@ class DeviceInterface:
       the template choice (``wrapper_ir/template_choice.py``) times its candidates.  The
       default is the host clock between two ``synchronize`` calls; a device with a queue
       times the device's own work instead (CUDA: events, behind a spin so the launches
-      are queued before the device starts).
+      are queued before the device starts; the CPU at one thread: the thread's CPU time).
+    * ``timing_clock()``: a name for what ``time_calls`` measures now (``"wall"`` by
+      default); the template timings' on-disk cache keys by it, so times taken with
+      another clock are never compared with these.
     """
 
     device_type: str = ""
@@ -71,6 +74,9 @@ class DeviceInterface:
 
     def device_count(self) -> int:
         return 1 if self.is_available() else 0
+
+    def timing_clock(self) -> str:
+        return "wall"
 
     def time_calls(self, run, n: int, device=None) -> float:
         self.synchronize(device)
