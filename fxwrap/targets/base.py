@@ -205,6 +205,12 @@ class KernelEmitter:
     #: with the buffer dtypes it renders it for.  An indexed write it does not list stays
     #: the ATen op (an extern on a copy of the tensor): a new emitter renders none
     indexed_stores: dict = {}
+    #: ops this emitter renders as a call its vector loops cannot inline (a scalar math-library
+    #: call: ``std::cos`` in a ``#pragma omp simd`` loop): a lazy value with one of them that
+    #: several nodes read is stored once rather than computed again in each reader's kernel
+    #: (``core.scheduler.worth_storing``: HF Llama's rotary ``cos`` / ``sin`` tables, read by
+    #: every layer's q and k, each element then computed once per head and batch); none by default
+    costly_ops: frozenset = frozenset()
 
     def __init__(self, target: "Target"):
         self.target = target
