@@ -6,7 +6,7 @@
     python benchmarks/models.py --device cuda --markdown out.md --json out.json
     python benchmarks/models.py --device cuda --mode reduce-overhead  # both compilers under CUDA graphs
     python benchmarks/models.py --suite vision --variants inference-bf16,training-amp --out vision.log
-    python benchmarks/models.py --device cpu --threads 1,2 --markdown cpu.md   # the CPU suite, 1 and 2 threads
+    python benchmarks/models.py --device cpu --threads 1,2 --out cpu_suite.log   # the CPU suite, 1 and 2 threads
 
 ``--suite core`` (the default set): hand-written Llama (RoPE, grouped KV heads), GPT, conv net,
 MLP; HF transformers models built from configs (GPT-2, BERT, Llama with grouped KV heads, T5);
