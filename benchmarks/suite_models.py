@@ -273,13 +273,14 @@ class _EncoderDecoder(nn.Module):
 
 
 def _hf_t5(device, size):
-    """HF ``T5Model`` (relative position buckets, T5 layer norm, ReLU MLP): encoder over 128 tokens,
-    decoder over 32 (small)."""
+    """HF ``T5Model`` (relative position buckets, T5 layer norm, ReLU MLP, no dropout): encoder
+    over 128 tokens, decoder over 32 (small)."""
     from transformers import T5Config, T5Model
     small = size == "small"
     config = T5Config(num_layers=2 if small else 4, num_decoder_layers=2 if small else 4,
                       d_model=256 if small else 512, d_kv=32 if small else 64, num_heads=8,
-                      d_ff=1024 if small else 2048, vocab_size=1000 if small else 32128)
+                      d_ff=1024 if small else 2048, vocab_size=1000 if small else 32128,
+                      dropout_rate=0.0)  # training compared with eager: no random dropout masks
     config._attn_implementation = "sdpa"
     batch, seq, target = (4, 128, 32) if small else (8, 256, 64)
 
