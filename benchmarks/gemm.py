@@ -40,6 +40,12 @@ CASES = {
     "llama_w1_silu": (1024, 192, 512, False, "silu"),
     "llama_w2_residual": (1024, 512, 192, False, "residual"),
     "mlp_fc_gelu": (64, 256, 512, True, "gelu"),
+    # the hand Llama's other linear layers: wq / wo, wk / wv of 2 grouped KV heads (64 wide),
+    # w3 times the SwiGLU gate silu(w1 x), and the LM head (vocabulary 1000)
+    "llama_wq": (1024, 192, 192, False, "none"),
+    "llama_wkv_gqa": (1024, 192, 64, False, "none"),
+    "llama_w3_gate": (1024, 192, 512, False, "gate"),
+    "llama_head": (1024, 192, 1000, False, "none"),
 }
 EPILOGUES = {
     "none": lambda y, r: y,
@@ -48,6 +54,7 @@ EPILOGUES = {
     "gelu_tanh": lambda y, r: F.gelu(y, approximate="tanh"),
     "silu": lambda y, r: F.silu(y),
     "residual": lambda y, r: y + r,
+    "gate": lambda y, r: F.silu(r) * y,
 }
 
 
@@ -66,15 +73,18 @@ def make_case(name, dtype):
 
 
 def timed(fn, args, seconds=0.05):
+    """ms per call; at one thread the thread's CPU time (a loaded machine's waits for a core
+    not counted: every backend then runs on this thread alone)."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     fn(*args)
-    start = time.perf_counter()
+    start = clock()
     fn(*args)
-    once = max(time.perf_counter() - start, 1e-6)
+    once = max(clock() - start, 1e-6)
     reps = max(1, min(200, int(seconds / once)))
-    start = time.perf_counter()
+    start = clock()
     for _ in range(reps):
         fn(*args)
-    return (time.perf_counter() - start) / reps * 1e3
+    return (clock() - start) / reps * 1e3
 
 
 def run_child(opts) -> list[dict]:

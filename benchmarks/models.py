@@ -6,6 +6,14 @@
     python benchmarks/models.py --device cuda --markdown out.md --json out.json
     python benchmarks/models.py --device cuda --mode reduce-overhead  # both compilers under CUDA graphs
     python benchmarks/models.py --suite vision --variants inference-bf16,training-amp --out vision.log
+    python benchmarks/models.py --device cpu --threads 1,2 --out cpu_suite.log   # the CPU suite, 1 and 2 threads
+
+``--suite core`` (the default set): hand-written Llama (RoPE, grouped KV heads), GPT, conv net,
+MLP; HF transformers models built from configs (GPT-2, BERT, Llama with grouped KV heads, T5);
+one decode step with a static KV cache (hand-written, ``index_copy_``; HF Llama with its
+``StaticCache``), inference only.  ``--threads 1,2`` runs every model and variant at each thread
+count (``torch.set_num_threads``: torch's OpenMP runtime, which Inductor's and fxwrap's C++
+kernels share; each compiled again at that count, since Inductor writes the count into its code).
 
 ``--suite vision``: the torchvision families (ResNet-18/50, EfficientNet-B0, MobileNet-V3,
 ConvNeXt-T, RegNetY-400MF, Swin-T, ViT-B/16, FCN-ResNet50 segmentation), built from their
@@ -105,13 +113,21 @@ def _check(name, got, want, models, training, dtype) -> str:
     return "OK" if not problems else "MISMATCH " + "; ".join(problems[:3])
 
 
-def _time_call(fn, device, reps):
+def _time_call(fn, device, reps, clock=time.perf_counter):
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(reps):
         fn()
     _sync(device)
-    return (time.perf_counter() - start) / reps * 1e3
+    return (clock() - start) / reps * 1e3
+
+
+def _clock(args, device):
+    """``--cpu-clock`` at one CPU thread: the thread's CPU time, which the time spent waiting for
+    a core on a loaded machine does not inflate (every backend then runs on this thread alone)."""
+    if args.cpu_clock and device == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
 
 
 def _host_time(fn, device, reps=5):
@@ -144,26 +160,55 @@ def _peak_memory(fn, device):
     return memory_peaks.measured_peak(fn, device) / 2**20
 
 
-def _profile_cpu(programs, recorded, top):
-    """Each node of fxwrap's GraphModules, timed through an FX interpreter."""
-    totals: dict[str, float] = {}
+def _profile_cpu(programs, recorded, top, runs=5):
+    """Each node of fxwrap's GraphModules, timed through an FX interpreter: the fastest of ``runs``
+    runs per node, summed over the programs' nodes of one name (kernels: their name and what ATen
+    nodes they compute; externs: the op and its input shapes).  At one thread the clock is the
+    thread's CPU time (``time.thread_time``): on a loaded machine the time the thread waits
+    for a core is not counted; at more threads, wall time."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    best: dict[tuple, float] = {}
+    labels: dict[tuple, str] = {}
+
+    def label(node) -> str:
+        target = node.target
+        if isinstance(target, fxwrap.Kernel):  # the kernel's kind and ops: a model's layers add up
+            origins = node.meta.get("fxwrap_origins") or ()
+            ops = ",".join(dict.fromkeys(o.target.split(".")[1] if o.target.count(".") > 1 else o.target
+                                         for o in origins if o.target not in ("aten.view.default",)))
+            return f"{target.name.rstrip('0123456789')} [{ops[:90]}]"
+        shapes = " ".join(str(tuple(a.meta["val"].shape)) for a in node.args if isinstance(a, torch.fx.Node)
+                          and isinstance(a.meta.get("val"), torch.Tensor))
+        return f"{getattr(target, '__name__', str(target))} {shapes}"
 
     class Timed(torch.fx.Interpreter):
+        def __init__(self, gm, index):
+            super().__init__(gm)
+            self.index = index
+
         def run_node(self, node):
-            start = time.perf_counter()
+            start = clock()
             result = super().run_node(node)
             if node.op == "call_function":
-                target = node.target
-                key = target.name if isinstance(target, fxwrap.Kernel) else getattr(target, "__name__", str(target))
-                totals[key] = totals.get(key, 0.0) + time.perf_counter() - start
+                key = (self.index, node.name)
+                best[key] = min(best.get(key, math.inf), clock() - start)
+                labels.setdefault(key, label(node))
             return result
 
-    for program, args in recorded:
-        with torch.no_grad():
-            Timed(program.graph_module).run(*args)
-    whole = sum(totals.values()) or 1.0
-    lines = [f"      {v * 1e3:8.3f} ms {100 * v / whole:5.1f}%  {k}"
-             for k, v in sorted(totals.items(), key=lambda kv: -kv[1])[:top]]
+    for _ in range(runs):
+        for index, (program, args) in enumerate(recorded):
+            with torch.no_grad():
+                Timed(program.graph_module, index).run(*args)
+    totals: dict[str, list] = {}
+    for key, seconds in best.items():
+        entry = totals.setdefault(labels[key], [0.0, 0])
+        entry[0] += seconds
+        entry[1] += 1
+    whole = sum(v for v, _ in totals.values()) or 1.0
+    kind = "thread CPU time" if clock is time.thread_time else "wall time"
+    lines = [f"      per node, the fastest of {runs} runs ({kind}), {whole * 1e3:.2f} ms in all:"]
+    lines += [f"      {v * 1e3:8.3f} ms {100 * v / whole:5.1f}% {n:3d}x {k}"
+              for k, (v, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]]
     return "\n".join(lines)
 
 
@@ -198,7 +243,7 @@ def run_one(entry, variant, args, device) -> dict:
                 "fxwrap": torch.compile(copy.deepcopy(base), backend="fxwrap",
                                         options={**args.options, "mode": args.mode, "on_program": on_program,
                                                  "cache": False})}
-    result = {"model": entry.name, "variant": variant}
+    result = {"model": entry.name, "variant": variant, "threads": torch.get_num_threads()}
     outs = {}
     for name, model in backends.items():
         if training:
@@ -227,9 +272,11 @@ def run_one(entry, variant, args, device) -> dict:
     one = _time_call(calls["eager"], device, 1)
     reps = max(1, min(50, int(args.round_ms / max(one, 1e-3))))
     samples = {name: [] for name in calls}
+    clock = _clock(args, device)
+    result["clock"] = "cpu" if clock is time.thread_time else "wall"
     for _ in range(args.rounds):
         for name, fn in calls.items():
-            samples[name].append(_time_call(fn, device, reps))
+            samples[name].append(_time_call(fn, device, reps, clock))
     for name in calls:
         result[f"{name}_ms"] = statistics.median(samples[name])
     for name, fn in calls.items():
@@ -243,14 +290,14 @@ def run_one(entry, variant, args, device) -> dict:
             if args.profile and name == "fxwrap":
                 result["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.top)
     elif args.profile:
-        result["profile"] = _profile_cpu(programs, recorded, args.top)
+        result["profile"] = _profile_cpu(programs, recorded, args.top, args.profile_runs)
     result["fxwrap_programs"] = len(programs)
     return result
 
 
 def _fmt(result) -> str:
     r = result
-    line = (f"{r['model']:>18} {r['variant']:<15} eager {r['eager_ms']:8.2f}  inductor {r['inductor_ms']:8.2f}  "
+    line = (f"{r['model']:>18} {r['variant']:<15} {r.get('threads', '')}t{'c' if r.get('clock') == 'cpu' else ' '} eager {r['eager_ms']:8.2f}  inductor {r['inductor_ms']:8.2f}  "
             f"fxwrap {r['fxwrap_ms']:8.2f} ms | fx/eager {r['fxwrap_ms'] / r['eager_ms']:.2f}  "
             f"fx/ind {r['fxwrap_ms'] / r['inductor_ms']:.2f} | compile ind {r['inductor_first_s']:.1f}s "
             f"fx {r['fxwrap_first_s']:.1f}s | {r['check_fxwrap']}")
@@ -266,7 +313,7 @@ def _fmt(result) -> str:
 
 
 def _markdown(results, device) -> str:
-    head = ["model", "variant", "eager ms", "Inductor ms", "fxwrap ms", "fx/eager", "fx/Inductor",
+    head = ["model", "variant", "threads", "eager ms", "Inductor ms", "fxwrap ms", "fx/eager", "fx/Inductor",
             "compile Ind s", "compile fx s"]
     if device == "cuda":
         head += ["kernels Ind/fx", "GPU ms Ind/fx"]
@@ -275,9 +322,10 @@ def _markdown(results, device) -> str:
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if "error" in r or "skipped" in r:
-            rows.append(f"| {r['model']} | {r['variant']} | " + (r.get("error") or r.get("skipped")) + " |")
+            rows.append(f"| {r['model']} | {r['variant']} | {r.get('threads', '')} | "
+                        + (r.get("error") or r.get("skipped")) + " |")
             continue
-        cells = [r["model"], r["variant"], f"{r['eager_ms']:.2f}", f"{r['inductor_ms']:.2f}", f"{r['fxwrap_ms']:.2f}",
+        cells = [r["model"], r["variant"], str(r["threads"]), f"{r['eager_ms']:.2f}", f"{r['inductor_ms']:.2f}", f"{r['fxwrap_ms']:.2f}",
                  f"{r['fxwrap_ms'] / r['eager_ms']:.2f}", f"{r['fxwrap_ms'] / r['inductor_ms']:.2f}",
                  f"{r['inductor_first_s']:.1f}", f"{r['fxwrap_first_s']:.1f}"]
         if device == "cuda":
@@ -292,16 +340,37 @@ def _markdown(results, device) -> str:
 
 def geomeans(results) -> dict:
     out = {}
+    threads = sorted({r["threads"] for r in results if "threads" in r})
     for kind in ("inference", "training"):
-        ratios = [r["fxwrap_ms"] / r["inductor_ms"] for r in results
-                  if r["variant"].startswith(kind) and "fxwrap_ms" in r]
-        if ratios:
-            out[kind] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        for count in threads:
+            ratios = [r["fxwrap_ms"] / r["inductor_ms"] for r in results
+                      if r["variant"].startswith(kind) and "fxwrap_ms" in r and r["threads"] == count]
+            label = kind if len(threads) == 1 else f"{kind} {count} thread{'s' * (count > 1)}"
+            if ratios:
+                out[label] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            slower = [(r["fxwrap_ms"] / r["eager_ms"], r["model"]) for r in results
+                      if r["variant"].startswith(kind) and "fxwrap_ms" in r and r["threads"] == count]
+            if slower:
+                out[f"{label} worst fxwrap/eager"] = max(slower)
         peaks = [r["fxwrap_peak_mib"] / r["inductor_peak_mib"] for r in results
                  if r["variant"].startswith(kind) and r.get("inductor_peak_mib")]
         if peaks:
             out[f"{kind} peak memory"] = math.exp(sum(map(math.log, peaks)) / len(peaks))
     return out
+
+
+def _set_threads(count: int) -> None:
+    """``count`` OpenMP threads for eager's ATen ops and both compilers' C++ kernels: all three run
+    in torch's OpenMP runtime (the kernels' libgomp.so.1 resolves to the copy torch loaded), whose
+    thread count ``torch.set_num_threads`` sets; ``OMP_NUM_THREADS`` is set alike for any process
+    started from here."""
+    torch.set_num_threads(count)
+    os.environ["OMP_NUM_THREADS"] = str(count)
+
+
+def _summary(means: dict) -> list[str]:
+    return [f"{kind}: {value[0]:.3f} ({value[1]})" if isinstance(value, tuple)
+            else f"geomean fxwrap/Inductor {kind}: {value:.3f}" for kind, value in means.items()]
 
 
 class _Tee:
@@ -333,10 +402,17 @@ def main(argv=None) -> int:
     parser.add_argument("--round-ms", type=float, default=200.0, help="time per backend per round")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--profile-runs", type=int, default=5, help="--profile: each node's fastest of this many")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--mode", default="default", choices=("default", "reduce-overhead", "max-autotune"),
                         help="torch.compile mode of both compilers (reduce-overhead: CUDA graphs)")
+    parser.add_argument("--cpu-clock", action="store_true",
+                        help="at one thread, time with the thread's CPU time (time.thread_time) instead of "
+                             "wall time: a loaded machine's waits for a core are not counted")
+    parser.add_argument("--threads", default=None,
+                        help="comma-separated thread counts (torch.set_num_threads), e.g. 1,2: every model "
+                             "and variant at each (default: torch's count)")
     parser.add_argument("--options", type=json.loads, default={},
                         help='fxwrap options as JSON, e.g. \'{"partition": "min_cut"}\'')
     args = parser.parse_args(argv)
@@ -357,38 +433,47 @@ def main(argv=None) -> int:
     # the compile column measures a compile, not a cache hit (see the module docstring)
     importlib.import_module("torch._inductor.config").fx_graph_cache = False
     importlib.import_module("torch._functorch.config").enable_autograd_cache = False
-    print(f"# {device}: torch {torch.__version__}, {torch.get_num_threads()} threads, mode {args.mode}"
-          + (f", {torch.cuda.get_device_name()}" if device == "cuda" else ""), flush=True)
+    thread_counts = [int(n) for n in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+    print(f"# {device}: torch {torch.__version__}, threads {','.join(map(str, thread_counts))}, mode {args.mode}"
+          + (f", {torch.cuda.get_device_name()}" if device == "cuda" else "")
+          + (f", load average {load[0]:.2f} at the start" if load else ""), flush=True)
     results = []
     for entry in suite_models.MODELS:
         if entry.name not in names:
             continue
         why = suite_models.missing(entry)
         for variant in variants:
-            if why:
-                results.append({"model": entry.name, "variant": variant, "skipped": why})
-                print(f"{entry.name:>18} {variant:<15} skipped: {why}", flush=True)
-                continue
-            torch._dynamo.reset()
-            try:
-                result = run_one(entry, variant, args, device)
-            except Exception as error:  # noqa: BLE001 - one model's failure is reported, the rest run
-                result = {"model": entry.name, "variant": variant, "error": f"{type(error).__name__}: {error}"[:300]}
-                print(f"{entry.name:>18} {variant:<15} ERROR {result['error']}", flush=True)
+            if not entry.training and variant.startswith("training"):
+                continue  # a decode step: inference only
+            for count in thread_counts:
+                _set_threads(count)
+                if why:
+                    results.append({"model": entry.name, "variant": variant, "threads": count, "skipped": why})
+                    print(f"{entry.name:>18} {variant:<15} skipped: {why}", flush=True)
+                    continue
+                torch._dynamo.reset()
+                try:
+                    result = run_one(entry, variant, args, device)
+                except Exception as error:  # noqa: BLE001 - one model's failure is reported, the rest run
+                    result = {"model": entry.name, "variant": variant, "threads": count,
+                              "error": f"{type(error).__name__}: {error}"[:300]}
+                    print(f"{entry.name:>18} {variant:<15} {count}t ERROR {result['error']}", flush=True)
+                    results.append(result)
+                    continue
                 results.append(result)
-                continue
-            results.append(result)
-            print(_fmt(result), flush=True)
-            if "profile" in result:
-                print(result["profile"], flush=True)
+                print(_fmt(result), flush=True)
+                if "profile" in result:
+                    print(result["profile"], flush=True)
+    if load:
+        print(f"# load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     means = geomeans(results)
-    for kind, value in means.items():
-        print(f"geomean fxwrap/Inductor {kind}: {value:.3f}")
+    for line in _summary(means):
+        print(line)
     bad = [r for r in results if "error" in r or r.get("check_fxwrap", "OK") != "OK"]
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(_markdown(results, device) + "\n\n" + "\n".join(
-                f"geomean fxwrap/Inductor {k}: {v:.3f}" for k, v in means.items()) + "\n")
+            f.write(_markdown(results, device) + "\n\n" + "\n".join(_summary(means)) + "\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{k: v for k, v in r.items() if k != "profile"} for r in results], f, indent=1)

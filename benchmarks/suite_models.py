@@ -8,6 +8,10 @@ training step.
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -162,6 +166,7 @@ class SuiteModel:
     build: Callable[[str, str], tuple]   # (device, size) -> (model, make_inputs, loss_fn)
     needs: str = ""                      # the optional package it needs, if any
     suite: str = "core"                  # "vision": the torchvision families (``models.py --suite vision``)
+    training: bool = True                # False: inference only (a decode step)
 
 
 def _tokens(vocab, batch, seq, device):
@@ -244,6 +249,117 @@ def _hf_bert(device, size):
     return BertModel(config, add_pooling_layer=False), _token_ids(config.vocab_size, size, device), _mean_loss
 
 
+def _hf_llama(device, size):
+    """HF ``LlamaForCausalLM`` with grouped KV heads (8 query heads, 2 KV heads), SDPA attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    small = size == "small"
+    config = LlamaConfig(num_hidden_layers=2 if small else 4, hidden_size=256 if small else 1024,
+                         num_attention_heads=8 if small else 16, num_key_value_heads=2 if small else 4,
+                         intermediate_size=704 if small else 2816, vocab_size=1000 if small else 32000,
+                         max_position_embeddings=1024)
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config), _token_ids(config.vocab_size, size, device), _mean_loss
+
+
+class _EncoderDecoder(nn.Module):
+    """``forward(input_ids, decoder_input_ids) -> last hidden state`` of an HF encoder-decoder."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, decoder_input_ids):
+        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).last_hidden_state
+
+
+def _hf_t5(device, size):
+    """HF ``T5Model`` (relative position buckets, T5 layer norm, ReLU MLP, no dropout): encoder
+    over 128 tokens, decoder over 32 (small)."""
+    from transformers import T5Config, T5Model
+    small = size == "small"
+    config = T5Config(num_layers=2 if small else 4, num_decoder_layers=2 if small else 4,
+                      d_model=256 if small else 512, d_kv=32 if small else 64, num_heads=8,
+                      d_ff=1024 if small else 2048, vocab_size=1000 if small else 32128,
+                      dropout_rate=0.0)  # training compared with eager: no random dropout masks
+    config._attn_implementation = "sdpa"
+    batch, seq, target = (4, 128, 32) if small else (8, 256, 64)
+
+    def make(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randint(0, config.vocab_size, (batch, seq), generator=g).to(device),
+                torch.randint(0, config.vocab_size, (batch, target), generator=g).to(device))
+    return _EncoderDecoder(T5Model(config)), make, _mean_loss
+
+
+def _decode_inputs(vocab, pos, device):
+    """One decode step's inputs: a ``[1, 1]`` token and its position ``[1]`` (written to the
+    KV cache at ``pos``: every timed call writes the same slots, as a step of a generation would)."""
+    def make(seed):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randint(0, vocab, (1, 1), generator=g).to(device), torch.tensor([pos], device=device))
+    return make
+
+
+def _prefill(step_model: nn.Module, vocab: int, prompt: int, device) -> None:
+    """Fill the first ``prompt`` cache slots eagerly (random tokens), one step at a time."""
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for i in range(prompt):
+            step_model(torch.randint(0, vocab, (1, 1), generator=g).to(device), torch.tensor([i], device=device))
+
+
+def _decode(device, size):
+    """One decode step of a Llama-style model (benchmarks/decode.py's ``HandLlama``): batch 1, one
+    token, grouped KV heads (8 query, 2 KV), the static KV cache as buffers written with
+    ``index_copy_``, masked SDPA over the whole cache; 100 positions prefilled."""
+    from decode import HandLlama
+    small = size == "small"
+    layers, dim, heads, kv, hidden, vocab, max_seq = (4, 256, 8, 2, 704, 1000, 256) if small else \
+        (12, 1024, 16, 4, 2816, 32000, 1024)
+    model = HandLlama(layers, dim, heads, kv, hidden, vocab, max_seq, dtype=torch.float32).to(device)
+    _prefill(model, vocab, 100, device)
+    return model, _decode_inputs(vocab, 100, device), _identity_loss
+
+
+class _HFDecodeStep(nn.Module):
+    """``forward(token [1, 1], pos [1]) -> logits``: one step of an HF causal LM with its static cache."""
+
+    def __init__(self, model: nn.Module, cache):
+        super().__init__()
+        self.model, self.cache = model, cache
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.with_position = "cache_position" in params
+
+    def forward(self, token, pos):
+        kwargs = {self.cache_arg: self.cache, "position_ids": pos.view(1, 1)}
+        if self.with_position:
+            kwargs["cache_position"] = pos
+        return self.model(input_ids=token, use_cache=True, **kwargs).logits
+
+
+def _hf_llama_decode(device, size):
+    """One decode step of HF ``LlamaForCausalLM`` (grouped KV heads) with its ``StaticCache``;
+    100 positions prefilled eagerly (the cache initializes itself on its first write)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+    small = size == "small"
+    config = LlamaConfig(num_hidden_layers=4 if small else 8, hidden_size=256 if small else 1024,
+                         num_attention_heads=8 if small else 16, num_key_value_heads=2 if small else 4,
+                         intermediate_size=704 if small else 2816, vocab_size=1000 if small else 32000,
+                         max_position_embeddings=1024)
+    config._attn_implementation = "sdpa"
+    max_seq = 256 if small else 1024
+    model = LlamaForCausalLM(config).to(device).eval()
+    wanted = inspect.signature(StaticCache.__init__).parameters
+    kwargs = {"config": config, "max_cache_len": max_seq}
+    for name, value in (("max_batch_size", 1), ("batch_size", 1), ("device", device), ("dtype", torch.float32)):
+        if name in wanted:
+            kwargs[name] = value
+    step = _HFDecodeStep(model, StaticCache(**kwargs))
+    _prefill(step, config.vocab_size, 100, device)
+    return step, _decode_inputs(config.vocab_size, 100, device), _identity_loss
+
+
 def _torchvision(constructor: str, gpu_batch: int = 32, cpu_batch: int = 2, image: int = 224, **kwargs):
     """A torchvision model from its constructor (random weights), at the sizes a user runs it:
     ``gpu_batch`` images of ``image`` x ``image`` on a GPU, ``cpu_batch`` on the CPU."""
@@ -277,6 +393,9 @@ MODELS = [
     SuiteModel("llama", _llama), SuiteModel("gpt", _gpt), SuiteModel("convnet", _convnet),
     SuiteModel("mlp", _mlp), SuiteModel("hf_gpt2", _hf_gpt2, "transformers"),
     SuiteModel("hf_bert", _hf_bert, "transformers"),
+    SuiteModel("hf_llama", _hf_llama, "transformers"), SuiteModel("hf_t5", _hf_t5, "transformers"),
+    SuiteModel("decode", _decode, training=False),
+    SuiteModel("hf_llama_decode", _hf_llama_decode, "transformers", training=False),
     SuiteModel("resnet18", _torchvision("resnet18"), "torchvision", "vision"),
     SuiteModel("resnet50", _resnet50, "torchvision", "vision"),
     SuiteModel("efficientnet_b0", _torchvision("efficientnet_b0"), "torchvision", "vision"),
@@ -291,11 +410,27 @@ MODELS = [
 ]
 
 
+def _import_torchvision_without_ops() -> None:
+    """Import torchvision where its compiled ops do not load against this torch (a CPU torch
+    beside a CUDA torchvision): without its fake-op registrations the models still build
+    (detection ops stay unavailable).  transformers imports torchvision when it is installed."""
+    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        importlib.import_module("torchvision")
+    except RuntimeError:
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+        importlib.import_module("torchvision")
+
+
 def missing(entry: SuiteModel) -> str | None:
     """Why ``entry`` cannot run here, or None."""
     if not entry.needs:
         return None
     try:
+        _import_torchvision_without_ops()
         __import__(entry.needs)
     except Exception as error:  # noqa: BLE001 - an optional package that fails to import
         return f"{entry.needs} is not importable ({type(error).__name__}: {error})"

@@ -79,15 +79,19 @@ SHARED_VALUE_MAX_LOADS = 4    # distinct buffers the inlined value reads
 SHARED_VALUE_MAX_OPS = 40     # nodes of its expression
 
 
-def worth_storing(value: Op, readers: int) -> bool:
+def worth_storing(value: Op, readers: int, costly_ops: frozenset = frozenset()) -> bool:
     """Whether a lazy value with ``readers`` consumers should be stored once rather
-    than inlined into each: it reads more than ``SHARED_VALUE_MAX_LOADS`` buffers or
-    has more than ``SHARED_VALUE_MAX_OPS`` nodes.  ``value`` is the value at one
-    index (``loops(xs)``)."""
+    than inlined into each: it reads more than ``SHARED_VALUE_MAX_LOADS`` buffers, has
+    more than ``SHARED_VALUE_MAX_OPS`` nodes, or computes one of ``costly_ops`` (the
+    emitter's ``KernelEmitter.costly_ops``: ``cos(pos * inv_freq)`` read by q's and k's
+    kernels of every layer is stored once).  ``value`` is the value at one index
+    (``loops(xs)``)."""
     if readers < 2:
         return False
     nodes = walk(value)
     if len(nodes) > SHARED_VALUE_MAX_OPS:
+        return True
+    if costly_ops and any(n.op in costly_ops for n in nodes):
         return True
     buffers = {load_buffer(n) for n in nodes if n.op == OpCode.LOAD}
     return len(buffers) > SHARED_VALUE_MAX_LOADS

@@ -55,7 +55,10 @@ class DeviceInterface:
       the template choice (``wrapper_ir/template_choice.py``) times its candidates.  The
       default is the host clock between two ``synchronize`` calls; a device with a queue
       times the device's own work instead (CUDA: events, behind a spin so the launches
-      are queued before the device starts).
+      are queued before the device starts; the CPU at one thread: the thread's CPU time).
+    * ``timing_clock()``: a name for what ``time_calls`` measures now (``"wall"`` by
+      default); the template timings' on-disk cache keys by it, so times taken with
+      another clock are never compared with these.
     """
 
     device_type: str = ""
@@ -71,6 +74,9 @@ class DeviceInterface:
 
     def device_count(self) -> int:
         return 1 if self.is_available() else 0
+
+    def timing_clock(self) -> str:
+        return "wall"
 
     def time_calls(self, run, n: int, device=None) -> float:
         self.synchronize(device)
@@ -199,6 +205,12 @@ class KernelEmitter:
     #: with the buffer dtypes it renders it for.  An indexed write it does not list stays
     #: the ATen op (an extern on a copy of the tensor): a new emitter renders none
     indexed_stores: dict = {}
+    #: ops this emitter renders as a call its vector loops cannot inline (a scalar math-library
+    #: call: ``std::cos`` in a ``#pragma omp simd`` loop): a lazy value with one of them that
+    #: several nodes read is stored once rather than computed again in each reader's kernel
+    #: (``core.scheduler.worth_storing``: HF Llama's rotary ``cos`` / ``sin`` tables, read by
+    #: every layer's q and k, each element then computed once per head and batch); none by default
+    costly_ops: frozenset = frozenset()
 
     def __init__(self, target: "Target"):
         self.target = target

@@ -238,12 +238,13 @@ class KernelBuilder(ProvenanceMixin, RealizationMixin, TemplateRecognitionMixin,
 
     def _store_shared_values(self, node) -> None:
         """Realize each lazy argument of ``node`` that several nodes read and that is
-        too costly to inline into each of them (``scheduler.worth_storing``)."""
+        too costly to inline into each of them (``scheduler.worth_storing``, with the
+        emitter's ``costly_ops``)."""
         for arg in node.all_input_nodes:
             loops = self.env.get(arg)
             if isinstance(loops, Loops) and len(arg.users) > 1:
                 value = loops(tuple(xvar(i) for i in range(len(loops.size))))
-                if worth_storing(value, len(arg.users)):
+                if worth_storing(value, len(arg.users), getattr(self.target.emitter, "costly_ops", frozenset())):
                     self.realize(arg, loops)
 
     def _device_of(self, node):

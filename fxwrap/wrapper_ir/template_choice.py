@@ -182,12 +182,13 @@ CLEAR_MARGIN = 1.25
 
 def timing_keys(builder, candidates: list, extern: list) -> dict[str, str]:
     """``{candidate: timing-cache key}`` of each template candidate and of the extern: what
-    its time depends on (``_digest``: kernels without their names), the target, the threads
-    and the size hints."""
+    its time depends on (``_digest``: kernels without their names), the target, the threads,
+    the device's timing clock and the size hints."""
     hints = builder.out.hints
     runs = {name: [made] for name, made in candidates}
     runs[EXTERN] = extern
-    return {name: TimingCache.key("fxwrap template timing", builder.target.name, torch.get_num_threads(),
+    clock = builder.target.device.timing_clock()
+    return {name: TimingCache.key("fxwrap template timing", builder.target.name, torch.get_num_threads(), clock,
                                   [_digest(part, hints) for part in parts], sorted((str(k), v) for k, v in hints.items()))
             for name, parts in runs.items()}
 

@@ -56,7 +56,7 @@ from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cpu_cpp.scan import ScanCode
 from fxwrap.targets.host.compiler import SharedPrelude
-from fxwrap.targets.cstyle import (C_TYPES, CSTYLE_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
+from fxwrap.targets.cstyle import (C_TYPES, CSTYLE_OPS, LIBM_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
                                    reduction_passes,
                                    c_operand as _operand)
 
@@ -103,6 +103,9 @@ class CppEmitter(CStyleEmitter):
     # (they vectorize; libm calls vectorize only under -ffast-math)
     code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
                    "erf": lambda x, dtype: f"fx_erf({x})", "tanh": lambda x, dtype: f"fx_tanh({x})"}
+    # the other math-library ops stay scalar libm calls in the vector loops: a shared value
+    # with one is stored once (KernelEmitter.costly_ops), not computed again by each reader
+    costly_ops = frozenset(LIBM_OPS) - {"exp", "erf", "tanh", "sqrt", "copysign"} | {"erfinv"}
     # tuning (all decisions depend on sizes only: results never depend on thread count)
     parallel_min_work = 32768   # elements of work below which a kernel stays on one thread
     pointwise_block = 1024      # innermost tile of a collapsed pointwise nest
