@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fxwrap.targets.host.compiler import CompileError, CppCompiler, SharedPrelude, default_compiler, without_header
-from fxwrap.targets.host.trampoline import c_launcher
+from fxwrap.targets.host.trampoline import c_launcher, prepare
 
 #: the symbol a kernel's shared object exports (``shared_source``)
 SHARED_SYMBOL = "fxwrap_kernel_entry"
@@ -89,6 +89,7 @@ def launcher_for(source: str, symbol: str, pointers: int, sizes: int,
     """Compile (cached, shared between kernels equal but for their names: ``shared_source``;
     ``prelude`` precompiled: ``CppCompiler.compile``) and bind ``symbol`` of ``source``."""
     comp = compiler or default_compiler()
+    prepare()  # the launch binding builds while this kernel compiles
     text, exported = shared_source(source, symbol)
     path = comp.compile(text, prelude=prelude)
     try:

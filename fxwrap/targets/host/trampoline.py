@@ -211,6 +211,24 @@ def _module(compiler: CppCompiler):
         return _LOADED[path]
 
 
+_STARTED: set[str] = set()  # cache directories whose binding is being built or loaded
+
+
+def prepare(compiler: CppCompiler | None = None) -> None:
+    """Start building (or loading) the binding in a thread, once per cache directory: the
+    first kernels compile meanwhile, and ``c_launcher`` then finds it built (a cold build
+    is a few seconds of g++ parsing Python.h)."""
+    if _data_ptr_address is None:
+        return
+    compiler = compiler or default_compiler()
+    key = str(compiler.cache.dir)
+    with _LOCK:
+        if key in _STARTED:
+            return
+        _STARTED.add(key)
+    threading.Thread(target=_module, args=(compiler,), name="fxwrap-trampoline", daemon=True).start()
+
+
 def c_launcher(address: int, pointers: int, sizes: int, name: str, compiler: CppCompiler | None = None):
     """A launcher calling the C function at ``address`` (``pointers`` tensors, then ``sizes``
     int64 sizes), or None where the binding cannot serve it (see the module docstring)."""
