@@ -23,7 +23,7 @@ cheaper form instead; every other node is unchanged::
 The copy shares the ``Kernel`` objects and constants of ``gm``.
 
 A target whose kernels' launchers read nothing of a tensor argument but its data pointer
-(the CPU's C++ kernels: ``tensor.data_ptr()`` through ctypes) passes ``pointer_kernel``, and
+(the CPU's C++ kernels: ``targets/cpu_cpp/wrapper.py``) passes ``pointer_kernel``, and
 its copy also does less per call on the host:
 
 * a View line whose every reader is such a kernel and whose first element is its base's
