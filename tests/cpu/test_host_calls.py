@@ -128,3 +128,9 @@ def test_one_element_index_check_reads_the_value(monkeypatch, negative_ok):
     monkeypatch.undo()
     with pytest.raises(IndexError):
         check_index_bounds(torch.tensor([1, 9, 2]), 8, 0, negative_ok)
+
+
+def test_wrapper_names_the_emitters_language():
+    from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+    from fxwrap.targets.cpu_cpp.wrapper import CPP
+    assert CPP == CppEmitter.language

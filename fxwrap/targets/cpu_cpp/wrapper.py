@@ -20,12 +20,14 @@ import torch
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.targets.base import DirectCallWrapper
-from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+
+#: ``CppEmitter.language``, spelled here: a loaded program gets this wrapper and imports no emitter
+CPP = "c++"
 
 
 def reads_data_pointers(kernel: Kernel) -> bool:
     """``kernel``'s launcher reads only its tensors' data pointers: a C++ kernel of this target."""
-    return kernel.target == "cpu" and kernel.launch.language == CppEmitter.language
+    return kernel.target == "cpu" and kernel.launch.language == CPP
 
 
 class CpuWrapper(DirectCallWrapper):
