@@ -63,3 +63,16 @@ def test_program_kernels_launch_through_the_binding():
     assert kernels and all(type(k.launcher()).__name__ == "Launcher" for k in kernels)
     x, w = torch.randn(8, 16), torch.randn(16, 16)
     torch.testing.assert_close(program.run(x, w), f(x, w), rtol=1e-4, atol=1e-4)
+
+
+def test_subclasses_and_parameters():
+    """A ``Parameter`` is read as a tensor; another tensor subclass through its own ``data_ptr()``."""
+    class Tagged(torch.Tensor):
+        pass
+
+    fast, slow = _both()
+    x, y = torch.nn.Parameter(torch.randn(6), requires_grad=False), torch.randn(6).as_subclass(Tagged)
+    want, got = torch.zeros(6), torch.zeros(6)
+    slow(x, y, want, 6, 3)
+    fast(x, y, got, 6, 3)
+    assert torch.equal(got, want) and torch.equal(got, x.detach() + y.as_subclass(torch.Tensor) * 3)

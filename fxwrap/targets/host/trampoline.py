@@ -8,7 +8,7 @@ for all kernels, once per compiler and cache directory: a ``Launcher`` holds a k
 function address and how many tensors and sizes it takes; calling it reads each tensor's
 data pointer through the function torch exports for this
 (``torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr``: no torch headers to
-compile), converts each size to an ``int64_t`` and calls the kernel with the GIL released,
+compile; a tensor subclass other than ``Parameter`` calls its own ``data_ptr()``), converts each size to an ``int64_t`` and calls the kernel with the GIL released,
 as ctypes does::
 
     launch = c_launcher(address, pointers=2, sizes=1, name="fxwrap_pointwise_0")
@@ -65,7 +65,9 @@ def source() -> str:
 
 typedef int64_t I;
 static void* (*tensor_data_ptr)(PyObject*) = nullptr;
-static PyTypeObject* tensor_type = nullptr;
+static PyTypeObject* tensor_type = nullptr;   // torch._C.TensorBase
+static PyTypeObject* plain_tensor = nullptr;  // torch.Tensor
+static PyTypeObject* parameter = nullptr;     // torch.nn.Parameter
 
 typedef struct {{
     PyObject_HEAD
@@ -97,12 +99,21 @@ static PyObject* launcher_call(PyObject* self_obj, PyObject* args, PyObject* kwa
     I a[{MAX_ARGS}];
     for (Py_ssize_t i = 0; i < self->pointers; ++i) {{
         PyObject* t = PyTuple_GET_ITEM(args, i);
+        PyTypeObject* type = Py_TYPE(t);
+        if (type == plain_tensor || type == parameter) {{  // torch's read (it expects a tensor with data)
+            a[i] = (I)(intptr_t)tensor_data_ptr(t);
+            continue;
+        }}
         if (!PyObject_TypeCheck(t, tensor_type)) {{
             PyErr_Format(PyExc_TypeError, "kernel %U: argument %zd is a %s, not a tensor",
-                         self->name, i, Py_TYPE(t)->tp_name);
+                         self->name, i, type->tp_name);
             return nullptr;
         }}
-        a[i] = (I)(intptr_t)tensor_data_ptr(t);
+        PyObject* p = PyObject_CallMethod(t, "data_ptr", nullptr);  // a subclass: its own data_ptr()
+        if (p == nullptr) return nullptr;
+        a[i] = (I)PyLong_AsLongLong(p);
+        Py_DECREF(p);
+        if (a[i] == -1 && PyErr_Occurred()) return nullptr;
     }}
     for (Py_ssize_t i = self->pointers; i < n; ++i) {{
         a[i] = (I)PyLong_AsLongLong(PyTuple_GET_ITEM(args, i));
@@ -156,16 +167,19 @@ static PyObject* make(PyObject*, PyObject* args) {{
 
 static PyObject* init(PyObject*, PyObject* args) {{
     unsigned long long address;
-    PyObject* type;
-    if (!PyArg_ParseTuple(args, "KO!", &address, &PyType_Type, &type)) return nullptr;
+    PyObject *base, *plain, *param;
+    if (!PyArg_ParseTuple(args, "KO!O!O!", &address, &PyType_Type, &base, &PyType_Type, &plain,
+                          &PyType_Type, &param)) return nullptr;
     tensor_data_ptr = (void* (*)(PyObject*))(uintptr_t)address;
-    Py_INCREF(type);
-    tensor_type = (PyTypeObject*)type;
+    Py_INCREF(base); Py_INCREF(plain); Py_INCREF(param);
+    tensor_type = (PyTypeObject*)base;
+    plain_tensor = (PyTypeObject*)plain;
+    parameter = (PyTypeObject*)param;
     Py_RETURN_NONE;
 }}
 
 static PyMethodDef methods[] = {{
-    {{"init", init, METH_VARARGS, "init(data_ptr function address, torch._C.TensorBase)"}},
+    {{"init", init, METH_VARARGS, "init(data_ptr function address, TensorBase, Tensor, Parameter)"}},
     {{"make", make, METH_VARARGS, "make(function address, pointers, sizes, name) -> launcher"}},
     {{nullptr, nullptr, 0, nullptr}}}};
 
@@ -206,7 +220,7 @@ def _module(compiler: CppCompiler):
             spec = importlib.util.spec_from_file_location(_MODULE, path, loader=loader)
             module = importlib.util.module_from_spec(spec)
             loader.exec_module(module)
-            module.init(_data_ptr_address, torch._C.TensorBase)
+            module.init(_data_ptr_address, torch._C.TensorBase, torch.Tensor, torch.nn.Parameter)
             _LOADED[path] = module
         return _LOADED[path]
 
