@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from fxwrap.runtime.direct import size_of, storage_offset, stride_of
+from fxwrap.runtime.direct import empty_strided_cpu, size_of, stride_of, storage_offset
 from fxwrap.runtime.guards import check_inputs
 from fxwrap.runtime.graph_replay import GraphCapture, partition
 from fxwrap.runtime.kernel import Kernel
@@ -48,7 +48,8 @@ _ONCE = frozenset({check_inputs, torch.empty_strided, torch.ops.aten.empty_strid
                    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
                    operator.neg, operator.pow, operator.truediv, max, min,
                    torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
-                   torch.ops.aten.sym_storage_offset.default, torch.ops.aten.sym_numel.default})
+                   torch.ops.aten.sym_storage_offset.default, torch.ops.aten.sym_numel.default}
+                  | ({empty_strided_cpu} if empty_strided_cpu is not None else set()))
 #: calls dropped from a recording (it keeps every buffer alive; partitions mark nothing)
 _SKIPPED = frozenset({free, partition})
 

@@ -1,16 +1,17 @@
 """Registers the built-in ``cpu`` target, and its templates (GEMM, int8 weight-only GEMM), through
 the ``fxwrap`` entry point."""
 from fxwrap.plugins.hookspecs import hookimpl
-from fxwrap.targets.base import DirectCallWrapper, Target
+from fxwrap.targets.base import Target
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 from fxwrap.targets.cpu_cpp.gemm import CppGemm
 from fxwrap.targets.cpu_cpp.int8_gemm import CppInt8Gemm
+from fxwrap.targets.cpu_cpp.wrapper import CpuWrapper
 
 
 @hookimpl
 def fxwrap_targets():
-    return [Target("cpu", "cpu", CpuDevice(), CppEmitter, DirectCallWrapper)]
+    return [Target("cpu", "cpu", CpuDevice(), CppEmitter, CpuWrapper)]
 
 
 @hookimpl

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fxwrap.targets.host.compiler import CompileError, CppCompiler, SharedPrelude, default_compiler, without_header
+from fxwrap.targets.host.trampoline import c_launcher, prepare
 
 #: the symbol a kernel's shared object exports (``shared_source``)
 SHARED_SYMBOL = "fxwrap_kernel_entry"
@@ -53,8 +54,14 @@ def c_function(lib: ctypes.CDLL, symbol: str, pointers: int, sizes: int):
     return fn
 
 
-def make_launcher(fn, pointers: int, sizes: int, name: str = "launch") -> Callable:
-    """A Python function of fixed arity calling ``fn`` with data pointers and ints."""
+def make_launcher(fn, pointers: int, sizes: int, name: str = "launch", trampoline: bool = True) -> Callable:
+    """A launcher calling ctypes function ``fn`` with data pointers and ints: the C binding
+    (``trampoline.c_launcher``: no ctypes on the call) where it serves, else a Python
+    function of fixed arity going through ctypes.  Either has ``c_function`` (``fn``)."""
+    fast = c_launcher(ctypes.cast(fn, ctypes.c_void_p).value, pointers, sizes, name) if trampoline else None
+    if fast is not None:
+        fast.c_function = fn  # and keeps the library loaded
+        return fast
     params = [f"t{i}" for i in range(pointers)] + [f"s{i}" for i in range(sizes)]
     args = [f"t{i}.data_ptr()" for i in range(pointers)] + [f"int(s{i})" for i in range(sizes)]
     src = f"def {name}({', '.join(params)}):\n    fn({', '.join(args)})\n"
@@ -82,6 +89,7 @@ def launcher_for(source: str, symbol: str, pointers: int, sizes: int,
     """Compile (cached, shared between kernels equal but for their names: ``shared_source``;
     ``prelude`` precompiled: ``CppCompiler.compile``) and bind ``symbol`` of ``source``."""
     comp = compiler or default_compiler()
+    prepare()  # the launch binding builds while this kernel compiles
     text, exported = shared_source(source, symbol)
     path = comp.compile(text, prelude=prelude)
     try:
