@@ -18,7 +18,10 @@ kernels share; each compiled again at that count, since Inductor writes the coun
 ``--suite vision``: the torchvision families (ResNet-18/50, EfficientNet-B0, MobileNet-V3,
 ConvNeXt-T, RegNetY-400MF, Swin-T, ViT-B/16, FCN-ResNet50 segmentation), built from their
 constructors with random weights at a user's sizes (32 images of 224x224 on a GPU, 8 for
-the segmentation net; 1-2 on the CPU); skipped, with the reason, without torchvision.
+the segmentation net; on the CPU one 224x224 image, what a CPU user classifies at a time: run it
+at one thread on a shared machine, ``OMP_NUM_THREADS=1``); skipped, with the reason, without
+torchvision (a torchvision whose compiled ops do not load against this torch is imported without
+them: ``suite_models.import_torchvision``, with a note).
 
 Per model and variant (``inference-fp32``, ``inference-bf16``, ``training-fp32``,
 ``training-bf16``, ``training-amp``: a float32 model stepped under ``torch.autocast`` in

@@ -360,10 +360,34 @@ def _hf_llama_decode(device, size):
     return step, _decode_inputs(config.vocab_size, 100, device), _identity_loss
 
 
-def _torchvision(constructor: str, gpu_batch: int = 32, cpu_batch: int = 2, image: int = 224, **kwargs):
+def import_torchvision():
+    """``import torchvision``, or where its compiled ops do not load against this torch (a
+    torchvision wheel built for another torch: ``operator torchvision::nms does not exist``
+    while ``torchvision._meta_registrations`` registers fake kernels for them), the import
+    again with that module replaced by an empty one.  The model constructors need none of
+    the compiled ops (only the detection ops nms / roi_align do, and they stay unavailable);
+    a note on stderr says the shim is in use."""
+    try:
+        import torchvision
+        return torchvision
+    except RuntimeError as error:
+        if "torchvision::" not in str(error):
+            raise
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]  # the half-imported package of the failed attempt
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+        import torchvision
+        print(f"note: torchvision {torchvision.__version__}'s compiled ops do not load against torch "
+              f"{torch.__version__} ({error}); imported without its meta registrations "
+              "(the model constructors work, detection ops do not)", file=sys.stderr, flush=True)
+        return torchvision
+
+
+def _torchvision(constructor: str, gpu_batch: int = 32, cpu_batch: int = 1, image: int = 224, **kwargs):
     """A torchvision model from its constructor (random weights), at the sizes a user runs it:
     ``gpu_batch`` images of ``image`` x ``image`` on a GPU, ``cpu_batch`` on the CPU."""
     def build(device, size):
+        import_torchvision()
         import torchvision.models as models
         import torchvision.models.segmentation as segmentation
         make = getattr(models, constructor, None) or getattr(segmentation, constructor)
@@ -378,14 +402,16 @@ def _vision_loss(out):
 
 
 def _resnet50(device, size):
+    import_torchvision()
     from torchvision.models import resnet50
-    batch, image = (2, 224) if size == "small" else (32, 224)
+    batch, image = (1, 224) if size == "small" else (32, 224)
     return resnet50(), _images(batch, image, device), _mean_loss
 
 
 def _vit(device, size):
+    import_torchvision()
     from torchvision.models import vit_b_16
-    batch = 2 if size == "small" else 32
+    batch = 1 if size == "small" else 32
     return vit_b_16(), _images(batch, 224, device), _mean_loss
 
 
@@ -410,27 +436,13 @@ MODELS = [
 ]
 
 
-def _import_torchvision_without_ops() -> None:
-    """Import torchvision where its compiled ops do not load against this torch (a CPU torch
-    beside a CUDA torchvision): without its fake-op registrations the models still build
-    (detection ops stay unavailable).  transformers imports torchvision when it is installed."""
-    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
-        return
-    try:
-        importlib.import_module("torchvision")
-    except RuntimeError:
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
-        importlib.import_module("torchvision")
-
-
 def missing(entry: SuiteModel) -> str | None:
     """Why ``entry`` cannot run here, or None."""
     if not entry.needs:
         return None
     try:
-        _import_torchvision_without_ops()
+        if importlib.util.find_spec("torchvision") is not None:
+            import_torchvision()  # transformers imports torchvision where it is installed
         __import__(entry.needs)
     except Exception as error:  # noqa: BLE001 - an optional package that fails to import
         return f"{entry.needs} is not importable ({type(error).__name__}: {error})"
@@ -441,7 +453,7 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["MODELS", "SuiteModel", "missing", "parameter_count"]
+__all__ = ["MODELS", "SuiteModel", "import_torchvision", "missing", "parameter_count"]
 
 
 def cpu_step(name: str, variant: str, compile_model: Callable) -> Callable[[], None]:

@@ -13,8 +13,18 @@ It returns the copy it made before while the parameter's ``_version`` (bumped by
 in-place write: an optimizer step, ``load_state_dict``, ``p.mul_(2)`` under ``no_grad``)
 and ``data_ptr()`` (``p.data = t``) are those it was made at, and makes a new one
 otherwise.  A write through ``p.data`` (a detached alias with a version counter of its
-own) is not seen: why the cache is an opt-in, as Inductor's ``freezing`` is.  The copy is
-not the program's storage: the memory planner never hands it on (an op outside ``aten``).
+own) is not seen, nor is a write through ``p.detach().numpy()`` (numpy bumps no version):
+why the cache is an opt-in, as Inductor's ``freezing`` is.  No cheaper check is sound: the
+storage has no version of its own, and comparing the parameter with the copy reads as many
+bytes as making the copy again.  The copy is not the program's storage: the memory planner
+never hands it on (an op outside ``aten``).
+
+Measured (torchvision ResNet-18, one 224x224 image, fp32, one thread, thread CPU time on a
+loaded 2-core machine): 88.8 ms a call with the per-call relayout (its kernels 21 ms, at the
+copy bandwidth), 55.6 ms with the option.  Inductor without ``freezing`` relays every
+convolution weight per call as well (``cpp_fused_..._convolution`` kernels writing
+``(576, 1, 192, 64)``-strided copies), and passing oneDNN the NCHW weight instead costs the
+same (it reorders the weight inside each call): without the option both compilers pay it.
 """
 from __future__ import annotations
 

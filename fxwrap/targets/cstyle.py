@@ -607,7 +607,8 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         offset = scope.value(index) if is_indirect(index) else self.render_index(index)
         expr = self.from_storage(f"{ptr}[{offset}]", dtype)
         expr = self.render_cast(expr, dtype, op.dtype)
-        if load_mask(op) is not None:  # a masked load reads nothing where its mask is false
+        if load_mask(op) is not None and load_mask(op) not in scope.known_true:
+            # a masked load reads nothing where its mask is false
             mask = scope.value(load_mask(op))
             expr = f"{mask} ? {expr} : {self.value_of(self.ctype(op.dtype), 0)}"
         return expr
@@ -896,6 +897,9 @@ class Scope:
         self.accs: dict[tuple[str, int], tuple[str, torch.dtype]] = {}
         self._deps_cache = parent._deps_cache if parent else {}
         self._ptrs = parent._ptrs if parent else None
+        # masks that hold wherever this block runs (the emitter tested them before it): a load
+        # declared here under one of them reads unconditionally (``CppEmitter.pointwise``)
+        self.known_true: frozenset[Op] = frozenset()
 
     @property
     def kernel_name(self) -> str:

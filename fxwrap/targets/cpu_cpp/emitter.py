@@ -51,7 +51,7 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, Store, load_buffer, split_stores, walk
+from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, Store, load_buffer, load_mask, split_stores, walk
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cpu_cpp.scan import ScanCode
@@ -220,16 +220,31 @@ class CppEmitter(CStyleEmitter):
 
         loops = [(v.name, "0", self.render_index(r), "1") for v, r in zip(vars_[:-1], ranges[:-1])]
         iv, ir = inner_var.name, self.render_index(inner_range)
-        inner_lines = list(outer.lines)
+        head: list[str] = []
         if blocked:
             loops.append((f"{iv}_blk", "0", ir, str(block)))
-            inner_lines.append(f"const {it} {iv}_end = fx_imin({iv}_blk + {block}, {ir});")
+            head.append(f"const {it} {iv}_end = fx_imin({iv}_blk + {block}, {ir});")
             start, stop = f"{iv}_blk", f"{iv}_end"
         else:
             start, stop = "0", ir
+        loop = f"for ({it} {iv} = {start}; {iv} < {stop}; ++{iv})"
+        masks = _invariant_masks(kernel, inner, inner_var) if simd else []
+        if masks:
+            # the loads of the inner loop under masks it does not change (a max-pool window's
+            # rows and columns inside the image): gcc vectorizes none of them (too many
+            # conditions to unswitch), so the loop runs unmasked where every mask holds
+            fast = Scope(self, names, outer, declares=[inner_var.name])
+            fast.known_true = frozenset(masks)
+            fast_body = self.render_stores(kernel, kernel.stores, fast)
+            inner_lines = outer.lines + head
+            test = " && ".join(outer.lookup(m)[0] for m in masks)
+            append_block(inner_lines, f"if ({test})", ["#pragma omp simd", *_block(loop, fast_body)])
+            append_block(inner_lines, "else", ["#pragma omp simd", *_block(loop, body)])
+            return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
+        inner_lines = outer.lines + head
         if simd:
             inner_lines.append("#pragma omp simd")
-        append_block(inner_lines, f"for ({it} {iv} = {start}; {iv} < {stop}; ++{iv})", body)
+        append_block(inner_lines, loop, body)
         return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
 
     def scan(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
@@ -249,6 +264,30 @@ class CppEmitter(CStyleEmitter):
         from fxwrap.targets.host.loader import kernel_loader
         from fxwrap.targets.host.saved import SharedObjectLoader, bind_c_kernel
         return SharedObjectLoader.of(kernel.launcher().library, bind_c_kernel, kernel_loader)
+
+
+def _invariant_masks(kernel: ScheduledKernel, inner: Scope, inner_var) -> list[Op]:
+    """The masks of the loads declared in the innermost loop's scope ``inner`` (its body
+    rendered) that do not depend on its variable, in program order; their locals are
+    declared outside the loop.  A max-pool window over a padded image::
+
+        const bool tmp28 = (tmp25 != 0) && (tmp27 != 0);     // the window's column inside
+        for (x0 ...) { tmp29 = tmp28 ? in_ptr0[x0 + ...] : float(0); ... }
+    """
+    masks: list[Op] = []
+    for op in walk(*(root for st in kernel.stores for root in st.roots())):
+        if op.op != OpCode.LOAD or op not in inner.env or load_mask(op) is None:
+            continue
+        mask = load_mask(op)
+        if inner_var.name not in inner.deps(mask) and inner.lookup(mask) is not None and mask not in masks:
+            masks.append(mask)
+    return masks
+
+
+def _block(head: str, body: list[str]) -> list[str]:
+    lines: list[str] = []
+    append_block(lines, head, body)
+    return lines
 
 
 # a size symbol's stand-in when strides are compared to order loops (a guess: only
