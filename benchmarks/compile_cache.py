@@ -22,6 +22,9 @@ tracing, guards).
 ``dyn%`` is dynamo's share of the warm first call; ``hits`` the warm-start cache's hits
 over its lookups (a graph it cannot key, e.g. one calling user code, is not looked up).
 ``--repeat N`` keeps the fastest of N runs of each (machine noise only adds time).
+Every key holds the hashes of fxwrap's files: a file edited between the cold and the warm
+process makes the warm one miss (the script warns); the misses' reasons
+(``graph_cache.misses``) are printed after the row.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ def child(model_name: str, variant: str) -> dict:
 
     import fxwrap.api as api
     from fxwrap import graph_cache
+    from fxwrap.program_cache import package_digest
 
     spent = {"fxwrap": 0.0, "backend": 0.0}
     compile_aten_graph, backend_call = api.compile_aten_graph, api.Backend.__call__
@@ -77,6 +81,7 @@ def child(model_name: str, variant: str) -> dict:
     # the backward program is compiled when the first backward runs, outside the backend call
     inside = min(spent["fxwrap"], spent["backend"])
     return {"hits": graph_cache.stats["hit"], "graphs": graph_cache.stats["hit"] + graph_cache.stats["miss"],
+            "misses": dict(graph_cache.misses), "fxwrap_files": package_digest(), "uncacheable": graph_cache.stats["uncacheable"],
             "first_s": first, "fxwrap_s": spent["fxwrap"], "run_s": run,
             "aot_s": max(spent["backend"] - inside, 0.0),
             "dynamo_s": max(first - spent["backend"] - (spent["fxwrap"] - inside) - run, 0.0),
@@ -118,13 +123,19 @@ def main(argv=None) -> int:
                     runs["cold"].append(_spawn(model, variant, cache_dir, True))
                     runs["kernels"].append(_spawn(model, variant, cache_dir, False))
                     runs["warm"].append(_spawn(model, variant, cache_dir, True))
+            digests = {r["fxwrap_files"] for rs in runs.values() for r in rs}
+            if len(digests) > 1:  # every key holds the package's file hashes: the warm run misses
+                print(f"warning: fxwrap's files changed during the {model} {variant} runs (edited while "
+                      "the benchmark ran?); the warm runs miss the cold runs' entries", flush=True)
             cold, kernels, warm = (min(runs[k], key=lambda r: r["first_s"]) for k in ("cold", "kernels", "warm"))
             ratio = warm["first_s"] / cold["first_s"]
             results.append({"model": model, "variant": variant, "cold": cold, "kernels": kernels, "warm": warm})
             print(f"{model:<9} {variant:<15} {cold['first_s']:>7.2f} {kernels['first_s']:>9.2f} "
                   f"{warm['first_s']:>7.2f} {ratio:>8.0%}    {'':>5} {warm['dynamo_s']:>6.2f} {warm['aot_s']:>5.2f} "
                   f"{warm['fxwrap_s']:>6.2f} {warm['run_s']:>5.2f} {warm['dynamo_s'] / warm['first_s']:>5.0%} "
-                  f"{warm['hits']:>2}/{warm['graphs']:<2}   {'':>5} {cold['fxwrap_s']:>6.2f}", flush=True)
+                  f"{warm['hits']:>2}/{warm['graphs']:<2}   {'':>5} {cold['fxwrap_s']:>6.2f}"
+                  + (f"   warm misses: {warm['misses']}" if warm.get("misses") else "")
+                  + (f"   not cacheable: {warm['uncacheable']}" if warm.get("uncacheable") else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

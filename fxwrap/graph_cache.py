@@ -63,6 +63,8 @@ FORMAT_VERSION = 1
 BUNDLE_FORMAT = "fxwrap-cache-bundle"
 #: what happened in this process: "hit", "miss", "stored", "uncacheable"
 stats: Counter = Counter()
+#: why each miss missed: "no entry", "unreadable entry", "shape guards fail", "a program is not cached"
+misses: Counter = Counter()
 # cache files (relative to the cache directory) this process stored or loaded: a bundle's contents
 _touched: dict[str, None] = {}
 # modules whose functions a cacheable dynamo graph may call (anything else: user code, unkeyed)
@@ -245,20 +247,18 @@ class GraphCompile:
         try:
             entry = pickle.loads(self.path().read_bytes())
         except FileNotFoundError:
-            stats["miss"] += 1
-            return None
+            return self._miss("no entry")
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss
             log.warning("fxwrap warm-start cache: ignoring entry %s (%s)", self.path(), exc)
-            stats["miss"] += 1
-            return None
+            return self._miss("unreadable entry")
+        if entry.get("key") != self.key:
+            return self._miss("unreadable entry")
         if not self._guards_hold(entry.get("guards", ())):
-            stats["miss"] += 1
-            return None
+            return self._miss("shape guards fail")
         cache = ProgramCache()
         programs = {kind: cache.load(key, self.session) for kind, key in entry["programs"].items()}
-        if entry.get("key") != self.key or any(p is None for p in programs.values()):
-            stats["miss"] += 1
-            return None
+        if any(p is None for p in programs.values()):
+            return self._miss("a program is not cached")
         stats["hit"] += 1
         self._touch(entry["programs"].values())
         if on_program is not None:
@@ -268,6 +268,12 @@ class GraphCompile:
         if entry["kind"] == "inference":
             return InferenceReplay(programs["inference"].runner, mutated)
         return TrainingReplay(programs["forward"].runner, programs["backward"].runner, entry["layout"], mutated)
+
+    def _miss(self, reason: str) -> None:
+        stats["miss"] += 1
+        misses[reason] += 1
+        log.debug("fxwrap warm-start cache: miss %s (%s)", self.key, reason)
+        return None
 
     def _guards_hold(self, guards) -> bool:
         """Whether the shape guards the cold compile added hold at this graph's sizes; if they
