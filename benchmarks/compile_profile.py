@@ -3,10 +3,12 @@
     PYTHONPATH=. python benchmarks/compile_profile.py --model swin_t --target cpu
     PYTHONPATH=. python benchmarks/compile_profile.py --model swin_t --target triton-interpret --no-inductor
     PYTHONPATH=. python benchmarks/compile_profile.py --model swin_t --target cpu --cprofile 30
+    python benchmarks/compile_profile.py --model swin_t --device cuda --target cuda   # the GPU's sizes
 
 Each compile runs in a fresh process with an empty cache directory and the whole-graph caches
 off (fxwrap's program cache and warm-start cache, Inductor's FX graph and AOTAutograd caches),
-one thread.  The model is the suite's small CPU one (``benchmarks/suite_models.py``), inference.
+one thread.  The model is the suite's small CPU one (``benchmarks/suite_models.py``), inference;
+with ``--device cuda`` the suite's GPU size (Swin-T: 32 images), as ``benchmarks/models.py`` runs it.
 
 * ``fxwrap``: the first call of ``torch.compile(model, backend="fxwrap")``; its own time
   (``compile_aten_graph``) split into phases (``fxwrap.core.logs.PhaseTimer``), summed over
@@ -47,10 +49,34 @@ def _import_torchvision() -> None:
         pass
 
 
-def child(backend: str, model_name: str, target: str, compile_only: bool, cprofile: int) -> dict:
+def _step(model_name: str, device: str, compile_model):
+    """One inference call of suite model ``model_name`` at ``device``'s size, compiled by ``compile_model``."""
+    import torch
+    import suite_models
+
+    if device == "cpu":
+        return suite_models.cpu_step(model_name, "inference-fp32", compile_model)
+    entry = next(m for m in suite_models.MODELS if m.name == model_name)
+    torch.manual_seed(0)
+    model, make_inputs, _ = entry.build(device, "large")
+    model = model.to(device).eval()
+    inputs = make_inputs(1)
+    compiled = compile_model(model)
+
+    def step():
+        with torch.no_grad():
+            compiled(*inputs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return step
+
+
+def child(backend: str, model_name: str, target: str, compile_only: bool, cprofile: int,
+          device: str = "cpu") -> dict:
     import torch
 
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
@@ -58,8 +84,6 @@ def child(backend: str, model_name: str, target: str, compile_only: bool, cprofi
     functorch_config.enable_autograd_cache = False
     sys.path.insert(0, HERE)
     _import_torchvision()
-    import suite_models
-
     phases: dict[str, float] = {}
     own = {"s": 0.0, "graphs": 0, "lines": 0}
     profile = None
@@ -99,7 +123,7 @@ def child(backend: str, model_name: str, target: str, compile_only: bool, cprofi
         compile_model = lambda model: torch.compile(model, backend="fxwrap", options=options)  # noqa: E731
     else:
         compile_model = torch.compile
-    step = suite_models.cpu_step(model_name, "inference-fp32", compile_model)
+    step = _step(model_name, device, compile_model)
     start = time.perf_counter()
     try:
         step()
@@ -127,7 +151,6 @@ def _spawn(args: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="fxwrap-compile-profile-") as cache_dir:
         env = dict(os.environ, FXWRAP_CACHE_DIR=os.path.join(cache_dir, "fxwrap"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_dir, "inductor"), FXWRAP_PROGRAM_CACHE="0",
-                   OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
         out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env)
     if out.returncode != 0:
@@ -142,23 +165,24 @@ def main(argv=None) -> int:
     parser.add_argument("--compile-only", action="store_true",
                         help="compile the first graph, do not run (default for triton-interpret)")
     parser.add_argument("--cprofile", type=int, default=0, help="show the N functions of most cumulative time")
+    parser.add_argument("--device", default="cpu", help="cpu: the suite's small size; cuda: its GPU size")
     parser.add_argument("--no-inductor", action="store_true")
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        backend, model, target, compile_only, cprofile = args.child
-        print(json.dumps(child(backend, model, target, compile_only == "1", int(cprofile))))
+        backend, model, target, compile_only, cprofile, device = args.child
+        print(json.dumps(child(backend, model, target, compile_only == "1", int(cprofile), device)))
         return 0
     compile_only = args.compile_only or args.target == "triton-interpret"
-    fx = _spawn(["fxwrap", args.model, args.target, "1" if compile_only else "0", str(args.cprofile)])
-    print(f"# {args.model} inference, target {args.target}, one thread, caches off"
+    fx = _spawn(["fxwrap", args.model, args.target, "1" if compile_only else "0", str(args.cprofile), args.device])
+    print(f"# {args.model} inference on {args.device}, target {args.target}, caches off"
           f"{', compile only (model not run)' if compile_only else ''}")
     print(f"fxwrap    first call {fx['first_s']:7.2f} s   own (compile_aten_graph) {fx['own_s']:6.2f} s   "
           f"graphs {fx['graphs']}  wrapper lines {fx['lines']}")
     for name, seconds in sorted(fx["phases"].items(), key=lambda kv: -kv[1]):
         print(f"    {name:<28} {seconds:7.3f} s")
     if not args.no_inductor:
-        ind = _spawn(["inductor", args.model, args.target, "0", "0"])
+        ind = _spawn(["inductor", args.model, args.target, "0", "0", args.device])
         print(f"inductor  first call {ind['first_s']:7.2f} s")
     if fx["top"]:
         print(f"{'cumtime':>8} {'tottime':>8} {'calls':>8}  function")
