@@ -45,8 +45,8 @@ class InferenceReplay:
 
 
 def _bump_versions(args, mutated: tuple[int, ...]) -> None:
-    if mutated:
-        torch.autograd.graph.increment_version(tuple(args[i] for i in mutated))
+    for i in mutated:  # one tensor a call: the form every torch since 2.1 takes
+        torch.autograd.graph.increment_version(args[i])
 
 
 @dataclass(frozen=True)
