@@ -19,15 +19,21 @@ tracing with the decompositions, and partitioning), ``run`` (a second call's tim
 what the first call spends running) and ``dynamo`` (the rest: dynamo's bytecode
 tracing, guards).
 ``warm/cold`` is the warm first call over the cold one (the issue's bar: <= 10%);
+``CPU s``: the first call's CPU time (the process's and its kernel compilers'), cold and warm,
+and their ratio: the same comparison without the waits of a loaded machine;
 ``dyn%`` is dynamo's share of the warm first call; ``hits`` the warm-start cache's hits
 over its lookups (a graph it cannot key, e.g. one calling user code, is not looked up).
 ``--repeat N`` keeps the fastest of N runs of each (machine noise only adds time).
+Every key holds the hashes of fxwrap's files: a file edited between the cold and the warm
+process makes the warm one miss (the script warns); the misses' reasons
+(``graph_cache.misses``) are printed after the row.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -47,6 +53,7 @@ def child(model_name: str, variant: str) -> dict:
 
     import fxwrap.api as api
     from fxwrap import graph_cache
+    from fxwrap.program_cache import package_digest
 
     spent = {"fxwrap": 0.0, "backend": 0.0}
     compile_aten_graph, backend_call = api.compile_aten_graph, api.Backend.__call__
@@ -68,19 +75,27 @@ def child(model_name: str, variant: str) -> dict:
     api.compile_aten_graph, api.Backend.__call__ = timed, timed_backend
     step = suite_models.cpu_step(model_name, variant, lambda model: torch.compile(model, backend="fxwrap"))
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     step()
-    first = time.perf_counter() - start
+    first, first_cpu = time.perf_counter() - start, _cpu_seconds() - cpu
     start = time.perf_counter()
     step()
     run = time.perf_counter() - start
     # the backward program is compiled when the first backward runs, outside the backend call
     inside = min(spent["fxwrap"], spent["backend"])
     return {"hits": graph_cache.stats["hit"], "graphs": graph_cache.stats["hit"] + graph_cache.stats["miss"],
-            "first_s": first, "fxwrap_s": spent["fxwrap"], "run_s": run,
+            "misses": dict(graph_cache.misses), "fxwrap_files": package_digest(), "uncacheable": graph_cache.stats["uncacheable"],
+            "first_s": first, "first_cpu_s": first_cpu, "fxwrap_s": spent["fxwrap"], "run_s": run,
             "aot_s": max(spent["backend"] - inside, 0.0),
             "dynamo_s": max(first - spent["backend"] - (spent["fxwrap"] - inside) - run, 0.0),
             "dynamo_aot_s": max(first - spent["fxwrap"] - run, 0.0)}
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished subprocesses (the kernel compilers):
+    the work a first call does, without the waits of a loaded machine."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _spawn(model: str, variant: str, cache_dir: str, program_cache: bool) -> dict:
@@ -106,7 +121,8 @@ def main(argv=None) -> int:
         print(json.dumps(child(*args.child)))
         return 0
     header = (f"{'model':<9} {'variant':<15} {'cold s':>7} {'kernels s':>9} {'warm s':>7} {'warm/cold':>9}   "
-              f"warm: {'dynamo':>6} {'aot':>5} {'fxwrap':>6} {'run':>5} {'dyn%':>5} {'hits':>5}   cold: {'fxwrap':>6}")
+              f"warm: {'dynamo':>6} {'aot':>5} {'fxwrap':>6} {'run':>5} {'dyn%':>5} {'hits':>5}   cold: {'fxwrap':>6}"
+              f"   CPU s: {'cold':>6} {'warm':>6} {'w/c':>5}")
     print(header)
     print("-" * len(header))
     results = []
@@ -118,13 +134,21 @@ def main(argv=None) -> int:
                     runs["cold"].append(_spawn(model, variant, cache_dir, True))
                     runs["kernels"].append(_spawn(model, variant, cache_dir, False))
                     runs["warm"].append(_spawn(model, variant, cache_dir, True))
+            digests = {r["fxwrap_files"] for rs in runs.values() for r in rs}
+            if len(digests) > 1:  # every key holds the package's file hashes: the warm run misses
+                print(f"warning: fxwrap's files changed during the {model} {variant} runs (edited while "
+                      "the benchmark ran?); the warm runs miss the cold runs' entries", flush=True)
             cold, kernels, warm = (min(runs[k], key=lambda r: r["first_s"]) for k in ("cold", "kernels", "warm"))
             ratio = warm["first_s"] / cold["first_s"]
             results.append({"model": model, "variant": variant, "cold": cold, "kernels": kernels, "warm": warm})
             print(f"{model:<9} {variant:<15} {cold['first_s']:>7.2f} {kernels['first_s']:>9.2f} "
                   f"{warm['first_s']:>7.2f} {ratio:>8.0%}    {'':>5} {warm['dynamo_s']:>6.2f} {warm['aot_s']:>5.2f} "
                   f"{warm['fxwrap_s']:>6.2f} {warm['run_s']:>5.2f} {warm['dynamo_s'] / warm['first_s']:>5.0%} "
-                  f"{warm['hits']:>2}/{warm['graphs']:<2}   {'':>5} {cold['fxwrap_s']:>6.2f}", flush=True)
+                  f"{warm['hits']:>2}/{warm['graphs']:<2}   {'':>5} {cold['fxwrap_s']:>6.2f}   {'':>6} "
+                  f"{cold['first_cpu_s']:>6.1f} {warm['first_cpu_s']:>6.1f} "
+                  f"{warm['first_cpu_s'] / cold['first_cpu_s']:>5.0%}"
+                  + (f"   warm misses: {warm['misses']}" if warm.get("misses") else "")
+                  + (f"   not cacheable: {warm['uncacheable']}" if warm.get("uncacheable") else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

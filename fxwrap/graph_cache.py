@@ -7,6 +7,7 @@ the shape guards their compile added (checked and installed again on a hit) and 
 AOTAutograd metadata needed to run them (``fxwrap.runtime.aot_replay``)::
 
     FXWRAP_CACHE_DIR/graphs/9c/9c41...d0.pkl        {"kind": "training", "layout": ReplayLayout(...),
+                                                     "mutated": (3, 4),   # inputs written in place
                                                      "programs": {"forward": <program key>, ...}}
     FXWRAP_CACHE_DIR/programs/..                     the programs, in the program cache's format
 
@@ -17,8 +18,9 @@ AOTAutograd metadata needed to run them (``fxwrap.runtime.aot_replay``)::
                  the program cache's own environment (options, target, capabilities, host,
                  plugins, FXWRAP_* settings, versions, fxwrap's file hashes))
 
-Only graphs whose AOTAutograd wrappers are plain are stored (no input mutation, no
-output aliasing an input or another output, no tensor subclass, no effect tokens or
+Only graphs whose AOTAutograd wrappers are plain are stored (input mutations only those
+the program makes itself, as batch norm's running statistics: no metadata mutation, no data
+mutation of an input that requires grad; no output aliasing an input or another output, no tensor subclass, no effect tokens or
 functionalized RNG, only torch functions in the graph); any other graph compiles every time, as before.  A hit calls no AOTAutograd
 and no lowering: ``stats`` counts hits, misses, stores and refusals.
 
@@ -43,7 +45,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
-from torch._functorch._aot_autograd.schemas import OutputType, SubclassCreationMeta
+from torch._functorch._aot_autograd.schemas import MutationType, OutputType, SubclassCreationMeta
 from torch._guards import TracingContext
 from torch.fx.experimental.sym_node import SymNode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -61,6 +63,8 @@ FORMAT_VERSION = 1
 BUNDLE_FORMAT = "fxwrap-cache-bundle"
 #: what happened in this process: "hit", "miss", "stored", "uncacheable"
 stats: Counter = Counter()
+#: why each miss missed: "no entry", "unreadable entry", "shape guards fail", "a program is not cached"
+misses: Counter = Counter()
 # cache files (relative to the cache directory) this process stored or loaded: a bundle's contents
 _touched: dict[str, None] = {}
 # modules whose functions a cacheable dynamo graph may call (anything else: user code, unkeyed)
@@ -165,9 +169,11 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs, session) -> str:
 def _plain_refusal(meta) -> str | None:
     """Why AOTAutograd's runtime wrappers for ``meta`` (a ``ViewAndMutationMeta``) are not
     the plain ones ``aot_replay`` replays, or None."""
-    if any(i.mutates_data or i.mutates_metadata or getattr(i, "mutates_storage_metadata", False)
-           for i in meta.input_info):
-        return "it mutates an input"
+    if any(i.mutation_type == MutationType.MUTATED_OUT_GRAPH for i in meta.input_info):
+        # in-graph mutations (data only, hidden from autograd or of an input that needs no
+        # grad: batch norm's running statistics) the program makes itself; out-of-graph ones
+        # (metadata, or data of an input that needs grad) AOTAutograd's wrappers make
+        return "it mutates an input outside the graph (its metadata, or one that requires grad)"
     if any(o.output_type != OutputType.non_alias for o in meta.output_info):
         return "an output aliases an input or another output"
     if meta.num_intermediate_bases or meta.tokens or meta.is_rng_op_functionalized \
@@ -216,6 +222,7 @@ class GraphCompile:
         self.layout: ReplayLayout | None = None
         self.programs: dict = {}
         self.refused = False
+        self.mutated: tuple[int, ...] = ()
 
     @staticmethod
     def start(gm: torch.fx.GraphModule, example_inputs, session) -> "GraphCompile | None":
@@ -240,28 +247,33 @@ class GraphCompile:
         try:
             entry = pickle.loads(self.path().read_bytes())
         except FileNotFoundError:
-            stats["miss"] += 1
-            return None
+            return self._miss("no entry")
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss
             log.warning("fxwrap warm-start cache: ignoring entry %s (%s)", self.path(), exc)
-            stats["miss"] += 1
-            return None
+            return self._miss("unreadable entry")
+        if entry.get("key") != self.key:
+            return self._miss("unreadable entry")
         if not self._guards_hold(entry.get("guards", ())):
-            stats["miss"] += 1
-            return None
+            return self._miss("shape guards fail")
         cache = ProgramCache()
         programs = {kind: cache.load(key, self.session) for kind, key in entry["programs"].items()}
-        if entry.get("key") != self.key or any(p is None for p in programs.values()):
-            stats["miss"] += 1
-            return None
+        if any(p is None for p in programs.values()):
+            return self._miss("a program is not cached")
         stats["hit"] += 1
         self._touch(entry["programs"].values())
         if on_program is not None:
             for program in programs.values():
                 on_program(program)
+        mutated = entry.get("mutated", ())
         if entry["kind"] == "inference":
-            return InferenceReplay(programs["inference"].runner)
-        return TrainingReplay(programs["forward"].runner, programs["backward"].runner, entry["layout"])
+            return InferenceReplay(programs["inference"].runner, mutated)
+        return TrainingReplay(programs["forward"].runner, programs["backward"].runner, entry["layout"], mutated)
+
+    def _miss(self, reason: str) -> None:
+        stats["miss"] += 1
+        misses[reason] += 1
+        log.debug("fxwrap warm-start cache: miss %s (%s)", self.key, reason)
+        return None
 
     def _guards_hold(self, guards) -> bool:
         """Whether the shape guards the cold compile added hold at this graph's sizes; if they
@@ -305,6 +317,8 @@ class GraphCompile:
                 reason, self.layout = (layout, None) if isinstance(layout, str) else (None, layout)
             if reason is not None:
                 return self._refuse(reason)
+            # inputs the program writes that autograd sees: their version counters go up a call
+            self.mutated = tuple(meta.mutated_graph_handled_indices_seen_by_autograd)
         self.programs[kind] = program
         if kind == "forward":
             return  # stored with the backward, when it compiles
@@ -320,7 +334,7 @@ class GraphCompile:
         # a hit checks them at the sizes it is asked for and installs them for dynamo
         added = [g.expr for g in self.env.guards[self.guards:]] if self.env is not None else []
         entry = {"key": self.key, "guards": added, "kind": "inference" if kind == "inference" else "training",
-                 "layout": self.layout, "programs": keys, "device_type": self.session.target.device_type}
+                 "layout": self.layout, "mutated": self.mutated, "programs": keys, "device_type": self.session.target.device_type}
         self.path().parent.mkdir(parents=True, exist_ok=True)
         try:
             data = pickle.dumps(entry)

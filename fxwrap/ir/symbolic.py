@@ -120,8 +120,14 @@ def storage_elements(size: Sequence[sympy.Expr], stride: Sequence[sympy.Expr],
                      offset: sympy.Expr = sympy.Integer(0)) -> sympy.Expr:
     """Elements of storage a strided tensor spans: ``offset + 1 + sum((n-1)*s)``.
 
-    Zero when any dimension is empty.
+    Zero when any dimension is empty.  Memoised: the memory plan asks for every buffer's
+    span at each candidate reuse (thousands of times for a model of a few hundred lines).
     """
+    return _storage_elements(tuple(size), tuple(stride), offset)
+
+
+@functools.lru_cache(maxsize=8192)
+def _storage_elements(size: tuple, stride: tuple, offset) -> sympy.Expr:
     span = sympy.Integer(1) + sympy.Integer(0)
     for n, s in zip(size, stride):
         span = span + (sympy.sympify(n) - 1) * sympy.sympify(s)

@@ -3,15 +3,21 @@
 AOTAutograd wraps the programs it compiles in runtime wrappers (input mutations written
 back, aliased outputs regenerated, an ``autograd.Function`` joining forward and backward).
 The warm-start cache (``fxwrap.graph_cache``) stores only graphs whose wrappers are plain --
-no input mutation, no output aliasing an input or another output, no tensor subclass, no
-effect tokens, no functionalized RNG -- and replays them with these two runners::
+input mutations only those the program makes itself (data, of inputs autograd does not
+differentiate: batch norm's running statistics), no output aliasing an input or another
+output, no tensor subclass, no effect tokens, no functionalized RNG -- and replays them
+with these two runners::
 
-    InferenceReplay(program)          run(*args) == program(*args)
+    InferenceReplay(program, mutated)     run(*args) == program(*args)
 
-    TrainingReplay(forward, backward, layout)
+    TrainingReplay(forward, backward, layout, mutated)
         forward(*args)  -> user outputs + saved tensors + saved symints
         backward(*saved symints, *saved tensors, *grads of outputs that need one)
                         -> one gradient (or None) per input
+
+``mutated``: the inputs the program writes in place that autograd sees; after a call their
+version counters go up, as AOTAutograd's wrapper does, so that autograd refuses a backward
+that reads a value saved before the write.
 
 ``ReplayLayout`` is the metadata (from AOTAutograd's ``ViewAndMutationMeta``) the
 training runner needs: how many user outputs, where the saved tensors and symints sit
@@ -29,11 +35,18 @@ import torch
 class InferenceReplay:
     """An inference program called as dynamo calls a backend's result: ``run(*args)``."""
 
-    def __init__(self, program: Callable):
-        self.program = program
+    def __init__(self, program: Callable, mutated: tuple[int, ...] = ()):
+        self.program, self.mutated = program, mutated
 
     def __call__(self, *args):
-        return self.program(*args)
+        outputs = self.program(*args)
+        _bump_versions(args, self.mutated)
+        return outputs
+
+
+def _bump_versions(args, mutated: tuple[int, ...]) -> None:
+    for i in mutated:  # one tensor a call: the form every torch since 2.1 takes
+        torch.autograd.graph.increment_version(args[i])
 
 
 @dataclass(frozen=True)
@@ -68,8 +81,8 @@ class TrainingReplay:
     """A forward/backward program pair as an ``autograd.Function``: ``run(*args)`` returns
     the user outputs, and their ``backward`` runs the backward program."""
 
-    def __init__(self, forward: Callable, backward: Callable, layout: ReplayLayout):
-        self.forward, self.backward, self.layout = forward, backward, layout
+    def __init__(self, forward: Callable, backward: Callable, layout: ReplayLayout, mutated: tuple[int, ...] = ()):
+        self.forward, self.backward, self.layout, self.mutated = forward, backward, layout, mutated
         replay = self
 
         class Compiled(torch.autograd.Function):
@@ -93,4 +106,6 @@ class TrainingReplay:
         self._function = Compiled
 
     def __call__(self, *args):
-        return list(self._function.apply(*args))
+        outputs = list(self._function.apply(*args))
+        _bump_versions(args, self.mutated)
+        return outputs

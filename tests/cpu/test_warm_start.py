@@ -114,22 +114,69 @@ def test_not_a_bundle_is_refused(tmp_path):
         fxwrap.load_cache_artifacts(path)
 
 
-def test_input_mutation_is_not_cached_and_stays_correct(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_batch_norm_running_statistics_are_cached(tmp_path, mode):
+    """A graph that updates batch norm's running statistics (in-place writes into module
+    buffers) is stored; a second process runs it with no AOTAutograd and no lowering, and
+    its outputs, gradients and running statistics are eager's."""
+    cold = child(tmp_path, mode, "static", "float32", "--batch-norm")
+    assert cold["lowered"] and cold["stats"].get("stored") == 1, cold
+    assert cold["err"] < tolerance("float32"), cold
+    warm = child(tmp_path, mode, "static", "float32", "--batch-norm")
+    assert warm["lowered"] == [] and warm["aot"] == 0 and warm["stats"] == {"hit": 1}, warm
+    assert warm["err"] < tolerance("float32"), warm
+
+
+def _compile_twice(f, *inputs):
+    """``f`` compiled cold (stored), then again after dynamo forgets it (a warm-start hit)."""
+    torch._dynamo.reset()
+    torch.compile(f, backend="fxwrap")(*[x.clone() for x in inputs])
+    torch._dynamo.reset()
+    hits = graph_cache.stats["hit"]
+    return torch.compile(f, backend="fxwrap"), hits
+
+
+def test_input_mutation_in_the_graph_is_cached(tmp_path, monkeypatch):
+    """A write into an input that the program makes itself: a warm hit writes it, and the
+    input's version counter goes up (autograd sees the write, as after AOTAutograd)."""
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")  # tests/conftest.py turns the caches off
-    torch._dynamo.reset()
 
     def f(x, y):
         x.mul_(2)
         return x + y
 
-    before = graph_cache.stats["uncacheable"]
     x, y = torch.randn(6), torch.randn(6)
-    xc = x.clone()
-    out = torch.compile(f, backend="fxwrap")(xc, y)
-    xe = x.clone()
-    ref = f(xe, y)
+    compiled, hits = _compile_twice(f, x, y)
+    xc, xe = x.clone(), x.clone()
+    version = xc._version
+    out = compiled(xc, y)
+    assert graph_cache.stats["hit"] == hits + 1
+    torch.testing.assert_close(out, f(xe, y))
+    torch.testing.assert_close(xc, xe)
+    assert xc._version > version
+
+
+def test_input_mutation_autograd_sees_is_not_cached_and_stays_correct(tmp_path, monkeypatch):
+    """A write into an input that requires grad is AOTAutograd's to replay (outside the
+    graph): not stored, compiled every time, eager's numbers and gradient."""
+    monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")
+    torch._dynamo.reset()
+
+    def f(x, y):
+        x.mul_(y)
+        return x.sin()
+
+    before = graph_cache.stats["uncacheable"]
+    a, y = torch.randn(6, requires_grad=True), torch.randn(6)
+    out = torch.compile(f, backend="fxwrap")(xc := a * 1, y)
+    out.sum().backward()
+    grad, a.grad = a.grad, None
+    ref = f(xe := a * 1, y)
+    ref.sum().backward()
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(xc, xe)
+    torch.testing.assert_close(grad, a.grad)
     assert graph_cache.stats["uncacheable"] == before + 1
     assert not (tmp_path / "graphs").exists()

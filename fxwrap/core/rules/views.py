@@ -88,17 +88,68 @@ def _reshape(ctx, x, *args):
             return tuple(src)
         return _remap(ctx, x, fn)
 
-    def fn(i):  # through the row-major flat index
-        flat = sympy.Integer(0)
-        for v, n in zip(i, new):
-            flat = flat * n + v
-        src, div = [], sympy.Integer(1)
-        for n in reversed(old):
-            src.append(ModularIndexing(flat, div, n) if n != 1 else sympy.Integer(0))
-            div = div * n
-        src.reverse()
-        if old and old[0] != 1:
-            src[0] = FloorDiv(flat, div / old[0])
+    groups = _reshape_groups(old, new)
+    if groups is None:  # symbolic sizes that do not pair up: through the whole flat index
+        groups = [(range(len(old)), range(len(new)))]
+
+    def fn(i):
+        src = [sympy.Integer(0)] * len(old)
+        for olds, news in groups:
+            for k, v in zip(olds, _unflatten(_flatten(i, news, new), [old[k] for k in olds])):
+                src[k] = v
         return tuple(src)
     return _remap(ctx, x, fn)
+
+
+def _reshape_groups(old, new) -> list[tuple[list[int], list[int]]] | None:
+    """The dims of a reshape from ``old`` to ``new`` sizes in groups of equal element
+    count, each an (old dims, new dims) pair, size-1 dims left out (they read index 0):
+    ``(2, 12, 5) -> (2, 3, 4, 5)`` is ``[([0], [0]), ([1], [1, 2]), ([2], [3])]``.  Each
+    group's source index depends on its own new dims only, so the index expressions stay
+    small (no modulo of the whole flat index).  None where symbolic sizes do not pair up."""
+    olds = [k for k, n in enumerate(old) if n != 1]
+    news = [k for k, n in enumerate(new) if n != 1]
+    groups, a, b = [], 0, 0
+    while a < len(olds) and b < len(news):
+        go, gn = [olds[a]], [news[b]]
+        po, pn = old[olds[a]], new[news[b]]
+        a, b = a + 1, b + 1
+        while po != pn:
+            if not (po.is_Integer and pn.is_Integer):
+                return None
+            if po < pn and a < len(olds):
+                go.append(olds[a])
+                po, a = po * old[olds[a]], a + 1
+            elif pn < po and b < len(news):
+                gn.append(news[b])
+                pn, b = pn * new[news[b]], b + 1
+            else:
+                return None
+        groups.append((go, gn))
+    if a < len(olds) or b < len(news):
+        return None
+    return groups
+
+
+def _flatten(i, dims, sizes) -> sympy.Expr:
+    """The row-major flat index of the index variables ``i[d]`` for ``d`` in ``dims``."""
+    flat = sympy.Integer(0)
+    for d in dims:
+        flat = flat * sizes[d] + i[d]
+    return flat
+
+
+def _unflatten(flat, sizes) -> list[sympy.Expr]:
+    """The row-major indices into ``sizes`` of flat index ``flat`` (0 for a size-1 dim)."""
+    if len(sizes) == 1:
+        return [flat]
+    src, div = [], sympy.Integer(1)
+    for n in reversed(sizes):
+        src.append(ModularIndexing(flat, div, n) if n != 1 else sympy.Integer(0))
+        div = div * n
+    src.reverse()
+    first = next((k for k, n in enumerate(sizes) if n != 1), None)
+    if first is not None:  # the outermost dim needs no modulo
+        src[first] = FloorDiv(flat, div / sympy.Mul(*sizes[:first + 1]))
+    return src
 
