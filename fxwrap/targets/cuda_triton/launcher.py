@@ -151,9 +151,9 @@ class InterpretedLauncher:
             import triton
             raise RuntimeError(
                 f"kernel {getattr(self.fn, '__name__', '?')} (target triton-interpret): Triton "
-                f"{triton.__version__}'s interpreter cannot call its own library functions (tl.sum, ...) "
-                "when triton was imported before TRITON_INTERPRET was set; run with TRITON_INTERPRET=1 "
-                "in the environment (newer Triton releases do not need it)") from error
+                f"{triton.__version__}'s interpreter cannot call a jitted function here (tl.sum, a "
+                "helper) because triton was imported before TRITON_INTERPRET was set; run with "
+                "TRITON_INTERPRET=1 in the environment (`python -m fxwrap fuzz` and the tests set it)") from error
 
 
 def _hooks():
