@@ -193,6 +193,38 @@ def test_the_comparison_is_nan_aware_bitwise_for_ints_and_looks_at_gradients():
     assert harness.compare_runs({**eager, "grads": [torch.ones_like(grad)]}, unused)
 
 
+def test_a_float32_result_through_a_bfloat16_value_has_bfloat16_tolerance():
+    """Seed 320 on the H100: a float32 gradient one bfloat16 ulp (7.8e-3) off eager's, through
+    ``x1.to(torch.bfloat16)`` and ``erf``: eager rounds each op of erf's backward to bfloat16,
+    the compiled kernel once at the end.  A program with a bfloat16 value compares every
+    float result with bfloat16's tolerance; one without keeps float32's."""
+    ns = load(generate(320))
+    assert harness.loosest_dtype(ns) == torch.bfloat16
+    eager = harness.run(ns)
+    grad = eager["grads"][1]
+    one_ulp = {**eager, "grads": [eager["grads"][0], grad + 7.8e-3 * (grad.abs() > 1)]}
+    assert harness.compare_runs(one_ulp, eager)                                    # float32's tolerance
+    assert not harness.compare_runs(one_ulp, eager, loosest=harness.loosest_dtype(ns))
+    assert harness.compare_runs({**eager, "grads": [eager["grads"][0], grad * 1.1]}, eager,
+                                loosest=torch.bfloat16)                            # a 10% error is still found
+    float32_only = next(s for s in range(100) if "bfloat16" not in generate(s) and "torch.float32" in generate(s))
+    assert harness.loosest_dtype(load(generate(float32_only))) == torch.float32
+
+
+def test_a_compile_error_names_the_error_fxwrap_raised():
+    """The cuda run's compile errors read "BackendCompilerFailed: backend=... raised:" only;
+    the message is the wrapped error's first line and where it was raised."""
+    def failing_backend(gm, example_inputs):
+        raise RuntimeError("unsupported operation: more than one element\nsecond line")
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: x.sin() + 1, backend=failing_backend)(torch.randn(3))
+    torch._dynamo.reset()
+    assert type(info.value).__name__ == "BackendCompilerFailed"
+    text = harness.describe_error(info.value)
+    assert text.startswith("RuntimeError: unsupported operation: more than one element (at test_fuzz.py:"), text
+
+
 def test_the_fuzz_command_prints_a_summary(tmp_path, capsys):
     assert main(["fuzz", "--target", "reference", "--programs", "3", "--seed", "7", "--out", str(tmp_path),
                  "--bad-inputs-every", "0", "--quiet"]) == 0
