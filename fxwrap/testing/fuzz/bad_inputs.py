@@ -105,9 +105,8 @@ def _judge(what: str, compiled, eager) -> str | None:
     if eager[0] == "error":
         return f"{what}: returned a result where eager raises {type(eager[1]).__name__}"
     got, want = _as_list(value), _as_list(eager[1])
-    if "meta device" in what and not all(isinstance(w, torch.Tensor) and w.device.type == "meta" for w in want):
-        # eager mixing meta and real tensors returns uninitialized memory: no numbers to match
-        return f"{what}: returned a result instead of raising InputMismatchError"
+    # an input on the meta device that the program reads is an InputMismatchError (above); one
+    # it does not read (no graph input: dynamo dropped it) changes nothing: eager's numbers
     if len(got) != len(want):
         return f"{what}: returned {len(got)} values, eager {len(want)}"
     for i, (g, w) in enumerate(zip(got, want)):
