@@ -169,3 +169,14 @@ def test_a_template_after_a_kernel_with_workspaces():
     assert any("template" in c.kernel.name for c in calls) and any(
         any(getattr(arg, "name", "").startswith("ws") for arg in c.args) for c in calls), \
         "the program no longer has a template after a kernel with workspaces: the test checks nothing"
+
+
+def test_seed_269_run_maps_a_storage_offset_and_a_specialized_size():
+    """Seed 269 (bad-input fuzzer, cpu): ``fxwrap.lower(module, ..., dynamic=True)`` gave a
+    program with no argument map, so ``Program.run`` raised TypeError for every call: dynamo
+    passed ``b5.storage_offset()`` and ``x2.shape[0]`` (a size a guard made 2 in every
+    buffer) as size inputs that no buffer dimension carries, and a module's parameter names
+    were its ``__call__``'s (``*args``), not ``forward``'s."""
+    from fxwrap.testing.fuzz import check_bad_inputs
+    problems, calls = check_bad_inputs(load(generate(269)), "cpu")
+    assert calls > 0 and not problems, "\n".join(problems)
