@@ -166,7 +166,7 @@ class Backend:
         self.options = CompileOptions.from_dict(options, target=target)  # checked now, not at compile
         self.example_inputs: list | None = None  # lower() sets [] to keep dynamo's example inputs
         self.input_names: list[str | None] = []  # lower(): the function local each input came from
-        self.input_sizes: list[tuple[str, int | None] | None] = []  # lower(): (local, dim or None: offset)
+        self.input_sizes: list[tuple[str, int | None] | None] = []  # lower(): (local, dim; -1 - dim: a stride; None: offset)
         self.graph_outputs: dict[str, Any] = {}  # lower(): each program's outputs of its last run
 
     @property
@@ -231,15 +231,15 @@ def _local_name(placeholder: torch.fx.Node) -> str | None:
 
 
 def _size_of(placeholder: torch.fx.Node) -> tuple[str, int | None] | None:
-    """``("x", 0)`` for a dynamo size input read as ``L['x'].size()[0]``, ``("x", None)`` for
-    one read as ``L['x'].storage_offset()``, else None."""
+    """``("x", 0)`` for a dynamo size input read as ``L['x'].size()[0]``, ``("x", -1 - d)`` for
+    one read as ``L['x'].stride()[d]``, ``("x", None)`` for ``L['x'].storage_offset()``, else None."""
     source = getattr(placeholder.meta.get("grapharg"), "source", None)
     prop = getattr(getattr(source, "prop", None), "name", None)
     local = getattr(getattr(source, "base", None), "local_name", None)
     if local is None:
         return None
-    if prop == "SIZE" and isinstance(getattr(source, "idx", None), int):
-        return local, source.idx
+    if prop in ("SIZE", "STRIDE") and isinstance(getattr(source, "idx", None), int):
+        return (local, source.idx) if prop == "SIZE" else (local, -1 - source.idx)
     return (local, None) if prop == "STORAGE_OFFSET" else None
 
 

@@ -10,6 +10,7 @@ input, where its value comes from::
     ("const", tensor)             a tensor the graph captured (a parameter, a global)
     ("size", s0, 1, 0)            size symbol s0 read from argument 1's dimension 0
     ("offset", s3, 1)             symbol s3 read as argument 1's storage offset
+    ("stride", s4, 1, 0)          symbol s4 read as argument 1's stride of dimension 0
     ("int", 2)                    argument 2, a Python int that dynamo made a size symbol
     ("float", 2, dtype, device)   argument 2, a Python float that dynamo made a 0-d tensor input
 
@@ -116,10 +117,11 @@ class ArgumentMap:
                 name = self.parameters[source[2]] if source[2] < len(self.parameters) else None
                 labels[graph_input.name] = (f"the size {graph_input.name} = {name or 'argument'}.shape"
                                             f"[{source[3]}] (argument {source[2]})")
-            elif kind == "offset":
+            elif kind in ("offset", "stride"):
                 name = self.parameters[source[2]] if source[2] < len(self.parameters) else None
-                labels[graph_input.name] = (f"the storage offset {graph_input.name} = {name or 'argument'}"
-                                            f".storage_offset() (argument {source[2]})")
+                read = "storage_offset()" if kind == "offset" else f"stride({source[3]})"
+                labels[graph_input.name] = (f"the {kind} {graph_input.name} = {name or 'argument'}"
+                                            f".{read} (argument {source[2]})")
             else:
                 labels[graph_input.name] = f"captured tensor {graph_input.name}"
         return labels
@@ -139,6 +141,10 @@ class ArgumentMap:
             elif kind == "offset":
                 value = args[source[2]]
                 out.append(int(value.storage_offset()) if isinstance(value, torch.Tensor) else None)
+            elif kind == "stride":
+                value, dim = args[source[2]], source[3]
+                out.append(int(value.stride(dim)) if isinstance(value, torch.Tensor) and value.dim() > dim
+                           else None)
             else:
                 _, _, j, dim = source
                 value = args[j]
@@ -212,6 +218,7 @@ def _size_source(symbol: sympy.Symbol, graph_inputs, sources):
 
 def _read_size(symbol: sympy.Symbol, read_from: tuple[str, int | None] | None, by_name: dict, fn_args: Sequence):
     """``("size", symbol, j, dim)`` for the size dynamo read as ``fn_args[j].shape[dim]``,
+    ``("stride", symbol, j, d)`` for ``fn_args[j].stride(d)`` (``dim`` is ``-1 - d``),
     ``("offset", symbol, j)`` for ``fn_args[j].storage_offset()``."""
     if read_from is None or read_from[0] not in by_name:
         return None
@@ -221,6 +228,8 @@ def _read_size(symbol: sympy.Symbol, read_from: tuple[str, int | None] | None, b
         return None
     if dim is None:
         return ("offset", symbol, j)
+    if dim < 0:
+        return ("stride", symbol, j, -1 - dim) if arg.dim() > -1 - dim else None
     return ("size", symbol, j, dim) if arg.dim() > dim else None
 
 

@@ -171,12 +171,16 @@ def test_a_template_after_a_kernel_with_workspaces():
         "the program no longer has a template after a kernel with workspaces: the test checks nothing"
 
 
-def test_seed_269_run_maps_a_storage_offset_and_a_specialized_size():
-    """Seed 269 (bad-input fuzzer, cpu): ``fxwrap.lower(module, ..., dynamic=True)`` gave a
-    program with no argument map, so ``Program.run`` raised TypeError for every call: dynamo
-    passed ``b5.storage_offset()`` and ``x2.shape[0]`` (a size a guard made 2 in every
-    buffer) as size inputs that no buffer dimension carries, and a module's parameter names
-    were its ``__call__``'s (``*args``), not ``forward``'s."""
+@pytest.mark.parametrize(("seed", "target"), [(269, "cpu"), (962, "triton-interpret"), (592, "triton-interpret")])
+def test_bad_input_seeds(seed, target):
+    """Seeds 269 (cpu) and 962 (triton-interpret), bad-input fuzzer: ``fxwrap.lower(module,
+    ..., dynamic=True)`` gave a program with no argument map, so ``Program.run`` raised
+    TypeError for every call: dynamo passed ``b5.storage_offset()``, ``x1.stride(0)`` and
+    ``x2.shape[0]`` (a size a guard made 2 in every buffer) as size inputs that no buffer
+    dimension carries, and a module's parameter names were its ``__call__``'s (``*args``),
+    not ``forward``'s.  Seed 592: a smaller input makes a gather index out of range; the
+    program raises as eager does (IndexError), which the fuzzer counted as a problem."""
+    _needs(target)
     from fxwrap.testing.fuzz import check_bad_inputs
-    problems, calls = check_bad_inputs(load(generate(269)), "cpu")
+    problems, calls = check_bad_inputs(load(generate(seed)), target)
     assert calls > 0 and not problems, "\n".join(problems)
