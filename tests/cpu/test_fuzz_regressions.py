@@ -171,7 +171,8 @@ def test_a_template_after_a_kernel_with_workspaces():
         "the program no longer has a template after a kernel with workspaces: the test checks nothing"
 
 
-@pytest.mark.parametrize(("seed", "target"), [(269, "cpu"), (962, "triton-interpret"), (592, "triton-interpret")])
+@pytest.mark.parametrize(("seed", "target"), [(269, "cpu"), (962, "triton-interpret"), (592, "triton-interpret"),
+                                             (662, "triton-interpret")])
 def test_bad_input_seeds(seed, target):
     """Seeds 269 (cpu) and 962 (triton-interpret), bad-input fuzzer: ``fxwrap.lower(module,
     ..., dynamic=True)`` gave a program with no argument map, so ``Program.run`` raised
@@ -179,7 +180,9 @@ def test_bad_input_seeds(seed, target):
     ``x2.shape[0]`` (a size a guard made 2 in every buffer) as size inputs that no buffer
     dimension carries, and a module's parameter names were its ``__call__``'s (``*args``),
     not ``forward``'s.  Seed 592: a smaller input makes a gather index out of range; the
-    program raises as eager does (IndexError), which the fuzzer counted as a problem."""
+    program raises as eager does (IndexError), which the fuzzer counted as a problem.  Seed
+    662: a float index into a line whose result is dead: eager raises, the program (which
+    does not read that argument) gives the right outputs; the fuzzer compares them."""
     _needs(target)
     from fxwrap.testing.fuzz import check_bad_inputs
     problems, calls = check_bad_inputs(load(generate(seed)), target)
