@@ -166,6 +166,7 @@ class Backend:
         self.options = CompileOptions.from_dict(options, target=target)  # checked now, not at compile
         self.example_inputs: list | None = None  # lower() sets [] to keep dynamo's example inputs
         self.input_names: list[str | None] = []  # lower(): the function local each input came from
+        self.input_sizes: list[tuple[str, int | None] | None] = []  # lower(): (local, dim; -1 - dim: a stride; None: offset)
         self.graph_outputs: dict[str, Any] = {}  # lower(): each program's outputs of its last run
 
     @property
@@ -186,7 +187,9 @@ class Backend:
         lowering = self.example_inputs is not None
         if lowering:
             self.example_inputs = list(example_inputs)
-            self.input_names = [_local_name(n) for n in gm.graph.nodes if n.op == "placeholder"]
+            placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+            self.input_names = [_local_name(n) for n in placeholders]
+            self.input_sizes = [_size_of(n) for n in placeholders]
         options = self.options
         target = self.resolved_target(example_inputs)
         if options.cuda_graphs_required and target.device_type != "cuda":
@@ -227,6 +230,19 @@ def _local_name(placeholder: torch.fx.Node) -> str | None:
     return getattr(getattr(grapharg, "source", None), "local_name", None)
 
 
+def _size_of(placeholder: torch.fx.Node) -> tuple[str, int | None] | None:
+    """``("x", 0)`` for a dynamo size input read as ``L['x'].size()[0]``, ``("x", -1 - d)`` for
+    one read as ``L['x'].stride()[d]``, ``("x", None)`` for ``L['x'].storage_offset()``, else None."""
+    source = getattr(placeholder.meta.get("grapharg"), "source", None)
+    prop = getattr(getattr(source, "prop", None), "name", None)
+    local = getattr(getattr(source, "base", None), "local_name", None)
+    if local is None:
+        return None
+    if prop in ("SIZE", "STRIDE") and isinstance(getattr(source, "idx", None), int):
+        return (local, source.idx) if prop == "SIZE" else (local, -1 - source.idx)
+    return (local, None) if prop == "STORAGE_OFFSET" else None
+
+
 def dynamo_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None,
                    mode: str | None = None):
     """``torch.compile(model, backend="fxwrap", options={...})`` lands here."""
@@ -264,7 +280,7 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
         lowered, returned = _run_lowering(compiled, example_inputs, training, programs)
         first = lowered.forward if training else lowered
         first.arguments = ArgumentMap.build(first.inputs, backend.example_inputs, example_inputs, fn,
-                                            backend.input_names)
+                                            backend.input_names, backend.input_sizes)
         if first.arguments is not None:
             if first.input_guard is not None:
                 first.input_guard.name_inputs(first.arguments.labels(first.inputs))
@@ -280,6 +296,7 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
         # (through on_program), their kernels, the example inputs and outputs
         backend.options = replace(backend.options, on_program=None)
         backend.example_inputs, backend.graph_outputs, backend.input_names = None, {}, []
+        backend.input_sizes = []
         programs.clear()
 
 

@@ -9,6 +9,8 @@ input, where its value comes from::
     ("arg", 1)                    the function's positional argument 1 (a tensor)
     ("const", tensor)             a tensor the graph captured (a parameter, a global)
     ("size", s0, 1, 0)            size symbol s0 read from argument 1's dimension 0
+    ("offset", s3, 1)             symbol s3 read as argument 1's storage offset
+    ("stride", s4, 1, 0)          symbol s4 read as argument 1's stride of dimension 0
     ("int", 2)                    argument 2, a Python int that dynamo made a size symbol
     ("float", 2, dtype, device)   argument 2, a Python float that dynamo made a 0-d tensor input
 
@@ -46,11 +48,14 @@ class ArgumentMap:
 
     @classmethod
     def build(cls, graph_inputs: Sequence[Buffer | SizeInput], dynamo_inputs: Sequence,
-              fn_args: Sequence, fn=None, input_names: Sequence[str | None] = ()) -> "ArgumentMap | None":
+              fn_args: Sequence, fn=None, input_names: Sequence[str | None] = (),
+              input_sizes: Sequence[tuple[str, int] | None] = ()) -> "ArgumentMap | None":
         """Match dynamo's example inputs to ``fn_args``: tensors by identity, else by the
         name of the function's local that dynamo read (``input_names``, one per dynamo
-        input).  None when the program's inputs are not dynamo's (a backward program) or
-        a value is unknown."""
+        input); a size input by a tensor input with its symbol as a dimension, else by the
+        ``(local, dim)`` dynamo read it from (``input_sizes``: a size that a guard made a
+        constant in every buffer, ``x.shape[0] == 2``).  None when the program's inputs are
+        not dynamo's (a backward program) or a value is unknown."""
         from fxwrap.ir.lines import Buffer, SizeInput  # the compiler's types; loading needs neither
 
         if len(graph_inputs) != len(dynamo_inputs):
@@ -77,7 +82,10 @@ class ArgumentMap:
                 sources.append(("const", value))
             else:
                 return None
-        resolved = [_size_source(s[1], graph_inputs, sources) if s[0] == "size" else s for s in sources]
+        read_from = list(input_sizes) + [None] * (len(dynamo_inputs) - len(input_sizes))
+        resolved = [s if s[0] != "size" else
+                    _size_source(s[1], graph_inputs, sources) or _read_size(s[1], read_from[i], by_name, fn_args)
+                    for i, s in enumerate(sources)]
         if any(s is None for s in resolved):
             return None
         used = {s[1] for s in resolved if s[0] in ("arg", "int", "float")}
@@ -109,6 +117,11 @@ class ArgumentMap:
                 name = self.parameters[source[2]] if source[2] < len(self.parameters) else None
                 labels[graph_input.name] = (f"the size {graph_input.name} = {name or 'argument'}.shape"
                                             f"[{source[3]}] (argument {source[2]})")
+            elif kind in ("offset", "stride"):
+                name = self.parameters[source[2]] if source[2] < len(self.parameters) else None
+                read = "storage_offset()" if kind == "offset" else f"stride({source[3]})"
+                labels[graph_input.name] = (f"the {kind} {graph_input.name} = {name or 'argument'}"
+                                            f".{read} (argument {source[2]})")
             else:
                 labels[graph_input.name] = f"captured tensor {graph_input.name}"
         return labels
@@ -125,6 +138,13 @@ class ArgumentMap:
                 out.append(source[1])
             elif kind == "float":
                 out.append(self._wrapped_float(source, args[source[1]]))
+            elif kind == "offset":
+                value = args[source[2]]
+                out.append(int(value.storage_offset()) if isinstance(value, torch.Tensor) else None)
+            elif kind == "stride":
+                value, dim = args[source[2]], source[3]
+                out.append(int(value.stride(dim)) if isinstance(value, torch.Tensor) and value.dim() > dim
+                           else None)
             else:
                 _, _, j, dim = source
                 value = args[j]
@@ -171,6 +191,8 @@ def parameter_names(fn, count: int) -> tuple[str, ...]:
     """The names of ``fn``'s first ``count`` positional parameters (``arg{j}`` where
     the signature does not say, e.g. ``*args``)."""
     names: list[str] = []
+    if isinstance(fn, torch.nn.Module):  # its call's signature is (*args, **kwargs): forward's names
+        fn = fn.forward
     try:
         params = list(inspect.signature(fn).parameters.values()) if fn is not None else []
     except (TypeError, ValueError):
@@ -192,6 +214,23 @@ def _size_source(symbol: sympy.Symbol, graph_inputs, sources):
                 if n == symbol:
                     return ("size", symbol, source[1], dim)
     return None
+
+
+def _read_size(symbol: sympy.Symbol, read_from: tuple[str, int | None] | None, by_name: dict, fn_args: Sequence):
+    """``("size", symbol, j, dim)`` for the size dynamo read as ``fn_args[j].shape[dim]``,
+    ``("stride", symbol, j, d)`` for ``fn_args[j].stride(d)`` (``dim`` is ``-1 - d``),
+    ``("offset", symbol, j)`` for ``fn_args[j].storage_offset()``."""
+    if read_from is None or read_from[0] not in by_name:
+        return None
+    j, dim = by_name[read_from[0]], read_from[1]
+    arg = fn_args[j]
+    if not isinstance(arg, torch.Tensor):
+        return None
+    if dim is None:
+        return ("offset", symbol, j)
+    if dim < 0:
+        return ("stride", symbol, j, -1 - dim) if arg.dim() > -1 - dim else None
+    return ("size", symbol, j, dim) if arg.dim() > dim else None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ Not checked, on purpose:
 
 - the device of an input that no kernel reads (only ATen extern calls do, and they
   dispatch on the tensor's own device): a backward program of SDPA on CUDA gets the
-  dropout seed and offset as CPU tensors where the traced graph said CUDA;
+  dropout seed and offset as CPU tensors where the traced graph said CUDA.  The meta
+  device is refused there too: ATen calls run on a meta tensor and give no numbers;
 
 - the storage offset: a kernel gets the address of the input's first element, and a view
   of an input reads the input's offset when the program runs (``sym_storage_offset``),
@@ -161,11 +162,13 @@ class InputGuard:
     """
 
     def __init__(self, inputs: Sequence[InputSpec], conditions: Sequence[SizeCondition] = (),
-                 bindings: Sequence[SymbolBinding] = (), labels: Mapping[str, str] | None = None):
+                 bindings: Sequence[SymbolBinding] = (), labels: Mapping[str, str] | None = None,
+                 target: str | None = None):
         self.inputs = tuple(inputs)
         self.conditions = tuple(conditions)
         self.bindings = tuple(bindings)
         self.labels: dict[str, str] = dict(labels or {})
+        self.target = target  # the target the kernels were compiled for, for the errors
         self._fast = _compile_fast_check(self.inputs, self.conditions, self.bindings)
         # after the first call that passes: the tensors of static layout checked together by
         # one C++ call (torch's TensorGuards: dtype, device, sizes, strides, requires_grad,
@@ -175,7 +178,7 @@ class InputGuard:
         self._static_tried = False
 
     def __reduce__(self):
-        return (InputGuard, (self.inputs, self.conditions, self.bindings, self.labels))
+        return (InputGuard, (self.inputs, self.conditions, self.bindings, self.labels, self.target))
 
     def __repr__(self) -> str:
         return f"InputGuard({', '.join(spec.name for spec in self.inputs)})"
@@ -262,9 +265,13 @@ class InputGuard:
         if value.dtype != spec.dtype:
             self._fail(spec.name, f"has dtype {value.dtype}; the program was compiled for {spec.dtype}",
                        f"convert it with .to({spec.dtype}), {redo}")
+        on_target = f" (target {self.target!r})" if self.target else ""
         if spec.device is not None and value.device != spec.device:
             self._fail(spec.name, f"is on device {value.device}; the program was compiled for "
-                       f"{spec.device}", f"move it with .to({str(spec.device)!r}), {redo}")
+                       f"{spec.device}{on_target}", f"move it with .to({str(spec.device)!r}), {redo}")
+        if value.is_meta:  # an input only ATen calls read: they would run on it and give no numbers
+            self._fail(spec.name, f"is on the meta device, a tensor without data; the program{on_target} "
+                       "reads its values", f"pass a tensor with data, {redo}")
         if value.dim() != len(spec.size):
             self._fail(spec.name, f"has {value.dim()} dimensions (size {tuple(value.shape)}); the program "
                        f"was compiled for {len(spec.size)} (size {_shown(spec.size, {})})",
@@ -429,7 +436,7 @@ def _compile_fast_check(inputs, conditions, bindings, skip=frozenset()):
     for spec, p in zip(inputs, params):
         if not isinstance(spec, TensorInputSpec) or spec.name in skip:
             continue
-        checks = [f"if {p}.dtype is not {const(spec.dtype)}: return False" if spec.device is None else
+        checks = [f"if {p}.dtype is not {const(spec.dtype)} or {p}.is_meta: return False" if spec.device is None else
                   f"if {p}.dtype is not {const(spec.dtype)} or {p}.device != {const(spec.device)}: return False"]
         if None in spec.size:  # a size tuple compared whole checks the rank too
             checks.append(f"if {p}.dim() != {len(spec.size)}: return False")

@@ -739,7 +739,9 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         prelude, the template's ``helpers`` (C++ functions it calls) and the kernel's usual
         signature (``function_head``: inputs -- the call's operands first --, outputs, size
         symbols) around ``body``, with the launch metadata ``load`` expects; so a template
-        loads, caches and saves like a generated kernel."""
+        loads, caches and saves like a generated kernel.  A template takes no workspace:
+        the workspaces of the kernel rendered before it are not its parameters."""
+        self.workspaces = []
         cname = self.function_name(kernel)
         text = "\n".join([
             *self.header_comment(kernel),

@@ -33,7 +33,8 @@ def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None =
     """The guard for a program's ``inputs`` (``Buffer`` / ``SizeInput`` / other values),
     with the ranges and guards of ``shape_env`` (the ShapeEnv of the traced graph) over
     the program's size symbols.  Given its ``lines``, an input no kernel reads gets no
-    device check (see ``fxwrap.runtime.guards``)."""
+    device check (see ``fxwrap.runtime.guards``), and the errors name the target of the
+    kernels they launch."""
     kernel_reads = read_by_kernels(lines) if lines is not None else None
     size_names = {i.name for i in inputs if isinstance(i, SizeInput)}
     hints = {i.name: int(i.hint) for i in inputs if isinstance(i, SizeInput)
@@ -58,7 +59,9 @@ def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None =
                 None, None))  # offset and storage bytes: see fxwrap.runtime.guards
         else:
             specs.append(OtherInputSpec(getattr(inp, "name", str(inp))))
-    return InputGuard(specs, _conditions(shape_env, known, hints), bindings)
+    targets = sorted({line.kernel.target for line in lines or () if line.kernel is not None})
+    return InputGuard(specs, _conditions(shape_env, known, hints), bindings,
+                      target=", ".join(targets) if targets else None)
 
 
 def read_by_kernels(lines: Sequence) -> set[str]:

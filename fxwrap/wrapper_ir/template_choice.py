@@ -38,7 +38,7 @@ import torch
 from fxwrap.core import logs
 from fxwrap.ir.loops import Op, OpCode, Store, rewrite, walk
 from fxwrap.core.scheduler import Group
-from fxwrap.ir.symbolic import contiguous_strides, evaluate
+from fxwrap.ir.symbolic import contiguous_strides, evaluate, storage_elements
 from fxwrap.core.templates import TemplateChoiceRecord, TimingCache
 from fxwrap.ir.lines import Buffer, CallExtern, TemplateChoice, View
 
@@ -282,16 +282,17 @@ def _measure(runs: dict, load, hints: dict, target) -> dict[str, float]:
         if t is None:
             size = [evaluate(n, hints) for n in buf.size]
             stride = [evaluate(s, hints) for s in buf.stride]
-            # random values over the storage the strides span, then the view: a buffer whose
-            # elements overlap (an expanded input: stride 0) cannot be written elementwise
-            extent = 0 if 0 in size else 1 + sum((n - 1) * s for n, s in zip(size, stride))
+            # the values fill the storage the layout spans, then the layout views it: an
+            # expanded input (stride 0) has elements that share one location, which a copy
+            # into the strided tensor refuses
+            span = [int(evaluate(storage_elements(buf.size, buf.stride), hints))]
             if buf.dtype.is_floating_point:
-                flat = torch.randn(extent, generator=gen).to(buf.dtype)
+                storage = torch.randn(span, generator=gen).to(buf.dtype)
             elif buf.dtype == torch.bool:
-                flat = torch.ones(extent, dtype=torch.bool)
+                storage = torch.ones(span, dtype=torch.bool)
             else:
-                flat = torch.randint(0, 2, (extent,), generator=gen).to(buf.dtype)
-            t = flat.to(buf.device).as_strided(size, stride)
+                storage = torch.randint(0, 2, span, generator=gen).to(buf.dtype)
+            t = storage.to(buf.device).as_strided(size, stride)
             tensors[buf.name] = t
         return t
 

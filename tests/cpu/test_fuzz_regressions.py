@@ -161,3 +161,69 @@ def test_an_interpreter_that_cannot_call_triton_library_functions_is_named(monke
     launcher = InterpretedLauncher(Refusing(), launch)
     with pytest.raises(RuntimeError, match=r"fxwrap_reduction_0 \(target triton-interpret\).*TRITON_INTERPRET=1"):
         launcher(torch.zeros(8))
+# every seed on cpu; the smallest on the other targets (the timing code is the same for all)
+COMPILE_ERROR_SEEDS = [(seed, "cpu") for seed in (91, 354, 373, 561)] + [(561, t) for t in TARGETS if t != "cpu"]
+
+
+@pytest.mark.parametrize(("seed", "target"), COMPILE_ERROR_SEEDS)
+def test_cuda_run_compile_error_seeds(seed, target, monkeypatch):
+    """Seeds 91, 354, 373, 561 (compile errors of the H100 fuzz run, and on every CPU-side
+    target with the templates on): timing a GEMM template copied random values into an
+    expanded input (stride 0), which torch refuses ("more than one element of the
+    written-to tensor refers to a single memory location").  The timing cache is off:
+    every compile times its candidates."""
+    _needs(target)
+    monkeypatch.setenv("FXWRAP_TEMPLATES", "auto")
+    monkeypatch.setenv("FXWRAP_TEMPLATE_CACHE", "0")
+    assert check(load(generate(seed)), target) == ("pass", "")
+
+
+@pytest.mark.parametrize("templates", ["auto", "always"])
+def test_a_template_over_an_expanded_input(templates, monkeypatch):
+    """The smallest form of the seeds above: ``x.expand(6, 4) @ w`` with the GEMM template
+    timed (``auto``) or taken (``always``)."""
+    monkeypatch.setenv("FXWRAP_TEMPLATE_CACHE", "0")
+    torch._dynamo.reset()
+    x, w = torch.randn(1, 4).expand(6, 4), torch.randn(4, 3)
+    compiled = torch.compile(torch.matmul, backend=fxwrap.Backend("cpu", options={"templates": templates}))
+    torch.testing.assert_close(compiled(x, w), torch.matmul(x, w))
+
+
+def test_a_template_after_a_kernel_with_workspaces():
+    """Seed 373 on cpu (wrong numbers where the template was chosen): a GEMM template
+    rendered after a reduction that has workspaces (``all`` over a dynamic size: its split
+    plan's partials) declared that reduction's ``ws_ptr`` parameters too, so its size
+    arguments landed in pointer parameters (M was a pointer's bits)."""
+    torch._dynamo.reset()
+    programs = []
+
+    def fn(x, a, w):
+        return (x <= 0).all(dim=0), a @ w
+    x, a, w = torch.randn(6, 5), torch.randn(6, 4), torch.randn(4, 3)
+    compiled = torch.compile(fn, backend=fxwrap.Backend("cpu", options={"templates": "always",
+                                                                        "on_program": programs.append}),
+                             dynamic=True)
+    for got, want in zip(compiled(x, a, w), fn(x, a, w)):
+        torch.testing.assert_close(got, want)
+    calls = [line for p in programs for line in p.lines if type(line).__name__ == "CallKernel"]
+    assert any("template" in c.kernel.name for c in calls) and any(
+        any(getattr(arg, "name", "").startswith("ws") for arg in c.args) for c in calls), \
+        "the program no longer has a template after a kernel with workspaces: the test checks nothing"
+
+
+@pytest.mark.parametrize(("seed", "target"), [(269, "cpu"), (962, "triton-interpret"), (592, "triton-interpret"),
+                                             (662, "triton-interpret")])
+def test_bad_input_seeds(seed, target):
+    """Seeds 269 (cpu) and 962 (triton-interpret), bad-input fuzzer: ``fxwrap.lower(module,
+    ..., dynamic=True)`` gave a program with no argument map, so ``Program.run`` raised
+    TypeError for every call: dynamo passed ``b5.storage_offset()``, ``x1.stride(0)`` and
+    ``x2.shape[0]`` (a size a guard made 2 in every buffer) as size inputs that no buffer
+    dimension carries, and a module's parameter names were its ``__call__``'s (``*args``),
+    not ``forward``'s.  Seed 592: a smaller input makes a gather index out of range; the
+    program raises as eager does (IndexError), which the fuzzer counted as a problem.  Seed
+    662: a float index into a line whose result is dead: eager raises, the program (which
+    does not read that argument) gives the right outputs; the fuzzer compares them."""
+    _needs(target)
+    from fxwrap.testing.fuzz import check_bad_inputs
+    problems, calls = check_bad_inputs(load(generate(seed)), target)
+    assert calls > 0 and not problems, "\n".join(problems)

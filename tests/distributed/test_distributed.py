@@ -30,15 +30,41 @@ if not dist.is_available() or not dist.is_gloo_available():
                 allow_module_level=True)
 
 
+CASES = ("collectives", "ddp", "fsdp", "ddp_python_reducer")  # what workers.py's "all" runs (ALL)
+
+
 def run_case(case: str, out_dir: Path, backend: str = "gloo", world: int = 2) -> list[dict]:
     """Run ``workers.py CASE`` in a fresh interpreter (``world`` processes); each rank's results."""
+    # os.environ whole: the machine's NCCL settings (NCCL_NVLS_ENABLE=0 ...) reach the workers
     env = dict(os.environ, FXWRAP_PROGRAM_CACHE="0", OMP_NUM_THREADS="1")
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    out_dir.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([sys.executable, str(WORKERS), case, str(out_dir), backend, str(world)],
                           env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"workers.py {case} failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    assert done.returncode == 0, (f"workers.py {case} {backend} failed (exit status {done.returncode}):\n"
+                                  f"{done.stdout[-4000:]}\n{done.stderr[-8000:]}")
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def run_cases(out_dir: Path, backend: str, world: int = 2, cases: tuple[str, ...] = CASES) -> dict:
+    """``{case: [rank 0's, rank 1's]}`` of every case, in one spawn (``workers.py all``).  Where
+    that spawn dies (a worker killed by a signal: no case could record its error), each
+    case runs again in a spawn of its own, so that only the tests of a case that fails
+    fail, each with its own output."""
+    try:
+        results = run_case(",".join(cases), out_dir / "all", backend, world)
+        return {case: [result[case] for result in results] for case in results[0]}
+    except AssertionError as error:
+        together = str(error)
+    runs = {}
+    for case in cases:
+        try:
+            runs[case] = run_case(case, out_dir / case, backend, world)
+        except AssertionError as error:
+            runs[case] = [{"error": f"{error}\n\n(the one-spawn run of every case failed too:\n"
+                                    f"{together[-3000:]})"}] * world
+    return runs
 
 
 def _backend_params():
@@ -56,8 +82,7 @@ def runs(request, tmp_path_factory) -> dict:
     """Every case of ``workers.py``, run once per backend in one spawn (``case_all``): each
     spawn imports torch and fxwrap in every process and joins a new group, which was most of
     the folder's time when each test spawned its own.  ``{case: [rank 0's, rank 1's]}``."""
-    results = run_case("all", tmp_path_factory.mktemp(f"distributed-{request.param}"), request.param)
-    return {case: [result[case] for result in results] for case in results[0]}
+    return run_cases(tmp_path_factory.mktemp(f"distributed-{request.param}"), request.param)
 
 
 def _case(runs: dict, case: str) -> list[dict]:
@@ -210,3 +235,12 @@ def test_ddp_python_reducer_overlaps_gradient_all_reduces_with_backward(runs):
     overlapped = [line for line in lines[issued[0] + 1:first_wait] if line[0] == "kernel"]
     assert len(overlapped) > 1, structures[0]["code"]
     assert issued[-1] < first_wait, "every all-reduce is issued before the first wait"
+
+
+def test_a_crashing_case_fails_alone_with_its_stack(tmp_path):
+    """The runner itself (gloo): a worker killed by SIGSEGV in one case (as rank 1 was under
+    nccl, which errored all 21 tests) fails that case only, with faulthandler's stack."""
+    runs = run_cases(tmp_path, "gloo", cases=("noop", "crash"))
+    assert [r["rank"] for r in runs["noop"]] == [0, 1]
+    error = runs["crash"][0]["error"]
+    assert "workers.py crash gloo failed" in error and "Segmentation fault" in error, error[-3000:]

@@ -19,11 +19,15 @@ Cases:
 * ``ddp_python_reducer``: DDP with the backward compiled too (compiled autograd,
   ``optimize_ddp="python_reducer"``): the gradient all-reduces are collectives inside
   fxwrap's backward program.
-* ``all``: every case above in turn, in one spawn and one process group (what the tests run).
+* ``all``: every case above in turn, in one spawn and one process group (what the tests run);
+  ``collectives,ddp``: those cases so.  ``noop`` and ``crash`` (the last rank dies of
+  SIGSEGV) test the runner itself.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 import traceback
 
@@ -66,6 +70,16 @@ def _device(backend: str, rank: int) -> torch.device:
         torch.cuda.set_device(rank)
         return torch.device("cuda", rank)
     return torch.device("cpu")
+
+
+def _settle(backend: str, rank: int) -> None:
+    """Both ranks done with everything queued: this rank's GPU work finished, then a barrier
+    on this rank's own GPU (nccl's barrier otherwise guesses the device)."""
+    if backend == "nccl":
+        torch.cuda.synchronize(rank)
+        dist.barrier(device_ids=[rank])
+    else:
+        dist.barrier()
 
 
 # -- functional collectives ------------------------------------------------------------
@@ -227,14 +241,17 @@ def case_training(rank: int, world: int, backend: str, kind: str, width: int = 3
     return out
 
 
-def case_all(rank: int, world: int, backend: str) -> dict:
-    """Every case in turn, in one process group: one spawn of the processes (each spawn
-    imports torch and fxwrap again and joins a new group: most of the folder's time).
-    A case that raises records its traceback (``{"error": ...}``) and the next runs; dynamo
-    and its DDP setting are reset between cases."""
+ALL = ("collectives", "ddp", "fsdp", "ddp_python_reducer")  # python_reducer last: it sets optimize_ddp
+
+
+def case_all(rank: int, world: int, backend: str, names=ALL) -> dict:
+    """Every case of ``names`` in turn, in one process group: one spawn of the processes
+    (each spawn imports torch and fxwrap again and joins a new group: most of the folder's
+    time).  A case that raises records its traceback (``{"error": ...}``) and the next
+    runs; dynamo and its DDP setting are reset between cases (restored below)."""
     out = {}
-    for name in ("collectives", "ddp", "fsdp", "ddp_python_reducer"):  # python_reducer last: it sets
-        optimize_ddp = torch._dynamo.config.optimize_ddp                   # optimize_ddp (restored below)
+    for name in names:
+        optimize_ddp = torch._dynamo.config.optimize_ddp
         try:
             out[name] = CASES[name](rank, world, backend)
         except Exception:
@@ -242,13 +259,28 @@ def case_all(rank: int, world: int, backend: str) -> dict:
             out[name] = {"error": traceback.format_exc()}
         finally:
             torch._dynamo.config.optimize_ddp = optimize_ddp
+            _settle(backend, rank)  # no collective of this case in flight while dynamo resets
             torch._dynamo.reset()
-        dist.barrier()
     return out
+
+
+def case_noop(rank: int, world: int, backend: str) -> dict:
+    """Nothing but the group (the runner's own tests)."""
+    return {"rank": rank}
+
+
+def case_crash(rank: int, world: int, backend: str) -> dict:
+    """The last rank dies of SIGSEGV, as a crashing NCCL or kernel would (the runner's own
+    tests: a crash is the case's failure, with the stack faulthandler prints)."""
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return {"rank": rank}
 
 
 CASES = {
     "all": case_all,
+    "noop": case_noop,
+    "crash": case_crash,
     "collectives": case_collectives,
     "ddp": lambda rank, world, backend: case_training(rank, world, backend, "ddp"),
     "fsdp": lambda rank, world, backend: case_training(rank, world, backend, "fsdp"),
@@ -258,13 +290,25 @@ CASES = {
 
 
 def _worker(rank: int, world: int, case: str, out_dir: str, backend: str) -> None:
-    if backend == "nccl":  # before the group exists: every collective of this rank on its own GPU
+    faulthandler.enable(all_threads=True)  # a crash (SIGSEGV) prints every thread's Python stack
+    options = {}
+    if backend == "nccl":
+        # before the group exists: this rank's GPU is its current device, and the group is
+        # bound to it (device_id: NCCL's communicator is made now, on that GPU, not at the
+        # first collective on whatever device is current then)
+        if torch.cuda.device_count() < world:
+            raise RuntimeError(f"nccl with {world} ranks needs {world} GPUs, {torch.cuda.device_count()} visible")
         torch.cuda.set_device(rank)
+        options["device_id"] = torch.device("cuda", rank)
     dist.init_process_group(backend, init_method=f"file://{os.path.join(out_dir, 'store')}",
-                            rank=rank, world_size=world)
+                            rank=rank, world_size=world, **options)
     try:
-        result = CASES[case](rank, world, backend)
+        if "," in case:  # several cases in this one spawn: "collectives,ddp"
+            result = case_all(rank, world, backend, case.split(","))
+        else:
+            result = CASES[case](rank, world, backend)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        _settle(backend, rank)  # neither rank tears the group down under the other's last collective
     except Exception:
         traceback.print_exc()
         raise
@@ -277,7 +321,9 @@ def main(argv: list[str]) -> None:
     backend = argv[2] if len(argv) > 2 else "gloo"
     world = int(argv[3]) if len(argv) > 3 else 2
     torch.set_num_threads(1)
-    mp.spawn(_worker, args=(world, case, out_dir, backend), nprocs=world)
+    # spawn (never fork): a fresh interpreter per rank, with no CUDA state of this process;
+    # this process itself touches no GPU
+    mp.start_processes(_worker, args=(world, case, out_dir, backend), nprocs=world, start_method="spawn")
 
 
 if __name__ == "__main__":

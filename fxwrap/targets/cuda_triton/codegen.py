@@ -46,6 +46,19 @@ class CodegenError(EmitError):
     """A kernel the Triton emitter cannot write; names the kernel, the target and a way out."""
 
 
+def _deviation(value: str, mean: str) -> str:
+    """Welford's ``value - mean``, exactly 0 where a finite value equals the mean.
+
+    On the GPU Triton contracts a product's ``value - mean`` into an FMA, whose result
+    is the product's rounding error where eager's is 0: the variance of one element was
+    ``inf`` (m2 > 0 divided by 0) where eager's is NaN.  Times 0 the difference is 0 and
+    an infinite value's ``inf - inf`` stays NaN, as in eager's Welford::
+
+        tl.where(tmp7 == _red0_mean, (tmp7 - _red0_mean) * 0.0, tmp7 - _red0_mean)
+    """
+    return f"tl.where({value} == {mean}, ({value} - {mean}) * 0.0, {value} - {mean})"
+
+
 class _Scope:
     """A block of the kernel (the function, or one ``for roffset`` loop body)."""
 
@@ -773,7 +786,7 @@ class KernelWriter(ValueWalker):
             lines.append(f"{base}_n = tl.sum(tl.where(xrmask, 1.0, 0.0).to({tt}), 1)[:, None]")
             lines.append(f"{base}_mean = tl.sum(tl.where(xrmask, {v}, 0.0).to({tt}), 1)[:, None] / "
                          f"tl.maximum({base}_n, 1.0)")
-            lines.append(f"{base}_d = tl.where(xrmask, {v} - {base}_mean, 0.0).to({tt})")
+            lines.append(f"{base}_d = tl.where(xrmask, {_deviation(v, base + '_mean')}, 0.0).to({tt})")
             lines.append(f"{base}_m2 = tl.sum({base}_d * {base}_d, 1)[:, None]")
             results = [f"{base}_mean", f"{base}_m2", f"{base}_n"]
         else:
@@ -826,9 +839,9 @@ class KernelWriter(ValueWalker):
                      f"{base}_n = tl.zeros([1, RBLOCK], {tt})"]
             upd += [f"{base}_n = tl.where(rmask, {base}_n + 1, {base}_n)",
                     f"{base}_w = 1 / tl.maximum({base}_n, 1)",
-                    f"{base}_d = {v} - {base}_mean",
+                    f"{base}_d = {_deviation(v, base + '_mean')}",
                     f"{base}_mean1 = {base}_mean + {base}_d * {base}_w",
-                    f"{base}_m21 = {base}_m2 + {base}_d * ({v} - {base}_mean1)",
+                    f"{base}_m21 = {base}_m2 + {base}_d * {_deviation(v, base + '_mean1')}",
                     f"{base}_mean = tl.where(xrmask, {base}_mean1, {base}_mean)",
                     f"{base}_m2 = tl.where(xrmask, {base}_m21, {base}_m2)"]
             fin = [f"{base}_rmean, {base}_rm2, {base}_rn = tl.reduce(({base}_mean, {base}_m2, "
