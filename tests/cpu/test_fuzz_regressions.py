@@ -227,3 +227,21 @@ def test_bad_input_seeds(seed, target):
     from fxwrap.testing.fuzz import check_bad_inputs
     problems, calls = check_bad_inputs(load(generate(seed)), target)
     assert calls > 0 and not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_1271_copy_of_a_number_into_an_input(target):
+    """Fuzz seeds 1271 and 1985 (reference, on the H100 machine's CPU): ``x.copy_(0.5)``
+    under ``dynamic=True`` reaches ``aten.copy`` with a Python number as the source, which
+    the copy rule read as a tensor (AttributeError at compile time)."""
+    _needs(target)
+    torch._dynamo.reset()
+
+    def fn(x):
+        x.copy_(0.5)
+        return torch.logsumexp(x, dim=(0,), keepdim=True) * x
+
+    x, ref = torch.randn(5), torch.randn(5)
+    got = torch.compile(fn, backend=fxwrap.Backend(target), dynamic=True)(x)
+    torch.testing.assert_close(got, fn(ref))
+    torch.testing.assert_close(x, ref)
