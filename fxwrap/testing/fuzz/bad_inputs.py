@@ -95,7 +95,7 @@ def _as_list(result):
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
-def _judge(what: str, compiled, eager) -> str | None:
+def _judge(what: str, compiled, eager, loosest=None) -> str | None:
     kind, value = compiled
     if kind == "error":
         if isinstance(value, fxwrap.InputMismatchError):
@@ -118,7 +118,7 @@ def _judge(what: str, compiled, eager) -> str | None:
                     and g.dtype == w.dtype):
                 return f"{what}: output {i} is not eager's meta tensor and no InputMismatchError was raised"
             continue
-        message = harness.compare(f"output {i}", g, w)
+        message = harness.compare(f"output {i}", g, w, loosest=loosest)
         if message:
             return f"{what}: wrong numbers: {message}"
     return None
@@ -171,7 +171,7 @@ def check_bad_inputs(ns: dict, target: str, seed: int | None = None) -> tuple[li
             for runner_name, run in runners:
                 cloned = [a.clone() if isinstance(a, torch.Tensor) else a for a in call_args]
                 calls += 1
-                problem = _judge(what, _outcome(run, cloned), want)
+                problem = _judge(what, _outcome(run, cloned), want, harness.loosest_dtype(ns))
                 if problem:
                     problems.append(f"{runner_name}: {problem}")
     return problems, calls
