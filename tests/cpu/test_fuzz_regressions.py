@@ -187,3 +187,12 @@ def test_bad_input_seeds(seed, target):
     from fxwrap.testing.fuzz import check_bad_inputs
     problems, calls = check_bad_inputs(load(generate(seed)), target)
     assert calls > 0 and not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_1271_copy_of_a_python_scalar(target):
+    """Seed 1271 (triton-interpret, and every target): ``x0.copy_(0.5)`` under dynamic=True
+    reaches lowering as ``aten.copy(x0, 0.5)``, a Python float source, and the copy rule
+    asked it for its size (AttributeError at compile time)."""
+    _needs(target)
+    assert check(load(generate(1271)), target) == ("pass", "")

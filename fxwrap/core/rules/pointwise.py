@@ -145,8 +145,12 @@ def _copy_like(ctx, x, *args, **kwargs):
 
 @register(aten.copy.default)
 def _copy(ctx, dst, src, non_blocking=False):
-    loops = broadcast(as_loops(src), ctx.out_size)
     out = ctx.out_dtype
+    if isinstance(src, (bool, int, float)):  # ``x.copy_(0.5)`` under dynamic=True: a Python scalar
+        return Loops(ctx.out_size, out, ctx.device, lambda i: const(src, out))
+    if isinstance(src, sympy.Expr):
+        return Loops(ctx.out_size, out, ctx.device, lambda i: cast(Op.index(src), out))
+    loops = broadcast(as_loops(src), ctx.out_size)
     return Loops(ctx.out_size, out, ctx.device, lambda i: cast(loops(i), out))
 
 
