@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch._dynamo.source import LocalSource, TensorPropertySource
 
 from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
@@ -234,12 +235,13 @@ def _size_of(placeholder: torch.fx.Node) -> tuple[str, int | None] | None:
     """``("x", 0)`` for a dynamo size input read as ``L['x'].size()[0]``, ``("x", -1 - d)`` for
     one read as ``L['x'].stride()[d]``, ``("x", None)`` for ``L['x'].storage_offset()``, else None."""
     source = getattr(placeholder.meta.get("grapharg"), "source", None)
-    prop = getattr(getattr(source, "prop", None), "name", None)
-    local = getattr(getattr(source, "base", None), "local_name", None)
-    if local is None:
+    if not isinstance(source, TensorPropertySource) or not isinstance(source.base, LocalSource):
         return None
-    if prop in ("SIZE", "STRIDE") and isinstance(getattr(source, "idx", None), int):
-        return (local, source.idx) if prop == "SIZE" else (local, -1 - source.idx)
+    local, prop = source.base.local_name, source.prop.name  # torch._dynamo.source.TensorProperty
+    if prop == "SIZE":
+        return local, source.idx
+    if prop == "STRIDE":
+        return local, -1 - source.idx
     return (local, None) if prop == "STORAGE_OFFSET" else None
 
 

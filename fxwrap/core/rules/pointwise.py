@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from fxwrap.ir.loops import Op
-from fxwrap.core.lowering import Loops, Stored, Unsupported, as_loops, broadcast, cast, compute_dtype, const, register
+from fxwrap.core.lowering import Loops, Unsupported, as_loops, broadcast, cast, compute_dtype, const, register
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -145,10 +145,12 @@ def _copy_like(ctx, x, *args, **kwargs):
 
 @register(aten.copy.default)
 def _copy(ctx, dst, src, non_blocking=False):
-    if not isinstance(src, (Loops, Stored)):  # ``x.copy_(0.5)`` under dynamic=True: a number
-        return _full(ctx, ctx.out_size, src)
-    loops = broadcast(as_loops(src), ctx.out_size)
     out = ctx.out_dtype
+    if isinstance(src, (bool, int, float)):  # ``x.copy_(0.5)`` under dynamic=True: a Python scalar
+        return Loops(ctx.out_size, out, ctx.device, lambda i: const(src, out))
+    if isinstance(src, sympy.Expr):
+        return Loops(ctx.out_size, out, ctx.device, lambda i: cast(Op.index(src), out))
+    loops = broadcast(as_loops(src), ctx.out_size)
     return Loops(ctx.out_size, out, ctx.device, lambda i: cast(loops(i), out))
 
 
