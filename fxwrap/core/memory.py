@@ -281,7 +281,15 @@ def _in_place_donor(lines, j, new: _Storage, owned: dict[str, _Storage], root_of
     layout = (b.size, b.stride, b.offset, b.dtype, b.device)
     paired = {(i.name, i.offset, i.dtype, i.device) for i in candidates if i.offset == b.offset}
     for buf in candidates:
-        donor = owned.get(root_of.get(buf.name, buf.name))  # the input, or the storage it views
+        # the input, or (a kernel's paired input) the storage it views; an extern's input only
+        # where it owns its storage.  A view whose storage a collective still has in flight at
+        # ``new``'s allocation (a waited result) gives none: the reuse would precede the wait
+        name = root_of.get(buf.name, buf.name) if line.in_place_by_offset else buf.name
+        if name != buf.name and any(lines[k].waits_collective and
+                                    any(root_of.get(r.name, r.name) == name for r in lines[k].reads())
+                                    for k in range(j + 1, writer)):
+            continue  # the storage is in flight until a wait after ``new``'s allocation
+        donor = owned.get(name)
         if (donor is None or donor.root.name in absorbed or not donor.reusable
                 or not donor.freeable or donor.last_use != writer
                 or not _fits(donor.root, b, donor.nbytes, new.nbytes)

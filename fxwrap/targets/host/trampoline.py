@@ -30,6 +30,7 @@ import logging
 import struct
 import sysconfig
 import threading
+from pathlib import Path
 
 import torch
 
@@ -205,11 +206,27 @@ _LOCK = threading.Lock()
 _LOADED: dict[str, object] = {}  # shared object path -> the module (None: it failed)
 
 
+_BINDING_COMPILERS: dict[str, CppCompiler] = {}  # kernel cache directory -> the binding's compiler
+
+
+def _binding_compiler(compiler: CppCompiler) -> CppCompiler:
+    """``compiler``'s command and flags with a cache directory of its own beside the kernels'
+    (``launch``): the binding is fxwrap's, not a program's kernel, and outlives a cleared
+    kernel cache (a warm start that finds the programs compiles nothing)."""
+    key = str(compiler.cache.dir)
+    with _LOCK:
+        if key not in _BINDING_COMPILERS:
+            _BINDING_COMPILERS[key] = CppCompiler(compiler.cxx, compiler.flags,
+                                                  cache_dir=Path(compiler.cache.dir).parent / "launch")
+        return _BINDING_COMPILERS[key]
+
+
 def _module(compiler: CppCompiler):
-    """The binding built by ``compiler`` (cached on disk like a kernel) and imported once."""
+    """The binding built with ``compiler``'s command (cached on disk like a kernel, in its own
+    directory) and imported once."""
     include = sysconfig.get_paths()["include"]
     try:
-        path = str(compiler.compile(source(), extra_flags=(f"-I{include}",)))
+        path = str(_binding_compiler(compiler).compile(source(), extra_flags=(f"-I{include}",)))
     except CompileError as exc:
         log.warning("fxwrap: the C launch trampoline does not build (%s); kernels launch through ctypes",
                     str(exc).splitlines()[0])
