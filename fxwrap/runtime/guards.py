@@ -173,9 +173,11 @@ class InputGuard:
         # after the first call that passes: the tensors of static layout checked together by
         # one C++ call (torch's TensorGuards: dtype, device, sizes, strides, requires_grad,
         # dispatch keys) and the rest by ``_fast_rest``; a miss of either falls back to
-        # ``_fast`` (a requires_grad flip, inference mode: slower, never wrong)
+        # ``_fast`` (a requires_grad flip, inference mode: slower, never wrong), and a miss
+        # that ``_fast`` passes builds it again from those inputs, ``_STATIC_BUILDS`` times at
+        # most (calls that keep changing such a property then pay ``_fast`` alone)
         self._static: _StaticTensorCheck | None = None
-        self._static_tried = False
+        self._static_builds = 0
 
     def __reduce__(self):
         return (InputGuard, (self.inputs, self.conditions, self.bindings, self.labels, self.target))
@@ -196,9 +198,11 @@ class InputGuard:
         if static is not None and len(values) == len(self.inputs) and static.check(values):
             return None
         if len(values) == len(self.inputs) and self._fast(*values):
-            if not self._static_tried:
-                self._static_tried = True
+            if self._static_builds < _STATIC_BUILDS:
+                self._static_builds += 1
                 self._static = _StaticTensorCheck.build(self, values)
+            elif static is not None:
+                self._static = None
             return None
         self.explain(values)
         return None
@@ -393,6 +397,9 @@ class _StaticTensorCheck:
 
 #: fewer static tensor inputs than this: the generated Python check alone
 _STATIC_MIN = 4
+#: how many times a guard builds its ``_StaticTensorCheck`` (the first passing call, then
+#: each call the C++ check refuses and the generated one accepts)
+_STATIC_BUILDS = 3
 
 
 def _compile_fast_check(inputs, conditions, bindings, skip=frozenset()):

@@ -64,4 +64,9 @@ def test_static_tensor_inputs_are_checked_by_one_tensor_guards_call():
         guard(*weights, 3, torch.randn(3, 5))
     flipped = [w.clone().requires_grad_() for w in weights]
     assert not static.check((*flipped, 3, torch.randn(3, 4)))
-    guard(*flipped, 3, torch.randn(3, 4))  # the generated check accepts it
+    guard(*flipped, 3, torch.randn(3, 4))  # the generated check accepts it, and the C++ one is
+    assert guard._static.check((*flipped, 3, torch.randn(3, 4)))  # built again for such inputs
+    for _ in range(4):  # inputs that keep flipping: after a few builds, the generated check alone
+        guard(*weights, 3, torch.randn(3, 4))
+        guard(*flipped, 3, torch.randn(3, 4))
+    assert guard._static is None
