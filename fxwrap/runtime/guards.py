@@ -23,10 +23,12 @@ guarded as well.  This module imports only torch.
 
 Not checked, on purpose:
 
-- the device of an input that no kernel reads (only ATen extern calls do, and they
-  dispatch on the tensor's own device): a backward program of SDPA on CUDA gets the
-  dropout seed and offset as CPU tensors where the traced graph said CUDA.  The meta
-  device is refused there too: ATen calls run on a meta tensor and give no numbers;
+- for an input that no kernel reads (only ATen extern calls do, and they dispatch on the
+  tensor's own device), a CPU tensor of no dimensions in place of one of another device:
+  torch's own rule for CPU scalars, which mix with any device (a backward program of SDPA
+  on CUDA gets the dropout seed and offset as CPU scalars where the traced graph said
+  CUDA).  Any other device is refused, as eager refuses the device mix it would make, and
+  the meta device always: ATen calls run on a meta tensor and give no numbers;
 
 - the storage offset: a kernel gets the address of the input's first element, and a view
   of an input reads the input's offset when the program runs (``sym_storage_offset``),
@@ -90,16 +92,22 @@ class TensorInputSpec:
     dimension of size 1 is not checked (no address depends on it).  ``offset``: the
     storage offset it must have (None: any); ``storage_bytes``: the bytes its storage
     must hold from its first element on (None: not checked).  ``build_input_guard``
-    leaves both None (see the module docstring), and ``device`` too for an input that
-    only extern calls read (they run on whatever device it is on)."""
+    leaves both None (see the module docstring).  ``cpu_scalar_ok``: a CPU tensor of no
+    dimensions passes in place of ``device`` (an input that only extern calls read: they
+    run on whatever device it is on, and torch mixes CPU scalars with any device)."""
 
     name: str
     dtype: torch.dtype
-    device: torch.device | None  # None: not checked (no kernel reads the input)
+    device: torch.device | None  # None: not checked
     size: tuple[Expr, ...]
     stride: tuple[Expr, ...]
     offset: Expr = None
     storage_bytes: Expr = None
+    cpu_scalar_ok: bool = False
+
+    def device_ok(self, value: torch.Tensor) -> bool:
+        return (self.device is None or value.device == self.device
+                or (self.cpu_scalar_ok and value.dim() == 0 and value.device.type == "cpu"))
 
 
 @dataclass(frozen=True)
@@ -270,7 +278,7 @@ class InputGuard:
             self._fail(spec.name, f"has dtype {value.dtype}; the program was compiled for {spec.dtype}",
                        f"convert it with .to({spec.dtype}), {redo}")
         on_target = f" (target {self.target!r})" if self.target else ""
-        if spec.device is not None and value.device != spec.device:
+        if not spec.device_ok(value):
             self._fail(spec.name, f"is on device {value.device}; the program was compiled for "
                        f"{spec.device}{on_target}", f"move it with .to({str(spec.device)!r}), {redo}")
         if value.is_meta:  # an input only ATen calls read: they would run on it and give no numbers
@@ -374,6 +382,7 @@ class _StaticTensorCheck:
         static = [i for i, (spec, value) in enumerate(zip(guard.inputs, values))
                   if isinstance(spec, TensorInputSpec) and isinstance(value, torch.Tensor)
                   and type(value) in (torch.Tensor, torch.nn.Parameter) and spec.device is not None
+                  and not spec.cpu_scalar_ok
                   and spec.offset is None and spec.storage_bytes is None
                   and all(isinstance(e, int) for e in (*spec.size, *spec.stride))]
         if len(static) < _STATIC_MIN or _TensorGuards is None:
@@ -443,8 +452,13 @@ def _compile_fast_check(inputs, conditions, bindings, skip=frozenset()):
     for spec, p in zip(inputs, params):
         if not isinstance(spec, TensorInputSpec) or spec.name in skip:
             continue
-        checks = [f"if {p}.dtype is not {const(spec.dtype)} or {p}.is_meta: return False" if spec.device is None else
-                  f"if {p}.dtype is not {const(spec.dtype)} or {p}.device != {const(spec.device)}: return False"]
+        if spec.device is None:
+            checks = [f"if {p}.dtype is not {const(spec.dtype)} or {p}.is_meta: return False"]
+        elif spec.cpu_scalar_ok:
+            checks = [f"if {p}.dtype is not {const(spec.dtype)} or ({p}.device != {const(spec.device)} and "
+                      f"({p}.dim() != 0 or {p}.device.type != 'cpu')): return False"]
+        else:
+            checks = [f"if {p}.dtype is not {const(spec.dtype)} or {p}.device != {const(spec.device)}: return False"]
         if None in spec.size:  # a size tuple compared whole checks the rank too
             checks.append(f"if {p}.dim() != {len(spec.size)}: return False")
         checks += _tuple_check(f"{p}.size", spec.size, range(len(spec.size)))

@@ -32,8 +32,8 @@ _EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "int": in
 def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None = None) -> InputGuard:
     """The guard for a program's ``inputs`` (``Buffer`` / ``SizeInput`` / other values),
     with the ranges and guards of ``shape_env`` (the ShapeEnv of the traced graph) over
-    the program's size symbols.  Given its ``lines``, an input no kernel reads gets no
-    device check (see ``fxwrap.runtime.guards``), and the errors name the target of the
+    the program's size symbols.  Given its ``lines``, an input no kernel reads also
+    accepts a CPU scalar in place of its device (see ``fxwrap.runtime.guards``), and the errors name the target of the
     kernels they launch."""
     kernel_reads = read_by_kernels(lines) if lines is not None else None
     size_names = {i.name for i in inputs if isinstance(i, SizeInput)}
@@ -51,12 +51,13 @@ def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None =
         if isinstance(inp, SizeInput):
             specs.append(SizeInputSpec(inp.name) if inp.name in hints else OtherInputSpec(inp.name))
         elif isinstance(inp, Buffer):
-            device = inp.device if kernel_reads is None or inp.name in kernel_reads else None
+            extern_only = kernel_reads is not None and inp.name not in kernel_reads
             specs.append(TensorInputSpec(
-                inp.name, inp.dtype, device,
+                inp.name, inp.dtype, inp.device,
                 tuple(_layout_expr(e, known, hints) for e in inp.size),
                 tuple(_layout_expr(e, known, hints) for e in inp.stride),
-                None, None))  # offset and storage bytes: see fxwrap.runtime.guards
+                None, None,  # offset and storage bytes: see fxwrap.runtime.guards
+                cpu_scalar_ok=extern_only))
         else:
             specs.append(OtherInputSpec(getattr(inp, "name", str(inp))))
     targets = sorted({line.kernel.target for line in lines or () if line.kernel is not None})

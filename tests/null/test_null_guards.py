@@ -22,20 +22,49 @@ def test_guard_case(case, target):
 
 def test_device_is_checked_for_inputs_kernels_read():
     """Only extern calls read ``x`` and ``w`` (the matrix product), which run on whatever
-    device a tensor is on (SDPA's backward on CUDA gets its dropout seed as a CPU tensor
-    where the traced graph said CUDA); ``b`` is read by a kernel, whose addresses must be
-    on the compiled device."""
+    device a tensor is on; they still must be on the compiled device (eager refuses the
+    device mix), but a CPU scalar passes in their place, torch's rule for CPU scalars (SDPA's
+    backward on CUDA gets its dropout seed as a CPU scalar where the traced graph said
+    CUDA). ``b`` is read by a kernel, whose addresses must be on the compiled device."""
     import torch
 
     def f(x, w, b):
         return (x @ w).sin() + b
 
     program = fxwrap.lower(f, torch.randn(4, 8), torch.randn(8, 3), torch.randn(3), target="cpu")
-    devices = {program.arguments.describe(source[1]).split()[0]: spec.device
-               for spec, source in zip(program.input_guard.inputs, program.arguments.sources)}
-    assert devices == {"x": None, "w": None, "b": torch.device("cpu")}, devices
+    specs = {program.arguments.describe(source[1]).split()[0]: (spec.device, spec.cpu_scalar_ok)
+             for spec, source in zip(program.input_guard.inputs, program.arguments.sources)}
+    cpu = torch.device("cpu")
+    assert specs == {"x": (cpu, True), "w": (cpu, True), "b": (cpu, False)}, specs
     with pytest.raises(fxwrap.InputMismatchError, match=r"b \(argument 2\) is on device meta"):
         program.run(torch.randn(4, 8), torch.randn(8, 3), torch.randn(3, device="meta"))
+    with pytest.raises(fxwrap.InputMismatchError, match=r"x \(argument 0\) is on device meta"):
+        program.run(torch.randn(4, 8, device="meta"), torch.randn(8, 3), torch.randn(3))
+
+
+def test_an_extern_only_input_takes_a_cpu_scalar_and_no_other_device():
+    """The CPU-scalar exception, for a program compiled for another device (``cuda``:
+    only the device object, no GPU needed): a 0-dim CPU tensor passes for an input only
+    externs read, a CPU tensor with dimensions does not, and neither passes where a
+    kernel reads the input."""
+    import torch
+
+    from fxwrap.runtime.guards import InputGuard, TensorInputSpec
+
+    cuda = torch.device("cuda")
+    seed = TensorInputSpec("seed", torch.int64, cuda, (), (), cpu_scalar_ok=True)
+    index = TensorInputSpec("index", torch.int64, cuda, (2,), (1,), cpu_scalar_ok=True)
+    read = TensorInputSpec("read", torch.int64, cuda, (), ())
+    assert seed.device_ok(torch.tensor(3)) and not read.device_ok(torch.tensor(3))
+    assert not index.device_ok(torch.tensor([1, 2]))
+    guard = InputGuard([seed])
+    assert guard._fast(torch.tensor(7))  # the generated check, not only the explanation
+    guard(torch.tensor(7))
+    assert not InputGuard([index])._fast(torch.tensor([0, 1]))
+    with pytest.raises(fxwrap.InputMismatchError, match=r"index.* is on device cpu; .* compiled for cuda"):
+        InputGuard([index])(torch.tensor([0, 1]))
+    with pytest.raises(fxwrap.InputMismatchError, match=r"read.* is on device cpu"):
+        InputGuard([read])(torch.tensor(7))
 
 
 def test_static_tensor_inputs_are_checked_by_one_tensor_guards_call():
