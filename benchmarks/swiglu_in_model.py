@@ -51,6 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import fxwrap  # noqa: E402
+from fxwrap.targets.cuda_triton.emitter import clear_caches  # noqa: E402
 
 SHAPE = (4, 512, 2816)
 STEPS = 5
@@ -63,8 +64,9 @@ def swiglu(x, y):
 # ------------------------------------------------------------------------------------ timing
 def kernel_times(fn, steps: int = STEPS, warmup: int = 3) -> dict[str, list[float]]:
     """``{kernel name: [us of each launch]}`` over ``steps`` calls of ``fn``: the profiler's
-    device events only (a CPU annotation's "self device time" is the kernel it launched,
-    counted again; those rows are left out)."""
+    kernel events only (a CPU op's "self device time" is the kernel it launched, counted again,
+    and a ``record_function`` range can come back as a device-side user annotation: both are
+    left out)."""
     from torch.profiler import ProfilerActivity, profile
     from torch.autograd import DeviceType
 
@@ -77,9 +79,32 @@ def kernel_times(fn, steps: int = STEPS, warmup: int = 3) -> dict[str, list[floa
         torch.cuda.synchronize()
     out: dict[str, list[float]] = defaultdict(list)
     for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
+        if e.device_type == DeviceType.CUDA and not e.is_user_annotation:
             out[e.name].append(e.time_range.elapsed_us())
     return dict(out)
+
+
+def lead_rows(fn, names, steps: int = STEPS) -> None:
+    """The last session's accounting (``gpu_runs/llama_prof.py``): CUDA activity only, every
+    ``key_averages()`` row summed.  Prints the rows whose key is one of ``names`` with their
+    device type and user-annotation flag (a ``record_function`` range, fxwrap's name for each
+    launch, can come back as a device row of the kernel's time), and the two sums."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    ka = prof.key_averages()
+    every = sum(e.self_device_time_total for e in ka) / steps
+    kernels_only = sum(e.self_device_time_total for e in ka if not e.is_user_annotation) / steps
+    print(f"  llama_prof-style: sum of every row {every / 1000:.3f} ms/step, without user annotations "
+          f"{kernels_only / 1000:.3f} ms/step, rows/step {sum(e.count for e in ka) // steps}")
+    for e in ka:
+        if e.key in names:
+            print(f"    row {e.key[:50]:50s} device {str(e.device_type):18s} annotation {e.is_user_annotation!s:5s} "
+                  f"x{e.count / steps:4.1f}/step  self {e.self_device_time_total / steps:8.2f} us/step")
 
 
 def per_step(times: dict[str, list[float]], steps: int = STEPS) -> float:
@@ -166,6 +191,7 @@ def part_alone() -> None:
     nbytes = 3 * a.numel() * a.element_size()
     print(f"\n== alone: silu(a) * b {SHAPE} bf16, {nbytes / 2**20:.1f} MiB moved a call")
     with torch.no_grad():
+        clear_caches()  # a kernel's launcher (and its CUfunction's name) is shared by equal bodies
         program = fxwrap.lower(swiglu, a, b, target="cuda")
         kernels = [l.kernel for l in program.lines if type(l).__name__ == "DefineKernel"]
         (kernel,) = kernels
@@ -205,11 +231,11 @@ def part_alone() -> None:
     with torch.no_grad():
         for name, reuse in (("fxwrap", True), ("fxwrap reuse=False", False)):
             progs: list = []
+            clear_caches()
             fn = torch.compile(block, backend=fxwrap.Backend(options={"on_program": progs.append, "reuse": reuse}))
             fn(x, wg, wu)
             t = kernel_times(lambda: fn(x, wg, wu))
-            names = {k.name for k in swiglu_kernels(progs)} | {k.name for p in progs for k in
-                                                                 [l.kernel for l in p.lines if type(l).__name__ == "DefineKernel"]}
+            names = {line.kernel.name for p in progs for line in p.lines if type(line).__name__ == "DefineKernel"}
             print(f"  {name}: kernel time/step {per_step(t):.2f} us")
             print(summary(t, lambda n: n in names or "sigmoid" in n))
             for p in progs:
@@ -235,6 +261,7 @@ def part_model() -> None:
         if name == "inductor":
             fn = torch.compile(copy.deepcopy(model))
         else:
+            clear_caches()  # this program's kernels name their launchers (shared by equal bodies)
             fn = torch.compile(copy.deepcopy(model), backend=fxwrap.Backend(
                 options={"on_program": progs.append, "reuse": name == "fxwrap"}))
         first = [None]
@@ -247,6 +274,7 @@ def part_model() -> None:
               f"launches/step {sum(len(v) for v in t.values()) // STEPS}")
         if name == "inductor":
             print(summary(t, is_inductor_swiglu))
+            lead_rows(lambda: run(fn, 0), {n for n in t if is_inductor_swiglu(n)})
             print("inductor SwiGLU kernel:\n" + first[0])
             swi = [us for n, v in t.items() if is_inductor_swiglu(n) for us in v]
         else:
@@ -261,13 +289,14 @@ def part_model() -> None:
             # the eight layers' kernels share one launcher (same body): its CUfunction's name is
             # the first kernel's; pick rows by the names of every SwiGLU kernel
             print(summary(t, lambda n: n in names))
+            lead_rows(lambda: run(fn, 0), names)
             swi = [us for n, v in t.items() if n in names for us in v]
             if name == "fxwrap":
                 print_source(kernels[0])
                 for p in progs:
                     code = p.code()
                     i = code.find(kernels[0].name + "(")
-                    print("    wrapper around it:\n" + code[max(0, code.rfind("\n", 0, i - 900)):i + 400])
+                    print("    wrapper around it:\n" + code[max(0, code.rfind("\n", 0, max(0, i - 900))):i + 400])
         per_layer = sum(swi) / STEPS / args.hf_layers if swi else float("nan")
         results[name] = (per_step(t) / 1000, per_layer)
         print(f"  SwiGLU: {per_layer:.2f} us a layer (device events)")
@@ -300,7 +329,7 @@ def offline() -> None:
     code = in_model.code()
     for k in ks[:-1]:
         i = code.find(k.name + "(")
-        print(code[max(0, code.rfind("\n", 0, i - 700)):i + 300])
+        print(code[max(0, code.rfind("\n", 0, max(0, i - 700))):i + 300])
 
 
 def main() -> None:

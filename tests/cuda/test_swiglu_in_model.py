@@ -60,7 +60,8 @@ def test_block_swiglu_is_the_standalone_kernel(kernels):
         assert dict(k.launch["config"]) == {"XBLOCK": 1024, "num_warps": 4}, k.launch["config"]
         assert "plan: pointwise, 1-D, indices tl.int32" in k.source, k.source
         for ptr in ("in_ptr0", "in_ptr1", "out_ptr0"):  # contiguous buffers, no view offsets
-            assert f"# {ptr}: " in k.source and "stride=(1441792, 2816, 1)" in k.source.split(f"# {ptr}: ")[1].split("\n")[0]
+            header = k.source.split(f"# {ptr}: ")[1].split("\n")[0]
+            assert "bfloat16 size=(4, 512, 2816) stride=(1441792, 2816, 1)" in header, header
 
 
 def test_block_swiglu_writes_over_the_gate_projection(kernels):
