@@ -170,10 +170,13 @@ def print_source(kernel) -> None:
 
 
 def inductor_kernels(fn, *args) -> list[str]:
-    """Inductor's generated Triton kernels of one first call of ``fn`` that compute silu."""
+    """Inductor's generated Triton kernels of one first call of ``fn`` that compute silu
+    (``run_and_get_code`` resets dynamo: ``fn`` compiles now; no FX-graph cache hit)."""
+    from torch._inductor import config
     from torch._inductor.utils import run_and_get_code
 
-    _, codes = run_and_get_code(fn, *args)
+    with config.patch(fx_graph_cache=False):
+        _, codes = run_and_get_code(fn, *args)
     out = []
     for code in codes:
         for m in re.finditer(r"@triton\.jit\s*\ndef (triton_\w+)\(.*?(?=\n'''|\n\"\"\"|\Z)", code, re.S):
