@@ -12,9 +12,12 @@ Compiled offline for sm_90 it issues ``ld.global.v4.b32`` / ``st.global.v4.b32``
 differences are at run time: in the model the output is written in place over the gate
 projection's buffer (the memory plan's reuse of a dying input), the inputs were just written by
 two cuBLAS GEMMs (L2 state), and the kernels of the eight layers share one launcher (same
-body).  The profiler also gives every fxwrap launch two rows of the same name: the CPU
-``record_function`` annotation (``Kernel.__call__``), whose "self device time" is the kernel it
-launched, and the kernel itself; a sum over ``key_averages()`` rows counts it twice.
+body, compiled from whichever loaded first, so one kernel row of that name counts all eight).
+The profiler also gives every fxwrap launch more rows than the kernel's: the CPU
+``record_function`` range of ``Kernel.__call__``, whose "self device time" is the kernel it
+launched, and possibly a device-side user annotation of the same name; summing
+``key_averages()`` rows (or rows by name) can count fxwrap's kernels twice and Inductor's once
+(docs/debugging.md).
 
 On the GPU this script separates those causes, each timed by torch.profiler's kernel events only
 (``DeviceType.CUDA``, never CPU rows)::
@@ -31,8 +34,14 @@ Parts:
   before it as in the model) under both compilers.
 * ``model``: the HF Llama inference workload of ``benchmarks/capture.py`` under Inductor, fxwrap
   and fxwrap with ``reuse=False`` (no in-place output): per launch of each SwiGLU kernel, the
-  kernel time; the data pointers (mod 16 and 4096) and the launcher path fxwrap used; both
-  compilers' kernel time per step counted once.
+  kernel time; the data pointers (mod 16 and 4096) and the launcher fxwrap used; layer 0's
+  kernel relaunched alone on the model's own buffers; both compilers' kernel time per step
+  counted once, and the last session's row sums beside it.
+
+Reading the result: fxwrap's SwiGLU by device events near Inductor's (~11-12 us on an H100)
+while the row sums give ~22 us: the 22 us was the profile's accounting.  Near 22 us by device
+events: compare ``reuse=False`` (in-place output), the relaunch on the model's buffers (their
+addresses) and the ``alone`` variants (in place, cold L2).
 """
 from __future__ import annotations
 
@@ -140,6 +149,9 @@ def swiglu_kernels(programs) -> list:
     return found
 
 
+LAST_ARGS: dict = {}  # kernel name -> (launcher, the arguments of its last launch)
+
+
 def record_pointers(kernels, log: list) -> None:
     """Wrap each kernel's launcher so that a call appends (kernel, launcher class, path, args'
     ``data_ptr() % 16``, ``% 4096``, and the pointer distances) to ``log``."""
@@ -151,6 +163,7 @@ def record_pointers(kernels, log: list) -> None:
             log.append((_k.name, type(_l).__name__, getattr(_l, "path", "?"),
                         sorted(getattr(_l, "unaligned", ()) or ()), [p % 16 for p in ptrs],
                         [p % 4096 for p in ptrs], [p - ptrs[0] for p in ptrs]))
+            LAST_ARGS[_k.name] = (_l, args)
             return _l(*args)
         kernel.bind(wrapped)
 
@@ -289,6 +302,11 @@ def part_model() -> None:
             torch.cuda.synchronize()
             for entry in log:
                 print("    launch", entry)
+            # the same launcher on the model's own buffers (same pointers, output over the gate
+            # projection), launched back to back after the step: the addresses' share of the time
+            launcher, saved = LAST_ARGS[kernels[0].name]
+            again = kernel_times(lambda: launcher(*saved), steps=20)
+            print(f"    layer-0 kernel relaunched alone on the model's buffers: {per_step(again, 20):.2f} us a launch")
             # the eight layers' kernels share one launcher (same body): its CUfunction's name is
             # the first kernel's; pick rows by the names of every SwiGLU kernel
             print(summary(t, lambda n: n in names))
