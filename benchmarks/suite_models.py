@@ -331,6 +331,19 @@ class _HFDecodeStep(nn.Module):
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.with_position = "cache_position" in params
 
+    def _apply(self, fn, recurse=True):
+        """``.to(torch.bfloat16)`` / ``.to(device)`` reach the cache's tensors too (they are not
+        buffers of the module: the variant's dtype would leave them float32)."""
+        super()._apply(fn, recurse)
+        for holder in getattr(self.cache, "layers", None) or [self.cache]:
+            for name in ("keys", "values", "key_cache", "value_cache"):
+                value = getattr(holder, name, None)
+                if isinstance(value, torch.Tensor):
+                    setattr(holder, name, fn(value))
+                elif isinstance(value, list):
+                    setattr(holder, name, [fn(v) if isinstance(v, torch.Tensor) else v for v in value])
+        return self
+
     def forward(self, token, pos):
         kwargs = {self.cache_arg: self.cache, "position_ids": pos.view(1, 1)}
         if self.with_position:

@@ -251,6 +251,7 @@ def case_all(rank: int, world: int, backend: str, names=ALL) -> dict:
     runs; dynamo and its DDP setting are reset between cases (restored below)."""
     out = {}
     for name in names:
+        print(f"workers.py rank {rank}: case {name} ({backend})", file=sys.stderr, flush=True)
         optimize_ddp = torch._dynamo.config.optimize_ddp
         try:
             out[name] = CASES[name](rank, world, backend)
@@ -291,6 +292,9 @@ CASES = {
 
 def _worker(rank: int, world: int, case: str, out_dir: str, backend: str) -> None:
     faulthandler.enable(all_threads=True)  # a crash (SIGSEGV) prints every thread's Python stack
+    watchdog = float(os.environ.get("FXWRAP_DIST_WATCHDOG", "0"))
+    if watchdog > 0:  # a hang: every thread's stack each ``watchdog`` seconds (the runner's timeout kills it)
+        faulthandler.dump_traceback_later(watchdog, repeat=True)
     options = {}
     if backend == "nccl":
         # before the group exists: this rank's GPU is its current device, and the group is
