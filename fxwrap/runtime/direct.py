@@ -29,7 +29,8 @@ its copy also does less per call on the host:
 * a View line whose every reader is such a kernel and whose first element is its base's
   (no offset given, or the offset the base is known to have: 0 for an allocation) is not
   made: the kernels get the base, whose data pointer is the same;
-* ``free`` markers are left out (FX's code drops each local at its last use anyway);
+* ``free`` markers are left out (FX's code drops each local at its last use anyway),
+  unless ``keep_free=True`` (the CUDA target: a collective's buffer must live to its wait);
 * CPU allocations call torch's unchecked ``_empty_strided_cpu`` (Inductor's wrappers do)::
 
     program.graph_module:   buf3 = torch.as_strided(arg6, [128, 128], [1, 128])
@@ -97,7 +98,8 @@ DIRECT_CALLS = {
 
 
 def direct_graph_module(gm: torch.fx.GraphModule, prologue=None,
-                        pointer_kernel: Callable[[Kernel], bool] | None = None) -> torch.fx.GraphModule:
+                        pointer_kernel: Callable[[Kernel], bool] | None = None,
+                        keep_free: bool = False) -> torch.fx.GraphModule:
     """``gm`` with the calls of :data:`DIRECT_CALLS` retargeted and, when given, a call
     ``prologue()`` after the placeholders (``gm`` itself when there is nothing to do);
     ``pointer_kernel(kernel)``: the kernel's launcher reads only data pointers (see the
@@ -116,7 +118,7 @@ def direct_graph_module(gm: torch.fx.GraphModule, prologue=None,
         if node in dropped:
             env[node] = env[dropped[node]]
             continue
-        if pointer_kernel is not None and node.op == "call_function" and node.target is free:
+        if pointer_kernel is not None and not keep_free and node.op == "call_function" and node.target is free:
             continue
         new = graph.node_copy(node, lambda n: env[n])
         if new.op == "call_function" and new.target in DIRECT_CALLS:

@@ -1,0 +1,66 @@
+"""The CUDA runner (``targets/cuda_triton/wrapper.CudaWrapper``) does not make the views that
+only compiled Triton kernels read and whose first element is their base's: the launcher passes
+data pointers, the same for both.  Views an extern reads (the matrix products' transposed
+weights, SDPA's operands) or the program returns are made; ``free`` markers stay.  Structure of
+the runner's graph and numbers against eager, on a GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxwrap
+from fxwrap.runtime.direct import view_of
+from fxwrap.runtime.kernel import Kernel
+from fxwrap.runtime.memory import free
+from fxwrap.targets.cuda_triton.wrapper import reads_device_pointers
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the cuda target's runner needs a GPU")
+
+
+def _views(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in (torch.as_strided, view_of)]
+
+
+def _block(x, w1, w3, w2, cache, pos):
+    """A decode step's shapes: reshapes between GEMMs and kernels, an in-place cache write."""
+    h = F.silu(F.linear(x, w1)) * F.linear(x, w3)
+    y = (F.linear(h, w2) + x).view(1, 4, 8)
+    cache.index_copy_(1, pos, y.transpose(0, 1))
+    return y.reshape(1, 32).sin() * 2, cache.sum(1)
+
+
+@needs_gpu
+def test_views_only_compiled_kernels_read_are_not_made():
+    torch.manual_seed(0)
+    w1, w3, w2 = (torch.randn(48, 32, device="cuda"), torch.randn(48, 32, device="cuda"),
+                  torch.randn(32, 48, device="cuda"))
+    x, pos = torch.randn(1, 32, device="cuda"), torch.tensor([3], device="cuda")
+    cache = torch.randn(4, 16, 8, device="cuda")
+    program = fxwrap.lower(_block, x, w1, w3, w2, cache.clone(), pos, target="cuda",
+                           options={"cache": False})
+    contract, runner = program.graph_module, program.runner
+    kernel_only = [n for n in _views(contract) if n.users and all(
+        isinstance(u.target, Kernel) and reads_device_pointers(u.target) for u in n.users)]
+    assert kernel_only, contract.code   # the program has such views
+    assert len(_views(runner)) < len(_views(contract)), runner.code
+    assert [n for n in runner.graph.nodes if n.op == "call_function" and n.target is free] or not [
+        n for n in contract.graph.nodes if n.op == "call_function" and n.target is free]
+    for seed in range(2):
+        torch.manual_seed(seed + 1)
+        x = torch.randn(1, 32, device="cuda")
+        mine, theirs = cache.clone(), cache.clone()
+        got, want = program.run(x, w1, w3, w2, mine, pos), _block(x, w1, w3, w2, theirs, pos)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_only_compiled_triton_kernels_read_pointers_only():
+    def kernel(**launch):
+        return Kernel("k", "src", target=launch.pop("target", "cuda"), signature=(),
+                      launch={"symbol": "k", "pointers": 1, **launch})
+    assert reads_device_pointers(kernel(language="triton"))
+    assert not reads_device_pointers(kernel(language="triton", interpret=True))
+    assert not reads_device_pointers(kernel(language="triton", user_kernel=True))
+    assert not reads_device_pointers(kernel(language="c++", target="cpu"))
