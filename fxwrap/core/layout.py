@@ -258,12 +258,18 @@ def propagate(candidate: torch.fx.GraphModule, fake_mode, input_values: Sequence
               what: str = "channels-last layout") -> bool:
     """Propagate ``input_values`` (fake) through ``candidate``, setting every node's
     ``meta["val"]``; False (logged, naming ``what``) where an op refuses the new layouts."""
+    # constants the graph holds as real tensors (``get_attr``: the values constant folding
+    # computed once) are converted as they are met, not refused
+    allow = fake_mode.allow_non_fake_inputs
+    fake_mode.allow_non_fake_inputs = True
     try:
         with fake_mode:
             FakeTensorProp(candidate, mode=fake_mode).propagate_dont_convert_inputs(*input_values)
     except Exception as error:  # a view only a contiguous tensor allows, an unsupported op
         log.info("%s not applied: %s", what, error)
         return False
+    finally:
+        fake_mode.allow_non_fake_inputs = allow
     return True
 
 

@@ -108,3 +108,18 @@ def test_a_one_row_product_is_left_alone(aligned):
     program = fxwrap.lower(decode_head, h, wte, target="cpu", options=EXTERN)
     torch.testing.assert_close(program.run(h, wte), decode_head(h, wte))
     assert _widths(program) == [1001]
+
+
+def head_with_a_constant(h, wte):
+    """A tensor the program computes once (constant folding: a real tensor in the graph, as the
+    empty KV cache HF GPT-2 concatenates to) beside the head: the pass must still apply."""
+    scale = torch.tensor([0.5, 2.0]).repeat(16)     # folded into one constant when the program is built
+    return F.linear(h * scale, wte).view(2, -1, wte.shape[0])
+
+
+def test_a_folded_constant_in_the_graph_does_not_stop_the_padding(aligned):
+    gen = torch.Generator().manual_seed(12)
+    h, wte = torch.randn(2 * 9, 32, generator=gen), torch.randn(1001, 32, generator=gen)
+    program = fxwrap.lower(head_with_a_constant, h, wte, target="cpu", options=EXTERN)
+    torch.testing.assert_close(program.run(h, wte), head_with_a_constant(h, wte))
+    assert _widths(program) and all(w % 4 == 0 and w >= 1001 for w in _widths(program)), _widths(program)
