@@ -74,7 +74,7 @@ def _launch_rows(bound, args) -> list:
     rows = []
     n = bound.grid(*args[bound.npointers:])
     stream = torch.cuda.current_stream().cuda_stream
-    if getattr(bound, "path", "") == "cuda-driver":
+    if getattr(bound, "path", "") in ("cuda-driver", "cuda-native"):
         sp = ctypes.c_void_p(stream)
         slots, params = bound.driver.buffers()
         bound.pack(slots, 0, *[t.data_ptr() for t in args[:bound.npointers]], *args[bound.npointers:])

@@ -79,17 +79,26 @@ def _build_scale():
 @gpu
 def test_driver_launch_matches_eager_and_triton(monkeypatch):
     launch = _build_scale()
-    assert launch.path == "cuda-driver"
+    assert launch.path == "cuda-native"       # the plain call in C (native_launch)
     a = torch.randn(5000, device=DEVICE)
     out = torch.full_like(a, float("nan"))
     launch(a, out, a.numel())
     torch.testing.assert_close(out, a * (a + a), rtol=0, atol=0)
+    out_python = torch.full_like(a, float("nan"))
+    launch.python_call(a, out_python, a.numel())   # the ctypes path of the same launcher
+    assert torch.equal(out, out_python)
 
     from fxwrap.targets.cuda_triton import emitter as triton_emitter
     triton_emitter.clear_caches()
     monkeypatch.setenv("FXWRAP_TRITON_LAUNCHER", "triton")
     via_triton = _build_scale()
     assert via_triton.path == "triton"
+    triton_emitter.clear_caches()
+    monkeypatch.setenv("FXWRAP_TRITON_LAUNCHER", "ctypes")
+    assert _build_scale().path == "cuda-driver"
+    triton_emitter.clear_caches()
+    monkeypatch.setenv("FXWRAP_TRITON_LAUNCHER", "triton")
+    via_triton = _build_scale()
     out2 = torch.full_like(a, float("nan"))
     via_triton(a, out2, a.numel())
     assert torch.equal(out, out2)

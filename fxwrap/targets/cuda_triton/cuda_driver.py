@@ -133,7 +133,8 @@ class DriverKernel:
         self.nslots = len(types)
         self.threads = threads
         self.shared = shared
-        self.pack = struct.Struct(slot_format(types[:npointers + nsizes], npointers, nsizes)).pack_into
+        self.format = slot_format(types[:npointers + nsizes], npointers, nsizes)
+        self.pack = struct.Struct(self.format).pack_into
         self.cu_launch = _libraries()[1].cuLaunchKernel_noargtypes
 
     def buffers(self):

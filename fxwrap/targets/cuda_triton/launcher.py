@@ -40,6 +40,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fxwrap.runtime.cache_dir import cache_root
+from fxwrap.targets.cuda_triton.native_launch import native_launch
 
 _MODULES: dict[tuple[str, bool], object] = {}
 _LOCK = threading.Lock()
@@ -275,9 +276,10 @@ class CompiledLauncher:
 
 class DriverLauncher(CompiledLauncher):
     """Launches the cubin through ``cuda_driver.DriverKernel`` (``cuLaunchKernel``): no
-    launcher stub to build, a few ``ctypes`` operations per call.  ``path`` is
-    ``"cuda-driver"``.  While a Triton launch hook (a profiler) is set, calls go through
-    Triton's ``run`` so that the hook sees them."""
+    launcher stub to build; the plain call in C (``native_launch``: ``path`` is
+    ``"cuda-native"``), else a few ``ctypes`` operations per call (``"cuda-driver"``;
+    ``FXWRAP_TRITON_LAUNCHER=ctypes`` asks for it).  While a Triton launch hook (a profiler)
+    is set, calls go through Triton's ``run`` so that the hook sees them."""
 
     path = "cuda-driver"
 
@@ -298,8 +300,25 @@ class DriverLauncher(CompiledLauncher):
         self.pack = driver.pack
         self.local = threading.local()  # per calling thread: (slots, params) of driver.buffers()
         self.streams: dict[int, ctypes.c_void_p] = {}  # raw stream -> its ctypes argument
+        # the plain case in C (native_launch: one binding for every kernel), declining to
+        # ``python_call`` whatever is not plain; only for the aligned variant of a kernel of
+        # the only device, without plain (non-chain) launch hooks
+        self.native = None
+        if (not unaligned and not self.other_devices and not self.plain_hooks
+                and os.environ.get("FXWRAP_TRITON_LAUNCHER", "driver") == "driver"):
+            nsizes = len(launch["size_symbols"])
+            fixed = max(int(self.grid()), 0) if nsizes == 0 else 0
+            self.native = native_launch(driver, driver.format, self.npointers, nsizes, fixed, self.grid,
+                                        self.chains, self.python_call, self.stream)
+        self.path = "cuda-native" if self.native is not None else "cuda-driver"
 
     def __call__(self, *args):
+        native = self.native
+        if native is not None:
+            return native(*args)
+        return self.python_call(*args)
+
+    def python_call(self, *args):
         if self.other_devices and self.current_device() != self.device:
             return self.on_own_device(args)
         np_ = self.npointers

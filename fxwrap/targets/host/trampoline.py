@@ -221,25 +221,32 @@ def _binding_compiler(compiler: CppCompiler) -> CppCompiler:
         return _BINDING_COMPILERS[key]
 
 
-def _module(compiler: CppCompiler):
-    """The binding built with ``compiler``'s command (cached on disk like a kernel, in its own
-    directory) and imported once."""
+def python_extension(name: str, text: str, compiler: CppCompiler | None = None, what: str = "binding"):
+    """The Python extension module ``name`` built from C++ ``text`` (Python's C API only) with
+    ``compiler``'s command, cached on disk like a kernel in the ``launch`` directory, imported
+    once per process, and given torch's tensor data-pointer read (``init(address, TensorBase,
+    Tensor, Parameter)``); None (logged) where it does not build."""
     include = sysconfig.get_paths()["include"]
     try:
-        path = str(_binding_compiler(compiler).compile(source(), extra_flags=(f"-I{include}",)))
+        path = str(_binding_compiler(compiler or default_compiler()).compile(text, extra_flags=(f"-I{include}",)))
     except CompileError as exc:
-        log.warning("fxwrap: the C launch trampoline does not build (%s); kernels launch through ctypes",
-                    str(exc).splitlines()[0])
+        log.warning("fxwrap: the %s does not build (%s)", what, str(exc).splitlines()[0])
         return None
     with _LOCK:
         if path not in _LOADED:
-            loader = importlib.machinery.ExtensionFileLoader(_MODULE, path)
-            spec = importlib.util.spec_from_file_location(_MODULE, path, loader=loader)
+            loader = importlib.machinery.ExtensionFileLoader(name, path)
+            spec = importlib.util.spec_from_file_location(name, path, loader=loader)
             module = importlib.util.module_from_spec(spec)
             loader.exec_module(module)
             module.init(_data_ptr_address, torch._C.TensorBase, torch.Tensor, torch.nn.Parameter)
             _LOADED[path] = module
         return _LOADED[path]
+
+
+def _module(compiler: CppCompiler):
+    """The binding built with ``compiler``'s command (cached on disk like a kernel, in its own
+    directory) and imported once."""
+    return python_extension(_MODULE, source(), compiler, "C launch trampoline (kernels launch through ctypes)")
 
 
 _STARTED: set[str] = set()  # cache directories whose binding is being built or loaded
@@ -258,6 +265,11 @@ def prepare(compiler: CppCompiler | None = None) -> None:
             return
         _STARTED.add(key)
     threading.Thread(target=_module, args=(compiler,), name="fxwrap-trampoline", daemon=True).start()
+
+
+def has_data_ptr_read() -> bool:
+    """This torch exports the C function that reads a tensor's data pointer (the bindings need it)."""
+    return _data_ptr_address is not None
 
 
 def c_launcher(address: int, pointers: int, sizes: int, name: str, compiler: CppCompiler | None = None):
