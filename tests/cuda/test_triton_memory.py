@@ -135,8 +135,6 @@ def _peaks(model, x):
 
 
 @pytest.mark.skipif(not GPU, reason="measures torch.cuda.max_memory_allocated: needs a CUDA GPU")
-@pytest.mark.xfail(strict=True, reason="open (issue 30): on the H100 (2026-11-27) fxwrap's peak was 86.8 MiB "
-                   "against Inductor's 74.5 MiB for this net; the CPU plan of the same net is at Inductor's")
 def test_conv_net_inference_peak_at_most_inductors():
     torch.manual_seed(0)
     inductor, ours = _peaks(_conv_net(), torch.randn(32, 3, 224, 224))
