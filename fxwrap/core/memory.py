@@ -23,14 +23,14 @@ Input (after ``wrapper_ir.build``)::
 
 Rules: a buffer is freed right after the last line that touches it or any view of
 it (``View`` lines, and results of externs whose schema says they alias an input,
-such as ``split``'s pieces, are views); a dead buffer's storage is handed to a new
-allocation of the same device and dtype that fits in it, and only when keeping the
-old storage alive until then does not raise the peak of the frees-only plan; a
-storage that leaves the program (an output) takes only a dead storage of its own
-size (a small result must not keep a large storage alive for its caller).  A
-pointwise extern, or a kernel whose emitter allows it (``Line.in_place_pairs``), may
-write its output into an input that dies at that line (in place) when that input is
-read in the line only with the output's exact layout.
+such as ``split``'s pieces, are views).  First, a pointwise extern, or a kernel
+whose emitter allows it (``Line.in_place_pairs``), writes its output into an input
+that dies at that line (in place) when that input is read in the line only with the
+output's exact layout.  Then a dead buffer's storage is handed to a new allocation
+of the same device and dtype that fits in it, and only when keeping the old storage
+alive until then does not raise the peak that in place left; a storage that leaves
+the program (an output) takes only a dead storage of its own size (a small result
+must not keep a large storage alive for its caller).
 Storages a functional extern reads are never reused (the op might return an alias
 of them); inputs, constants and anything reachable from the outputs are never freed.
 """
