@@ -23,14 +23,14 @@ Input (after ``wrapper_ir.build``)::
 
 Rules: a buffer is freed right after the last line that touches it or any view of
 it (``View`` lines, and results of externs whose schema says they alias an input,
-such as ``split``'s pieces, are views); a dead buffer's storage is handed to a new
-allocation of the same device and dtype that fits in it, and only when keeping the
-old storage alive until then does not raise the peak of the frees-only plan; a
-storage that leaves the program (an output) takes only a dead storage of its own
-size (a small result must not keep a large storage alive for its caller).  A
-pointwise extern, or a kernel whose emitter allows it (``Line.in_place_pairs``), may
-write its output into an input that dies at that line (in place) when that input is
-read in the line only with the output's exact layout.
+such as ``split``'s pieces, are views).  First, a pointwise extern, or a kernel
+whose emitter allows it (``Line.in_place_pairs``), writes its output into an input
+that dies at that line (in place) when that input is read in the line only with the
+output's exact layout.  Then a dead buffer's storage is handed to a new allocation
+of the same device and dtype that fits in it, and only when keeping the old storage
+alive until then does not raise the peak that in place left; a storage that leaves
+the program (an output) takes only a dead storage of its own size (a small result
+must not keep a large storage alive for its caller).
 Storages a functional extern reads are never reused (the op might return an alias
 of them); inputs, constants and anything reachable from the outputs are never freed.
 """
@@ -121,11 +121,13 @@ def _live_profile(n: int, storages: list[_Storage], keep_all: bool) -> list[int]
 
 
 class _Planner:
-    """Greedy reuse in program order over the frees-only live profile.
+    """Greedy in-place writes, then greedy reuse, in program order over the frees-only
+    live profile.
 
     ``live[i]`` is the bytes live at line ``i`` under the decisions so far; a decision
-    is taken only when every line it touches stays at or under ``peak``, the peak of
-    the frees-only plan, so reuse never raises the peak.
+    is taken only when every line it touches stays at or under ``peak``: the peak of
+    the frees-only plan for in place, the (lower or equal) peak after in place for
+    reuse, so neither raises the peak.
     """
 
     def __init__(self, lines: list[Line], owned: dict[str, _Storage], root_of: dict[str, str]):
@@ -136,6 +138,7 @@ class _Planner:
         self.peak = max(self.live, default=0)
         self.replaced: dict[int, Line] = {}
         self.absorbed: set[str] = set()  # roots whose storage moved on: no Free of their own
+        self.written_over: dict[str, _Storage] = {}  # in-place donor's root -> the output taking it
 
     def fits_under_peak(self, span: range, extra: int) -> bool:
         return all(self.live[i] + extra <= self.peak for i in span)
@@ -155,14 +158,27 @@ class _Planner:
         new.nbytes = old.nbytes
 
     def run(self) -> None:
+        """In place first, then reuse of dead storages under the peak that in place left.
+
+        Writing in place only lowers the live bytes (the donor's storage was live at the
+        line anyway), and it lowers the peak where a product and its epilogue's output
+        were the largest pair (an MLP's hidden layer).  Reuse keeps a dead storage alive
+        until a later allocation takes it: bounded by the frees-only peak, it could hold
+        a storage across the very lines in place had just made the lowest peak, so the
+        plan peaked one buffer above what it could (the conv net's fc1 product, 7 against
+        6 activations).  So reuse is bounded by the peak after in place.
+        """
+        by_def = {s.defined_at: s for s in self.storages if isinstance(self.lines[s.defined_at], Allocate)}
+        for j in range(self.n):
+            if j in by_def:
+                self.in_place(j, by_def[j])
+        self.peak = max(self.live, default=0)
         # a new allocation may take a dead storage even when its own storage is never
         # handed on later (``reusable``: an extern that may return an alias reads it)
-        by_def = {s.defined_at: s for s in self.storages if isinstance(self.lines[s.defined_at], Allocate)}
         dead: list[_Storage] = []
         for j in range(self.n):
-            new = by_def.get(j)
-            if new is not None and not self.in_place(j, new):
-                self.reuse_dead(j, new, dead)
+            if j in by_def and j not in self.replaced:
+                self.reuse_dead(j, by_def[j], dead)
             for s in self.storages:  # storages whose last use is line j die after it
                 if s.last_use == j and s.freeable and s.reusable and s.root.name not in self.absorbed:
                     dead.append(s)
@@ -178,19 +194,32 @@ class _Planner:
         for i in range(j, writer + 1):  # until the call, the donor's storage is counted already
             self.live[i] -= new.nbytes
         self.hand_over(j, donor, new, range(0), range(writer + 1, new.end(self.n) + 1))
+        self.written_over[donor.root.name] = new
         return True
 
+    def chain(self, head: _Storage) -> list[_Storage]:
+        """``head`` and the outputs written in place over its storage in turn: one storage
+        of ``head``'s bytes (an output takes no larger donor than itself) from ``head``'s
+        allocation to the last one's end."""
+        out = [head]
+        while out[-1].root.name in self.written_over:
+            out.append(self.written_over[out[-1].root.name])
+        return out
+
     def reuse_dead(self, j: int, new: _Storage, dead: list[_Storage]) -> None:
+        holders = self.chain(new)
+        end = holders[-1].end(self.n)
+        returned = any(not s.freeable for s in holders)
         best = None
         for old in dead:
             if old.root.device != new.root.device or old.root.dtype != new.root.dtype:
                 continue
-            if not _fits(old.root, new.root, old.nbytes, new.nbytes):
+            if not all(_fits(old.root, s.root, old.nbytes, s.nbytes) for s in holders):
                 continue
-            if not new.freeable and old.nbytes != new.nbytes:
+            if returned and old.nbytes != new.nbytes:
                 continue
             if not (self.fits_under_peak(range(old.last_use + 1, j), old.nbytes)
-                    and self.fits_under_peak(range(j, new.end(self.n) + 1), old.nbytes - new.nbytes)):
+                    and self.fits_under_peak(range(j, end + 1), old.nbytes - new.nbytes)):
                 continue
             key = (old.nbytes != new.nbytes, old.nbytes, -old.last_use)
             if best is None or key < best[0]:
@@ -198,7 +227,9 @@ class _Planner:
         if best is not None:
             dead.remove(best[1])
             old = best[1]
-            self.hand_over(j, old, new, range(old.last_use + 1, j), range(j, new.end(self.n) + 1))
+            self.hand_over(j, old, new, range(old.last_use + 1, j), range(j, end + 1))
+            for s in holders[1:]:
+                s.nbytes = old.nbytes
 
     def lines_with_frees(self) -> list[Line]:
         frees_after: dict[int, list[Buffer]] = {}
