@@ -192,10 +192,10 @@ class Backend:
         # torch's AOT precompile (fxwrap.precompile): a result it can serialize
         with plain_aot_autograd():
             runner, warm, options = self._compile(gm, example_inputs)
-        if warm is None:
-            raise PrecompileError("fxwrap cannot precompile with its caches off (options={'cache': False} or "
-                                  "FXWRAP_PROGRAM_CACHE=0): the precompiled form is the warm-start cache's "
-                                  "entry; turn the cache on")
+        if warm is None:  # the precompiled form is the warm-start cache's entry
+            session = get_plugin_manager().session(self.resolved_target(example_inputs)).configured(options)
+            raise PrecompileError(f"fxwrap cannot precompile this graph: {GraphCompile.unstorable(gm, session)}. "
+                                  "torch.compile(model, backend='fxwrap') compiles it")
         return PrecompiledGraph.of(warm, runner, options)
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs):

@@ -235,6 +235,14 @@ class GraphCompile:
         self.mutated: tuple[int, ...] = ()
 
     @staticmethod
+    def unstorable(gm: torch.fx.GraphModule, session) -> str:
+        """Why ``start`` gave no record for ``gm`` (the cache is off, or ``gm`` not keyable)."""
+        if not cache_enabled(session.options):
+            return ("fxwrap's caches are off (options={'cache': False} or FXWRAP_PROGRAM_CACHE=0); "
+                    "turn them on")
+        return _refusal(gm) or "it is not keyable"
+
+    @staticmethod
     def start(gm: torch.fx.GraphModule, example_inputs, session) -> "GraphCompile | None":
         """None where the cache is off or ``gm`` is not keyable (logged)."""
         if not cache_enabled(session.options):

@@ -93,8 +93,8 @@ class PrecompiledGraph(SerializableCallable):
         if not path.exists():
             why = warm.refusal or "its programs were not stored"
             raise PrecompileError(f"fxwrap cannot precompile this graph for target {warm.session.target.name!r}: "
-                                  f"{why}. Compile it with torch.compile(model, backend='fxwrap') instead "
-                                  "(the warm-start cache and the program cache still serve it)")
+                                  f"{why}. torch.compile(model, backend='fxwrap') compiles it (the "
+                                  "program cache still serves its programs)")
         graph = path.read_bytes()
         entry = pickle.loads(graph)
         cache = ProgramCache()
