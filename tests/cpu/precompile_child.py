@@ -5,7 +5,7 @@ which programs were lowered (``compile_aten_graph`` calls), how many frames dyna
 many graphs went through AOTAutograd, the warm-start cache's counters and the precompiled
 graphs loaded.
 
-    python precompile_child.py save|load PATH MODE [--batch-norm] [--batch N]
+    python precompile_child.py save|load PATH MODE [--batch-norm] [--batch N] [--device cuda]
     MODE: inference | training
 """
 import argparse
@@ -25,6 +25,7 @@ parser.add_argument("path")
 parser.add_argument("mode", choices=("inference", "training"))
 parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--batch-norm", action="store_true")
+parser.add_argument("--device", default="cpu")
 args = parser.parse_args()
 
 lowered = []
@@ -41,12 +42,12 @@ torch.manual_seed(0)  # the same weights in every process; fresh inputs below
 layers = [torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8), torch.nn.Softmax(-1)]
 if args.batch_norm:
     layers.insert(1, torch.nn.BatchNorm1d(32))
-model = torch.nn.Sequential(*layers)
+model = torch.nn.Sequential(*layers).to(args.device)
 reference = copy.deepcopy(model)
 torch.manual_seed(torch.seed())
-x = torch.randn(args.batch, 16)
-example = torch.randn(8, 16)
-weights = torch.arange(8, dtype=torch.float32)
+x = torch.randn(args.batch, 16, device=args.device)
+example = torch.randn(8, 16, device=args.device)
+weights = torch.arange(8, dtype=torch.float32, device=args.device)
 
 if args.action == "save":
     if args.mode == "inference":
