@@ -363,7 +363,9 @@ class GraphCompile:
 
 
 # ------------------------------------------------------------------------------ bundles
-def _here(device_types) -> dict:
+def environment_header(device_types) -> dict:
+    """What a bundle's (or a precompiled function's) programs need of the process that runs
+    them: fxwrap's version and files, torch, Triton, Python, the host CPU, ``device_types``."""
     return {"format": BUNDLE_FORMAT, "format_version": FORMAT_VERSION, "fxwrap_version": fxwrap_version(),
             "fxwrap_files": package_digest(), "torch_version": torch.__version__, "triton_version": triton_version(),
             "python": sys.version.split()[0], "host": hashlib.sha256(host_fingerprint().encode()).hexdigest(),
@@ -388,7 +390,7 @@ def save_cache_artifacts(path: str | os.PathLike) -> int:
             devices.add(pickle.loads(data)["device_type"])
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("header.json", json.dumps(_here(devices), indent=1))
+        archive.writestr("header.json", json.dumps(environment_header(devices), indent=1))
         for name in sorted(files):
             archive.writestr(name, files[name])
     write_atomically(Path(path), buffer.getvalue())
@@ -434,7 +436,7 @@ def check_header(header: dict, origin: str) -> None:
     """Raise ``CacheBundleError`` unless the programs of a bundle (or a precompiled artifact)
     with ``header`` run here: same fxwrap (version and files), torch, Triton, Python and host
     CPU, and a device of each type it holds programs for."""
-    here = _here(header.get("device_types", ()))
+    here = environment_header(header.get("device_types", ()))
     for field_name, what in (("format", "format"), ("format_version", "format version"),
                              ("fxwrap_version", "fxwrap version"), ("fxwrap_files", "fxwrap source files"),
                              ("torch_version", "torch version"), ("triton_version", "Triton version"),

@@ -23,10 +23,12 @@ metadata the replay needs) and its programs, kernels' binaries inside (each emit
     PrecompiledGraph bytes = pickle({"header": {fxwrap version and files, torch, Triton, Python,
                                                 host CPU, device types},
                                      "target": "cpu", "options": CompileOptions(...),
-                                     "graph": <graph entry bytes>, "programs": {<key>: <program entry bytes>}})
+                                     "graph": <graph entry bytes>, "programs": {<key>: <program entry bytes>},
+                                     "launch": <the C launch binding's shared object (cpu), or None>})
 
 Loading checks the header (``fxwrap.CacheBundleError`` names what differs: recompile there),
-rebuilds the programs and the replay runner, and compiles nothing.  Only graphs the
+rebuilds the programs and the replay runner, puts the launch binding into the cache
+directory where it lacks one, and compiles nothing.  Only graphs the
 warm-start cache can store can be precompiled (plain AOTAutograd wrappers: see
 docs/programs.md); another graph is a ``PrecompileError`` naming why, and
 ``torch.compile(model, backend="fxwrap")`` still compiles it.  A file is a pickle: load only
@@ -42,9 +44,11 @@ from typing import Any
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from fxwrap.graph_cache import GraphCompile, check_header, replay, _here
+from fxwrap.graph_cache import GraphCompile, check_header, environment_header, replay
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.program_cache import ProgramCache, decode
+from fxwrap.targets.host.cache import write_atomically
+from fxwrap.targets.host.trampoline import binding_file
 
 #: torch's precompile turns these on around the backend call so that Inductor's AOTAutograd
 #: result is cached and bundled; fxwrap's programs are not Inductor's ``OutputCode`` (AOTAutograd
@@ -100,9 +104,12 @@ class PrecompiledGraph(SerializableCallable):
         cache = ProgramCache()
         programs = {key: cache.path(key).read_bytes() for key in entry["programs"].values()}
         target = warm.session.target
-        state = {"header": _here({entry["device_type"]}), "target": target.name,
+        binding = binding_file() if entry["device_type"] == "cpu" else None
+        state = {"header": environment_header({entry["device_type"]}), "target": target.name,
                  "options": replace(options, on_program=None, target=target.name),
-                 "graph": graph, "programs": programs}
+                 "graph": graph, "programs": programs,
+                 # the C launch binding of the C++ kernels, built once per host and cache directory
+                 "launch": binding.read_bytes() if binding is not None and binding.is_file() else None}
         return PrecompiledGraph(runner, state)
 
     @classmethod
@@ -115,6 +122,9 @@ class PrecompiledGraph(SerializableCallable):
         check_header(state["header"], "this precompiled fxwrap function")
         manager = get_plugin_manager()
         session = manager.session(manager.target(state["target"])).configured(state["options"])
+        if state.get("launch") is not None and not (binding := binding_file()).is_file():
+            binding.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(binding, state["launch"])  # the header checked the host and Python
         entry = pickle.loads(state["graph"])
         programs = {kind: decode(key, state["programs"][key], session) for kind, key in entry["programs"].items()}
         stats["graphs"] += 1

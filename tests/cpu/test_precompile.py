@@ -45,6 +45,9 @@ def test_loaded_function_runs_with_no_trace_and_no_lowering(tmp_path, mode, batc
     assert loaded["stats"] == {} and loaded["loaded"] == 1, loaded  # not through the warm-start cache
     assert loaded["err"] < 1e-5, loaded
     assert not (tmp_path / "b" / "graphs").exists() and not (tmp_path / "b" / "programs").exists()
+    # nothing compiled: no kernel, and the C launch binding came with the file
+    assert not (tmp_path / "b" / "cpu_cpp").exists(), list((tmp_path / "b").rglob("*"))
+    assert [p.suffix for p in (tmp_path / "b" / "launch").rglob("*.*")] == [".so"], list((tmp_path / "b").rglob("*"))
 
 
 def test_inputs_the_saved_guards_exclude_are_refused(tmp_path):

@@ -221,12 +221,23 @@ def _binding_compiler(compiler: CppCompiler) -> CppCompiler:
         return _BINDING_COMPILERS[key]
 
 
+def _include_flags() -> tuple[str, ...]:
+    return (f"-I{sysconfig.get_paths()['include']}",)
+
+
+def binding_file(compiler: CppCompiler | None = None) -> Path:
+    """Where the binding built with ``compiler``'s command (default: the host compiler) lives
+    in the cache, built or not: a precompiled function (fxwrap/precompile.py) carries it to a
+    process whose cache directory is empty, which then builds nothing."""
+    binding = _binding_compiler(compiler or default_compiler())
+    return binding.cache.path(binding.key(source(), _include_flags()))
+
+
 def _module(compiler: CppCompiler):
     """The binding built with ``compiler``'s command (cached on disk like a kernel, in its own
     directory) and imported once."""
-    include = sysconfig.get_paths()["include"]
     try:
-        path = str(_binding_compiler(compiler).compile(source(), extra_flags=(f"-I{include}",)))
+        path = str(_binding_compiler(compiler).compile(source(), extra_flags=_include_flags()))
     except CompileError as exc:
         log.warning("fxwrap: the C launch trampoline does not build (%s); kernels launch through ctypes",
                     str(exc).splitlines()[0])
