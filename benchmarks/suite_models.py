@@ -474,13 +474,23 @@ def cpu_step(name: str, variant: str, compile_model: Callable) -> Callable[[], N
     a forward under ``no_grad`` for ``inference-*`` variants, forward and backward of the
     loss for ``training-*`` ones; the compile times (benchmarks/compile_*.py) time its
     first call."""
+    model, inputs, loss_fn, training = cpu_model(name, variant)
+    return step_of(compile_model(model), inputs, loss_fn, training)
+
+
+def cpu_model(name: str, variant: str) -> tuple[nn.Module, tuple, Callable, bool]:
+    """Suite model ``name`` (small, CPU) for ``variant``: (the model in train or eval mode, its
+    inputs, its loss function, whether the variant trains)."""
     entry = next(m for m in MODELS if m.name == name)
     training = variant.startswith("training")
     torch.manual_seed(0)
     model, make_inputs, loss_fn = entry.build("cpu", "small")
     model.train(training)
-    inputs = make_inputs(1)
-    compiled = compile_model(model)
+    return model, tuple(make_inputs(1)), loss_fn, training
+
+
+def step_of(compiled: Callable, inputs: tuple, loss_fn: Callable, training: bool) -> Callable[[], None]:
+    """One step of ``compiled`` on ``inputs``: forward under ``no_grad``, or forward and backward."""
 
     def step():
         if training:

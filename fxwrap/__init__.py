@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "Backend": "fxwrap.api", "Program": "fxwrap.program", "TrainingPrograms": "fxwrap.program",
     "compile": "fxwrap.api", "lower": "fxwrap.api",
+    "aot_compile": "fxwrap.api", "load_compiled": "fxwrap.api", "CompiledFunction": "fxwrap.precompile",
+    "PrecompileError": "fxwrap.precompile",
     "load": "fxwrap.artifacts", "LoadedProgram": "fxwrap.artifacts",
     "LoadedTrainingPrograms": "fxwrap.artifacts", "ProgramFileError": "fxwrap.artifacts",
     "MemoryPlan": "fxwrap.core.memory",
@@ -64,7 +66,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from fxwrap.api import Backend, compile, lower  # noqa: F401
+    from fxwrap.api import Backend, aot_compile, compile, load_compiled, lower  # noqa: F401
+    from fxwrap.precompile import CompiledFunction, PrecompileError  # noqa: F401
     from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
     from fxwrap.ir.capabilities import Capabilities  # noqa: F401
     from fxwrap.graph_cache import CacheBundleError, load_cache_artifacts, save_cache_artifacts  # noqa: F401

@@ -29,6 +29,8 @@ from fxwrap.dump import ProgramDump, aten_graph_text, debug_dir
 from fxwrap.graph_cache import GraphCompile
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
+from fxwrap.precompile import (CompiledFunction, PrecompiledGraph, PrecompileError, calling, module_references,
+                               plain_aot_autograd, precompiling)
 from fxwrap.program import Program, TrainingPrograms, finish_program
 from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.boxed import ListCall
@@ -185,6 +187,19 @@ class Backend:
         return target
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        if not precompiling():
+            return self._compile(gm, example_inputs)[0]
+        # torch's AOT precompile (fxwrap.precompile): a result it can serialize
+        with plain_aot_autograd():
+            runner, warm, options = self._compile(gm, example_inputs)
+        if warm is None:  # the precompiled form is the warm-start cache's entry
+            session = get_plugin_manager().session(self.resolved_target(example_inputs)).configured(options)
+            raise PrecompileError(f"fxwrap cannot precompile this graph: {GraphCompile.unstorable(gm, session)}. "
+                                  "torch.compile(model, backend='fxwrap') compiles it")
+        return PrecompiledGraph.of(warm, runner, options)
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs):
+        """(the runner of ``gm``, its warm-start cache record or None, the options)."""
         lowering = self.example_inputs is not None
         if lowering:
             self.example_inputs = list(example_inputs)
@@ -200,7 +215,7 @@ class Backend:
         # the warm-start cache (fxwrap/graph_cache.py): a hit skips AOTAutograd and lowering
         warm = None if lowering else GraphCompile.start(gm, example_inputs, session)
         if warm is not None and (runner := warm.load(options.on_program)) is not None:
-            return runner
+            return runner, warm, options
 
         def compile_graph(aten_gm, aten_inputs, kind):
             program = compile_aten_graph(aten_gm, session, kind, example_inputs=aten_inputs)
@@ -222,7 +237,8 @@ class Backend:
                 return outputs
             return recording
 
-        return capture_backend(compile_graph, session.decompositions(), options.partition)(gm, example_inputs)
+        runner = capture_backend(compile_graph, session.decompositions(), options.partition)(gm, example_inputs)
+        return runner, warm, options
 
 
 def _local_name(placeholder: torch.fx.Node) -> str | None:
@@ -262,6 +278,37 @@ def compile(model, target: str | Target | None = None, dynamic: bool | None = No
             fullgraph: bool = False, options: dict | None = None):
     """``torch.compile`` with the fxwrap backend on ``target``."""
     return torch.compile(model, backend=Backend(target, options), dynamic=dynamic, fullgraph=fullgraph)
+
+
+def aot_compile(fn, example_inputs: Sequence[Any], kwargs: dict | None = None, *,
+                target: str | Target | None = None, options: dict | None = None,
+                dynamic: bool | None = None) -> CompiledFunction:
+    """Trace ``fn`` (a function, or an ``nn.Module``: its ``forward``) for ``example_inputs``
+    with dynamo, as one graph (``fullgraph``), and compile it with fxwrap now, through torch's
+    AOT precompile (``fxwrap.precompile``).  The result runs it (training too: its outputs
+    carry the compiled backward) and ``.save(path)``s it for ``load_compiled``, which runs
+    it in another process with no dynamo trace, no AOTAutograd and no lowering::
+
+        compiled = fxwrap.aot_compile(model, (x,)); compiled.save("model.fxaot")
+        loaded = fxwrap.load_compiled("model.fxaot", model); loaded(x)
+
+    Raises ``PrecompileError`` for a graph the warm-start cache cannot store (see
+    docs/programs.md), and torch's error for a graph break."""
+    module = fn if isinstance(fn, torch.nn.Module) else None
+    traced = calling(module) if module is not None else fn
+    compiled = torch.compile(traced, backend=Backend(target, options), fullgraph=True, dynamic=dynamic)
+    return CompiledFunction(compiled.aot_compile((tuple(example_inputs), dict(kwargs or {}))), module)
+
+
+def load_compiled(path, module: torch.nn.Module | None = None) -> CompiledFunction:
+    """The function ``aot_compile(...).save(path)`` wrote, ready to run with no dynamo trace,
+    no AOTAutograd and no lowering.  ``module``: the module it was compiled from (its
+    parameters and buffers are read at each call, where dynamo's saved guards check them).
+    Raises ``CacheBundleError`` where the file was made with other versions, on another host
+    CPU or for a device this machine lacks."""
+    with open(path, "rb") as file:
+        function = torch.compiler.load_compiled_function(file, external_data=module_references(module))
+    return CompiledFunction(function, module)
 
 
 def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,

@@ -206,6 +206,15 @@ def _layout(meta) -> ReplayLayout | str:
                         meta.symints_saved_for_backwards_slice, needs_grad, tuple(layouts))
 
 
+def replay(entry: dict, programs: dict):
+    """The runner of graph ``entry`` over its loaded ``programs`` (kind -> ``Program``):
+    an ``InferenceReplay`` or a ``TrainingReplay``."""
+    mutated = entry.get("mutated", ())
+    if entry["kind"] == "inference":
+        return InferenceReplay(programs["inference"].runner, mutated)
+    return TrainingReplay(programs["forward"].runner, programs["backward"].runner, entry["layout"], mutated)
+
+
 def cache_dir() -> Path:
     return default_cache_dir()
 
@@ -222,7 +231,16 @@ class GraphCompile:
         self.layout: ReplayLayout | None = None
         self.programs: dict = {}
         self.refused = False
+        self.refusal: str | None = None  # why the graph is not stored (the first reason)
         self.mutated: tuple[int, ...] = ()
+
+    @staticmethod
+    def unstorable(gm: torch.fx.GraphModule, session) -> str:
+        """Why ``start`` gave no record for ``gm`` (the cache is off, or ``gm`` not keyable)."""
+        if not cache_enabled(session.options):
+            return ("fxwrap's caches are off (options={'cache': False} or FXWRAP_PROGRAM_CACHE=0); "
+                    "turn them on")
+        return _refusal(gm) or "it is not keyable"
 
     @staticmethod
     def start(gm: torch.fx.GraphModule, example_inputs, session) -> "GraphCompile | None":
@@ -264,10 +282,7 @@ class GraphCompile:
         if on_program is not None:
             for program in programs.values():
                 on_program(program)
-        mutated = entry.get("mutated", ())
-        if entry["kind"] == "inference":
-            return InferenceReplay(programs["inference"].runner, mutated)
-        return TrainingReplay(programs["forward"].runner, programs["backward"].runner, entry["layout"], mutated)
+        return replay(entry, programs)
 
     def _miss(self, reason: str) -> None:
         stats["miss"] += 1
@@ -296,6 +311,7 @@ class GraphCompile:
             _touched[str(ProgramCache().path(key).relative_to(cache_dir()))] = None
 
     def _refuse(self, reason: str) -> None:
+        self.refusal = self.refusal or reason
         if not self.refused:
             stats["uncacheable"] += 1
             log.info("fxwrap warm-start cache: graph not cached: %s", reason)
@@ -347,7 +363,9 @@ class GraphCompile:
 
 
 # ------------------------------------------------------------------------------ bundles
-def _here(device_types) -> dict:
+def environment_header(device_types) -> dict:
+    """What a bundle's (or a precompiled function's) programs need of the process that runs
+    them: fxwrap's version and files, torch, Triton, Python, the host CPU, ``device_types``."""
     return {"format": BUNDLE_FORMAT, "format_version": FORMAT_VERSION, "fxwrap_version": fxwrap_version(),
             "fxwrap_files": package_digest(), "torch_version": torch.__version__, "triton_version": triton_version(),
             "python": sys.version.split()[0], "host": hashlib.sha256(host_fingerprint().encode()).hexdigest(),
@@ -372,7 +390,7 @@ def save_cache_artifacts(path: str | os.PathLike) -> int:
             devices.add(pickle.loads(data)["device_type"])
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("header.json", json.dumps(_here(devices), indent=1))
+        archive.writestr("header.json", json.dumps(environment_header(devices), indent=1))
         for name in sorted(files):
             archive.writestr(name, files[name])
     write_atomically(Path(path), buffer.getvalue())
@@ -399,7 +417,26 @@ def load_cache_artifacts(path: str | os.PathLike) -> int:
     except (OSError, KeyError, zipfile.BadZipFile, ValueError) as exc:
         raise CacheBundleError(f"{origin} is not an fxwrap cache bundle ({exc}); make one with "
                                "fxwrap.save_cache_artifacts(path)") from exc
-    here = _here(header.get("device_types", ()))
+    check_header(header, origin)
+    root, count = cache_dir(), 0
+    with archive:
+        for name in archive.namelist():
+            if name == "header.json":
+                continue
+            target = (root / name).resolve()
+            if root.resolve() not in target.parents:
+                raise CacheBundleError(f"{origin} names a file outside the cache directory: {name!r}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(target, archive.read(name))
+            count += name.startswith("graphs")
+    return count
+
+
+def check_header(header: dict, origin: str) -> None:
+    """Raise ``CacheBundleError`` unless the programs of a bundle (or a precompiled artifact)
+    with ``header`` run here: same fxwrap (version and files), torch, Triton, Python and host
+    CPU, and a device of each type it holds programs for."""
+    here = environment_header(header.get("device_types", ()))
     for field_name, what in (("format", "format"), ("format_version", "format version"),
                              ("fxwrap_version", "fxwrap version"), ("fxwrap_files", "fxwrap source files"),
                              ("torch_version", "torch version"), ("triton_version", "Triton version"),
@@ -413,15 +450,3 @@ def load_cache_artifacts(path: str | os.PathLike) -> int:
         if not _device_present(device_type):
             raise CacheBundleError(f"{origin} holds programs for {device_type} devices and this machine has "
                                    f"none (torch.{device_type}.is_available() is False); load it where one is")
-    root, count = cache_dir(), 0
-    with archive:
-        for name in archive.namelist():
-            if name == "header.json":
-                continue
-            target = (root / name).resolve()
-            if root.resolve() not in target.parents:
-                raise CacheBundleError(f"{origin} names a file outside the cache directory: {name!r}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(target, archive.read(name))
-            count += name.startswith("graphs")
-    return count

@@ -208,11 +208,7 @@ class ProgramCache:
             log.debug("fxwrap program cache: miss %s (%s program), compiling", path, session.target.name)
             return None
         try:
-            with unset_fake_temporarily():  # constants come back as real tensors
-                entry = pickle.loads(data)
-            if entry.get("key") != key:
-                raise ValueError("the entry holds another key")
-            program = _program_from_entry(entry, session, static_inputs)
+            program = decode(key, data, session, static_inputs)
         except Exception as exc:  # noqa: BLE001 - a bad entry is a miss, never an error
             log.warning("fxwrap program cache: ignoring entry %s (%s: %s); compiling", path, type(exc).__name__, exc)
             return None
@@ -239,6 +235,16 @@ class ProgramCache:
         except OSError as exc:  # a full or read-only disk: the program runs, uncached
             log.warning("fxwrap program cache: cannot write %s (%s: %s); the %s program is not cached",
                         path, type(exc).__name__, exc, program.kind)
+
+
+def decode(key: str, data: bytes, session, static_inputs: tuple[int, ...] = ()) -> Program:
+    """The program in ``data`` (the bytes of the entry stored under ``key``), finished for
+    ``session``; raises where the bytes are not that entry."""
+    with unset_fake_temporarily():  # constants come back as real tensors
+        entry = pickle.loads(data)
+    if entry.get("key") != key:
+        raise ValueError("the entry holds another key")
+    return _program_from_entry(entry, session, static_inputs)
 
 
 def _program_from_entry(entry: dict, session, static_inputs: tuple[int, ...] = ()):

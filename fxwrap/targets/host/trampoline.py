@@ -221,14 +221,25 @@ def _binding_compiler(compiler: CppCompiler) -> CppCompiler:
         return _BINDING_COMPILERS[key]
 
 
+def _include_flags() -> tuple[str, ...]:
+    return (f"-I{sysconfig.get_paths()['include']}",)
+
+
+def binding_file(compiler: CppCompiler | None = None) -> Path:
+    """Where the binding built with ``compiler``'s command (default: the host compiler) lives
+    in the cache, built or not: a precompiled function (fxwrap/precompile.py) carries it to a
+    process whose cache directory is empty, which then builds nothing."""
+    binding = _binding_compiler(compiler or default_compiler())
+    return binding.cache.path(binding.key(source(), _include_flags()))
+
+
 def python_extension(name: str, text: str, compiler: CppCompiler | None = None, what: str = "binding"):
     """The Python extension module ``name`` built from C++ ``text`` (Python's C API only) with
     ``compiler``'s command, cached on disk like a kernel in the ``launch`` directory, imported
     once per process, and given torch's tensor data-pointer read (``init(address, TensorBase,
     Tensor, Parameter)``); None (logged) where it does not build."""
-    include = sysconfig.get_paths()["include"]
     try:
-        path = str(_binding_compiler(compiler or default_compiler()).compile(text, extra_flags=(f"-I{include}",)))
+        path = str(_binding_compiler(compiler or default_compiler()).compile(text, extra_flags=_include_flags()))
     except CompileError as exc:
         log.warning("fxwrap: the %s does not build (%s)", what, str(exc).splitlines()[0])
         return None

@@ -1,0 +1,39 @@
+"""Precompiled functions on the GPU (the Triton target, fxwrap/precompile.py): a process with
+an empty cache directory loads a saved function (its cubins inside) and runs it with no
+dynamo trace, no AOTAutograd and no lowering, with eager's numbers (the child:
+tests/cpu/precompile_child.py)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              pytest.mark.skipif(not hasattr(torch.compiler, "load_compiled_function"),
+                                 reason="torch's AOT precompile needs torch >= 2.11")]
+
+CHILD = Path(__file__).resolve().parents[1] / "cpu" / "precompile_child.py"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child(cache_dir, *args) -> dict:
+    env = dict(os.environ, FXWRAP_CACHE_DIR=str(cache_dir), FXWRAP_PROGRAM_CACHE="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(CHILD), *map(str, args), "--device", "cuda"],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_loaded_function_runs_with_no_trace_and_no_lowering(tmp_path, mode):
+    path = tmp_path / "model.fxaot"
+    made = child(tmp_path / "a", "save", path, mode, "--batch-norm")
+    assert made["lowered"] and made["captured"] >= 1 and made["err"] < 1e-4, made
+    loaded = child(tmp_path / "b", "load", path, mode, "--batch-norm")
+    assert loaded["captured"] == 0 and loaded["aot"] == 0 and loaded["lowered"] == [], loaded
+    assert loaded["stats"] == {} and loaded["loaded"] == 1, loaded
+    assert loaded["err"] < 1e-4, loaded
