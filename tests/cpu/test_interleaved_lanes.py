@@ -101,3 +101,46 @@ def test_no_unroll_where_the_stores_are_not_one_run(case):
         assert "FX_NO_SLP" not in source
     out = _run(program, *args)
     assert torch.equal(out, fn(*args))
+
+
+def _rope_repeat(k, v, cos, sin):
+    """The hand-written Llama's keys and values: RoPE on k, then both repeated for 3 query
+    heads per KV head (``repeat_interleave`` fused: the stack's dim is flattened into the head
+    dim, read back as ``x % 2`` and ``x / 2``)."""
+    k = _rope(k, cos, sin).transpose(1, 2)
+    return k.repeat_interleave(3, 1), v.transpose(1, 2).repeat_interleave(3, 1)
+
+
+def test_flattened_pair_runs_over_pairs():
+    """A kernel whose innermost var is taken ``% 2`` and ``/ 2`` loops over pairs with the two
+    lanes unrolled (``x4 = 2*x4_pair0 + k``), exactly eager's numbers.  A symbolic head dim
+    (``dynamic=True``) keeps the plain loop: its range is no constant multiple of 2."""
+    dynamic = False
+    def inputs(seed):
+        k, cos, sin = _rope_inputs(seed, heads=2)
+        return k, torch.randn(k.shape, generator=torch.Generator().manual_seed(seed + 50)), cos, sin
+    program = fxwrap.lower(_rope_repeat, *inputs(0), dynamic=dynamic, options={"cache": False})
+    paired = [s for s in _kernel_sources(program) if "_pair0" in s]
+    assert len(paired) == 1, _kernel_sources(program)
+    (source,) = paired
+    var = _simd_loop_var(source)
+    assert var.endswith("_pair0")
+    lane = var[:-len("_pair0")]
+    assert f"const int64_t {lane} = 2*{var} + 0;" in source and f"const int64_t {lane} = 2*{var} + 1;" in source
+    assert 'extern "C" FX_NO_SLP void' in source
+    for seed in (1, 2):
+        args = inputs(seed)
+        out = program.run(*args)
+        for got, want in zip(out, _rope_repeat(*args)):
+            assert torch.equal(got, want)
+
+
+def test_period_that_does_not_divide_the_range_is_not_paired():
+    """``x % 2`` over a row of odd length: no pairs (the loop would miss the last element)."""
+    def fn(a):
+        return a.view(5, 3, 2).flip(-1).reshape(5, 6)[:, :5] * 2
+    a = torch.randn(5, 6)
+    program = fxwrap.lower(fn, a, options={"cache": False})
+    for source in _kernel_sources(program):
+        assert "_pair" not in source
+    assert torch.equal(_run(program, a), fn(a))
