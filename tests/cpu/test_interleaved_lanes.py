@@ -6,13 +6,18 @@ hand-written Llama's RoPE kernel took 350 us against Inductor's 100 at one threa
 6 x 32).  The unrolled copies compute exactly what eager does (no FMA contraction)."""
 from __future__ import annotations
 
+import os
+import platform
 import re
+import shutil
+import subprocess
 
 import pytest
 import torch
 
 import fxwrap
 from fxwrap.ir.lines import DefineKernel
+from fxwrap.targets.host.compiler import DEFAULT_FLAGS
 
 
 def _kernel_sources(program) -> list[str]:
@@ -144,3 +149,20 @@ def test_period_that_does_not_divide_the_range_is_not_paired():
     for source in _kernel_sources(program):
         assert "_pair" not in source
     assert torch.equal(_run(program, a), fn(a))
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None or platform.machine() != "x86_64",
+                    reason="needs the host C++ compiler on x86-64 (the instruction the test looks for)")
+def test_unrolled_rope_compiles_to_no_fused_multiply_add(tmp_path):
+    """The machine code of the unrolled RoPE kernel holds no FMA of any kind: gcc 12's SLP made
+    ``vfmaddsub`` of it under -ffp-contract=off (at this size, a serial loop nest)."""
+    program = fxwrap.lower(_rope, *_rope_inputs(0), options={"cache": False})
+    (source,) = [line.kernel.source for line in program.lines if isinstance(line, DefineKernel)]
+    assert "FX_NO_SLP void" in source
+    path = tmp_path / "rope.cpp"
+    path.write_text(source)
+    flags = [f for f in DEFAULT_FLAGS if f not in ("-shared", "-fPIC")]
+    asm = subprocess.run([os.environ.get("CXX", "g++"), *flags, "-S", "-o", "-", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    assert re.search(r"\tv(add|mul|sub)ps\t%[yz]mm", asm), "the loop should vectorize"
+    assert not re.search(r"vf(n?m(add|sub)|maddsub|msubadd)", asm)
