@@ -8,7 +8,10 @@ A kernel is one function taking the input pointers, the output pointers (in
 
 Pointwise kernels are a loop nest over ``ranges``: the outer loops (and a blocked
 innermost loop) collapse into one ``#pragma omp parallel for``; the innermost loop is
-``#pragma omp simd`` when every store is contiguous in it.
+``#pragma omp simd`` when every store is contiguous in it.  A small constant innermost range
+stored together with the loop above (a stack of RoPE's halves), or an innermost var the
+kernel takes ``% n`` and ``/ n`` (that stack flattened and read again), is unrolled into ``n``
+blocks inside the vectorized loop (``CppEmitter.unrolled_lanes``).
 
 Reduction kernels pick one of two tilings, from the index strides:
 
@@ -50,6 +53,7 @@ from collections.abc import Callable
 
 import sympy
 import torch
+import torch.utils._sympy.functions as symfn
 
 from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, Store, load_buffer, load_mask, split_stores, walk
 from fxwrap.targets.base import KernelSource
@@ -109,6 +113,7 @@ class CppEmitter(CStyleEmitter):
     # tuning (all decisions depend on sizes only: results never depend on thread count)
     parallel_min_work = 32768   # elements of work below which a kernel stays on one thread
     pointwise_block = 1024      # innermost tile of a collapsed pointwise nest
+    unroll_max_lanes = 4        # an innermost range up to this, contiguous with the loop above, is unrolled
     reduction_lanes = 16        # independent accumulators of a row reduction (vector lanes)
     sum_flush = 256             # lane blocks between flushes of a float sum (two-level sum)
     col_block = 128             # outputs per task of a column reduction
@@ -130,6 +135,7 @@ class CppEmitter(CStyleEmitter):
     def __init__(self, target=None, compiler=None):
         super().__init__(target)
         self._compiler = compiler
+        self._unrolled = False
 
     # ------------------------------------------------------------------ naming
     def symbol_name(self, sym: sympy.Symbol) -> str:
@@ -151,7 +157,14 @@ class CppEmitter(CStyleEmitter):
         return super().render_const(value, dtype)
 
     # ------------------------------------------------------------------ body
+    def function_head(self, kernel: ScheduledKernel, cname: str) -> str:
+        """``extern "C" void name(...)``; ``extern "C" FX_NO_SLP void ...`` for a kernel whose
+        loop body holds unrolled lanes (the prelude's ``FX_NO_SLP`` says why)."""
+        head = super().function_head(kernel, cname)
+        return head.replace(" void ", " FX_NO_SLP void ", 1) if self._unrolled else head
+
     def render_body(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
+        self._unrolled = False  # set by unrolled_lanes; read by function_head after the body
         if kernel.is_scan:
             return self.scan(kernel, names)
         if kernel.reductions:
@@ -207,6 +220,16 @@ class CppEmitter(CStyleEmitter):
             body = self.render_stores(kernel, kernel.stores, fn)
             return fn.lines + body
         it = self.index_type
+        lanes = _interleaved_lanes(kernel, vars_, ranges, self.unroll_max_lanes)
+        lane_var, lane_of = (vars_[-1], None) if lanes else (None, None)
+        if lanes:
+            vars_, ranges = vars_[:-1], ranges[:-1]
+        else:
+            lanes = _lane_period(kernel, vars_, ranges, self.unroll_max_lanes)
+            if lanes:
+                # the innermost var is n * pair + lane: the loop runs over pairs, each lane a block
+                lane_var, lane_of = vars_[-1], sympy.Symbol(names.fresh(f"{vars_[-1].name}_pair"), integer=True)
+                vars_, ranges = [*vars_[:-1], lane_of], [*ranges[:-1], sympy.sympify(ranges[-1]) // lanes]
         inner_var, inner_range = vars_[-1], sympy.sympify(ranges[-1])
         block = self.pointwise_block
         blocked = not (inner_range.is_number and int(inner_range) <= block)
@@ -215,8 +238,12 @@ class CppEmitter(CStyleEmitter):
         par = None if any(st.mode == "add" for st in kernel.stores) else self.parallel_if(numel)
         outer = Scope(self, names, fn, declares=[v.name for v in vars_[:-1]])
         inner = Scope(self, names, outer, declares=[inner_var.name])
-        body = self.render_stores(kernel, kernel.stores, inner)
-        simd = all(not st.indexed and _stride(st.index, inner_var) == 1 for st in kernel.stores)
+        if lanes:
+            body = self.unrolled_lanes(kernel, names, inner, lane_var, lanes, lane_of)
+            simd = True
+        else:
+            body = self.render_stores(kernel, kernel.stores, inner)
+            simd = all(not st.indexed and _stride(st.index, inner_var) == 1 for st in kernel.stores)
 
         loops = [(v.name, "0", self.render_index(r), "1") for v, r in zip(vars_[:-1], ranges[:-1])]
         iv, ir = inner_var.name, self.render_index(inner_range)
@@ -228,7 +255,7 @@ class CppEmitter(CStyleEmitter):
         else:
             start, stop = "0", ir
         loop = f"for ({it} {iv} = {start}; {iv} < {stop}; ++{iv})"
-        masks = _invariant_masks(kernel, inner, inner_var) if simd else []
+        masks = _invariant_masks(kernel, inner, inner_var) if simd and not lanes else []
         if masks:
             # the loads of the inner loop under masks it does not change (a max-pool window's
             # rows and columns inside the image): gcc vectorizes none of them (too many
@@ -246,6 +273,32 @@ class CppEmitter(CStyleEmitter):
             inner_lines.append("#pragma omp simd")
         append_block(inner_lines, loop, body)
         return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
+
+    def unrolled_lanes(self, kernel, names, inner: Scope, lane_var, lanes: int, pair=None) -> list[str]:
+        """The body of the innermost loop when it holds ``lanes`` copies of the kernel's
+        stores, one block per value of ``lane_var`` (a constant there: g++ folds the
+        concatenation's tests on it and the masked loads go).  Values that do not depend on
+        ``lane_var`` are declared once, before the blocks::
+
+            for (x3 ...) {                      // #pragma omp simd: stores 2*x3 + x4 together
+              { const int64_t x4 = 0; ... out_ptr0[... + 2*x3 + x4] = tmp9; }
+              { const int64_t x4 = 1; ... out_ptr0[... + 2*x3 + x4] = tmp17; }
+            }
+
+        With ``pair`` (the loop's own variable), ``lane_var`` is ``lanes * pair + k`` in block
+        ``k``: a kernel var that its expressions take ``% lanes`` and ``/ lanes`` (g++ folds
+        both to ``k`` and ``pair``)::
+
+            for (x4_pair0 ...) { { const int64_t x4 = 2*x4_pair0 + 0; ... x4 % 2 ... } ... }
+        """
+        self._unrolled = True
+        blocks: list[str] = []
+        for k in range(lanes):
+            lane = Scope(self, names, inner, declares=[lane_var.name])
+            stores = self.render_stores(kernel, kernel.stores, lane)
+            value = f"{lanes}*{pair.name} + {k}" if pair is not None else str(k)
+            append_block(blocks, "", [f"const {self.index_type} {lane_var.name} = {value};", *stores])
+        return inner.lines + [ln[1:] if ln == " {" else ln for ln in blocks]
 
     def scan(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
         """A scan kernel: one task per row, or a split scan of few long rows (``ScanCode``)."""
@@ -282,6 +335,67 @@ def _invariant_masks(kernel: ScheduledKernel, inner: Scope, inner_var) -> list[O
         if inner_var.name not in inner.deps(mask) and inner.lookup(mask) is not None and mask not in masks:
             masks.append(mask)
     return masks
+
+
+def _interleaved_lanes(kernel: ScheduledKernel, vars_, ranges, most: int) -> int:
+    """``n`` when the innermost loop is a constant ``n <= most`` (at least 2) that every store
+    walks together with the loop above it, as one contiguous run (stride 1 in the innermost
+    var, ``n`` in the other): the loop above vectorizes with ``n`` copies of the body inside,
+    where a loop of ``n`` steps would not.  A stack of two strided halves (RoPE's
+    ``stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)``) stores
+    ``... + 2*x3 + x4`` with ``x4 < 2``.  0 otherwise."""
+    if len(vars_) < 2 or not kernel.stores:
+        return 0
+    n = sympy.sympify(ranges[-1])
+    if not n.is_Integer or not 2 <= int(n) <= most:
+        return 0
+    for st in kernel.stores:
+        if st.indexed or st.mode == "add":
+            return 0
+        if _stride(st.index, vars_[-1]) != 1 or _stride(st.index, vars_[-2]) != int(n):
+            return 0
+    return int(n)
+
+
+def _lane_period(kernel: ScheduledKernel, vars_, ranges, most: int) -> int:
+    """``n`` when the innermost var ``v`` (a constant range, a multiple of ``n``, every store
+    contiguous in it) is taken ``% n`` or ``/ n`` by the kernel's expressions, one ``n`` in
+    ``[2, most]`` for all: the stack of RoPE's halves flattened into the head dim and read
+    again (a grouped KV head's ``repeat_interleave`` of it, fused) loads at ``2*(x4 / 2)`` under
+    ``x4 % 2 < 1``.  The loop then runs over ``v / n``, with the ``n`` lanes unrolled
+    (``CppEmitter.unrolled_lanes``).  0 otherwise."""
+    if not vars_ or not kernel.stores or kernel.indexed_writes:
+        return 0
+    v, r = vars_[-1], sympy.sympify(ranges[-1])
+    if not r.is_Integer:
+        return 0
+    exprs = []
+    for st in kernel.stores:
+        if st.indexed or st.mode == "add" or _stride(st.index, v) != 1:
+            return 0
+        exprs.append(sympy.sympify(st.index))
+    for op in walk(*(root for st in kernel.stores for root in st.roots())):
+        if op.op == OpCode.LOAD and op.arg[1] is not None:
+            exprs.append(sympy.sympify(op.arg[1]))
+        elif op.op == OpCode.INDEX:
+            exprs.append(op.arg)
+    periods = set()
+    for e in exprs:
+        for f in e.atoms(symfn.FloorDiv, symfn.ModularIndexing, symfn.PythonMod, symfn.Mod, sympy.Mod):
+            if f.args[0] != v:
+                continue
+            if isinstance(f, symfn.ModularIndexing):
+                if f.args[1] != 1:
+                    return 0
+                periods.add(f.args[2])
+            else:
+                periods.add(f.args[1])
+    if len(periods) != 1:
+        return 0
+    (n,) = periods
+    if not (n.is_Integer and 2 <= int(n) <= most and int(r) % int(n) == 0 and int(r) > int(n)):
+        return 0
+    return int(n)
 
 
 def _block(head: str, body: list[str]) -> list[str]:

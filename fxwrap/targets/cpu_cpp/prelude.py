@@ -93,6 +93,17 @@ static inline int64_t fx_ipow_index(int64_t b, int64_t e) {
   return r;
 }
 
+// A kernel whose vectorized loop stores interleaved lanes (CppEmitter.unrolled_lanes: RoPE's
+// x1 * cos - x2 * sin, x1 * sin + x2 * cos side by side) opts out of SLP: gcc 12's SLP
+// pattern for alternating sub/add lanes fuses the products into vfmaddsub even under
+// -ffp-contract=off (1 ulp off eager; later releases test the flag).  The loop still
+// vectorizes, through interleaved loads and stores.
+#if defined(__GNUC__) && !defined(__clang__)
+#define FX_NO_SLP __attribute__((optimize("no-tree-slp-vectorize")))
+#else
+#define FX_NO_SLP
+#endif
+
 // ---- value helpers: one per loop-IR op whose C spelling is not a plain operator ----
 template <typename T> static inline constexpr bool fx_is_float() { return std::is_floating_point<T>::value; }
 template <typename T> static inline bool fx_isnan(T x) {
