@@ -135,10 +135,9 @@ def finish_program(program: Program, session) -> Program:
     (``cuda_graphs``: mode "cudagraphs", "reduce-overhead", "max-autotune") and the device
     records them (``DeviceInterface.graph_capture()``)."""
     target, kind, graph_module = session.target, program.kind, program.graph_module
-    runner = target.wrapper(target).compile_graph(graph_module)
-    program.runner = runner
+    wrapper = target.wrapper(target)
     capture = target.device.graph_capture() if session.options.cuda_graphs else None
-    if capture is not None:
-        program.runner = capture_runner(runner, graph_module, capture, static=program.static_inputs,
-                                        name=f"{kind} program")
+    program.runner = wrapper.compile_graph(graph_module) if capture is None else capture_runner(
+        wrapper.compile_captured_graph(graph_module), graph_module, capture, static=program.static_inputs,
+        name=f"{kind} program")
     return program

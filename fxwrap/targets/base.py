@@ -257,6 +257,12 @@ class WrapperCodegen:
     def compile_graph(self, gm: torch.fx.GraphModule) -> Callable:
         return gm
 
+    def compile_captured_graph(self, gm: torch.fx.GraphModule) -> Callable:
+        """What graph capture (``fxwrap.runtime.graph_replay``) records and replays instead:
+        ``compile_graph(gm)``, unless that keeps storage across calls (the CPU's arena), which
+        a recording, holding its buffers for good, must not share with other calls."""
+        return self.compile_graph(gm)
+
 
 class DirectCallWrapper(WrapperCodegen):
     """Runs a copy of the GraphModule whose matrix-product externs call torch's Python
