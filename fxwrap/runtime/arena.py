@@ -82,11 +82,18 @@ def _fixed_allocation(node: torch.fx.Node) -> bool:
             and all(isinstance(v, int) for v in (*node.args[0], *node.args[1])))
 
 
+#: ATen ops whose schema marks no alias though the result shares its input's storage
+_UNMARKED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
+
+
 def _fresh_result(node: torch.fx.Node) -> bool:
     """``node``'s result is never an alias of a tensor it takes: an ATen op whose schema
-    returns no alias (``convolution``), not ``out=`` forms, views or Python calls."""
+    returns no alias (``convolution``); not ``out=`` forms, views, ``_unsafe_view``, a
+    composite (``type_as`` returns ``self`` itself) or a Python call."""
     target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or target in _UNMARKED_VIEWS:
+        return False
+    if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
         return False
     return all(ret.alias_info is None for ret in target._schema.returns)
 

@@ -71,7 +71,13 @@ def test_returned_storage_and_possible_aliases_stay_out():
         graph.call_function(_aten.add.out, (x, x), {"out": buf2})
         conv = graph.call_function(_aten.convolution.default,
                                    (buf2, buf2, None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1))
-        return (view, alias, conv)
+        buf3 = _alloc(graph, 16, "buf3")  # _unsafe_view's schema marks no alias: out all the same
+        graph.call_function(_aten.add.out, (x, x), {"out": buf3})
+        unsafe = graph.call_function(_aten._unsafe_view.default, (buf3, (4, 4)))
+        buf4 = _alloc(graph, 16, "buf4")  # type_as (composite) returns self where the dtypes agree
+        graph.call_function(_aten.add.out, (x, x), {"out": buf4})
+        same = graph.call_function(_aten.type_as.default, (buf4, x))
+        return (view, alias, conv, unsafe, same)
 
     offsets, _ = plan_arena(_graph(build))
     assert [node.name for node in offsets] == ["buf2"]
