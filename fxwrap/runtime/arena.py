@@ -36,7 +36,7 @@ import operator
 
 import torch
 
-from fxwrap.runtime.direct import empty_strided_cpu, view_of
+from fxwrap.runtime.direct import empty_strided_cpu, storage_offset, view_of
 
 #: byte alignment of each range (a cache line; oneDNN and the C++ kernels vectorize on it)
 ALIGN = 64
@@ -98,6 +98,18 @@ def _fresh_result(node: torch.fx.Node) -> bool:
     return all(ret.alias_info is None for ret in target._schema.returns)
 
 
+#: views whose offset counts from their storage's start; reads of that offset
+_VIEWS = (view_of, torch.as_strided)
+_OFFSET_READS = (storage_offset, torch.ops.aten.sym_storage_offset.default)
+
+
+def _explicit_offset(node: torch.fx.Node):
+    """The storage offset a view call gives (``view_of(buf2, size, stride, 16)``: 16), else None."""
+    if node.op != "call_function" or node.target not in _VIEWS:
+        return None
+    return node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+
+
 def _nbytes(node: torch.fx.Node) -> int:
     size, stride, dtype = node.args
     if 0 in size:
@@ -105,10 +117,13 @@ def _nbytes(node: torch.fx.Node) -> int:
     return (1 + sum((n - 1) * s for n, s in zip(size, stride))) * dtype.itemsize
 
 
-def plan_arena(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], int]:
-    """The byte offset of each allocation of ``gm`` that goes into the arena, and the
-    arena's size: best fit, in program order, among the ranges whose storage nobody reads
-    any more (module docstring: what stays out)."""
+def plan_arena(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], int, dict[torch.fx.Node, int]]:
+    """The byte offset of each allocation of ``gm`` that goes into the arena, the arena's
+    size, and the elements each view of such an allocation adds to the storage offset it
+    gives (the Wrapper IR counts a view's offset from its buffer's start, which is now
+    ``offset`` bytes into the arena).  Best fit, in program order, among the ranges whose
+    storage nobody reads any more (module docstring: what stays out; also an allocation
+    whose storage offset is read, or that a view at a computed offset takes)."""
     nodes = list(gm.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     roots: dict[torch.fx.Node, tuple[torch.fx.Node, ...]] = {}  # node -> the allocations it may alias
@@ -125,6 +140,18 @@ def plan_arena(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], int]
             roots[node] = tuple(dict.fromkeys(r for arg in inputs for r in roots.get(arg, ())))
     escaping = {root for node in nodes if node.op == "output" for arg in node.all_input_nodes
                 for root in roots.get(arg, ())}
+    view_root: dict[torch.fx.Node, torch.fx.Node] = {}  # views of views of an allocation: same dtype
+    for node in nodes:
+        if _fixed_allocation(node):
+            view_root[node] = node
+        elif node.op == "call_function" and node.target in _OFFSET_READS:
+            escaping.update(r for arg in node.all_input_nodes for r in roots.get(arg, ()))
+        elif node.op == "call_function" and node.target in _VIEWS:
+            base, offset = node.args[0], _explicit_offset(node)
+            if base in view_root and (offset is None or isinstance(offset, int)):
+                view_root[node] = view_root[base]
+            elif offset is not None:
+                escaping.update(roots.get(base, ()))
     offsets: dict[torch.fx.Node, int] = {}
     live: list[tuple[int, int, torch.fx.Node]] = []  # (offset, bytes, allocation), by offset
     size = 0
@@ -145,13 +172,15 @@ def plan_arena(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], int]
         size = max(size, offset + need)
         live.append((offset, need, node))
         live.sort(key=operator.itemgetter(0))
-    return offsets, size
+    shifts = {node: offsets[root] // root.args[2].itemsize for node, root in view_root.items()
+              if root in offsets and _explicit_offset(node) is not None}
+    return offsets, size, shifts
 
 
 def arena_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` with its temporaries in an arena of an ``ArenaPool`` (module docstring);
     ``gm`` itself when none qualifies.  The pool is the new module's ``arena_pool``."""
-    offsets, nbytes = plan_arena(gm)
+    offsets, nbytes, shifts = plan_arena(gm)
     if not offsets:
         return gm
     dtypes = tuple(dict.fromkeys(node.args[2] for node in offsets))
@@ -174,7 +203,12 @@ def arena_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             continue
         if node.op == "output":
             graph.create_node("call_function", pool.give_back, (arena,), name="give_back")
-        env[node] = graph.node_copy(node, lambda n: env[n])
+        new = env[node] = graph.node_copy(node, lambda n: env[n])
+        if node in shifts:  # the view's offset counted from the arena's start
+            if len(new.args) > 3:
+                new.args = (*new.args[:3], new.args[3] + shifts[node], *new.args[4:])
+            else:
+                new.kwargs = {**new.kwargs, "storage_offset": new.kwargs["storage_offset"] + shifts[node]}
     arena_gm = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     arena_gm.meta.update(gm.meta)
     arena_gm.arena_pool = pool

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fxwrap
 from fxwrap.runtime.arena import ALIGN, KEEP, ArenaPool, arena_graph_module, arena_range, plan_arena
-from fxwrap.runtime.direct import empty_strided_cpu, view_of
+from fxwrap.runtime.direct import empty_strided_cpu, storage_offset, view_of
 from fxwrap.runtime.graph_replay import replay_runners
 
 pytestmark = pytest.mark.skipif(empty_strided_cpu is None, reason="this torch has no _empty_strided_cpu")
@@ -50,7 +50,7 @@ def test_plan_places_dead_ranges_again_and_keeps_live_ones_apart():
         return (graph.call_function(_aten.sum.default, (buf2,)),)
 
     gm = _graph(build)
-    offsets, size = plan_arena(gm)
+    offsets, size, _ = plan_arena(gm)
     by_name = {node.name: offset for node, offset in offsets.items()}
     assert by_name == {"buf0": 0, "buf1": 448, "buf2": 0}  # 400 bytes -> 448 (ALIGN 64)
     assert size == 448 + 192 and ALIGN == 64
@@ -79,8 +79,34 @@ def test_returned_storage_and_possible_aliases_stay_out():
         same = graph.call_function(_aten.type_as.default, (buf4, x))
         return (view, alias, conv, unsafe, same)
 
-    offsets, _ = plan_arena(_graph(build))
+    offsets, _, _ = plan_arena(_graph(build))
     assert [node.name for node in offsets] == ["buf2"]
+
+
+def test_views_at_given_offsets_count_from_the_arena_range():
+    """A view's offset counts from its buffer's start (Wrapper IR): in the arena it moves by
+    the buffer's range (buf1: 64 bytes in, so ``view_of(buf1, ..., 8)`` reads from element
+    24); a buffer whose storage offset is read stays out (buf2)."""
+    def build(graph, x):
+        buf0 = _alloc(graph, 16, "buf0")
+        graph.call_function(_aten.add.out, (x, x), {"out": buf0})
+        buf1 = _alloc(graph, 16, "buf1")
+        graph.call_function(_aten.mul.out, (buf0, x), {"out": buf1})
+        half = graph.call_function(view_of, (buf1, (8,), (1,), 8))
+        buf2 = _alloc(graph, 16, "buf2")
+        graph.call_function(_aten.sub.out, (buf1, x), {"out": buf2})
+        where = graph.call_function(storage_offset, (buf2,))
+        return (graph.call_function(_aten.mul.Tensor, (half, 3)), graph.call_function(_aten.mul.Tensor, (buf2, where)))
+
+    gm = _graph(build)
+    offsets, _, shifts = plan_arena(gm)
+    assert {node.name: offset for node, offset in offsets.items()} == {"buf0": 0, "buf1": 64}
+    assert {node.args[0].name: shift for node, shift in shifts.items()} == {"buf1": 16}
+    arena_gm = arena_graph_module(gm)
+    for seed in (0, 1):
+        x = torch.randn(16, generator=torch.Generator().manual_seed(seed))
+        for got, want in zip(arena_gm(x), gm(x)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_pool_gives_overlapping_calls_their_own_arena():
