@@ -325,7 +325,7 @@ def _build(record: dict) -> LoadedProgram:
     wrapper = record["wrapper"](record["target"])
     capture = record.get("capture")  # (the device's GraphCapture, the static inputs' positions)
     runner = wrapper.compile_graph(gm) if capture is None else capture_runner(
-        wrapper.compile_captured_graph(gm), gm, capture[0], static=capture[1], name=f"loaded {record['kind']} program")
+        wrapper.compile_graph_per_call(gm), gm, capture[0], static=capture[1], name=f"loaded {record['kind']} program")
     return LoadedProgram(record["kind"], record["target"], gm, runner, record["arguments"], record["outputs"],
                          record["wrapper"], capture)
 

@@ -214,6 +214,14 @@ def test_graph_capture_runs_without_the_arena():
         torch.testing.assert_close(program.run(x), torch.relu(x @ w1) @ w2, rtol=1e-4, atol=1e-4)
 
 
+def test_option_arena_false_allocates_per_call():
+    program = _lower(_block, *_block_inputs(0), arena=False)
+    assert not any(n.target is arena_range for n in program.runner.graph.nodes), program.runner.code
+    inputs = _block_inputs(1)
+    for g, w in zip(program.run(*inputs), _block(*inputs)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_no_temporary_no_arena():
     gm = _graph(lambda graph, x: (graph.call_function(_aten.sin.default, (x,)),))
     assert arena_graph_module(gm) is gm

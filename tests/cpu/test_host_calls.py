@@ -106,7 +106,7 @@ def test_launch_list_of_the_runner_allocates_nothing_per_replay():
     w1, w2, w3 = _weights()
     x = torch.randn(1, 32)
     program = _lower(_decoder_like, x, w1, w2, w3)
-    runner = CpuWrapper(program.target).compile_captured_graph(program.graph_module)  # what capture records
+    runner = CpuWrapper(program.target).compile_graph_per_call(program.graph_module)  # what capture records
     kernels = [n for n in runner.graph.nodes if isinstance(n.target, fxwrap.Kernel)]
     launches, outputs = record_launches(runner, program.arguments([x, w1, w2, w3]))
     assert len(launches.calls) == len(kernels)  # launches only: no allocation, view or check replayed

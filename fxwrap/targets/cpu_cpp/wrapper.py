@@ -37,7 +37,7 @@ class CpuWrapper(DirectCallWrapper):
     its temporaries in an arena kept across calls (``fxwrap.runtime.arena``)."""
 
     def compile_graph(self, gm: torch.fx.GraphModule) -> Callable:
-        return arena_graph_module(self.compile_captured_graph(gm))
+        return arena_graph_module(self.compile_graph_per_call(gm))
 
-    def compile_captured_graph(self, gm: torch.fx.GraphModule) -> Callable:
+    def compile_graph_per_call(self, gm: torch.fx.GraphModule) -> Callable:
         return direct_graph_module(gm, pointer_kernel=reads_data_pointers)
