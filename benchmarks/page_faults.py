@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--inductor", action="store_true", help="also Inductor (a long compile)")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--options", default="{}", help="fxwrap options, a Python dict literal")
+    parser.add_argument("--options", action="append", default=None,
+                        help="fxwrap options, a Python dict literal; repeat it to compare (each a run)")
     args = parser.parse_args(argv)
     entry = next(m for m in suite_models.MODELS if m.name == args.model)
     why = suite_models.missing(entry)
@@ -57,9 +58,11 @@ def main(argv=None) -> int:
     model, make_inputs, _ = entry.build("cpu", "small")
     model.eval()
     inputs = make_inputs(1)
-    options = {"cache": False, **eval(args.options, {})}  # noqa: S307 - a command-line literal
-    runs = {"eager": model,
-            "fxwrap": torch.compile(copy.deepcopy(model), backend="fxwrap", options=options)}
+    runs = {"eager": model}
+    for literal in args.options or ["{}"]:
+        options = {"cache": False, **eval(literal, {})}  # noqa: S307 - a command-line literal
+        name = "fxwrap" if literal == "{}" else f"fxwrap {literal}"
+        runs[name] = torch.compile(copy.deepcopy(model), backend="fxwrap", options=options)
     if args.inductor:
         runs["inductor"] = torch.compile(copy.deepcopy(model))
     print(f"# {args.model}, {torch.get_num_threads()} thread(s), load {os.getloadavg()[0]:.1f}, "
