@@ -2,6 +2,8 @@
 
     OMP_NUM_THREADS=1 python benchmarks/page_faults.py --model resnet18
     OMP_NUM_THREADS=1 python benchmarks/page_faults.py --model resnet18 --inductor
+    OMP_NUM_THREADS=1 python benchmarks/page_faults.py --model resnet18 --inductor \
+        --options "{'arena': False}" --options "{}"         # fxwrap without and with its arena
     MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456 \\
         OMP_NUM_THREADS=1 python benchmarks/page_faults.py --model resnet18
 
@@ -21,6 +23,20 @@ reorder inside those convolutions: the storage freed between calls goes back to 
 (glibc trims the heap's top once more than twice the mmap threshold is free there) and
 the next call faults it in again.  The allocation order of the program decides it, not the
 kernels: most of fxwrap's gap to Inductor on ResNet-18 at one thread.
+
+After the CPU runner's arena (``fxwrap/runtime/arena.py``: temporaries in one storage kept
+across calls), the last command, ms of thread time a call (faults a call), one process per
+model, 8 calls each, load 11-14 (2026-11-27):
+
+    model               eager          fxwrap arena=False   fxwrap (arena)   Inductor
+    resnet18            55.70 (0)      80.88 (10,193)       58.65 (0)        68.44 (5,336)
+    resnet50            136.50 (0)     134.52 (0)           134.56 (0)       147.13 (8,012)
+    mobilenet_v3_large  26.41 (2,263)  15.17 (12)           15.39 (0)        14.92 (0)
+    efficientnet_b0     40.29 (2,804)  28.32 (1)            28.90 (1)        24.62 (0)
+    regnet_y_400mf      34.10 (1,732)  20.12 (1)            21.94 (1)        19.33 (1,252)
+
+Which program faults depends on the heap the process has by then (the order of the runs):
+Inductor faults here after fxwrap's runs, and not when it runs alone (first table).
 """
 from __future__ import annotations
 
@@ -46,7 +62,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--inductor", action="store_true", help="also Inductor (a long compile)")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--options", default="{}", help="fxwrap options, a Python dict literal")
+    parser.add_argument("--options", action="append", default=None,
+                        help="fxwrap options, a Python dict literal; repeat it to compare (each a run)")
     args = parser.parse_args(argv)
     entry = next(m for m in suite_models.MODELS if m.name == args.model)
     why = suite_models.missing(entry)
@@ -57,9 +74,11 @@ def main(argv=None) -> int:
     model, make_inputs, _ = entry.build("cpu", "small")
     model.eval()
     inputs = make_inputs(1)
-    options = {"cache": False, **eval(args.options, {})}  # noqa: S307 - a command-line literal
-    runs = {"eager": model,
-            "fxwrap": torch.compile(copy.deepcopy(model), backend="fxwrap", options=options)}
+    runs = {"eager": model}
+    for literal in args.options or ["{}"]:
+        options = {"cache": False, **eval(literal, {})}  # noqa: S307 - a command-line literal
+        name = "fxwrap" if literal == "{}" else f"fxwrap {literal}"
+        runs[name] = torch.compile(copy.deepcopy(model), backend="fxwrap", options=options)
     if args.inductor:
         runs["inductor"] = torch.compile(copy.deepcopy(model))
     print(f"# {args.model}, {torch.get_num_threads()} thread(s), load {os.getloadavg()[0]:.1f}, "

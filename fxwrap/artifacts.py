@@ -322,10 +322,10 @@ def _build(record: dict) -> LoadedProgram:
     gm = graph_module_from_records(record["graph"])
     for kernel in kernels_of(gm):  # bind every kernel now: a file that cannot run fails here
         kernel.launcher()
-    runner = record["wrapper"](record["target"]).compile_graph(gm)
-    capture = record.get("capture")
-    if capture is not None:  # (the device's GraphCapture, the static inputs' positions)
-        runner = capture_runner(runner, gm, capture[0], static=capture[1], name=f"loaded {record['kind']} program")
+    wrapper = record["wrapper"](record["target"])
+    capture = record.get("capture")  # (the device's GraphCapture, the static inputs' positions)
+    runner = wrapper.compile_graph(gm) if capture is None else capture_runner(
+        wrapper.compile_graph_per_call(gm), gm, capture[0], static=capture[1], name=f"loaded {record['kind']} program")
     return LoadedProgram(record["kind"], record["target"], gm, runner, record["arguments"], record["outputs"],
                          record["wrapper"], capture)
 

@@ -133,12 +133,16 @@ def finish_program(program: Program, session) -> Program:
     target's wrapper of its GraphModule, recorded and replayed partition by partition
     (``fxwrap.runtime.graph_replay.capture_runner``) where the options ask for graphs
     (``cuda_graphs``: mode "cudagraphs", "reduce-overhead", "max-autotune") and the device
-    records them (``DeviceInterface.graph_capture()``)."""
+    records them (``DeviceInterface.graph_capture()``); with option ``arena=False`` what the
+    wrapper runs with nothing kept across calls (``WrapperCodegen.compile_graph_per_call``)."""
     target, kind, graph_module = session.target, program.kind, program.graph_module
-    runner = target.wrapper(target).compile_graph(graph_module)
-    program.runner = runner
+    wrapper = target.wrapper(target)
     capture = target.device.graph_capture() if session.options.cuda_graphs else None
     if capture is not None:
-        program.runner = capture_runner(runner, graph_module, capture, static=program.static_inputs,
-                                        name=f"{kind} program")
+        program.runner = capture_runner(wrapper.compile_graph_per_call(graph_module), graph_module, capture,
+                                        static=program.static_inputs, name=f"{kind} program")
+    elif session.options.arena:
+        program.runner = wrapper.compile_graph(graph_module)
+    else:
+        program.runner = wrapper.compile_graph_per_call(graph_module)
     return program

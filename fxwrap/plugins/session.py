@@ -86,7 +86,10 @@ class CompileOptions:
     (channels-last) make the copy once and reuse it while the parameter's ``_version`` and
     ``data_ptr`` are unchanged, ``fxwrap.runtime.weight_layouts``; a write through ``p.data``
     is not seen, hence off by default, as Inductor's ``freezing``; not with CUDA graphs, whose
-    replay would not ask the cache)::
+    replay would not ask the cache), ``arena`` (True, the default: a target whose runner can
+    keep the storage of a program's temporaries for its next call does, the CPU's
+    ``fxwrap.runtime.arena``: no page faulted in per call, that storage held between calls;
+    False: every call allocates and frees its own)::
 
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
@@ -108,6 +111,7 @@ class CompileOptions:
     debug_dir: str | None = None
     templates: str = field(default_factory=lambda: os.environ.get("FXWRAP_TEMPLATES", "default"))
     cache_weight_layouts: bool = False
+    arena: bool = True
 
     def __post_init__(self):
         if self.templates not in TEMPLATE_MODES:

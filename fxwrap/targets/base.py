@@ -257,6 +257,13 @@ class WrapperCodegen:
     def compile_graph(self, gm: torch.fx.GraphModule) -> Callable:
         return gm
 
+    def compile_graph_per_call(self, gm: torch.fx.GraphModule) -> Callable:
+        """What runs where a call may keep no storage for the next: under graph capture
+        (``fxwrap.runtime.graph_replay``: a recording holds its buffers for good, and must
+        share them with no other call) and with option ``arena=False``.  ``compile_graph(gm)``
+        unless that keeps storage across calls (the CPU's arena, ``fxwrap.runtime.arena``)."""
+        return self.compile_graph(gm)
+
 
 class DirectCallWrapper(WrapperCodegen):
     """Runs a copy of the GraphModule whose matrix-product externs call torch's Python

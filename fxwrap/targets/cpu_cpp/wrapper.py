@@ -3,7 +3,8 @@
 
 A C++ kernel's launcher (``fxwrap.targets.host.loader``) hands the kernel each tensor's
 ``data_ptr()`` and nothing else, so a view only such kernels read, whose first element is
-its base's, need not exist; ``free`` markers and checked allocations go too::
+its base's, need not exist; ``free`` markers and checked allocations go too, and the
+temporaries take ranges of one storage the program keeps (``fxwrap.runtime.arena``)::
 
     program.graph_module                                 what runs
     buf3 = torch.as_strided(arg6, [128, 128], [1, 128])  -
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from fxwrap.runtime.arena import arena_graph_module
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.targets.base import DirectCallWrapper
@@ -31,7 +33,11 @@ def reads_data_pointers(kernel: Kernel) -> bool:
 
 
 class CpuWrapper(DirectCallWrapper):
-    """``DirectCallWrapper`` with ``pointer_kernel=reads_data_pointers`` (module docstring)."""
+    """``DirectCallWrapper`` with ``pointer_kernel=reads_data_pointers`` (module docstring),
+    its temporaries in an arena kept across calls (``fxwrap.runtime.arena``)."""
 
     def compile_graph(self, gm: torch.fx.GraphModule) -> Callable:
+        return arena_graph_module(self.compile_graph_per_call(gm))
+
+    def compile_graph_per_call(self, gm: torch.fx.GraphModule) -> Callable:
         return direct_graph_module(gm, pointer_kernel=reads_data_pointers)

@@ -1,0 +1,215 @@
+"""A program's temporaries in one storage kept across calls (the CPU target's runner).
+
+Every call of a program allocates its temporaries afresh; where they are large, the
+allocator hands the freed storage back to the system between calls (glibc trims the heap's
+top, and maps big blocks on their own), and the next call faults every page in again and
+zeroes it: 4,576 minor faults a call on a torchvision ResNet-18 at one image, about a sixth
+of its time (``benchmarks/page_faults.py``).  ``arena_graph_module(gm)`` gives each fixed-size
+allocation of ``gm`` that never leaves the call a range of one storage instead, placed by the
+lifetimes the graph shows, and keeps that storage for the next call::
+
+    gm                                                    arena_graph_module(gm)
+                                                          arena = pool.take()
+                                                          arena_0 = getitem(arena, 0)
+    buf1 = empty_strided_cpu((512, 512, 3, 3), ...)       buf1 = arena_range(arena_0, (512, 512, 3, 3), ..., 0)
+    fxwrap_pointwise_3(arg6, buf1)                        fxwrap_pointwise_3(arg6, buf1)
+    buf2 = aten.convolution.default(buf0, buf1, ...)      buf2 = aten.convolution.default(buf0, buf1, ...)
+    buf3 = empty_strided_cpu((1, 1000), ...)              buf3 = empty_strided_cpu((1, 1000), ...)
+                                                          give_back = pool.give_back(arena)
+    return (buf3,)                                        return (buf3,)
+
+What stays a fresh allocation: a storage the program returns (through any view or any call
+that may return an alias of it), one whose size depends on a size symbol, and anything an
+extern allocates itself.  Whether a call's result may alias its arguments' storage is read
+from the ATen schema (a return with alias information, a view op); a call of anything else
+(a Python function, a kernel, ``out=`` bindings) counts as an alias of every tensor it takes,
+which may keep a range busy longer or a storage out of the arena, never the reverse.
+
+Calls that overlap (two threads, a call from inside a call) each take an arena of their own
+from the program's ``ArenaPool``: ``take`` makes a new one when none is idle, ``give_back``
+keeps at most ``KEEP``.  A call that raises keeps its arena out of the pool (the next call
+makes another).  Only ``ArenaPool.nbytes`` stays allocated between calls.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from fxwrap.runtime.direct import empty_strided_cpu, storage_offset, view_of
+
+#: byte alignment of each range (a cache line; oneDNN and the C++ kernels vectorize on it)
+ALIGN = 64
+#: idle arenas a program keeps for calls that overlap
+KEEP = 2
+
+
+class ArenaPool:
+    """The storage of one program's temporaries, one arena per call in flight.
+
+    ``take()`` returns a tuple of views of one ``nbytes`` byte storage, one per dtype of
+    ``dtypes`` (``(float32 view,)`` for a float32 net); ``give_back(arena)`` returns it."""
+
+    def __init__(self, nbytes: int, dtypes: tuple[torch.dtype, ...]):
+        self.nbytes = nbytes
+        self.dtypes = dtypes
+        self._idle: list[tuple[torch.Tensor, ...]] = []
+        self.made = 0  # arenas allocated so far (a test reads it)
+
+    def take(self) -> tuple[torch.Tensor, ...]:
+        try:
+            return self._idle.pop()  # one atomic list operation: threads never share an arena
+        except IndexError:
+            pass
+        self.made += 1
+        storage = torch.empty(self.nbytes, dtype=torch.uint8)
+        return tuple(storage.view(dtype) for dtype in self.dtypes)
+
+    def give_back(self, arena: tuple[torch.Tensor, ...]) -> None:
+        if len(self._idle) < KEEP:
+            self._idle.append(arena)
+
+
+def arena_range(arena: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
+    """``buf1 = arena_range(arena_0, size, stride, offset)``: the storage an allocation takes,
+    ``offset`` elements into the arena (``view_of``, unchecked: ``plan_arena`` sized it)."""
+    return view_of(arena, size, stride, offset)
+
+
+def _fixed_allocation(node: torch.fx.Node) -> bool:
+    """``empty_strided_cpu(size, stride, dtype)`` with integer sizes and strides."""
+    return (empty_strided_cpu is not None and node.op == "call_function" and node.target is empty_strided_cpu
+            and all(isinstance(v, int) for v in (*node.args[0], *node.args[1])))
+
+
+#: ATen ops whose schema marks no alias though the result shares its input's storage
+_UNMARKED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
+
+
+def _fresh_result(node: torch.fx.Node) -> bool:
+    """``node``'s result is never an alias of a tensor it takes: an ATen op whose schema
+    returns no alias (``convolution``); not ``out=`` forms, views, ``_unsafe_view``, a
+    composite (``type_as`` returns ``self`` itself) or a Python call."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or target in _UNMARKED_VIEWS:
+        return False
+    if target.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        return False
+    return all(ret.alias_info is None for ret in target._schema.returns)
+
+
+#: views whose offset counts from their storage's start; reads of that offset
+_VIEWS = (view_of, torch.as_strided)
+_OFFSET_READS = (storage_offset, torch.ops.aten.sym_storage_offset.default)
+
+
+def _explicit_offset(node: torch.fx.Node):
+    """The storage offset a view call gives (``view_of(buf2, size, stride, 16)``: 16), else None."""
+    if node.op != "call_function" or node.target not in _VIEWS:
+        return None
+    return node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset")
+
+
+def _nbytes(node: torch.fx.Node) -> int:
+    size, stride, dtype = node.args
+    if 0 in size:
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(size, stride))) * dtype.itemsize
+
+
+def plan_arena(gm: torch.fx.GraphModule) -> tuple[dict[torch.fx.Node, int], int, dict[torch.fx.Node, int]]:
+    """The byte offset of each allocation of ``gm`` that goes into the arena, the arena's
+    size, and the elements each view of such an allocation adds to the storage offset it
+    gives (the Wrapper IR counts a view's offset from its buffer's start, which is now
+    ``offset`` bytes into the arena).  Best fit, in program order, among the ranges whose
+    storage nobody reads any more (module docstring: what stays out; also an allocation
+    whose storage offset is read, or that a view at a computed offset takes)."""
+    nodes = list(gm.graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    roots: dict[torch.fx.Node, tuple[torch.fx.Node, ...]] = {}  # node -> the allocations it may alias
+    last: dict[torch.fx.Node, int] = {}
+    for node in nodes:
+        inputs = node.all_input_nodes
+        for arg in inputs:
+            for root in roots.get(arg, ()):
+                last[root] = position[node]
+        if _fixed_allocation(node):
+            roots[node] = (node,)
+            last[node] = position[node]
+        elif not _fresh_result(node):
+            roots[node] = tuple(dict.fromkeys(r for arg in inputs for r in roots.get(arg, ())))
+    escaping = {root for node in nodes if node.op == "output" for arg in node.all_input_nodes
+                for root in roots.get(arg, ())}
+    view_root: dict[torch.fx.Node, torch.fx.Node] = {}  # views of views of an allocation: same dtype
+    for node in nodes:
+        if _fixed_allocation(node):
+            view_root[node] = node
+        elif node.op == "call_function" and node.target in _OFFSET_READS:
+            escaping.update(r for arg in node.all_input_nodes for r in roots.get(arg, ()))
+        elif node.op == "call_function" and node.target in _VIEWS:
+            base, offset = node.args[0], _explicit_offset(node)
+            if base in view_root and (offset is None or isinstance(offset, int)):
+                view_root[node] = view_root[base]
+            elif offset is not None:
+                escaping.update(roots.get(base, ()))
+    offsets: dict[torch.fx.Node, int] = {}
+    live: list[tuple[int, int, torch.fx.Node]] = []  # (offset, bytes, allocation), by offset
+    size = 0
+    for node in nodes:
+        if not _fixed_allocation(node) or node in escaping:
+            continue
+        here = position[node]
+        live = [block for block in live if last[block[2]] >= here]
+        need = -(-max(_nbytes(node), 1) // ALIGN) * ALIGN
+        best, best_gap, start = None, None, 0
+        for offset, nbytes, _ in live:
+            gap = offset - start
+            if gap >= need and (best_gap is None or gap < best_gap):
+                best, best_gap = start, gap
+            start = offset + nbytes
+        offset = start if best is None else best
+        offsets[node] = offset
+        size = max(size, offset + need)
+        live.append((offset, need, node))
+        live.sort(key=operator.itemgetter(0))
+    shifts = {node: offsets[root] // root.args[2].itemsize for node, root in view_root.items()
+              if root in offsets and _explicit_offset(node) is not None}
+    return offsets, size, shifts
+
+
+def arena_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with its temporaries in an arena of an ``ArenaPool`` (module docstring);
+    ``gm`` itself when none qualifies.  The pool is the new module's ``arena_pool``."""
+    offsets, nbytes, shifts = plan_arena(gm)
+    if not offsets:
+        return gm
+    dtypes = tuple(dict.fromkeys(node.args[2] for node in offsets))
+    pool = ArenaPool(nbytes, dtypes)
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    views: dict[torch.dtype, torch.fx.Node] = {}
+    arena = None
+    for node in gm.graph.nodes:
+        if node in offsets and arena is None:  # after the input check: a refused call takes none
+            arena = graph.create_node("call_function", pool.take, (), name="arena")
+            views = {dtype: graph.create_node("call_function", operator.getitem, (arena, i), name=f"arena_{i}")
+                     for i, dtype in enumerate(dtypes)}
+        if node in offsets:
+            size, stride, dtype = node.args
+            new = graph.create_node("call_function", arena_range, (views[dtype], size, stride,
+                                                              offsets[node] // dtype.itemsize), name=node.name)
+            new.meta.update(node.meta)
+            env[node] = new
+            continue
+        if node.op == "output":
+            graph.create_node("call_function", pool.give_back, (arena,), name="give_back")
+        new = env[node] = graph.node_copy(node, lambda n: env[n])
+        if node in shifts:  # the view's offset counted from the arena's start
+            if len(new.args) > 3:
+                new.args = (*new.args[:3], new.args[3] + shifts[node], *new.args[4:])
+            else:
+                new.kwargs = {**new.kwargs, "storage_offset": new.kwargs["storage_offset"] + shifts[node]}
+    arena_gm = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    arena_gm.meta.update(gm.meta)
+    arena_gm.arena_pool = pool
+    return arena_gm

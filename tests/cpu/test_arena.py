@@ -1,0 +1,227 @@
+"""The CPU runner's arena (``fxwrap/runtime/arena.py``): a program's fixed-size temporaries
+take ranges of one storage kept across calls, so a call faults no page in; what the program
+returns, or may return through an alias, is never in it; calls that overlap take arenas of
+their own.  Exact plans of hand-made graphs, the runner's structure, numbers against eager
+across calls, threads and outputs kept alive, and the page faults a call."""
+from __future__ import annotations
+
+import resource
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxwrap
+from fxwrap.runtime.arena import ALIGN, KEEP, ArenaPool, arena_graph_module, arena_range, plan_arena
+from fxwrap.runtime.direct import empty_strided_cpu, storage_offset, view_of
+from fxwrap.runtime.graph_replay import replay_runners
+
+pytestmark = pytest.mark.skipif(empty_strided_cpu is None, reason="this torch has no _empty_strided_cpu")
+
+F32 = torch.float32
+_aten = torch.ops.aten
+
+
+def _lower(fn, *args, **options):
+    return fxwrap.lower(fn, *args, target="cpu", options={"cache": False, "templates": "off", **options})
+
+
+def _graph(build) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(build(graph, x))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _alloc(graph, n, name):
+    return graph.create_node("call_function", empty_strided_cpu, ((n,), (1,), F32), name=name)
+
+
+def test_plan_places_dead_ranges_again_and_keeps_live_ones_apart():
+    """buf0 dies at buf1's kernel, so buf2 takes its range; buf1 is live with buf2: apart."""
+    def build(graph, x):
+        buf0 = _alloc(graph, 100, "buf0")
+        graph.call_function(_aten.add.out, (x, x), {"out": buf0})
+        buf1 = _alloc(graph, 40, "buf1")
+        graph.call_function(_aten.mul.out, (buf0, buf0), {"out": buf1})
+        buf2 = _alloc(graph, 100, "buf2")
+        graph.call_function(_aten.add.out, (buf1, buf1), {"out": buf2})
+        return (graph.call_function(_aten.sum.default, (buf2,)),)
+
+    gm = _graph(build)
+    offsets, size, _ = plan_arena(gm)
+    by_name = {node.name: offset for node, offset in offsets.items()}
+    assert by_name == {"buf0": 0, "buf1": 448, "buf2": 0}  # 400 bytes -> 448 (ALIGN 64)
+    assert size == 448 + 192 and ALIGN == 64
+
+
+def test_returned_storage_and_possible_aliases_stay_out():
+    """A view of buf0 is returned (buf0 out); a Python call's result may alias buf1 and is
+    returned (buf1 out); convolution's result never aliases its input (buf2 in)."""
+    def build(graph, x):
+        buf0 = _alloc(graph, 16, "buf0")
+        graph.call_function(_aten.add.out, (x, x), {"out": buf0})
+        view = graph.call_function(view_of, (buf0, (4, 4), (4, 1), 0))
+        buf1 = _alloc(graph, 16, "buf1")
+        graph.call_function(_aten.add.out, (x, x), {"out": buf1})
+        alias = graph.call_function(torch.Tensor.view, (buf1, 4, 4))
+        buf2 = graph.create_node("call_function", empty_strided_cpu, ((1, 1, 4, 4), (16, 16, 4, 1), F32),
+                                 name="buf2")
+        graph.call_function(_aten.add.out, (x, x), {"out": buf2})
+        conv = graph.call_function(_aten.convolution.default,
+                                   (buf2, buf2, None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1))
+        buf3 = _alloc(graph, 16, "buf3")  # _unsafe_view's schema marks no alias: out all the same
+        graph.call_function(_aten.add.out, (x, x), {"out": buf3})
+        unsafe = graph.call_function(_aten._unsafe_view.default, (buf3, (4, 4)))
+        buf4 = _alloc(graph, 16, "buf4")  # type_as (composite) returns self where the dtypes agree
+        graph.call_function(_aten.add.out, (x, x), {"out": buf4})
+        same = graph.call_function(_aten.type_as.default, (buf4, x))
+        return (view, alias, conv, unsafe, same)
+
+    offsets, _, _ = plan_arena(_graph(build))
+    assert [node.name for node in offsets] == ["buf2"]
+
+
+def test_views_at_given_offsets_count_from_the_arena_range():
+    """A view's offset counts from its buffer's start (Wrapper IR): in the arena it moves by
+    the buffer's range (buf1: 64 bytes in, so ``view_of(buf1, ..., 8)`` reads from element
+    24); a buffer whose storage offset is read stays out (buf2)."""
+    def build(graph, x):
+        buf0 = _alloc(graph, 16, "buf0")
+        graph.call_function(_aten.add.out, (x, x), {"out": buf0})
+        buf1 = _alloc(graph, 16, "buf1")
+        graph.call_function(_aten.mul.out, (buf0, x), {"out": buf1})
+        half = graph.call_function(view_of, (buf1, (8,), (1,), 8))
+        buf2 = _alloc(graph, 16, "buf2")
+        graph.call_function(_aten.sub.out, (buf1, x), {"out": buf2})
+        where = graph.call_function(storage_offset, (buf2,))
+        return (graph.call_function(_aten.mul.Tensor, (half, 3)), graph.call_function(_aten.mul.Tensor, (buf2, where)))
+
+    gm = _graph(build)
+    offsets, _, shifts = plan_arena(gm)
+    assert {node.name: offset for node, offset in offsets.items()} == {"buf0": 0, "buf1": 64}
+    assert {node.args[0].name: shift for node, shift in shifts.items()} == {"buf1": 16}
+    arena_gm = arena_graph_module(gm)
+    for seed in (0, 1):
+        x = torch.randn(16, generator=torch.Generator().manual_seed(seed))
+        for got, want in zip(arena_gm(x), gm(x)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_pool_gives_overlapping_calls_their_own_arena():
+    pool = ArenaPool(256, (F32, torch.int64))
+    first, second = pool.take(), pool.take()
+    assert first[0].untyped_storage().data_ptr() != second[0].untyped_storage().data_ptr()
+    assert first[0].untyped_storage().data_ptr() == first[1].untyped_storage().data_ptr()
+    assert (first[0].numel(), first[1].numel(), pool.made) == (64, 32, 2)
+    pool.give_back(first)
+    again, other = pool.take(), pool.take()  # an idle arena goes to one call only
+    assert again is first and other is not first and pool.made == 3
+    for arena in (first, second, other):
+        pool.give_back(arena)
+    assert len(pool._idle) == KEEP
+
+
+def _block(x, w1, w2):
+    """Two temporaries the size of the input, an extern between them, a view returned."""
+    h = F.conv2d(torch.relu(x * 2), w1, padding=1)
+    return (torch.sigmoid(h) * x).sum(1), F.conv2d(h.relu(), w2).transpose(2, 3)
+
+
+def _block_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 8, 16, 16, generator=g), torch.randn(8, 8, 3, 3, generator=g) / 8,
+            torch.randn(4, 8, 1, 1, generator=g) / 3)
+
+
+def _storages(values):
+    return {v.untyped_storage().data_ptr() for v in values}
+
+
+def test_runner_takes_temporaries_from_the_arena_and_returns_fresh_outputs():
+    program = _lower(_block, *_block_inputs(0))
+    runner = program.runner
+    ranges = [n for n in runner.graph.nodes if n.op == "call_function" and n.target is arena_range]
+    assert ranges, runner.code  # x * 2's relu at least
+    pool = runner.arena_pool
+    kept = []
+    for seed in (1, 2, 3):
+        inputs = _block_inputs(seed)
+        got = program.run(*inputs)
+        for g, w in zip(got, _block(*inputs)):
+            assert g.shape == w.shape and g.stride() == w.stride()
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        kept.append((got, _block(*inputs)))
+    arena = pool.take()
+    pool.give_back(arena)
+    assert pool.made == 1, "sequential calls share one arena"
+    assert arena[0].untyped_storage().data_ptr() not in _storages(v for got, _ in kept for v in got)
+    for got, want in kept:  # outputs kept alive are not written by later calls
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_threads_calling_at_once_get_eager_numbers():
+    program = _lower(_block, *_block_inputs(0))
+    errors, barrier = [], threading.Barrier(2)
+
+    def work(seed):
+        barrier.wait()
+        for i in range(15):
+            inputs = _block_inputs(seed * 100 + i)
+            for g, w in zip(program.run(*inputs), _block(*inputs)):
+                if not torch.allclose(g, w, rtol=1e-4, atol=1e-4):
+                    errors.append(seed)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def _big(x, w):
+    """A 40 MB temporary (``x.sin()``) read by a matrix product: above glibc's largest mmap
+    threshold, so a fresh allocation is mapped, faulted in and unmapped on every call."""
+    return torch.mm(x.sin().view(-1, 16), w)
+
+
+def test_a_call_faults_in_no_temporary():
+    x, w = torch.randn(10_000_000), torch.randn(16, 1)
+    program = _lower(_big, x, w)
+    with torch.no_grad():
+        program.run(x, w)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(3):
+            got = program.run(x, w)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
+    torch.testing.assert_close(got, _big(x, w), rtol=1e-4, atol=1e-3)
+    assert faults < 2_000, f"{faults:.0f} minor faults a call (the temporary alone is 9,766 pages)"
+    assert any(n.target is arena_range for n in program.runner.graph.nodes), program.runner.code
+
+
+def test_graph_capture_runs_without_the_arena():
+    """A recording keeps its buffers for good: the launch list records the runner without an arena."""
+    w1, w2 = torch.randn(16, 16), torch.randn(16, 16)
+    program = fxwrap.lower(lambda x: torch.relu(x @ w1) @ w2, torch.randn(4, 16), target="cpu",
+                           options={"cache": False, "mode": "reduce-overhead"})
+    (replay,) = replay_runners(program.runner)
+    assert not any(n.target is arena_range for n in replay.run.graph.nodes), replay.run.code
+    for _ in range(3):
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(program.run(x), torch.relu(x @ w1) @ w2, rtol=1e-4, atol=1e-4)
+
+
+def test_option_arena_false_allocates_per_call():
+    program = _lower(_block, *_block_inputs(0), arena=False)
+    assert not any(n.target is arena_range for n in program.runner.graph.nodes), program.runner.code
+    inputs = _block_inputs(1)
+    for g, w in zip(program.run(*inputs), _block(*inputs)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_no_temporary_no_arena():
+    gm = _graph(lambda graph, x: (graph.call_function(_aten.sin.default, (x,)),))
+    assert arena_graph_module(gm) is gm
