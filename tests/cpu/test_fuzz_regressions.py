@@ -247,3 +247,27 @@ def test_seed_1271_copy_of_a_number_into_an_input(target):
     got = torch.compile(fn, backend=fxwrap.Backend(target), dynamic=True)(x)
     torch.testing.assert_close(got, fn(ref))
     torch.testing.assert_close(x, ref)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("same", [False, True])
+def test_seed_1206_a_bool_of_scalars_meets_a_block(target, same):
+    """Fuzz seed 1206 (triton-interpret): ``any(x != y)`` of two stride-0 inputs.  The kernel
+    loads both at offset 0 (scalars); Triton's interpreter labels the scalar comparison with
+    float32, broadcasts it into the accumulator block as float data and refuses ``acc | c``
+    ("ufunc 'bitwise_or' not supported").  Such a bool is now made through
+    ``tl.where(c, True, False)``, which compiled Triton folds away."""
+    _needs(target)
+    torch._dynamo.reset()
+
+    def fn(x, y, z):
+        ne = x != y
+        return ne.any(0), (ne ^ ne.any(0)).any(0), ne | (z > 0), (x < 0) & (z < 0)
+
+    y = torch.randn(1)
+    x = (y.clone() if same else torch.randn(1)).expand(6)
+    z = torch.randn(6)
+    compiled = torch.compile(fn, backend=fxwrap.Backend(target), dynamic=True)
+    for got, want in zip(compiled(x, y.expand(6), z), fn(x, y.expand(6), z)):
+        torch.testing.assert_close(got, want)
+    assert check(load(generate(1206)), target) == ("pass", "")
