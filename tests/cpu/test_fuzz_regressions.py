@@ -212,7 +212,8 @@ def test_a_template_after_a_kernel_with_workspaces():
 
 
 @pytest.mark.parametrize(("seed", "target"), [(269, "cpu"), (962, "triton-interpret"), (592, "triton-interpret"),
-                                             (662, "triton-interpret"), (1970, "reference")])
+                                             (662, "triton-interpret"), (1970, "reference"), (232, "mps_shim"),
+                                             (232, "cpu")])
 def test_bad_input_seeds(seed, target):
     """Seeds 269 (cpu) and 962 (triton-interpret), bad-input fuzzer: ``fxwrap.lower(module,
     ..., dynamic=True)`` gave a program with no argument map, so ``Program.run`` raised
@@ -224,7 +225,10 @@ def test_bad_input_seeds(seed, target):
     662: a float index into a line whose result is dead: eager raises, the program (which
     does not read that argument) gives the right outputs; the fuzzer compares them.  Seed
     1970: a float32 result of a bfloat16 erf, one bfloat16 ulp off: the bad-input runs now
-    compare with the program's loosest dtype's tolerance, as its first run does."""
+    compare with the program's loosest dtype's tolerance, as its first run does.  Seed 232
+    (mps_shim): a narrower input makes a dead ``index_select`` (no output reads it) go out of
+    range; eager raises, the program rightly computes its live outputs, which the fuzzer now
+    compares with eager's outputs without dead lines (``aot_eager``)."""
     _needs(target)
     from fxwrap.testing.fuzz import check_bad_inputs
     problems, calls = check_bad_inputs(load(generate(seed)), target)
