@@ -80,6 +80,29 @@ def test_wrong_inputs_give_eager_numbers_or_an_input_mismatch_error(target):
     assert calls > 0
 
 
+def test_eager_raising_in_a_dead_line_is_compared_without_it_and_in_a_live_one_still_raises():
+    """Bad-input seed 232: where eager raises, the program's outputs are compared with eager's
+    without the lines no output reads; an error in a live line stays an error there, so a
+    program returning where it is raised is still reported."""
+    from fxwrap.testing.fuzz.bad_inputs import _without_dead_code
+
+    class Dead(torch.nn.Module):
+        def forward(self, x, i):
+            torch.index_select(x, 1, i)
+            return x.sin()
+
+    class Live(torch.nn.Module):
+        def forward(self, x, i):
+            return torch.index_select(x, 1, i).sin()
+
+    x, index = torch.randn(4, 2), torch.tensor([0, 2])
+    with pytest.raises((RuntimeError, IndexError)):
+        Dead()(x, index)  # eager runs the dead line
+    torch.testing.assert_close(_without_dead_code(Dead(), True, (x, index)), x.sin())
+    with pytest.raises((RuntimeError, IndexError)):
+        _without_dead_code(Live(), True, (x, index))
+
+
 def test_a_none_input_is_an_input_mismatch_error():
     """issue 28 item 1: a None input failed inside the program (AttributeError/TypeError)."""
     problems, calls = check_bad_inputs(load(generate(5)), "cpu")

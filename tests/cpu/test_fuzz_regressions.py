@@ -212,7 +212,8 @@ def test_a_template_after_a_kernel_with_workspaces():
 
 
 @pytest.mark.parametrize(("seed", "target"), [(269, "cpu"), (962, "triton-interpret"), (592, "triton-interpret"),
-                                             (662, "triton-interpret"), (1970, "reference")])
+                                             (662, "triton-interpret"), (1970, "reference"), (232, "mps_shim"),
+                                             (232, "cpu")])
 def test_bad_input_seeds(seed, target):
     """Seeds 269 (cpu) and 962 (triton-interpret), bad-input fuzzer: ``fxwrap.lower(module,
     ..., dynamic=True)`` gave a program with no argument map, so ``Program.run`` raised
@@ -224,7 +225,10 @@ def test_bad_input_seeds(seed, target):
     662: a float index into a line whose result is dead: eager raises, the program (which
     does not read that argument) gives the right outputs; the fuzzer compares them.  Seed
     1970: a float32 result of a bfloat16 erf, one bfloat16 ulp off: the bad-input runs now
-    compare with the program's loosest dtype's tolerance, as its first run does."""
+    compare with the program's loosest dtype's tolerance, as its first run does.  Seed 232
+    (mps_shim): a narrower input makes a dead ``index_select`` (no output reads it) go out of
+    range; eager raises, the program rightly computes its live outputs, which the fuzzer now
+    compares with eager's outputs without dead lines (``aot_eager``)."""
     _needs(target)
     from fxwrap.testing.fuzz import check_bad_inputs
     problems, calls = check_bad_inputs(load(generate(seed)), target)
@@ -247,3 +251,27 @@ def test_seed_1271_copy_of_a_number_into_an_input(target):
     got = torch.compile(fn, backend=fxwrap.Backend(target), dynamic=True)(x)
     torch.testing.assert_close(got, fn(ref))
     torch.testing.assert_close(x, ref)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("same", [False, True])
+def test_seed_1206_a_bool_of_scalars_meets_a_block(target, same):
+    """Fuzz seed 1206 (triton-interpret): ``any(x != y)`` of two stride-0 inputs.  The kernel
+    loads both at offset 0 (scalars); Triton's interpreter labels the scalar comparison with
+    float32, broadcasts it into the accumulator block as float data and refuses ``acc | c``
+    ("ufunc 'bitwise_or' not supported").  Such a bool is now made through
+    ``tl.where(c, True, False)``, which compiled Triton folds away."""
+    _needs(target)
+    torch._dynamo.reset()
+
+    def fn(x, y, z):
+        ne = x != y
+        return ne.any(0), (ne ^ ne.any(0)).any(0), ne | (z > 0), (x < 0) & (z < 0)
+
+    y = torch.randn(1)
+    x = (y.clone() if same else torch.randn(1)).expand(6)
+    z = torch.randn(6)
+    compiled = torch.compile(fn, backend=fxwrap.Backend(target), dynamic=True)
+    for got, want in zip(compiled(x, y.expand(6), z), fn(x, y.expand(6), z)):
+        torch.testing.assert_close(got, want)
+    assert check(load(generate(1206)), target) == ("pass", "")

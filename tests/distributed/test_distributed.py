@@ -15,6 +15,7 @@ two (skipped, with the reason, elsewhere): on a 2-GPU machine
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -33,17 +34,30 @@ if not dist.is_available() or not dist.is_gloo_available():
 CASES = ("collectives", "ddp", "fsdp", "ddp_python_reducer")  # what workers.py's "all" runs (ALL)
 
 
-def run_case(case: str, out_dir: Path, backend: str = "gloo", world: int = 2) -> list[dict]:
-    """Run ``workers.py CASE`` in a fresh interpreter (``world`` processes); each rank's results."""
+def run_case(case: str, out_dir: Path, backend: str = "gloo", world: int = 2, env_extra=None) -> list[dict]:
+    """Run ``workers.py CASE`` in a fresh interpreter (``world`` processes); each rank's results.
+    The run is bounded: each rank ends itself after ``FXWRAP_DIST_WATCHDOG`` seconds a case
+    (``workers.py``); past that for every case, a start and a minute, the whole process group
+    of the run (the spawned ranks included) is killed and the failure shows what it printed."""
     # os.environ whole: the machine's NCCL settings (NCCL_NVLS_ENABLE=0 ...) reach the workers
-    env = dict(os.environ, FXWRAP_PROGRAM_CACHE="0", OMP_NUM_THREADS="1")
+    env = dict(os.environ, FXWRAP_PROGRAM_CACHE="0", OMP_NUM_THREADS="1", **(env_extra or {}))
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     out_dir.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, str(WORKERS), case, str(out_dir), backend, str(world)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, (f"workers.py {case} {backend} failed (exit status {done.returncode}):\n"
-                                  f"{done.stdout[-4000:]}\n{done.stderr[-8000:]}")
+    watchdog = float(env.get("FXWRAP_DIST_WATCHDOG", float(env.get("FXWRAP_DIST_TIMEOUT", "180")) + 60))
+    limit = watchdog * (case.count(",") + 2) + 60
+    process = subprocess.Popen([sys.executable, str(WORKERS), case, str(out_dir), backend, str(world)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # its own process group: the ranks die with it
+    try:
+        stdout, stderr = process.communicate(timeout=limit)
+        status = str(process.returncode)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        status = f"killed after {limit:.0f} s, the ranks' watchdogs did not end it"
+    assert process.returncode == 0, (f"workers.py {case} {backend} failed (exit status {status}):\n"
+                                     f"{stdout[-4000:]}\n{stderr[-8000:]}")
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -244,3 +258,23 @@ def test_a_crashing_case_fails_alone_with_its_stack(tmp_path):
     assert [r["rank"] for r in runs["noop"]] == [0, 1]
     error = runs["crash"][0]["error"]
     assert "workers.py crash gloo failed" in error and "Segmentation fault" in error, error[-3000:]
+
+
+def test_a_collective_that_waits_too_long_fails_the_case(tmp_path):
+    """The runner itself (gloo): the last rank never joins a barrier; the other's wait ends
+    after ``FXWRAP_DIST_TIMEOUT`` (the group's timeout, which nccl's collectives have too)
+    and the run fails, instead of hanging the machine."""
+    with pytest.raises(AssertionError, match=r"workers.py hang gloo failed") as failure:
+        run_case("hang", tmp_path, env_extra={"FXWRAP_DIST_TIMEOUT": "5", "FXWRAP_DIST_WATCHDOG": "300"})
+    message = str(failure.value)
+    assert "Timed out waiting 5000ms" in message and "Timeout (0:" not in message, message[-3000:]
+
+
+def test_a_rank_stuck_outside_any_collective_is_ended_with_its_stack(tmp_path):
+    """The runner itself: a rank stuck where no timeout of the group reaches (a sleep here; a
+    CUDA synchronize or a destroy of the group on a GPU machine) is ended by its watchdog
+    after ``FXWRAP_DIST_WATCHDOG`` seconds, with every thread's stack."""
+    with pytest.raises(AssertionError, match=r"workers.py hang gloo failed") as failure:
+        run_case("hang", tmp_path, env_extra={"FXWRAP_DIST_TIMEOUT": "300", "FXWRAP_DIST_WATCHDOG": "8"})
+    assert "Timeout (0:00:08)!" in str(failure.value) and "in case_hang" in str(failure.value), \
+        str(failure.value)[-3000:]

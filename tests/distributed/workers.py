@@ -21,10 +21,19 @@ Cases:
   fxwrap's backward program.
 * ``all``: every case above in turn, in one spawn and one process group (what the tests run);
   ``collectives,ddp``: those cases so.  ``noop`` and ``crash`` (the last rank dies of
-  SIGSEGV) test the runner itself.
+  SIGSEGV) and ``hang`` (the last rank never joins the first collective) test the runner.
+
+Nothing waits forever (a hung NCCL collective must not hold the GPU machine): every wait of
+the process group (collectives, barriers, the file store's rendezvous) times out after
+``FXWRAP_DIST_TIMEOUT`` seconds (default 180), and each rank has a watchdog
+(``faulthandler.dump_traceback_later``), armed from its start and again for each case, that
+prints every thread's stack and ends the rank after ``FXWRAP_DIST_WATCHDOG`` seconds (default:
+that time and a minute more), wherever it is stuck (CUDA synchronize, a destroy of the group whose peer is gone).  The spawn then ends
+the other ranks; ``test_distributed.run_case`` bounds the whole run and ends its process group.
 """
 from __future__ import annotations
 
+import datetime
 import faulthandler
 import os
 import signal
@@ -63,6 +72,16 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
+
+
+TIMEOUT = float(os.environ.get("FXWRAP_DIST_TIMEOUT", "180"))  # seconds a wait of the group may take
+# seconds one case (or the start, or the end) of a rank may take
+WATCHDOG = float(os.environ.get("FXWRAP_DIST_WATCHDOG", TIMEOUT + 60))
+
+
+def _arm_watchdog() -> None:
+    """End this rank with every thread's stack if it is still here after ``WATCHDOG`` seconds."""
+    faulthandler.dump_traceback_later(WATCHDOG, exit=True)
 
 
 def _device(backend: str, rank: int) -> torch.device:
@@ -253,6 +272,7 @@ def case_all(rank: int, world: int, backend: str, names=ALL) -> dict:
     for name in names:
         print(f"workers.py rank {rank}: case {name} ({backend})", file=sys.stderr, flush=True)
         optimize_ddp = torch._dynamo.config.optimize_ddp
+        _arm_watchdog()  # each case its own WATCHDOG seconds
         try:
             out[name] = CASES[name](rank, world, backend)
         except Exception:
@@ -270,6 +290,16 @@ def case_noop(rank: int, world: int, backend: str) -> dict:
     return {"rank": rank}
 
 
+def case_hang(rank: int, world: int, backend: str) -> dict:
+    """The last rank never joins the first collective (the runner's own tests: the others'
+    wait times out, the last rank's watchdog ends it, and the run fails instead of hanging)."""
+    if rank == world - 1:
+        import time
+        time.sleep(10 * WATCHDOG)
+    dist.barrier()
+    return {"rank": rank}
+
+
 def case_crash(rank: int, world: int, backend: str) -> dict:
     """The last rank dies of SIGSEGV, as a crashing NCCL or kernel would (the runner's own
     tests: a crash is the case's failure, with the stack faulthandler prints)."""
@@ -282,6 +312,7 @@ CASES = {
     "all": case_all,
     "noop": case_noop,
     "crash": case_crash,
+    "hang": case_hang,
     "collectives": case_collectives,
     "ddp": lambda rank, world, backend: case_training(rank, world, backend, "ddp"),
     "fsdp": lambda rank, world, backend: case_training(rank, world, backend, "fsdp"),
@@ -292,10 +323,8 @@ CASES = {
 
 def _worker(rank: int, world: int, case: str, out_dir: str, backend: str) -> None:
     faulthandler.enable(all_threads=True)  # a crash (SIGSEGV) prints every thread's Python stack
-    watchdog = float(os.environ.get("FXWRAP_DIST_WATCHDOG", "0"))
-    if watchdog > 0:  # a hang: every thread's stack each ``watchdog`` seconds (the runner's timeout kills it)
-        faulthandler.dump_traceback_later(watchdog, repeat=True)
-    options = {}
+    _arm_watchdog()
+    options = {"timeout": datetime.timedelta(seconds=TIMEOUT)}
     if backend == "nccl":
         # before the group exists: this rank's GPU is its current device, and the group is
         # bound to it (device_id: NCCL's communicator is made now, on that GPU, not at the
@@ -317,7 +346,9 @@ def _worker(rank: int, world: int, case: str, out_dir: str, backend: str) -> Non
         traceback.print_exc()
         raise
     finally:
+        _arm_watchdog()  # the destroy too: nccl's may wait on a peer that is gone
         dist.destroy_process_group()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def main(argv: list[str]) -> None:

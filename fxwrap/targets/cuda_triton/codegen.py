@@ -201,7 +201,10 @@ class KernelWriter(ValueWalker):
         return O.cast(name, dtype, op.dtype), False
 
     def value_load(self, home: _Scope, op: Op) -> str:
-        return self.load(home, op)
+        text = self.load(home, op)
+        if self.loads.get(load_buffer(op), (None, None))[1] == torch.bool:
+            return text  # a bool buffer loads as int1 in both
+        return self._scalar_bool(op, text)
 
     def value_const(self, op: Op) -> str:
         return O.const_literal(op.arg, op.dtype)
@@ -215,9 +218,16 @@ class KernelWriter(ValueWalker):
 
     def value_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
         try:
-            return self.ops.op(op.op, op.dtype, args, arg_dtypes)
+            return self._scalar_bool(op, self.ops.op(op.op, op.dtype, args, arg_dtypes))
         except O.OpError as e:
             raise CodegenError(f"{e} (kernel {self.k.name})") from None
+
+    def _scalar_bool(self, op: Op, expr: str) -> str:
+        """``expr`` relabelled for Triton's interpreter where ``op`` is a bool on no axis
+        (``ops.scalar_bool``); a local already declared needs nothing."""
+        if op.dtype != torch.bool or self.deps(op) or expr.isidentifier():
+            return expr
+        return O.scalar_bool(expr)
 
     def value_local(self, home: _Scope) -> str:
         return self.fresh()

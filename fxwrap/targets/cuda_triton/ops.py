@@ -262,6 +262,19 @@ def cast(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     return f"{x}.to({TL_TYPES[cdst]})"
 
 
+def scalar_bool(x: str) -> str:
+    """A bool computed on scalars only (no block axis: loads at a constant index), made again
+    through a select: ``tmp2 = (tmp0 != tmp1)`` becomes ``tl.where((tmp0 != tmp1), True, False)``.
+
+    Triton's interpreter (3.6 to 3.9 at least) labels a comparison's result with its operands'
+    dtype; a scalar comparison broadcast into a block then turns into float32 data, and ``|``,
+    ``&`` or ``^`` with it raise ``TypeError: ufunc 'bitwise_or' not supported`` (fuzz seed 1206:
+    ``any(x != y)`` of two stride-0 inputs).  The select carries the right ``int1`` label.
+    Compiled Triton folds ``select(c, true, false)`` to ``c`` (MLIR's arith canonicalization),
+    so the GPU code is the same (``tests/cuda/test_triton_scalar_bool.py`` checks the PTX)."""
+    return f"tl.where({x}, True, False)"
+
+
 def _infix(op: str) -> Callable[..., str]:
     return lambda r, t, x, b: f"({x} {op} {b})"
 
