@@ -29,8 +29,8 @@ from fxwrap.dump import ProgramDump, aten_graph_text, debug_dir
 from fxwrap.graph_cache import GraphCompile
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
-from fxwrap.precompile import (CompiledFunction, PrecompiledGraph, PrecompileError, calling, module_references,
-                               plain_aot_autograd, precompiling)
+from fxwrap.precompile import (CompiledFunction, PrecompiledGraph, PrecompileError, calling, has_aot_precompile,
+                               module_references, plain_aot_autograd, precompiling)
 from fxwrap.program import Program, TrainingPrograms, finish_program
 from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.boxed import ListCall
@@ -297,6 +297,11 @@ def aot_compile(fn, example_inputs: Sequence[Any], kwargs: dict | None = None, *
     module = fn if isinstance(fn, torch.nn.Module) else None
     traced = calling(module) if module is not None else fn
     compiled = torch.compile(traced, backend=Backend(target, options), fullgraph=True, dynamic=dynamic)
+    if not has_aot_precompile():
+        raise PrecompileError(f"torch {torch.__version__} has no AOT precompile of a whole graph (the "
+                              "function torch.compile returns has no .aot_compile): fxwrap.aot_compile needs "
+                              "a torch that has it; fxwrap's warm-start cache (on by default) still skips "
+                              "AOTAutograd and lowering on a second run")
     return CompiledFunction(compiled.aot_compile((tuple(example_inputs), dict(kwargs or {}))), module)
 
 

@@ -1,5 +1,5 @@
 """Precompiled functions: a new process runs a model with no dynamo trace, no AOTAutograd and
-no lowering, through torch's AOT precompile (``torch._dynamo.aot_compile``, torch >= 2.11).
+no lowering, through torch's AOT precompile (``torch._dynamo.aot_compile``, where ``torch.compile``'s result has ``.aot_compile``: 2.13, not 2.11).
 
     >>> compiled = fxwrap.aot_compile(model, (x,))            # traces (fullgraph) and compiles now
     >>> compiled.save("model.fxaot")                           # dynamo's guards + bytecode + fxwrap's programs
@@ -64,6 +64,14 @@ stats: dict[str, int] = {"graphs": 0}
 class PrecompileError(RuntimeError):
     """A graph fxwrap cannot hand to torch's precompile (not storable by the warm-start cache,
     or the cache is off).  The message names the reason; ``torch.compile`` still compiles it."""
+
+
+def has_aot_precompile() -> bool:
+    """This torch's ``torch.compile`` result has ``.aot_compile`` (torch's AOT precompile of one
+    whole graph) and ``torch.compiler.load_compiled_function``: ``fxwrap.aot_compile`` needs both
+    (torch 2.11's compiled functions have no ``aot_compile``)."""
+    return (hasattr(torch.compiler, "load_compiled_function")
+            and hasattr(torch.compile(lambda x: x, backend="eager"), "aot_compile"))
 
 
 def precompiling() -> bool:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.precompile import PrecompiledGraph
+from fxwrap.precompile import PrecompiledGraph, has_aot_precompile
 
-pytestmark = pytest.mark.skipif(not hasattr(torch.compiler, "load_compiled_function"),
-                                reason="torch's AOT precompile (torch.compiler.load_compiled_function) needs torch >= 2.11")
+needs_precompile = pytest.mark.skipif(not has_aot_precompile(), reason=f"torch {torch.__version__}: torch.compile's "
+                                      "result has no .aot_compile (torch's AOT precompile)")
 
 CHILD = Path(__file__).with_name("precompile_child.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +30,7 @@ def child(cache_dir, *args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@needs_precompile
 @pytest.mark.parametrize("batch_norm", [False, True], ids=["plain", "batch_norm"])
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_loaded_function_runs_with_no_trace_and_no_lowering(tmp_path, mode, batch_norm):
@@ -50,6 +51,7 @@ def test_loaded_function_runs_with_no_trace_and_no_lowering(tmp_path, mode, batc
     assert [p.suffix for p in (tmp_path / "b" / "launch").rglob("*.*")] == [".so"], list((tmp_path / "b").rglob("*"))
 
 
+@needs_precompile
 def test_inputs_the_saved_guards_exclude_are_refused(tmp_path):
     path = tmp_path / "model.fxaot"
     child(tmp_path / "a", "save", path, "inference")
@@ -62,6 +64,7 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
+@needs_precompile
 def test_in_process_round_trip_matches_eager(tmp_path, monkeypatch):
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")
@@ -78,6 +81,7 @@ def test_in_process_round_trip_matches_eager(tmp_path, monkeypatch):
         torch.testing.assert_close(loaded(y), model(y))
 
 
+@needs_precompile
 def test_artifact_from_another_torch_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")
@@ -92,6 +96,7 @@ def test_artifact_from_another_torch_is_refused(tmp_path, monkeypatch):
         PrecompiledGraph.deserialize_compile_artifacts(pickle.dumps(state))
 
 
+@needs_precompile
 def test_graph_the_cache_cannot_store_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")
@@ -103,8 +108,17 @@ def test_graph_the_cache_cannot_store_is_a_clear_error(tmp_path, monkeypatch):
         fxwrap.aot_compile(aliasing, (torch.randn(4, 4),))
 
 
+@needs_precompile
 def test_caches_off_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")
     with torch.no_grad(), pytest.raises(fxwrap.PrecompileError, match="caches are off"):
         fxwrap.aot_compile(_mlp(), (torch.randn(6, 8),), options={"cache": False})
+
+
+def test_a_torch_without_aot_precompile_is_a_clear_error(monkeypatch):
+    """torch 2.11's compiled functions have no ``.aot_compile``: ``fxwrap.aot_compile`` says so."""
+    import fxwrap.api
+    monkeypatch.setattr(fxwrap.api, "has_aot_precompile", lambda: False)
+    with pytest.raises(fxwrap.PrecompileError, match=r"has no AOT precompile.*\.aot_compile"):
+        fxwrap.aot_compile(torch.nn.Linear(4, 4), (torch.randn(2, 4),))

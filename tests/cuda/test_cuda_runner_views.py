@@ -22,8 +22,13 @@ def _views(gm):
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in (torch.as_strided, view_of)]
 
 
+def _reduce_then_view(x):
+    """A reduction's result viewed and read by the next kernel: a view only kernels read."""
+    return x.sum(-1).view(4, 16).softmax(-1) * 3
+
+
 def _block(x, w1, w3, w2, cache, pos):
-    """A decode step's shapes: reshapes between GEMMs and kernels, an in-place cache write."""
+    """A decode step's shapes: views read by matrix products (externs), an in-place cache write."""
     h = F.silu(F.linear(x, w1)) * F.linear(x, w3)
     y = (F.linear(h, w2) + x).view(1, 4, 8)
     cache.index_copy_(1, pos, y.transpose(0, 1))
@@ -33,6 +38,21 @@ def _block(x, w1, w3, w2, cache, pos):
 @needs_gpu
 def test_views_only_compiled_kernels_read_are_not_made():
     torch.manual_seed(0)
+    x = torch.randn(64, 32, device="cuda")
+    program = fxwrap.lower(_reduce_then_view, x, target="cuda", options={"cache": False})
+    contract, runner = program.graph_module, program.runner
+    kernel_only = [n for n in _views(contract) if n.users and all(
+        isinstance(u.target, Kernel) and reads_device_pointers(u.target) for u in n.users)]
+    assert kernel_only, contract.code
+    assert len(_views(runner)) == len(_views(contract)) - len(kernel_only), runner.code
+    for seed in range(2):
+        x = torch.randn(64, 32, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+        torch.testing.assert_close(program.run(x), _reduce_then_view(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_gpu
+def test_views_externs_read_are_made_and_the_numbers_are_eagers():
+    torch.manual_seed(0)
     w1, w3, w2 = (torch.randn(48, 32, device="cuda"), torch.randn(48, 32, device="cuda"),
                   torch.randn(32, 48, device="cuda"))
     x, pos = torch.randn(1, 32, device="cuda"), torch.tensor([3], device="cuda")
@@ -40,10 +60,7 @@ def test_views_only_compiled_kernels_read_are_not_made():
     program = fxwrap.lower(_block, x, w1, w3, w2, cache.clone(), pos, target="cuda",
                            options={"cache": False})
     contract, runner = program.graph_module, program.runner
-    kernel_only = [n for n in _views(contract) if n.users and all(
-        isinstance(u.target, Kernel) and reads_device_pointers(u.target) for u in n.users)]
-    assert kernel_only, contract.code   # the program has such views
-    assert len(_views(runner)) < len(_views(contract)), runner.code
+    assert len(_views(runner)) == len(_views(contract)) > 0, runner.code  # the products read them
     assert [n for n in runner.graph.nodes if n.op == "call_function" and n.target is free] or not [
         n for n in contract.graph.nodes if n.op == "call_function" and n.target is free]
     for seed in range(2):
@@ -54,6 +71,28 @@ def test_views_only_compiled_kernels_read_are_not_made():
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(mine, theirs)
+
+
+def test_the_runner_rule_on_a_program_rendered_as_cuda_renders_it():
+    """No GPU: the cuda target's program rendered offline (``fxwrap.testing.offline_cuda``), run
+    through the runner's rule (a Triton kernel reads pointers only; ``keep_free``): the view only
+    kernels read goes, ``free`` markers stay, views the products read stay."""
+    from fxwrap.runtime.direct import direct_graph_module
+    from fxwrap.testing.offline_cuda import offline_programs
+
+    def rule(gm):
+        return direct_graph_module(gm, pointer_kernel=lambda k: k.launch.language == "triton", keep_free=True)
+
+    def frees(gm):
+        return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is free]
+
+    (reduced,) = offline_programs(_reduce_then_view, torch.randn(64, 32))
+    assert len(_views(reduced.graph_module)) == 1 and _views(rule(reduced.graph_module)) == []
+    w = [torch.randn(48, 32), torch.randn(48, 32), torch.randn(32, 48)]
+    (block,) = offline_programs(_block, torch.randn(1, 32), *w, torch.randn(4, 16, 8), torch.tensor([3]))
+    runner = rule(block.graph_module)
+    assert len(_views(runner)) == len(_views(block.graph_module)) == 3
+    assert len(frees(runner)) == len(frees(block.graph_module)) > 0
 
 
 def test_only_compiled_triton_kernels_read_pointers_only():

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from fxwrap.precompile import has_aot_precompile
+
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-              pytest.mark.skipif(not hasattr(torch.compiler, "load_compiled_function"),
-                                 reason="torch's AOT precompile needs torch >= 2.11")]
+              pytest.mark.skipif(not has_aot_precompile(), reason=f"torch {torch.__version__}: torch.compile's "
+                                 "result has no .aot_compile (torch's AOT precompile)")]
 
 CHILD = Path(__file__).resolve().parents[1] / "cpu" / "precompile_child.py"
 ROOT = Path(__file__).resolve().parents[2]
