@@ -46,9 +46,7 @@ def source() -> str:
 
 typedef int (*launch_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void*, void**, void**);
-static void* (*tensor_data_ptr)(PyObject*) = nullptr;
-static PyTypeObject* plain_tensor = nullptr;  // torch.Tensor
-static PyTypeObject* parameter = nullptr;     // torch.nn.Parameter
+{trampoline.TENSOR_READ}
 
 typedef struct {{
     PyObject_HEAD
@@ -188,18 +186,6 @@ static PyObject* make(PyObject*, PyObject* args) {{
     self->dict = nullptr;
     PyObject_GC_Track((PyObject*)self);
     return (PyObject*)self;
-}}
-
-static PyObject* init(PyObject*, PyObject* args) {{
-    unsigned long long address;
-    PyObject *base, *plain, *param;
-    if (!PyArg_ParseTuple(args, "KO!O!O!", &address, &PyType_Type, &base, &PyType_Type, &plain,
-                          &PyType_Type, &param)) return nullptr;
-    tensor_data_ptr = (void* (*)(PyObject*))(uintptr_t)address;
-    Py_INCREF(plain); Py_INCREF(param);
-    plain_tensor = (PyTypeObject*)plain;
-    parameter = (PyTypeObject*)param;
-    Py_RETURN_NONE;
 }}
 
 static PyMethodDef methods[] = {{

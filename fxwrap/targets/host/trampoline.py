@@ -46,6 +46,28 @@ _data_ptr_address = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards"
                             "_torchinductor_pyobject_tensor_data_ptr", None)
 
 
+#: C shared by fxwrap's launch bindings: torch's tensor data-pointer read and the tensor types,
+#: set by the module's ``init(address, TensorBase, Tensor, Parameter)`` (``python_extension`` calls it)
+TENSOR_READ = """static void* (*tensor_data_ptr)(PyObject*) = nullptr;
+static PyTypeObject* tensor_type = nullptr;   // torch._C.TensorBase
+static PyTypeObject* plain_tensor = nullptr;  // torch.Tensor
+static PyTypeObject* parameter = nullptr;     // torch.nn.Parameter
+
+static PyObject* init(PyObject*, PyObject* args) {
+    unsigned long long address;
+    PyObject *base, *plain, *param;
+    if (!PyArg_ParseTuple(args, "KO!O!O!", &address, &PyType_Type, &base, &PyType_Type, &plain,
+                          &PyType_Type, &param)) return nullptr;
+    tensor_data_ptr = (void* (*)(PyObject*))(uintptr_t)address;
+    Py_INCREF(base); Py_INCREF(plain); Py_INCREF(param);
+    tensor_type = (PyTypeObject*)base;
+    plain_tensor = (PyTypeObject*)plain;
+    parameter = (PyTypeObject*)param;
+    Py_RETURN_NONE;
+}
+"""
+
+
 def _calls() -> str:
     """The ``switch`` over argument counts: ``case 2: ((void (*)(I, I))fn)(a[0], a[1]); break;``."""
     lines = []
@@ -65,10 +87,7 @@ def source() -> str:
 #include <stddef.h>
 
 typedef int64_t I;
-static void* (*tensor_data_ptr)(PyObject*) = nullptr;
-static PyTypeObject* tensor_type = nullptr;   // torch._C.TensorBase
-static PyTypeObject* plain_tensor = nullptr;  // torch.Tensor
-static PyTypeObject* parameter = nullptr;     // torch.nn.Parameter
+{TENSOR_READ}
 
 typedef struct {{
     PyObject_HEAD
@@ -164,19 +183,6 @@ static PyObject* make(PyObject*, PyObject* args) {{
     self->name = name;
     self->dict = nullptr;
     return (PyObject*)self;
-}}
-
-static PyObject* init(PyObject*, PyObject* args) {{
-    unsigned long long address;
-    PyObject *base, *plain, *param;
-    if (!PyArg_ParseTuple(args, "KO!O!O!", &address, &PyType_Type, &base, &PyType_Type, &plain,
-                          &PyType_Type, &param)) return nullptr;
-    tensor_data_ptr = (void* (*)(PyObject*))(uintptr_t)address;
-    Py_INCREF(base); Py_INCREF(plain); Py_INCREF(param);
-    tensor_type = (PyTypeObject*)base;
-    plain_tensor = (PyTypeObject*)plain;
-    parameter = (PyTypeObject*)param;
-    Py_RETURN_NONE;
 }}
 
 static PyMethodDef methods[] = {{
