@@ -88,7 +88,7 @@ def test_no_free_markers_and_unchecked_allocations():
     contract, runner = program.graph_module, program.runner
     assert _calls(contract, free) and _calls(contract, torch.empty_strided)
     assert not _calls(runner, free) and not _calls(runner, torch.empty_strided), runner.code
-    # each allocation: unchecked, or a range of the arena (tests/cpu/test_arena.py)
+    # each allocation: unchecked, or a range of the arena (tests/cpu/test_runner_arena.py)
     assert len(_calls(runner, empty_strided_cpu)) + len(_calls(runner, arena_range)) == len(
         _calls(contract, torch.empty_strided))
 
