@@ -251,14 +251,21 @@ def _hf_bert(device, size):
 
 def _hf_llama(device, size):
     """HF ``LlamaForCausalLM`` with grouped KV heads (8 query heads, 2 KV heads), SDPA attention."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+    config = _llama_config(size, layers=2 if size == "small" else 4)
+    return LlamaForCausalLM(config), _token_ids(config.vocab_size, size, device), _mean_loss
+
+
+def _llama_config(size, layers):
+    """The HF Llama config of the suite: grouped KV heads, SDPA attention, ``layers`` layers."""
+    from transformers import LlamaConfig
     small = size == "small"
-    config = LlamaConfig(num_hidden_layers=2 if small else 4, hidden_size=256 if small else 1024,
+    config = LlamaConfig(num_hidden_layers=layers, hidden_size=256 if small else 1024,
                          num_attention_heads=8 if small else 16, num_key_value_heads=2 if small else 4,
                          intermediate_size=704 if small else 2816, vocab_size=1000 if small else 32000,
                          max_position_embeddings=1024)
     config._attn_implementation = "sdpa"
-    return LlamaForCausalLM(config), _token_ids(config.vocab_size, size, device), _mean_loss
+    return config
 
 
 class _EncoderDecoder(nn.Module):
@@ -354,13 +361,9 @@ class _HFDecodeStep(nn.Module):
 def _hf_llama_decode(device, size):
     """One decode step of HF ``LlamaForCausalLM`` (grouped KV heads) with its ``StaticCache``;
     100 positions prefilled eagerly (the cache initializes itself on its first write)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+    from transformers import LlamaForCausalLM, StaticCache
     small = size == "small"
-    config = LlamaConfig(num_hidden_layers=4 if small else 8, hidden_size=256 if small else 1024,
-                         num_attention_heads=8 if small else 16, num_key_value_heads=2 if small else 4,
-                         intermediate_size=704 if small else 2816, vocab_size=1000 if small else 32000,
-                         max_position_embeddings=1024)
-    config._attn_implementation = "sdpa"
+    config = _llama_config(size, layers=4 if small else 8)
     max_seq = 256 if small else 1024
     model = LlamaForCausalLM(config).to(device).eval()
     wanted = inspect.signature(StaticCache.__init__).parameters

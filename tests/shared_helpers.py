@@ -7,6 +7,11 @@ Importable by name (``import shared_helpers``) from any test: ``tests/`` is on
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import sympy
 import torch
@@ -141,3 +146,17 @@ def in_two_processes(code: str, timeout: float = 600) -> tuple[str, str]:
             assert done.returncode == 0, f"child failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
             outs.append(done.stdout.strip().splitlines()[-1])
     return outs[0], outs[1]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_child(script: Path, cache_dir, *args) -> dict:
+    """Run test script ``script`` in a new process with its own ``FXWRAP_CACHE_DIR`` and the
+    program cache on; the JSON its last line of output prints (a failed run fails the test with
+    its stderr)."""
+    env = dict(os.environ, FXWRAP_CACHE_DIR=str(cache_dir), FXWRAP_PROGRAM_CACHE="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

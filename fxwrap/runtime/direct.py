@@ -23,7 +23,8 @@ cheaper form instead; every other node is unchanged::
 The copy shares the ``Kernel`` objects and constants of ``gm``.
 
 A target whose kernels' launchers read nothing of a tensor argument but its data pointer
-(the CPU's C++ kernels: ``targets/cpu_cpp/wrapper.py``) passes ``pointer_kernel``, and
+(the CPU's C++ kernels: ``targets/cpu_cpp/wrapper.py``; the CUDA target's compiled Triton
+kernels: ``targets/cuda_triton/wrapper.py``) passes ``pointer_kernel``, and
 its copy also does less per call on the host:
 
 * a View line whose every reader is such a kernel and whose first element is its base's

@@ -2,11 +2,7 @@
 a process with an empty cache directory loads a saved function and runs it with no dynamo
 trace, no AOTAutograd and no lowering, with eager's numbers; inputs the saved guards exclude,
 an artifact from elsewhere and a graph the warm-start cache cannot store are clear errors."""
-import json
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,20 +10,16 @@ import torch
 
 import fxwrap
 from fxwrap.precompile import PrecompiledGraph, has_aot_precompile
+from shared_helpers import run_child
 
 needs_precompile = pytest.mark.skipif(not has_aot_precompile(), reason=f"torch {torch.__version__}: torch.compile's "
                                       "result has no .aot_compile (torch's AOT precompile)")
 
 CHILD = Path(__file__).with_name("precompile_child.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def child(cache_dir, *args) -> dict:
-    env = dict(os.environ, FXWRAP_CACHE_DIR=str(cache_dir), FXWRAP_PROGRAM_CACHE="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, str(CHILD), *map(str, args)], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, cache_dir, *args)
 
 
 @needs_precompile

@@ -2,9 +2,6 @@
 directory runs a model with no AOTAutograd and no lowering and gives eager's numbers;
 a bundle carries the cache to a process with an empty one; a bundle from elsewhere is refused."""
 import json
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -13,17 +10,13 @@ import torch
 
 import fxwrap
 from fxwrap import graph_cache
+from shared_helpers import run_child
 
 CHILD = Path(__file__).with_name("warm_start_child.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def child(cache_dir, *args) -> dict:
-    env = dict(os.environ, FXWRAP_CACHE_DIR=str(cache_dir), FXWRAP_PROGRAM_CACHE="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, str(CHILD), *map(str, args)], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, cache_dir, *args)
 
 
 def tolerance(dtype: str) -> float:

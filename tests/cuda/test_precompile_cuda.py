@@ -2,32 +2,23 @@
 an empty cache directory loads a saved function (its cubins inside) and runs it with no
 dynamo trace, no AOTAutograd and no lowering, with eager's numbers (the child:
 tests/cpu/precompile_child.py)."""
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from fxwrap.precompile import has_aot_precompile
+from shared_helpers import run_child
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.skipif(not has_aot_precompile(), reason=f"torch {torch.__version__}: torch.compile's "
                                  "result has no .aot_compile (torch's AOT precompile)")]
 
 CHILD = Path(__file__).resolve().parents[1] / "cpu" / "precompile_child.py"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def child(cache_dir, *args) -> dict:
-    env = dict(os.environ, FXWRAP_CACHE_DIR=str(cache_dir), FXWRAP_PROGRAM_CACHE="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, str(CHILD), *map(str, args), "--device", "cuda"],
-                         capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, cache_dir, *args, "--device", "cuda")
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])

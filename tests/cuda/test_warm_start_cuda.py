@@ -1,28 +1,20 @@
 """The warm-start cache on the GPU (the Triton target): a second process with the same cache
 directory, and a process with an empty one that loads a bundle, run the model with no
 AOTAutograd and no lowering and give eager's numbers (the child: tests/cpu/warm_start_child.py)."""
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from shared_helpers import run_child
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CHILD = Path(__file__).resolve().parents[1] / "cpu" / "warm_start_child.py"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def child(cache_dir, *args) -> dict:
-    env = dict(os.environ, FXWRAP_CACHE_DIR=str(cache_dir), FXWRAP_PROGRAM_CACHE="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, str(CHILD), *map(str, args), "--device", "cuda"],
-                         capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, cache_dir, *args, "--device", "cuda")
 
 
 @pytest.mark.parametrize("shapes", ["static", "dynamic"])
