@@ -21,8 +21,10 @@ CASES = [  # shape, kernel, stride, padding, ceil_mode
     ((2, 3, 9, 9), [3, 3], [3, 3], [0, 0], False),
 ]
 TOL = {torch.float32: dict(rtol=0, atol=0), torch.float64: dict(rtol=0, atol=0),
-       # eager's CPU kernel adds overlapping windows' gradients in bf16; fxwrap in float32
-       torch.bfloat16: dict(rtol=1e-2, atol=4e-2)}
+       # eager's CPU kernel adds overlapping windows' gradients in bf16 (channels-last: up to
+       # 0.061 from the float64 sum over 300 seeds of the 10x10 k3 s1 case); fxwrap in float32,
+       # so it is also checked against the float64 sum, to one bf16 rounding (below)
+       torch.bfloat16: dict(rtol=1e-2, atol=8e-2)}
 
 
 @pytest.fixture(params=TARGETS)
@@ -48,6 +50,11 @@ def test_max_pool2d_backward(target, case, dtype, layout, dynamic):
                                                       indices),)
 
     harness.check(pool_grad, (grad, x, indices), dynamic, TOL[dtype])
+    if dtype == torch.bfloat16:  # one rounding of the exact sum: fxwrap adds in float32
+        f, _ = harness.compiled(pool_grad, dynamic)
+        (got,) = f(grad, x, indices)
+        (exact,) = pool_grad(grad.double(), x.double(), indices)
+        torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-6)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
