@@ -130,8 +130,8 @@ class LaunchTiming:
 class ProfileReport:
     """What ``fxwrap.profile`` measured: ``launches`` (one ``LaunchTiming`` per kernel or
     extern launch of the program, in program order), ``call_s`` (one call of the program
-    run as usual, mean of ``iters``), ``iters``, ``device`` and the program's ``kind`` and
-    ``target``.  ``str(report)`` is the table (slowest first); ``to_chrome_trace(path)``
+    run as usual, the median of ``iters``; each one in ``call_durations_s``), ``iters``,
+    ``device`` and the program's ``kind`` and ``target``.  ``str(report)`` is the table (slowest first); ``to_chrome_trace(path)``
     writes the timed calls as a Chrome trace."""
 
     launches: list[LaunchTiming]
@@ -141,6 +141,7 @@ class ProfileReport:
     kind: str
     target: str
     call_starts_s: list[float] = field(default_factory=list, repr=False)
+    call_durations_s: list[float] = field(default_factory=list, repr=False)
 
     @property
     def launch_s(self) -> float:
@@ -339,4 +340,4 @@ def profile(program_or_fn: Program | Callable, *args, warmup: int = 3, iters: in
         call_s = statistics.median(calls)  # as each launch's per-call time: medians
     launches = list(interpreter.rows.values())
     return ProfileReport(launches, call_s, iters, "cuda" if cuda else "cpu", program.kind, program.target.name,
-                         interpreter.call_starts)
+                         interpreter.call_starts, calls)
