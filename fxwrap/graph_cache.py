@@ -51,6 +51,7 @@ from torch.fx.experimental.sym_node import SymNode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fxwrap.artifacts import fxwrap_version, triton_version
+from fxwrap.core.templates import RETUNE_ENV, retune_requested
 from fxwrap.program_cache import ProgramCache, cache_enabled, package_digest, plugin_digest
 from fxwrap.runtime.aot_replay import InferenceReplay, ReplayLayout, TrainingReplay
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
@@ -63,13 +64,14 @@ FORMAT_VERSION = 1
 BUNDLE_FORMAT = "fxwrap-cache-bundle"
 #: what happened in this process: "hit", "miss", "stored", "uncacheable"
 stats: Counter = Counter()
-#: why each miss missed: "no entry", "unreadable entry", "shape guards fail", "a program is not cached"
+#: why each miss missed: "no entry", "unreadable entry", "shape guards fail", "a program is not cached",
+#: "FXWRAP_RETUNE=1"
 misses: Counter = Counter()
 # cache files (relative to the cache directory) this process stored or loaded: a bundle's contents
 _touched: dict[str, None] = {}
 # modules whose functions a cacheable dynamo graph may call (anything else: user code, unkeyed)
 _TORCH_MODULES = ("torch", "_operator", "operator", "builtins", "math", "_functools")
-_ENV_IGNORED = frozenset({"FXWRAP_CACHE_DIR", "FXWRAP_LOG", "FXWRAP_PROGRAM_CACHE"})
+_ENV_IGNORED = frozenset({"FXWRAP_CACHE_DIR", "FXWRAP_LOG", "FXWRAP_PROGRAM_CACHE", RETUNE_ENV})
 
 
 class CacheBundleError(RuntimeError):
@@ -261,7 +263,10 @@ class GraphCompile:
         return hashlib.sha256(f"{self.key} {kind}".encode()).hexdigest()
 
     def load(self, on_program=None):
-        """The runner of a cached graph (``InferenceReplay`` / ``TrainingReplay``), or None."""
+        """The runner of a cached graph (``InferenceReplay`` / ``TrainingReplay``), or None
+        (always under ``FXWRAP_RETUNE=1``: its programs hold template choices to measure again)."""
+        if retune_requested():
+            return self._miss("FXWRAP_RETUNE=1")
         try:
             entry = pickle.loads(self.path().read_bytes())
         except FileNotFoundError:

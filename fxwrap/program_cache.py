@@ -24,7 +24,9 @@ lowering, scheduling, code generation and the kernels' compiles are what a hit s
 Entries are written to a temporary file and ``os.replace``d (atomic: concurrent
 processes see a whole entry or none; the last writer of a key wins, with the same
 contents); an entry that cannot be read is ignored (and rewritten).  Off with
-``options={"cache": False}`` or ``FXWRAP_PROGRAM_CACHE=0``.
+``options={"cache": False}`` or ``FXWRAP_PROGRAM_CACHE=0``.  ``FXWRAP_RETUNE=1`` (measure the
+template choices again, ``fxwrap.core.templates``) reads no entry and writes every program it
+compiles under the key it has without that setting.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 
 from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, fxwrap_version, pickled, triton_version
 from fxwrap.core import logs
+from fxwrap.core.templates import RETUNE_ENV, retune_requested
 from fxwrap.program import Program, finish_program
 from fxwrap.runtime.graph_records import kernels_of
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
@@ -51,8 +54,10 @@ from fxwrap.wrapper_ir.build_user_kernels import user_kernel_key
 log = logs.logger("cache")  # FXWRAP_LOG=cache shows the hits and misses
 
 ENV_SWITCH = "FXWRAP_PROGRAM_CACHE"
-# settings that change where files go or what is printed, not what is compiled
-_ENV_IGNORED = frozenset({"FXWRAP_CACHE_DIR", "FXWRAP_LOG", ENV_SWITCH})
+# settings that change where files go or what is printed, not what is compiled; FXWRAP_RETUNE
+# (measure the template choices again) compiles what the key names, and its programs replace
+# the entries under that key
+_ENV_IGNORED = frozenset({"FXWRAP_CACHE_DIR", "FXWRAP_LOG", ENV_SWITCH, RETUNE_ENV})
 
 
 def cache_enabled(options) -> bool:
@@ -202,6 +207,10 @@ class ProgramCache:
         """The program saved under ``key``, finished for ``session`` (``static_inputs``: the
         positions of the inputs AOTAutograd calls static in this compile), or None."""
         path = self.path(key)
+        if retune_requested():
+            log.debug("fxwrap program cache: not read (FXWRAP_RETUNE=1: its template choices are measured again); "
+                      "compiling %s", path)
+            return None
         try:
             data = path.read_bytes()
         except FileNotFoundError:

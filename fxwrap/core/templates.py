@@ -36,11 +36,15 @@ buffer, as without templates, then the epilogue as an ordinary pointwise kernel.
 ``options={"templates": ...}``: ``"off"`` (no template jobs: the program is the one
 without templates), ``"always"`` (the first template that applies, untimed: tests),
 ``"auto"`` (the default: every candidate timed on the size hints with fresh random
-inputs, the fastest kept; the extern whenever it is as fast or faster).  Times are
-cached on disk (``TimingCache``: ``$FXWRAP_CACHE_DIR/templates``, keyed by the target,
-the candidates' sources and the sizes), so a recompile does not time again and,
-given that cache, the choice (and the printed program) is deterministic.  The
-Wrapper IR shows the choice above the launch (``TemplateChoice``)::
+inputs, the fastest kept; the extern whenever it is as fast or faster).  A group's
+times are cached on disk together, as measured in one interleaved session (``TimingCache``:
+``$FXWRAP_CACHE_DIR/templates``, keyed by the target, the device's model and features, the
+threads, the clock, torch's version, the candidates' sources and the sizes), so a recompile
+does not time again and, given that cache, the choice (and the printed program) is
+deterministic.  ``FXWRAP_RETUNE=1`` (``retune_requested``) measures every group again and
+replaces its entry (and, since a cached program holds its choices, compiles the programs
+again rather than loading them from the program cache).  The Wrapper IR shows the choice
+above the launch (``TemplateChoice``)::
 
     # template cpp_gemm: 0.212 ms (chosen); aten.addmm + epilogue: 0.251 ms
 """
@@ -218,16 +222,31 @@ class TemplateChoiceRecord:
     reasons: dict = field(default_factory=dict)
 
 
+#: ``FXWRAP_RETUNE=1``: see ``retune_requested``
+RETUNE_ENV = "FXWRAP_RETUNE"
+
+
+def retune_requested() -> bool:
+    """``FXWRAP_RETUNE=1`` (any value but empty, ``0``, ``false``, ``off``, ``no``): the template
+    choice measures its candidates again instead of reading the timing cache, and writes
+    the new times there; the program caches are not read (their programs hold the old
+    choices) but written, so later runs without it load the programs of the new choices."""
+    return os.environ.get(RETUNE_ENV, "").strip().lower() not in ("", "0", "false", "off", "no")
+
+
 class TimingCache:
-    """Candidate times on disk: ``$FXWRAP_CACHE_DIR/templates/<key>.json`` (default
-    ``~/.cache/fxwrap``), one file per key, written atomically.  ``FXWRAP_TEMPLATE_CACHE=0``
-    turns it off (every compile times again)."""
+    """A template group's candidate times on disk, measured together:
+    ``$FXWRAP_CACHE_DIR/templates/<key>.json`` (default ``~/.cache/fxwrap``) holding
+    ``{"times": {"cpp_gemm": 0.242, "extern": 0.211}}`` (milliseconds), one file per key, written
+    atomically.  ``FXWRAP_TEMPLATE_CACHE=0`` turns it off (every compile times again);
+    ``FXWRAP_RETUNE=1`` does not read it but writes it (``retune_requested``)."""
 
     def __init__(self, root: Path | None = None):
         if root is None:
             root = cache_root() / "templates"
         self.root = Path(root)
         self.enabled = os.environ.get("FXWRAP_TEMPLATE_CACHE", "1") != "0"
+        self.retune = retune_requested()
 
     @staticmethod
     def key(*parts) -> str:
@@ -237,21 +256,23 @@ class TimingCache:
             h.update(b"\0")
         return h.hexdigest()
 
-    def get(self, key: str) -> float | None:
-        if not self.enabled:
+    def get(self, key: str) -> dict[str, float] | None:
+        """The times stored under ``key`` (candidate -> ms), or None (none, unreadable, or retuning)."""
+        if not self.enabled or self.retune:
             return None
         try:
-            return float(json.loads((self.root / f"{key}.json").read_text())["ms"])
-        except (OSError, ValueError, KeyError, TypeError):
+            times = json.loads((self.root / f"{key}.json").read_text())["times"]
+            return {str(name): float(ms) for name, ms in times.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
-    def put(self, key: str, ms: float) -> None:
+    def put(self, key: str, times: dict[str, float]) -> None:
         if not self.enabled:
             return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = self.root / f".{key}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps({"ms": ms}))
+            tmp.write_text(json.dumps({"times": {name: float(ms) for name, ms in sorted(times.items())}}))
             os.replace(tmp, self.root / f"{key}.json")
         except OSError:
             pass

@@ -59,6 +59,10 @@ class DeviceInterface:
     * ``timing_clock()``: a name for what ``time_calls`` measures now (``"wall"`` by
       default); the template timings' on-disk cache keys by it, so times taken with
       another clock are never compared with these.
+    * ``timing_identity()``: what a time measured here depends on besides the program and
+      the clock: the device's model and features (default: ``capabilities()``; the CPU: its
+      model and ISA flags); the template timings' on-disk cache keys by it too, so a cache
+      directory shared between machines never hands one machine's choice to another.
     """
 
     device_type: str = ""
@@ -77,6 +81,9 @@ class DeviceInterface:
 
     def timing_clock(self) -> str:
         return "wall"
+
+    def timing_identity(self) -> str:
+        return repr(self.capabilities())
 
     def time_calls(self, run, n: int, device=None) -> float:
         self.synchronize(device)

@@ -128,8 +128,8 @@ class KernelBuilder(ProvenanceMixin, RealizationMixin, TemplateRecognitionMixin,
         self.template_externs: dict[str, list[Line]] = {}
         # a reshape node of a template's result (or of such a reshape) -> that result's buffer
         self.template_reshape_of: dict[torch.fx.Node, Buffer] = {}
-        # template candidates' times of this program, by timing key (template_choice.time_candidates)
-        self.template_timings: dict[str, float] = {}
+        # template groups' candidate times of this program, by group key (template_choice.time_candidates)
+        self.template_timings: dict[str, dict[str, float]] = {}
         self._launchers: dict[int, object] = {}  # id(KernelSource) -> its launcher, loaded once
 
     def _new_builder(self, gm):

@@ -156,9 +156,11 @@ def test_candidates_compile_before_timing_and_choose_as_serially(monkeypatch):
             for part in parts:
                 if hasattr(part, "source"):  # compiled by the builder's pool already
                     assert id(part.source) in builder._launchers, part.source.name
-        calls.append(sorted(runs))
+        group = id(runs["cpp_gemm"][0])  # a group's series time the same candidates
+        calls.append(group)
         # the template wins the first distinct group, the extern the second
-        return {name: (1.0 if (name == "extern") == (len(calls) % 2 == 0) else 2.0) for name in runs}
+        first = calls[0] == group
+        return {name: (1.0 if (name == "extern") != first else 2.0) for name in runs}
     monkeypatch.setattr(template_choice, "_measure", fake_measure)
     torch.manual_seed(0)
     args = (torch.randn(32, 40), torch.randn(40, 40), torch.randn(40, 40), torch.randn(24, 40))
@@ -169,7 +171,8 @@ def test_candidates_compile_before_timing_and_choose_as_serially(monkeypatch):
         program = fxwrap.lower(_linears, *args, target="cpu", options={"templates": "auto", "cache": False})
         choices = [ln for ln in program.lines if isinstance(ln, TemplateChoice)]
         assert [c.chosen for c in choices] == ["cpp_gemm", "cpp_gemm", "extern"]
-        assert len(calls) == 2  # the second group is the first's: timed once
+        # the second group is the first's: timed once; the template's win confirmed by a second series
+        assert len(set(calls)) == 2 and len(calls) == 2 + template_choice.CONFIRM
         torch.testing.assert_close(program.run(*args), _linears(*args), atol=1e-4, rtol=1e-4)
         results[threads] = (program.code(), [k.source for k in _kernels(program)])
     assert results[1] == results[4]
@@ -177,25 +180,27 @@ def test_candidates_compile_before_timing_and_choose_as_serially(monkeypatch):
 
 def _scripted_measure(ms_a: float, ms_b: float):
     """``_measure`` of two candidates whose every timed call takes the given times (a
-    stand-in device clock); returns (times, how many timings were taken)."""
-    calls = []
+    stand-in device clock); returns (times, how many timings were taken after the warm-ups,
+    the order the candidates were timed in)."""
+    ran, order = [], []
 
     def time_calls(fn, n, device):
-        fn()
-        calls.append(n)
-        warmups = 4  # each candidate: a warm-up and a single timed call first
-        k = len(calls) - 1
-        which = (k // 2) if k < warmups else (k - warmups) % 2
-        return (ms_a if which == 0 else ms_b) * 1e-3  # per call
+        fn()  # the candidate's launcher says who it is
+        order.append(ran[-1])
+        return {"a": ms_a, "b": ms_b}[ran[-1]] * 1e-3  # per call
     target = types.SimpleNamespace(device=types.SimpleNamespace(time_calls=time_calls))
-    times = template_choice._measure({"a": [[]], "b": [[]]}, None, {}, target)
-    return times, len(calls) - 4
+    runs = {name: [types.SimpleNamespace(source=name, lines=[types.SimpleNamespace(args=())])] for name in "ab"}
+    times = template_choice._measure(runs, lambda source: lambda: ran.append(source), {}, target)
+    warmups = 4  # each candidate: a warm-up and a single timed call first
+    return times, len(order) - warmups, order[warmups:]
 
 
 def test_timing_stops_early_only_when_one_candidate_is_clearly_faster():
-    times, rounds = _scripted_measure(1.0, 2.0)
+    times, rounds, _ = _scripted_measure(1.0, 2.0)
     assert rounds == 2 * template_choice.MIN_ROUNDS
     assert times["a"] < times["b"]
-    times, rounds = _scripted_measure(1.0, 1.1)  # close: every round
+    times, rounds, order = _scripted_measure(1.0, 1.1)  # close: every round
     assert rounds == 2 * template_choice.ROUNDS
     assert times["a"] < times["b"]
+    # who goes first turns round by round: neither always runs right after the other
+    assert order == ["a", "b", "b", "a"] * (template_choice.ROUNDS // 2) + ["a", "b"] * (template_choice.ROUNDS % 2)

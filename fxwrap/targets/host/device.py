@@ -9,6 +9,7 @@ import torch
 from fxwrap.runtime.launch_list import LaunchListCapture
 from fxwrap.ir.capabilities import Capabilities
 from fxwrap.targets.base import DeviceInterface
+from fxwrap.targets.host.compiler import host_fingerprint
 
 
 class CpuDevice(DeviceInterface):
@@ -37,6 +38,12 @@ class CpuDevice(DeviceInterface):
     def timing_clock(self) -> str:
         """``"thread cpu"`` at one thread (``torch.get_num_threads() == 1``), else ``"wall"``."""
         return "thread cpu" if torch.get_num_threads() == 1 else "wall"
+
+    def timing_identity(self) -> str:
+        """The CPU's model and feature flags (``host_fingerprint``: what ``-march=native`` builds
+        for) and the core count: a template measured faster than the ATen call on one CPU may
+        be slower on another (another ISA, another BLAS path)."""
+        return f"{host_fingerprint()}\ncores {os.cpu_count() or 1}"
 
     def time_calls(self, run, n: int, device=None) -> float:
         """Seconds per call of ``run()``.  At one thread every kernel and ATen call runs on
