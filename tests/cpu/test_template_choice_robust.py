@@ -116,22 +116,20 @@ def test_the_group_is_cached_together_and_retune_measures_again(monkeypatch, cac
 
 def test_retune_replaces_the_cached_program(monkeypatch, cache_dir):
     """A cached program holds its choice: FXWRAP_RETUNE=1 does not load it but compiles again and
-    stores the new program under the same key, which later compiles (without it) load."""
+    stores the new program under the same key, which later compiles (without it) load.  (The
+    timing cache is off here: every compile the program cache does not serve measures.)"""
+    monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")  # the test session turns it off
+    monkeypatch.setenv("FXWRAP_TEMPLATE_CACHE", "0")
     fake = Series({"cpp_gemm": 0.30, "extern": 0.20})
     monkeypatch.setattr(template_choice, "_measure", fake)
-    first = _lower()
-    assert _choices(first)[0].chosen == "extern" and fake.calls == 1
-    again = _lower()
-    assert fake.calls == 1 and again.cache_key == first.cache_key  # loaded from the program cache
+    assert _choices(_lower())[0].chosen == "extern" and fake.calls == 1
+    assert _choices(_lower())[0].chosen == "extern" and fake.calls == 1  # the program cache's
 
     monkeypatch.setenv("FXWRAP_RETUNE", "1")
     fake.series = ({"cpp_gemm": 0.10, "extern": 0.20},)
-    retuned = _lower()
-    assert fake.calls == 3 and _choices(retuned)[0].chosen == "cpp_gemm"
+    assert _choices(_lower())[0].chosen == "cpp_gemm" and fake.calls == 3  # measured, the win confirmed
     monkeypatch.delenv("FXWRAP_RETUNE")
-    later = _lower()
-    assert fake.calls == 3 and later.cache_key == first.cache_key
-    assert _choices(later)[0].chosen == "cpp_gemm"
+    assert _choices(_lower())[0].chosen == "cpp_gemm" and fake.calls == 3  # the program cache's, replaced
 
 
 def test_times_are_keyed_by_the_cpu_and_torch(monkeypatch, cache_dir):
