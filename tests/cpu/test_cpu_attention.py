@@ -32,10 +32,11 @@ def _externs(programs):
     return [ln for p in programs for ln in p.lines if isinstance(ln, CallExtern) and ln.op is FLASH_CPU]
 
 
-def _qkv(b, h, t, s, d, seed, q_transposed=True):
+def _qkv(b, h, t, s, d, seed, kv_heads=None):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, t, h, d, generator=g).transpose(1, 2) if q_transposed else torch.randn(b, h, t, d, generator=g)
-    return q, torch.randn(b, h, s, d, generator=g), torch.randn(b, h, s, d, generator=g)
+    q = torch.randn(b, t, h, d, generator=g).transpose(1, 2)
+    kh = kv_heads or h
+    return q, torch.randn(b, kh, s, d, generator=g), torch.randn(b, kh, s, d, generator=g)
 
 
 @pytest.mark.parametrize("b,h,t,s,d,causal,scale", [
@@ -49,6 +50,19 @@ def test_attention_kernel_matches_eager(b, h, t, s, d, causal, scale):
     def fn(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale) * 1.5
     q, k, v = _qkv(b, h, t, s, d, seed=t + s)
+    compiled, programs = _compile(fn)
+    with torch.no_grad():
+        got = compiled(q, k, v)
+    torch.testing.assert_close(got, fn(q, k, v), atol=2e-5, rtol=1e-5)
+    assert len(_attention_kernels(programs)) == 1
+    assert not _externs(programs)
+
+
+def test_grouped_key_value_heads():
+    """HF's grouped-query attention hands the op 8 query heads and 2 key/value heads."""
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) - 0.5
+    q, k, v = _qkv(2, 8, 40, 40, 32, seed=2, kv_heads=2)
     compiled, programs = _compile(fn)
     with torch.no_grad():
         got = compiled(q, k, v)
