@@ -1,5 +1,6 @@
 """The ``cpu`` target's attention kernel (``fxwrap.targets.cpu_cpp.attention``): a causal (or
-head-size <= 32) float32 ``scaled_dot_product_attention`` without mask or dropout is one C++
+head-size <= 32) float32 ``scaled_dot_product_attention`` without dropout (an additive mask
+or not) is one C++
 kernel, not ATen's ``_scaled_dot_product_flash_attention_for_cpu`` (1.5x faster causal at a
 Llama's sizes on one thread: it skips the keys above the diagonal); its output and
 log-sum-exp match eager's (the backward reads the log-sum-exp); other calls keep the extern."""
@@ -71,6 +72,35 @@ def test_grouped_key_value_heads():
     assert not _externs(programs)
 
 
+@pytest.mark.parametrize("mask_kind", ["bias", "padding", "two_d", "bool"])
+def test_masks_added_to_the_scores(mask_kind):
+    """T5's position bias (one per head, broadcast over the batch), a padding mask with -inf
+    (broadcast over heads and queries; a whole masked row gives zeros, as ATen's kernel), a 2-D
+    mask, a bool mask."""
+    b, h, t, s, d = 3, 4, 40, 33, 32
+    q, k, v = _qkv(b, h, t, s, d, seed=21)
+    g = torch.Generator().manual_seed(22)
+    if mask_kind == "bias":
+        mask = torch.randn(1, h, t, s, generator=g)
+    elif mask_kind == "padding":
+        mask = torch.zeros(b, 1, t, s)
+        mask[1, :, :, 20:] = float("-inf")
+        mask[2, :, 5, :] = float("-inf")      # a query that sees no key
+    elif mask_kind == "two_d":
+        mask = torch.randn(t, s, generator=g)
+    else:
+        mask = torch.rand(b, 1, t, s, generator=g) > 0.3
+        mask[..., 0] = True
+
+    def fn(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) + 0.25
+    compiled, programs = _compile(fn)
+    with torch.no_grad():
+        got = compiled(q, k, v, mask)
+    torch.testing.assert_close(got, fn(q, k, v, mask), atol=2e-5, rtol=1e-5)
+    assert len(_attention_kernels(programs)) == 1
+
+
 def test_output_and_logsumexp_match_the_aten_op():
     """Both results of the op: the log-sum-exp (scaled scores, natural log) as ATen's kernel's."""
     def fn(q, k, v):
@@ -104,17 +134,14 @@ def test_training_gradients_through_the_kernel():
     assert len(_attention_kernels(programs)) == 1
 
 
-@pytest.mark.parametrize("case", ["mask", "head64_not_causal", "float64", "dynamic"])
+@pytest.mark.parametrize("case", ["head64_not_causal", "float64", "dynamic"])
 def test_other_calls_keep_the_extern(case):
     b, h, t, d = 2, 2, 32, 64 if case == "head64_not_causal" else 32
     q, k, v = _qkv(b, h, t, t, d, seed=11)
-    mask = torch.randn(t, t, generator=torch.Generator().manual_seed(3))
     dtype = torch.float64 if case == "float64" else torch.float32
     q, k, v = (x.to(dtype) for x in (q, k, v))
 
     def fn(q, k, v):
-        if case == "mask":
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return F.scaled_dot_product_attention(q, k, v, is_causal=case != "head64_not_causal")
     compiled, programs = _compile(fn, dynamic=case == "dynamic")
     with torch.no_grad():

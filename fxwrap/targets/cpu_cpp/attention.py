@@ -5,7 +5,8 @@ At the sizes a CPU runs (sequences of a few hundred, head sizes of 32-64) ATen's
 block; a causal call also computes the blocks above the diagonal.  This Wrapper-IR pass (``"cpu
 attention"``, which the ``cpu`` target's plugin puts before ``"memory plan"`` through the public
 ``fxwrap_pipeline`` hook) replaces the extern, where the
-call is float32, without dropout or mask, of static sizes, causal or of head size <= 32, by a
+call is float32, without dropout, of static sizes, causal or of head size <= 32 (with or without
+an additive float mask: T5's position bias), by a
 kernel that per (batch, head) and block of 8 query rows computes the scores against the keys
 the row sees (register-blocked, the keys transposed once per head), their softmax, and the
 weighted sum of values, and writes the output and the log-sum-exp where the extern would.
@@ -89,8 +90,6 @@ def attention_refusal(line: CallExtern) -> str | None:
         return "query, key or value not a buffer"
     if any(t.dtype != torch.float32 for t in (q, k, v)):
         return "not float32"
-    if a["attn_mask"] is not None:
-        return "an attention mask"
     if a["dropout_p"] not in (0, 0.0):
         return "dropout"
     sizes = [_ints(t.size) for t in (q, k, v)]
@@ -106,11 +105,40 @@ def attention_refusal(line: CallExtern) -> str | None:
         return f"sizes out of the kernel's range (queries {t}, keys {s}, head {d})"
     if not a["is_causal"] and d > 32:
         return "not causal, head size over 32 (ATen's kernel is as fast there)"
+    if a["attn_mask"] is not None and _mask_strides(a["attn_mask"], (b, h, t, s)) is None:
+        return "a mask not float32 of static sizes that broadcast to (batch, heads, queries, keys)"
     return None
 
 
+def _mask_strides(mask, shape) -> tuple[int, ...] | None:
+    """The strides (0 along a broadcast dim) through which ``mask`` (2-D to 4-D, float32) is read
+    at ``(b, h, i, j)`` of the attention's ``shape``, or None where it cannot be."""
+    if not isinstance(mask, Buffer) or mask.dtype != torch.float32 or not 2 <= len(mask.size) <= 4:
+        return None
+    sizes, strides = _ints(mask.size), _ints(mask.stride)
+    if sizes is None or strides is None:
+        return None
+    pad = 4 - len(sizes)
+    sizes, strides = (1,) * pad + sizes, (0,) * pad + strides
+    if any(n not in (1, want) for n, want in zip(sizes, shape)):
+        return None
+    return tuple(0 if n == 1 else st for n, st in zip(sizes, strides))
+
+
+def _mask_add(ms) -> str:
+    """The C++ adding the mask (read through strides ``ms``) to a score tile's rows inside the
+    query rows and keys of the block: nothing without a mask."""
+    if ms is None:
+        return ""
+    return f"""
+          const float* mrow = mask + b * {ms[0]} + h * {ms[1]} + i0 * {ms[2]} + j0 * {ms[3]};
+          const int64_t jl = std::min<int64_t>(NV, nk - j0);
+          for (int64_t r = 0; r < mb; ++r)
+            for (int64_t l = 0; l < jl; ++l) sc[r * SP + j0 + l] += mrow[r * {ms[2]} + l * {ms[3]}];"""
+
+
 def attention_source(name: str, line: CallExtern, out, lse) -> str:
-    """The C++ kernel ``name(q, k, v, out, lse)`` for the call ``line`` (sizes, strides, scale and
+    """The C++ kernel ``name(q, k, v, [mask,] out, lse)`` for the call ``line`` (sizes, strides, scale and
     causality baked in) writing ``out`` (``(B, H, T, D)``) and ``lse`` (``(B, H, T)``) through their
     own strides."""
     a = _bound(line)
@@ -120,12 +148,13 @@ def attention_source(name: str, line: CallExtern, out, lse) -> str:
     qs, ks, vs = _ints(q.stride), _ints(k.stride), _ints(v.stride)
     os_, ls = _ints(out.stride), _ints(lse.stride)
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(d)
+    ms = _mask_strides(a["attn_mask"], (b, h, t, s)) if a["attn_mask"] is not None else None
     causal = 1 if a["is_causal"] else 0
     sp = -(-s // 16) * 16
     return f"""// fxwrap kernel {name}: attention of q {tuple(q.size)}, k/v {tuple(k.size)}, causal {bool(causal)}
 {PRELUDE}
 #include <algorithm>
-extern "C" void {name}(const float* q, const float* k, const float* v, float* out, float* lse)
+extern "C" void {name}(const float* q, const float* k, const float* v, {"const float* mask, " if ms else ""}float* out, float* lse)
 {{
   // G query heads share one key/value head (grouped-query attention: H = G * KH)
   constexpr int64_t B = {b}, H = {h}, G = {h // kh}, T = {t}, S = {s}, D = {d}, SP = {sp}, MB = {ROWS}, NV = 16;
@@ -167,7 +196,7 @@ extern "C" void {name}(const float* q, const float* k, const float* v, float* ou
             }}
           }}
           for (int64_t r = 0; r < MB; ++r)
-            for (int64_t l = 0; l < NV; ++l) sc[r * SP + j0 + l] = acc[r][l];
+            for (int64_t l = 0; l < NV; ++l) sc[r * SP + j0 + l] = acc[r][l];{_mask_add(ms)}
         }}
         float inv[MB];
         for (int64_t r = 0; r < mb; ++r) {{
@@ -176,6 +205,12 @@ extern "C" void {name}(const float* q, const float* k, const float* v, float* ou
           float m = -INFINITY;
           #pragma omp simd reduction(max:m)
           for (int64_t j = 0; j < lim; ++j) m = m > srow[j] ? m : srow[j];
+          if (m == -INFINITY) {{  // every key masked out: zeros, as ATen's kernel
+            for (int64_t j = 0; j < nkp; ++j) srow[j] = 0.f;
+            inv[r] = 0.f;
+            lp[(i0 + r) * {ls[2]}] = 0.f;
+            continue;
+          }}
           float sum = 0.f;
           #pragma omp simd reduction(+:sum)
           for (int64_t j = 0; j < lim; ++j) {{ const float x = fx_expf(srow[j] - m); srow[j] = x; sum += x; }}
@@ -258,13 +293,14 @@ def _kernel_lines(line: CallExtern, items: dict, name: str) -> list | None:
     if _ints(out_buf.stride) is None or _ints(lse_buf.stride) is None:
         return None
     out_buf, lse_buf = _at_zero(out_buf), _at_zero(lse_buf)
-    signature = (KernelArg("q", "input"), KernelArg("k", "input"), KernelArg("v", "input"),
+    inputs = tuple(x for x in (a["query"], a["key"], a["value"], a["attn_mask"]) if x is not None)
+    signature = (*(KernelArg(n, "input") for n in ("q", "k", "v", "mask")[:len(inputs)]),
                  KernelArg("out", "output"), KernelArg("lse", "output"))
-    launch = KernelLaunch(symbol=name, language="c++", pointers=5, size_symbols=(), parallel="openmp")
+    launch = KernelLaunch(symbol=name, language="c++", pointers=len(signature), size_symbols=(), parallel="openmp")
     kernel = Kernel(name, attention_source(name, line, out_buf, lse_buf), "cpu", signature, launch,
                     loader=kernel_loader)
     return [Allocate(out_buf), Allocate(lse_buf), DefineKernel(kernel),
-            CallKernel(kernel, (a["query"], a["key"], a["value"], out_buf, lse_buf), origins=line.origins)]
+            CallKernel(kernel, (*inputs, out_buf, lse_buf), origins=line.origins)]
 
 
 def _at_zero(buf):
