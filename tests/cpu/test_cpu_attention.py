@@ -101,15 +101,18 @@ def test_masks_added_to_the_scores(mask_kind):
     assert len(_attention_kernels(programs)) == 1
 
 
-def test_output_and_logsumexp_match_the_aten_op():
-    """Both results of the op: the log-sum-exp (scaled scores, natural log) as ATen's kernel's."""
-    def fn(q, k, v):
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_output_and_logsumexp_match_the_aten_op(with_mask):
+    """Both results of the op: the log-sum-exp (scaled scores, natural log) as ATen's kernel's;
+    causal and a mask together, as the op takes them."""
+    def fn(q, k, v, mask):
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, attn_mask=mask)
         return out + 1, lse * 2
     q, k, v = _qkv(2, 3, 40, 40, 32, seed=5)
+    mask = torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(6)) if with_mask else None
     compiled, programs = _compile(fn)
-    got_out, got_lse = compiled(q, k, v)
-    want_out, want_lse = fn(q, k, v)
+    got_out, got_lse = compiled(q, k, v, mask)
+    want_out, want_lse = fn(q, k, v, mask)
     torch.testing.assert_close(got_out, want_out, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(got_lse, want_lse, atol=2e-5, rtol=1e-5)
     assert got_lse.stride() == want_lse.stride()

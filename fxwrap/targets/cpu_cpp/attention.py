@@ -4,10 +4,9 @@ At the sizes a CPU runs (sequences of a few hundred, head sizes of 32-64) ATen's
 ``_scaled_dot_product_flash_attention_for_cpu`` spends its time in small ``gemm`` calls per
 block; a causal call also computes the blocks above the diagonal.  This Wrapper-IR pass (``"cpu
 attention"``, which the ``cpu`` target's plugin puts before ``"memory plan"`` through the public
-``fxwrap_pipeline`` hook) replaces the extern, where the
-call is float32, without dropout, of static sizes, causal or of head size <= 32 (with or without
-an additive float mask: T5's position bias), by a
-kernel that per (batch, head) and block of 8 query rows computes the scores against the keys
+``fxwrap_pipeline`` hook) replaces the extern, where the call is float32, without dropout, of
+static sizes, causal or of head size <= 32 (with or without an additive float mask: T5's
+position bias), by a kernel that per (batch, head) and block of 8 query rows computes the scores against the keys
 the row sees (register-blocked, the keys transposed once per head), their softmax, and the
 weighted sum of values, and writes the output and the log-sum-exp where the extern would.
 Grouped key/value heads (``H`` query heads, ``KH`` key/value heads, ``KH`` dividing ``H``: what
@@ -86,7 +85,7 @@ def attention_refusal(line: CallExtern) -> str | None:
     call (the extern stays), or None."""
     a = _bound(line)
     q, k, v = a["query"], a["key"], a["value"]
-    if not all(hasattr(t, "size") and hasattr(t, "dtype") for t in (q, k, v)):
+    if not all(isinstance(t, Buffer) for t in (q, k, v)):
         return "query, key or value not a buffer"
     if any(t.dtype != torch.float32 for t in (q, k, v)):
         return "not float32"
@@ -290,7 +289,8 @@ def _kernel_lines(line: CallExtern, items: dict, name: str) -> list | None:
     else:
         return None
     out_buf = result.buf
-    if _ints(out_buf.stride) is None or _ints(lse_buf.stride) is None:
+    out_strides, lse_strides = _ints(out_buf.stride), _ints(lse_buf.stride)
+    if out_strides is None or lse_strides is None or len(out_strides) != 4 or out_strides[3] != 1:
         return None
     out_buf, lse_buf = _at_zero(out_buf), _at_zero(lse_buf)
     inputs = tuple(x for x in (a["query"], a["key"], a["value"], a["attn_mask"]) if x is not None)
