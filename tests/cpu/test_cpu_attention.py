@@ -137,9 +137,9 @@ def test_training_gradients_through_the_kernel():
     assert len(_attention_kernels(programs)) == 1
 
 
-@pytest.mark.parametrize("case", ["head64_not_causal", "float64", "dynamic"])
+@pytest.mark.parametrize("case", ["head64_not_causal", "head128", "float64", "dynamic"])
 def test_other_calls_keep_the_extern(case):
-    b, h, t, d = 2, 2, 32, 64 if case == "head64_not_causal" else 32
+    b, h, t, d = 2, 2, 32, {"head64_not_causal": 64, "head128": 128}.get(case, 32)
     q, k, v = _qkv(b, h, t, t, d, seed=11)
     dtype = torch.float64 if case == "float64" else torch.float32
     q, k, v = (x.to(dtype) for x in (q, k, v))
