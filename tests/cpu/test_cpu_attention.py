@@ -151,3 +151,16 @@ def test_other_calls_keep_the_extern(case):
         got = compiled(q, k, v)
     torch.testing.assert_close(got, fn(q, k, v), atol=2e-5, rtol=1e-5)
     assert not _attention_kernels(programs)
+
+
+def test_debug_dump_holds_the_kernel_source(tmp_path):
+    """``FXWRAP_DEBUG_DIR`` / ``debug_dir`` writes the kernel a Wrapper-IR pass defined, as the
+    builder's kernels."""
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 3
+    q, k, v = _qkv(1, 2, 24, 24, 16, seed=31)
+    torch._dynamo.reset()
+    program = fxwrap.lower(fn, q, k, v, target="cpu", options={"debug_dir": str(tmp_path), "cache": False})
+    (kernel,) = [ln.kernel for ln in program.lines if isinstance(ln, CallKernel) and "attention" in ln.kernel.name]
+    (path,) = tmp_path.glob(f"*/kernels/{kernel.name}.cpp")
+    assert path.read_text().rstrip("\n") == kernel.source.rstrip("\n")
