@@ -150,12 +150,13 @@ def attention_source(name: str, line: CallExtern, out, lse) -> str:
     os_, ls = _ints(out.stride), _ints(lse.stride)
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(d)
     ms = _mask_strides(a["attn_mask"], (b, h, t, s)) if a["attn_mask"] is not None else None
+    mask_arg = "const float* mask, " if ms else ""
     causal = 1 if a["is_causal"] else 0
     sp = -(-s // 16) * 16
     return f"""// fxwrap kernel {name}: attention of q {tuple(q.size)}, k/v {tuple(k.size)}, causal {bool(causal)}
 {PRELUDE}
 #include <algorithm>
-extern "C" void {name}(const float* q, const float* k, const float* v, {"const float* mask, " if ms else ""}float* out, float* lse)
+extern "C" void {name}(const float* q, const float* k, const float* v, {mask_arg}float* out, float* lse)
 {{
   // G query heads share one key/value head (grouped-query attention: H = G * KH)
   constexpr int64_t B = {b}, H = {h}, G = {h // kh}, T = {t}, S = {s}, D = {d}, SP = {sp}, MB = {ROWS}, NV = 16;
