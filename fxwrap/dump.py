@@ -32,6 +32,7 @@ from html import escape
 from pathlib import Path
 
 from fxwrap.core.capture import aten_graph_text
+from fxwrap.ir.lines import DefineKernel
 from fxwrap.ir.loops import format_kernel
 from fxwrap.core.memory import describe_plan, storage_lifetimes
 from fxwrap.wrapper_ir.fx import annotated_code
@@ -127,6 +128,10 @@ class ProgramDump:
         for record in built.kernels:
             ext = _EXTENSIONS.get(str(record.source.language).lower(), "txt")
             put(f"kernels/{record.scheduled.name}.{ext}", record.source.text)
+        built_names = {record.scheduled.name for record in built.kernels}
+        for kernel in _pass_kernels(program.lines, built_names):  # kernels a Wrapper-IR pass defined
+            ext = _EXTENSIONS.get(str(kernel.launch.language).lower(), "txt")
+            put(f"kernels/{kernel.name}.{ext}", kernel.source)
         put("memory_plan.txt", describe_plan(program.memory, program.hints))
         put("memory.svg", memory_svg(program.memory, program.hints, f"{self.folder}: memory plan"))
         phases = {k: round(v * 1e3, 3) for k, v in timer.phases.items()}
@@ -139,6 +144,17 @@ class ProgramDump:
         (out / "program.json").write_text(json.dumps(summary, indent=2) + "\n")
         write_index(self.root)
         return out
+
+
+def _pass_kernels(lines, built_names: set) -> list:
+    """The kernels ``lines`` define (``DefineKernel``) that the kernel builder did not render
+    (named outside ``built_names``: a Wrapper-IR pass's, such as the cpu target's attention
+    kernel), in program order, each once."""
+    found = {}
+    for line in lines:
+        if isinstance(line, DefineKernel) and line.kernel.name not in built_names:
+            found.setdefault(line.kernel.name, line.kernel)
+    return list(found.values())
 
 
 def schedule_text(program, built) -> str:

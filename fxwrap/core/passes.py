@@ -5,7 +5,7 @@
     >>> get_plugin_manager().session(target("cpu")).pipeline
     Pipeline(aten=['follow input layouts', 'channels-last convolutions', 'matmul padding',
                    'patterns'],
-             wrapper=['memory plan'])
+             wrapper=['cpu attention', 'memory plan'])
 
     ATen graph --aten passes (in place)--> [program cache] --> kernel builder --> lines
     lines --wrapper passes--> (the passes of ``fxwrap_wrapper_passes`` after them) --> FX

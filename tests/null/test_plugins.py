@@ -407,7 +407,7 @@ def test_a_plugin_adds_and_reorders_passes():
     assert pipeline.names() == (
         ("patterns", "follow input layouts", "constant folding", "channels-last convolutions", "matmul padding",
          "convolution bias", "sin to cos", "after the rewrite"),
-        ("before the plan", "memory plan", "after the plan"))
+        ("cpu attention", "before the plan", "memory plan", "after the plan"))
     assert manager.session(manager.target("reference")).pipeline.names() == (
         ("follow input layouts", "constant folding", "channels-last convolutions", "matmul padding",
          "convolution bias", "patterns"), ("memory plan",))

@@ -1,8 +1,11 @@
-"""Registers the built-in ``cpu`` target, and its templates (GEMM, int8 weight-only GEMM), through
-the ``fxwrap`` entry point."""
+"""Registers the built-in ``cpu`` target, its templates (GEMM, int8 weight-only GEMM) and its
+Wrapper-IR pass ``"cpu attention"`` (attention as one C++ kernel: ``cpu_cpp.attention``), through the ``fxwrap``
+entry point."""
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.targets.base import Target
 from fxwrap.targets.host.device import CpuDevice
+from fxwrap.core.passes import MEMORY_PLAN
+from fxwrap.targets.cpu_cpp.attention import attention_pass
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 from fxwrap.targets.cpu_cpp.gemm import CppGemm
 from fxwrap.targets.cpu_cpp.int8_gemm import CppInt8Gemm
@@ -17,3 +20,9 @@ def fxwrap_targets():
 @hookimpl
 def fxwrap_templates(target):
     return [CppGemm(), CppInt8Gemm()] if target.name == "cpu" else []
+
+
+@hookimpl
+def fxwrap_pipeline(pipeline, target):
+    if target.name == "cpu":
+        pipeline.wrapper.insert_before(MEMORY_PLAN, attention_pass())
