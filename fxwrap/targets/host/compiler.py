@@ -23,6 +23,12 @@ flags, compiler and host in the cache (``pch/``): the compiler then skips parsin
 The key and the cached ``.cpp`` are the full source's; the binary is the same code (a
 precompiled header that does not fit the flags is ignored by the compiler, which then
 reads ``prelude.h`` as text).
+
+A program's kernels, all known at once, compile in a few translation units rather than a
+process each (``compile_many``): each unit opens with the prelude, each kernel in a
+namespace of its own, and each kernel's entry is a hard link to the unit's shared object::
+
+    CppCompiler().compile_many([source_0, ..., source_20], prelude, units=2)   # 2 g++, not 21
 """
 from __future__ import annotations
 
