@@ -15,7 +15,6 @@ kernel is compiled again from its source (``rebuild``) with a warning.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import warnings
@@ -39,12 +38,22 @@ def saved_binary_path(binary: bytes) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=64)
-def _binary(file_id: tuple, path: str) -> bytes:
-    """The bytes of the file ``file_id`` (device, inode, mtime, size) at ``path``, one object
-    per file: kernels of one translation unit share its shared object (hard links of one
-    file), which a program file's pickle then stores once."""
-    return Path(path).read_bytes()
+_BINARIES: dict[tuple, bytes] = {}  # (device, inode, mtime, size) -> the file's bytes, the last few files
+
+
+def _binary(library: str | os.PathLike) -> bytes:
+    """The bytes of the file at ``library``, one object per file (by device and inode, not
+    path): kernels of one translation unit share its shared object (hard links of one file),
+    which a program file's pickle then stores once."""
+    status = os.stat(library)
+    file_id = (status.st_dev, status.st_ino, status.st_mtime_ns, status.st_size)
+    binary = _BINARIES.get(file_id)
+    if binary is None:
+        binary = Path(library).read_bytes()
+        while len(_BINARIES) >= 64:
+            _BINARIES.pop(next(iter(_BINARIES)), None)
+        _BINARIES[file_id] = binary
+    return binary
 
 
 class SharedObjectLoader:
@@ -60,9 +69,7 @@ class SharedObjectLoader:
     @classmethod
     def of(cls, library: str | os.PathLike, bind: Callable, rebuild: Callable) -> "SharedObjectLoader":
         """The loader of the shared object at ``library``, built on this host."""
-        status = os.stat(library)
-        binary = _binary((status.st_dev, status.st_ino, status.st_mtime_ns, status.st_size), str(library))
-        return cls(binary, host_fingerprint(), bind, rebuild)
+        return cls(_binary(library), host_fingerprint(), bind, rebuild)
 
     def __call__(self, kernel) -> Callable:
         if self.host != host_fingerprint():
