@@ -15,6 +15,8 @@ with ``--device cuda`` the suite's GPU size (Swin-T: 32 images), as ``benchmarks
   the graphs.  With ``--compile-only`` (default for ``triton-interpret``, whose kernels would
   run in the Triton interpreter) the first graph is compiled and the model is not run.
 * ``inductor``: the first call of ``torch.compile(model)`` (CPU C++ code), same caches off.
+* CPU seconds of the first call: the process's (every thread) and its compilers' (ended
+  child processes), which a loaded machine does not inflate as it does wall time.
 * ``--cprofile N``: the N functions of largest cumulative time inside fxwrap's compile, in
   thread CPU time (a loaded machine's waits not counted; the phases are wall time).
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -128,13 +131,14 @@ def child(backend: str, model_name: str, target: str, compile_only: bool, cprofi
     else:
         compile_model = torch.compile
     step = _step(model_name, device, compile_model)
-    start = time.perf_counter()
+    start, used = time.perf_counter(), _cpu_seconds()
     try:
         step()
     except Exception as error:  # noqa: BLE001 - dynamo wraps the backend's exception
         if not compile_only or "_Compiled" not in repr(error) and not isinstance(error.__cause__, _Compiled):
             raise
     first = time.perf_counter() - start
+    own_cpu, compilers_cpu = (after - before for after, before in zip(_cpu_seconds(), used))
     for timer in timers if backend == "fxwrap" else ():
         for name, seconds in timer.phases.items():
             phases[name] = phases.get(name, 0.0) + seconds
@@ -147,8 +151,15 @@ def child(backend: str, model_name: str, target: str, compile_only: bool, cprofi
         top = [{"function": f"{os.path.relpath(f, os.path.dirname(HERE)) if f.startswith('/') else f}:{line}"
                             f"({name})", "calls": nc, "tottime": tt, "cumtime": ct}
                for (f, line, name), (cc, nc, tt, ct, _) in rows]
-    return {"first_s": first, "own_s": own["s"], "own_cpu_s": own["cpu_s"], "graphs": own["graphs"], "lines": own["lines"],
+    return {"first_s": first, "cpu_s": own_cpu, "compilers_cpu_s": compilers_cpu, "own_s": own["s"], "own_cpu_s": own["cpu_s"], "graphs": own["graphs"], "lines": own["lines"],
             "phases": phases, "top": top}
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU seconds so far of this process (all its threads) and of its ended child processes
+    (the C++ compilers): unlike wall time, what a loaded machine's waits do not inflate."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime
 
 
 def _spawn(args: list[str]) -> dict:
@@ -183,11 +194,13 @@ def main(argv=None) -> int:
           f"{', compile only (model not run)' if compile_only else ''}")
     print(f"fxwrap    first call {fx['first_s']:7.2f} s   own (compile_aten_graph) {fx['own_s']:6.2f} s   "
           f"(thread CPU {fx['own_cpu_s']:6.2f} s)   graphs {fx['graphs']}  wrapper lines {fx['lines']}")
+    print(f"          CPU {fx['cpu_s']:6.2f} s in the process, {fx['compilers_cpu_s']:6.2f} s in compilers")
     for name, seconds in sorted(fx["phases"].items(), key=lambda kv: -kv[1]):
         print(f"    {name:<28} {seconds:7.3f} s")
     if not args.no_inductor:
         ind = _spawn(["inductor", args.model, args.target, "0", "0", args.device])
         print(f"inductor  first call {ind['first_s']:7.2f} s")
+        print(f"          CPU {ind['cpu_s']:6.2f} s in the process, {ind['compilers_cpu_s']:6.2f} s in compilers")
     if fx["top"]:
         print(f"{'cumtime':>8} {'tottime':>8} {'calls':>8}  function")
         for row in fx["top"]:

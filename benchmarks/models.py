@@ -29,7 +29,13 @@ bfloat16): milliseconds per iteration of each backend (the median of rounds
 that run eager, Inductor and fxwrap one after the other, so machine noise hits all
 three alike), the ratios, the first-call (compile) time of Inductor and fxwrap (with
 the whole-graph caches of both off: Inductor's FX graph and AOTAutograd caches, fxwrap's
-program cache; the per-kernel binary caches of both stay as they are), and a
+program cache; the per-kernel caches -- Inductor's compiled kernels under
+``$TORCHINDUCTOR_CACHE_DIR``, fxwrap's under ``$FXWRAP_CACHE_DIR`` -- as ``--kernel-caches`` says:
+``as-is`` (the default) leaves them as earlier runs left them, so one compiler may hit its cache
+where the other compiles; ``cold`` gives both an empty folder of their own for each model,
+variant and thread count (and clears Inductor's in-memory code caches): every kernel compiled;
+``warm`` compiles and runs each model once with both first, untimed, then resets dynamo: every
+kernel a cache hit; the first output line says which), and a
 correctness check against eager (the output; for training the loss and every
 parameter's gradient), the peak memory of one call of each backend (CUDA: the allocator's
 counters; CPU: the profiler's allocation events) and fxwrap's planned peak (the largest
@@ -43,6 +49,7 @@ geomean of fxwrap/Inductor for inference and for training.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import importlib
@@ -51,6 +58,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -215,6 +223,43 @@ def _profile_cpu(programs, recorded, top, runs=5):
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _kernel_caches(mode: str):
+    """``cold``: an empty per-kernel cache folder of its own for each of Inductor and fxwrap
+    while one model runs (``$TORCHINDUCTOR_CACHE_DIR``, ``$FXWRAP_CACHE_DIR``; Inductor's
+    in-memory code caches cleared before and after), removed after; otherwise as they are."""
+    if mode != "cold":
+        yield
+        return
+    inductor_utils = importlib.import_module("torch._inductor.utils")
+    # torch 2.11 and later: clear_caches; earlier: clear_inductor_caches
+    clear = getattr(inductor_utils, "clear_caches", None) or inductor_utils.clear_inductor_caches
+    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "FXWRAP_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="models-kernel-caches-") as folder:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "inductor")
+        os.environ["FXWRAP_CACHE_DIR"] = os.path.join(folder, "fxwrap")
+        clear()
+        try:
+            yield
+        finally:
+            clear()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _warm_kernel_caches(base, inputs, training, loss_fn, amp, args) -> None:
+    """``--kernel-caches warm``: compile and run ``base`` once with each compiler (untimed),
+    then reset dynamo: the timed first calls find every kernel in the caches."""
+    for compiled in (torch.compile(copy.deepcopy(base), mode=args.mode),
+                     torch.compile(copy.deepcopy(base), backend="fxwrap",
+                                   options={**args.options, "mode": args.mode, "cache": False})):
+        _step(compiled, inputs, training, loss_fn, amp)
+    torch._dynamo.reset()
+
+
 def run_one(entry, variant, args, device) -> dict:
     training, dtype = variant.startswith("training"), torch.bfloat16 if variant.endswith("bf16") else torch.float32
     amp = variant == "training-amp"  # a float32 model, its step under autocast (bf16)
@@ -226,6 +271,8 @@ def run_one(entry, variant, args, device) -> dict:
     if not training:
         base.eval()
     inputs = _cast_inputs(make_inputs(1), dtype)
+    if args.kernel_caches == "warm":
+        _warm_kernel_caches(base, inputs, training, loss_fn, amp, args)
     programs, recorded = [], []
 
     def on_program(program):
@@ -420,6 +467,10 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", default=None,
                         help="comma-separated thread counts (torch.set_num_threads), e.g. 1,2: every model "
                              "and variant at each (default: torch's count)")
+    parser.add_argument("--kernel-caches", default="as-is", choices=("as-is", "cold", "warm"),
+                        help="the per-kernel caches of both compilers for the compile column: as earlier runs "
+                             "left them (as-is), empty for each model (cold), or filled by an untimed compile "
+                             "first (warm); see the module docstring")
     parser.add_argument("--options", type=json.loads, default={},
                         help='fxwrap options as JSON, e.g. \'{"partition": "min_cut"}\'')
     args = parser.parse_args(argv)
@@ -444,7 +495,8 @@ def main(argv=None) -> int:
     load = os.getloadavg() if hasattr(os, "getloadavg") else ()
     print(f"# {device}: torch {torch.__version__}, threads {','.join(map(str, thread_counts))}, mode {args.mode}"
           + (f", {torch.cuda.get_device_name()}" if device == "cuda" else "")
-          + (f", load average {load[0]:.2f} at the start" if load else ""), flush=True)
+          + (f", load average {load[0]:.2f} at the start" if load else "")
+          + f", kernel caches {args.kernel_caches} for the compile column", flush=True)
     results = []
     for entry in suite_models.MODELS:
         if entry.name not in names:
@@ -461,7 +513,8 @@ def main(argv=None) -> int:
                     continue
                 torch._dynamo.reset()
                 try:
-                    result = run_one(entry, variant, args, device)
+                    with _kernel_caches(args.kernel_caches):
+                        result = run_one(entry, variant, args, device)
                 except Exception as error:  # noqa: BLE001 - one model's failure is reported, the rest run
                     result = {"model": entry.name, "variant": variant, "threads": count,
                               "error": f"{type(error).__name__}: {error}"[:300]}

@@ -228,6 +228,11 @@ class KernelEmitter:
     def load(self, source: KernelSource) -> Callable:
         raise NotImplementedError(f"{type(self).__name__} cannot load kernels yet")
 
+    def load_ahead(self, sources: list[KernelSource]) -> None:
+        """Before ``load`` of each of ``sources`` (a program's kernels, known at once): build
+        what those loads need in fewer, larger steps (the C++ emitter compiles the kernels
+        in a few translation units rather than one compiler process each); nothing by default."""
+
     def saved_loader(self, kernel) -> Callable | None:
         """What ``program.save`` stores as the loader of ``kernel`` (an ``fxwrap.Kernel``
         this emitter built): a picklable ``loader(kernel) -> launcher`` that carries what

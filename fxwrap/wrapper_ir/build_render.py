@@ -227,6 +227,8 @@ def _load_all(emitter, sources: list, label: str = "program") -> list:
     if not sources:
         return []
     threads = min(int(getattr(emitter, "load_threads", 1) or 1), len(sources))
+    if len(sources) > 1:
+        emitter.load_ahead(sources)  # e.g. the C++ kernels in a few translation units
     with Progress(len(sources), label) as progress:
         def load(source):
             launcher = emitter.load(source)

@@ -4,6 +4,7 @@ shared object (host.loader.shared_source), kernels compile with the prelude prec
 before any is timed, each distinct group timed once (wrapper_ir.template_choice)."""
 from __future__ import annotations
 
+import re
 import types
 
 import torch
@@ -14,7 +15,7 @@ from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.targets.cpu_cpp.emitter import SHARED_PRELUDE, CppEmitter
 from fxwrap.targets.host import compiler as compiler_module
 from fxwrap.targets.host.compiler import CppCompiler, SharedPrelude
-from fxwrap.targets.host.loader import SHARED_SYMBOL, launcher_for, shared_source
+from fxwrap.targets.host.loader import ENTRY_PREFIX, SHARED_SYMBOL, launcher_for, shared_source
 from fxwrap.targets.host.saved import bind_c_kernel
 from fxwrap.wrapper_ir import template_choice
 from fxwrap.ir.lines import CallKernel, TemplateChoice
@@ -57,9 +58,11 @@ def test_shared_source_renames_the_whole_symbol_only():
            'extern "C" void k_12(int64_t* p) { p[0] = 12; }\n'
            'extern "C" void k_1(int64_t* p) { k_12(p); p[0] += 1; }\n')
     text, symbol = shared_source(src, "k_1")
-    assert symbol == SHARED_SYMBOL and "//" not in text
-    assert f"void {SHARED_SYMBOL}(int64_t* p) {{ k_12(p);" in text and "void k_12(" in text
-    assert shared_source(src.replace("k_1", "k_2").replace("k_22", "k_12"), "k_2")[0] == text
+    assert re.fullmatch(ENTRY_PREFIX + "[0-9a-f]{24}", symbol) and "//" not in text
+    assert f"void {symbol}(int64_t* p) {{ k_12(p);" in text and "void k_12(" in text
+    assert shared_source(src.replace("k_1", "k_2").replace("k_22", "k_12"), "k_2") == (text, symbol)
+    # other code: another symbol (kernels compiled in one translation unit must not clash)
+    assert shared_source(src.replace("+= 1", "+= 2"), "k_1")[1] != symbol
     # a source that does not name the symbol, or already uses the shared one: as it is
     assert shared_source(src, "k_3") == (src, "k_3")
     clash = src + f"static int {SHARED_SYMBOL};\n"

@@ -312,6 +312,13 @@ class CppEmitter(CStyleEmitter):
                             source.launch.pointers, len(source.launch.size_symbols),
                             compiler=self._compiler, prelude=SHARED_PRELUDE)
 
+    def load_ahead(self, sources: list[KernelSource]) -> None:
+        """Compile the kernels of ``sources`` not in the cache yet in at most ``load_threads``
+        translation units at once (``host.loader.compile_ahead``)."""
+        from fxwrap.targets.host.loader import compile_ahead
+        compile_ahead([(source.text, source.launch.symbol) for source in sources], compiler=self._compiler,
+                      prelude=SHARED_PRELUDE, units=self.load_threads)
+
     def saved_loader(self, kernel) -> Callable:
         """The kernel's shared object, carried by a ``host.saved.SharedObjectLoader``."""
         from fxwrap.targets.host.loader import kernel_loader

@@ -23,6 +23,12 @@ flags, compiler and host in the cache (``pch/``): the compiler then skips parsin
 The key and the cached ``.cpp`` are the full source's; the binary is the same code (a
 precompiled header that does not fit the flags is ignored by the compiler, which then
 reads ``prelude.h`` as text).
+
+A program's kernels, all known at once, compile in a few translation units rather than a
+process each (``compile_many``): each unit opens with the prelude, each kernel in a
+namespace of its own, and each kernel's entry is a hard link to the unit's shared object::
+
+    CppCompiler().compile_many([source_0, ..., source_20], prelude, units=2)   # 2 g++, not 21
 """
 from __future__ import annotations
 
@@ -33,11 +39,13 @@ import logging
 import hashlib
 import os
 import platform
+import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from fxwrap.targets.host.cache import KernelCache, default_cache_dir, write_atomically
@@ -252,25 +260,7 @@ class CppCompiler:
 
         def build(src: Path, out: Path) -> None:
             rest = prelude.split(source) if prelude is not None else None
-            header = self.precompiled_header(prelude, extra_flags) if rest is not None else None
-            if header is not None:
-                short = src.parent / "pch" / src.name  # the same file name: the same binary
-                try:
-                    short.parent.mkdir(exist_ok=True)
-                    short.write_text(rest)
-                    cmd = [*shlex.split(self.cxx), *self.flags, *extra_flags, "-include", str(header), str(short),
-                           "-o", str(out)]
-                    if run_compiler(cmd).returncode == 0 and out.is_file():
-                        return
-                finally:  # a failure with the header: compile the whole source, which reports it
-                    short.unlink(missing_ok=True)
-            cmd = self.command(src, out, extra_flags)
-            proc = run_compiler(cmd)
-            if proc.returncode != 0 or not out.is_file():
-                keep = self.cache.path(key, ".failed.cpp")  # beside the entry: the build folder goes
-                keep.write_text(source)
-                what = "failed" if proc.returncode != 0 else f"exited 0 but wrote no {out.name}"
-                raise compiler_error(cmd, proc, f"{what} on the kernel saved at {keep}")
+            self._build(src, out, key, source, rest, prelude, extra_flags)
 
         with self._lock:
             building = self._building.get(key)
@@ -296,13 +286,104 @@ class CppCompiler:
         building.set_result(path)
         return path
 
+    def compile_many(self, sources: list[str], prelude: SharedPrelude, units: int) -> None:
+        """Fill the cache for every source of ``sources`` not in it yet, in at most ``units``
+        compiler processes at once (one translation unit each) rather than one per source: a
+        compiler process costs a start, the prelude's parse (or its precompiled header's load)
+        and a link whatever it compiles, which for most kernels is more than their own code.
 
-    def precompiled_header(self, prelude: SharedPrelude, extra_flags=(), wait: bool = False) -> Path | None:
+        A unit opens with ``prelude`` and holds each source less it in a namespace of its own
+        (the sources' ``extern "C"`` symbols must differ: ``loader.shared_source`` names them
+        by their code); every source's entry is then a hard link to the unit's shared object::
+
+            g++ <flags> unit.cpp -o unit.so       # unit.cpp: prelude, then
+                                                  # namespace fxwrap_unit_0 { <source 0 less the prelude> }
+                                                  # namespace fxwrap_unit_1 { <source 1 less the prelude> } ...
+            cpu_cpp/3f/3f2a...e1.so -> unit.so    # each source's entry (and its own .cpp)
+
+        Sources that do not open with the prelude, and every source of a unit that does not
+        build, are left to ``compile`` (one process each, which reports the failing kernel)."""
+        keys: dict[str, str] = {}  # key -> source: each distinct source once, in order
+        for source in sources:
+            key = self.key(source)
+            if key not in keys and prelude.split(source) is not None and self.cache.lookup(key) is None:
+                keys[key] = source
+        if len(keys) < 2:
+            return
+        groups = _balanced([(key, prelude.split(source)) for key, source in keys.items()], units)
+        if len(groups) == 1:
+            self._compile_unit(groups[0], keys, prelude)
+            return
+        with ThreadPoolExecutor(len(groups), thread_name_prefix="fxwrap-unit") as pool:
+            list(pool.map(lambda group: self._compile_unit(group, keys, prelude), groups))
+
+    def _compile_unit(self, group: list[tuple[str, str]], sources: dict[str, str], prelude: SharedPrelude) -> None:
+        """Build one translation unit of ``group`` (``(key, source less the prelude)``) and
+        link each key's cache entry to it; a unit that fails leaves its keys uncached."""
+        unit_key = hashlib.sha256("\0".join(key for key, _ in group).encode()).hexdigest()
+        text = prelude.text.strip("\n") + "\n" + prelude.extra.strip("\n") + "\n" + "".join(
+            f"namespace fxwrap_unit_{i} {{\n{rest.strip(chr(10))}\n}}  // namespace fxwrap_unit_{i}\n"
+            for i, (_, rest) in enumerate(group))
+
+        # a private folder, its files named by the unit's key: the binary records its source's name
+        work = self.cache.dir / "units" / f".{unit_key}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+        try:
+            work.mkdir(parents=True)
+            src, out = work / f"{unit_key}.cpp", work / f"{unit_key}.so"
+            src.write_text(text)
+            # the precompiled prelude where it is built already; a unit parses the prelude once
+            # anyway, and building the header would take the cores its compilers need
+            self._build(src, out, unit_key, text, prelude.split(text), prelude, keep_failed=False, start_header=False)
+            for key, _ in group:  # each entry: its own source (for humans), its binary a link to the unit's
+                final = self.cache.path(key)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                write_atomically(self.cache.path(key, ".cpp"), sources[key].encode())
+                link = work / f"{key}.so"
+                try:
+                    os.link(out, link)
+                except OSError:  # a file system without hard links: a copy
+                    shutil.copyfile(out, link)
+                os.replace(link, final)  # the entry's commit point
+        except (CompileError, OSError) as exc:  # each kernel compiles alone, naming the one that fails
+            _CACHE_LOG.debug("a unit of %d kernels did not build; they compile one by one: %s", len(group), exc)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _build(self, src: Path, out: Path, key: str, source: str, rest: str | None, prelude: SharedPrelude | None,
+               extra_flags=(), keep_failed: bool = True, start_header: bool = True) -> None:
+        """Compile ``src`` (holding ``source``) to ``out``: ``rest`` (``source`` less the
+        prelude) with the prelude's precompiled header where it is ready (``start_header``:
+        its build starts if it has not), else the whole source; a failure is a
+        ``CompileError`` (the source kept beside the entry: ``keep_failed``)."""
+        header = self.precompiled_header(prelude, extra_flags, start=start_header) if rest is not None else None
+        if header is not None:
+            short = src.parent / "pch" / src.name  # the same file name: the same binary
+            try:
+                short.parent.mkdir(exist_ok=True)
+                short.write_text(rest)
+                cmd = [*shlex.split(self.cxx), *self.flags, *extra_flags, "-include", str(header), str(short),
+                       "-o", str(out)]
+                if run_compiler(cmd).returncode == 0 and out.is_file():
+                    return
+            finally:  # a failure with the header: compile the whole source, which reports it
+                short.unlink(missing_ok=True)
+        cmd = self.command(src, out, extra_flags)
+        proc = run_compiler(cmd)
+        if proc.returncode != 0 or not out.is_file():
+            what = "failed" if proc.returncode != 0 else f"exited 0 but wrote no {out.name}"
+            if keep_failed:
+                keep = self.cache.path(key, ".failed.cpp")  # beside the entry: the build folder goes
+                keep.write_text(source)
+                what += f" on the kernel saved at {keep}"
+            raise compiler_error(cmd, proc, what)
+
+    def precompiled_header(self, prelude: SharedPrelude, extra_flags=(), wait: bool = False,
+                           start: bool = True) -> Path | None:
         """``prelude.h`` (with ``prelude.h.gch`` beside it) in the cache; None while it is
         being built (on first use, in a thread of its own: the kernels compile meanwhile
-        without it, so a small program never waits for it; ``wait``: until it is built) and
-        where the compiler cannot precompile it.  Processes race harmlessly: each file is
-        renamed into place."""
+        without it, so a small program never waits for it; ``wait``: until it is built), where
+        it is not built and not to be (``start`` False) and where the compiler cannot
+        precompile it.  Processes race harmlessly: each file is renamed into place."""
         wanted = (prelude, tuple(extra_flags))
         with self._prelude_lock:
             if wanted in self._preludes:
@@ -319,6 +400,8 @@ class CppCompiler:
                 if gch.is_file() and header.is_file():
                     ready = self._preludes[wanted] = header
                     build = None
+                elif not start:
+                    return None
                 else:
                     ready = self._preludes[wanted] = None
                     build = threading.Thread(target=self._build_header, name="fxwrap-pch", daemon=True,
@@ -350,6 +433,19 @@ class CppCompiler:
         with self._prelude_lock:
             self._preludes[wanted] = header if gch.is_file() else None
             self._prelude_builds.pop(wanted, None)
+
+
+def _balanced(items: list[tuple[str, str]], units: int) -> list[list[tuple[str, str]]]:
+    """``items`` (``(key, text)``) in at most ``units`` groups of about equal text (largest
+    first, each to the group with the least so far; ties by order): the same groups for the
+    same items, each group in the items' order."""
+    count = max(1, min(units, len(items)))
+    sizes, groups = [0] * count, [[] for _ in range(count)]
+    for index in sorted(range(len(items)), key=lambda i: (-len(items[i][1]), i)):
+        g = min(range(count), key=lambda j: (sizes[j], j))
+        sizes[g] += len(items[index][1])
+        groups[g].append(index)
+    return [[items[i] for i in sorted(group)] for group in groups if group]
 
 
 _DEFAULTS: dict[tuple, CppCompiler] = {}

@@ -13,15 +13,18 @@ included; kernel index expressions are relative to it.
 
 Kernels that differ only in their names share one shared object: what is compiled is
 ``shared_source``'s text, the source without its header comment and with the kernel's
-symbol renamed to ``SHARED_SYMBOL``, so the three layers of a model, or a forward and
-a backward graph, compile each distinct kernel once::
+symbol renamed to one named by the code (``fxwrap_kernel_`` and a digest of the source with
+the name taken out), so the three layers of a model, or a forward and a backward graph,
+compile each distinct kernel once, and distinct kernels export distinct symbols (several
+of them compile in one translation unit: ``compile_ahead``)::
 
     shared_source("// fxwrap kernel fxwrap_pointwise_7\n...void fxwrap_pointwise_7(...)", "fxwrap_pointwise_7")
-    ("...void fxwrap_kernel_entry(...)", "fxwrap_kernel_entry")
+    ("...void fxwrap_kernel_3f2a...(...)", "fxwrap_kernel_3f2a...")
 """
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import re
 import threading
 from collections.abc import Callable
@@ -30,8 +33,11 @@ from pathlib import Path
 from fxwrap.targets.host.compiler import CompileError, CppCompiler, SharedPrelude, default_compiler, without_header
 from fxwrap.targets.host.trampoline import c_launcher, prepare
 
-#: the symbol a kernel's shared object exports (``shared_source``)
+#: the symbol a kernel's shared object exported before symbols were named by the code (program
+#: files saved then bind it); ``shared_source`` uses it in place of the kernel's name to name the code
 SHARED_SYMBOL = "fxwrap_kernel_entry"
+#: what a kernel's shared object exports: this and 24 hex digits of its code (``shared_source``)
+ENTRY_PREFIX = "fxwrap_kernel_"
 
 _LIBS: dict[str, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
@@ -75,13 +81,27 @@ def make_launcher(fn, pointers: int, sizes: int, name: str = "launch", trampolin
 def shared_source(source: str, symbol: str) -> tuple[str, str]:
     """``(text, exported symbol)`` to compile for kernel ``source`` whose function is
     ``symbol``: the source less its header comment, every whole-word ``symbol`` renamed to
-    ``SHARED_SYMBOL`` (equal kernels of other names give the same text, so one cache entry);
-    the source as it is where it does not name ``symbol`` or already uses ``SHARED_SYMBOL``."""
+    ``ENTRY_PREFIX`` and a digest of that text with ``SHARED_SYMBOL`` for the name (equal
+    kernels of other names give the same text, so one cache entry; other kernels, other
+    symbols); the source as it is where it does not name ``symbol`` or already uses
+    ``SHARED_SYMBOL``."""
     body = without_header(source)
     own = re.compile(rf"\b{re.escape(symbol)}\b")
     if re.search(rf"\b{SHARED_SYMBOL}\b", body) or not own.search(body):
         return source, symbol
-    return own.sub(SHARED_SYMBOL, body), SHARED_SYMBOL
+    exported = ENTRY_PREFIX + hashlib.sha256(own.sub(SHARED_SYMBOL, body).encode()).hexdigest()[:24]
+    return own.sub(exported, body), exported
+
+
+def compile_ahead(sources: list[tuple[str, str]], compiler: CppCompiler | None = None,
+                  prelude: SharedPrelude | None = None, units: int = 1) -> None:
+    """Compile the kernels ``sources`` (``(source, symbol)``) not in the cache yet, a few
+    translation units of them at once (``CppCompiler.compile_many``, at most ``units``):
+    ``launcher_for`` then finds each compiled."""
+    comp = compiler or default_compiler()
+    prepare()  # the launch binding builds while the kernels compile
+    if prelude is not None:
+        comp.compile_many([shared_source(source, symbol)[0] for source, symbol in sources], prelude, units)
 
 
 def launcher_for(source: str, symbol: str, pointers: int, sizes: int,

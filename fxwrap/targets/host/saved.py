@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
-from fxwrap.targets.host.loader import SHARED_SYMBOL, c_function, load_library, make_launcher
+from fxwrap.targets.host.loader import SHARED_SYMBOL, c_function, load_library, make_launcher, shared_source
 
 
 def saved_binary_path(binary: bytes) -> Path:
@@ -36,6 +36,24 @@ def saved_binary_path(binary: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, binary)
     return path
+
+
+_BINARIES: dict[tuple, bytes] = {}  # (device, inode, mtime, size) -> the file's bytes, the last few files
+
+
+def _binary(library: str | os.PathLike) -> bytes:
+    """The bytes of the file at ``library``, one object per file (by device and inode, not
+    path): kernels of one translation unit share its shared object (hard links of one file),
+    which a program file's pickle then stores once."""
+    status = os.stat(library)
+    file_id = (status.st_dev, status.st_ino, status.st_mtime_ns, status.st_size)
+    binary = _BINARIES.get(file_id)
+    if binary is None:
+        binary = Path(library).read_bytes()
+        while len(_BINARIES) >= 64:
+            _BINARIES.pop(next(iter(_BINARIES)), None)
+        _BINARIES[file_id] = binary
+    return binary
 
 
 class SharedObjectLoader:
@@ -51,7 +69,7 @@ class SharedObjectLoader:
     @classmethod
     def of(cls, library: str | os.PathLike, bind: Callable, rebuild: Callable) -> "SharedObjectLoader":
         """The loader of the shared object at ``library``, built on this host."""
-        return cls(Path(library).read_bytes(), host_fingerprint(), bind, rebuild)
+        return cls(_binary(library), host_fingerprint(), bind, rebuild)
 
     def __call__(self, kernel) -> Callable:
         if self.host != host_fingerprint():
@@ -71,11 +89,14 @@ class SharedObjectLoader:
 
 
 def bind_c_kernel(library: Path, kernel) -> Callable:
-    """A C++ kernel's launcher from its shared object (what ``loader.launcher_for`` binds:
-    ``SHARED_SYMBOL``, or the kernel's own symbol in a file saved before kernels shared objects)."""
+    """A C++ kernel's launcher from its shared object: the symbol ``loader.launcher_for``
+    binds (named by the kernel's code: ``loader.shared_source``), or in a file saved before
+    that ``SHARED_SYMBOL``, or before kernels shared objects the kernel's own symbol."""
     launch = kernel.launch
     lib = load_library(library)
-    symbol = SHARED_SYMBOL if hasattr(lib, SHARED_SYMBOL) else launch.symbol
+    source = getattr(kernel, "source", None)
+    named = shared_source(source, launch.symbol)[1] if source is not None else launch.symbol
+    symbol = next((s for s in (named, SHARED_SYMBOL) if hasattr(lib, s)), launch.symbol)
     fn = c_function(lib, symbol, launch.pointers, len(launch.size_symbols))
     launcher = make_launcher(fn, launch.pointers, len(launch.size_symbols), name=launch.symbol)
     launcher.library = str(library)
