@@ -352,6 +352,13 @@ class _HFDecodeStep(nn.Module):
         return self
 
     def forward(self, token, pos):
+        # transformers 5.x's static layers write at their own counter (``cumulative_length``, one
+        # step further at every call) and read no ``cache_position``: set it to the step's position,
+        # so every call writes slot ``pos`` (after 156 timed calls the counter ran past the cache)
+        for holder in getattr(self.cache, "layers", None) or []:
+            length = getattr(holder, "cumulative_length", None)
+            if isinstance(length, torch.Tensor):
+                length.copy_(pos.reshape(()))
         kwargs = {self.cache_arg: self.cache, "position_ids": pos.view(1, 1)}
         if self.with_position:
             kwargs["cache_position"] = pos

@@ -4,7 +4,7 @@
 
     >>> get_plugin_manager().session(target("cpu")).pipeline
     Pipeline(aten=['follow input layouts', 'channels-last convolutions', 'matmul padding',
-                   'patterns'],
+                   'patterns', 'grouped attention'],
              wrapper=['cpu attention', 'memory plan'])
 
     ATen graph --aten passes (in place)--> [program cache] --> kernel builder --> lines
@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from fxwrap.core import patterns
+from fxwrap.core.grouped_attention import grouped_decode_attention
 from fxwrap.core.constant_folding import fold_constants
 from fxwrap.core.convolution_bias import bias_as_epilogue
 from fxwrap.core.layout import (channels_last_convolutions, follow_input_layouts, half_precision_convolutions,
@@ -255,6 +256,13 @@ def _patterns(graph: AtenGraph) -> None:
     patterns.int8_weight_only_linears(graph.gm, allow)
 
 
+def _grouped_attention(graph: AtenGraph) -> None:
+    """One-position attention over grouped KV heads without repeating the keys and values
+    (``fxwrap.core.grouped_attention``): inference and forward graphs."""
+    if graph.kind in ("inference", "forward"):
+        grouped_decode_attention(graph.gm)
+
+
 def _takes_layout_pass(graph: AtenGraph) -> bool:
     """Whether an inference or forward graph goes channels-last.  A forward graph only where
     AOTAutograd says which outputs are saved activations and every input is of static shape:
@@ -320,6 +328,7 @@ def default_pipeline() -> Pipeline:
             GraphPass("matmul padding", _matmul_padding, "layout"),
             GraphPass("convolution bias", _convolution_bias, "layout"),
             GraphPass("patterns", _patterns, "patterns"),
+            GraphPass("grouped attention", _grouped_attention, "patterns"),
         ],
         wrapper=[
             LinesPass(MEMORY_PLAN, _memory_plan, "memory plan"),

@@ -27,9 +27,11 @@ A target whose kernels' launchers read nothing of a tensor argument but its data
 kernels: ``targets/cuda_triton/wrapper.py``) passes ``pointer_kernel``, and
 its copy also does less per call on the host:
 
-* a View line whose every reader is such a kernel and whose first element is its base's
-  (no offset given, or the offset the base is known to have: 0 for an allocation) is not
-  made: the kernels get the base, whose data pointer is the same;
+* a View line whose every reader is such a kernel (or a view, which then views the base)
+  and whose first element is its base's (no offset given, or the offset the base is known
+  to have: 0 for an allocation) is not made: the kernels get the base, whose data pointer
+  is the same (a memory plan's reuse of a storage chains views of views: a view the kernels
+  of one layer read and the next layer's attention reads through a view of it goes too);
 * ``free`` markers are left out (FX's code drops each local at its last use anyway),
   unless ``keep_free=True`` (the CUDA target: a collective's buffer must live to its wait);
 * CPU allocations call torch's unchecked ``_empty_strided_cpu`` (Inductor's wrappers do)::
@@ -163,8 +165,9 @@ def _pointer_views(gm: torch.fx.GraphModule, pointer_kernel) -> dict[torch.fx.No
             same_pointer.append(node)
     droppable: set[torch.fx.Node] = set()
     for node in reversed(same_pointer):  # a view's readers first
-        if node.users and all(user in droppable or (user.op == "call_function" and (user.target is free or (
-                isinstance(user.target, Kernel) and pointer_kernel(user.target) and node not in user.kwargs.values())))
+        if node.users and all(user in droppable or _rebases(user, node) or (user.op == "call_function" and (
+                user.target is free or (isinstance(user.target, Kernel) and pointer_kernel(user.target)
+                                        and node not in user.kwargs.values())))
                 for user in node.users):
             droppable.add(node)
     dropped: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -172,3 +175,11 @@ def _pointer_views(gm: torch.fx.GraphModule, pointer_kernel) -> dict[torch.fx.No
         if node in droppable:
             dropped[node] = dropped.get(node.args[0], node.args[0])
     return dropped
+
+
+def _rebases(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """``user`` is a view of ``node`` that may take ``node``'s base instead: ``as_strided``
+    places a view in its base's storage (an offset counted from the storage's start, or the
+    base's own offset, which a same-pointer ``node`` shares with its base)."""
+    return user.op == "call_function" and user.target is torch.as_strided and user.args[0] is node \
+        and node not in user.args[1:] and node not in user.kwargs.values()

@@ -385,6 +385,9 @@ class _Builder:
             self.wait(node, args, val)
         elif extern.is_view(target) and isinstance(val, torch.Tensor) and self._as_strided_view(args, val):
             self.view(node, args, val)
+        elif (extern.is_view(target) and isinstance(val, (tuple, list)) and val
+              and all(isinstance(v, torch.Tensor) and self._as_strided_view(args, v) for v in val)):
+            self.env[node] = tuple(self.view_buffer(args, v) for v in val)  # split, unbind: a View each
         elif extern.is_mutating(target):
             self.mutating(node, target, args, kwargs, val)
         else:
@@ -523,6 +526,15 @@ class _Builder:
         return not any(t.is_conj() or t.is_neg() for t in flagged)
 
     def view(self, node: torch.fx.Node, args, val: torch.Tensor) -> None:
+        self.env[node] = self.view_buffer(args, val)
+
+    def view_buffer(self, args, val: torch.Tensor) -> Buffer:
+        """A ``View`` line of the view op's result ``val`` (one result of ``split`` / ``unbind``
+        is one) over its source's storage, and its buffer::
+
+            split_with_sizes(buf13, [16, 16], -1)  ->  buf15 = as_strided(buf11, (1, 8, 1, 16), (256, 32, 256, 1), 0)
+                                                        buf16 = as_strided(buf11, (1, 8, 1, 16), (256, 32, 256, 1), 16)
+        """
         source = next(a for a in _flatten(args) if isinstance(a, Buffer))
         base = self.roots[source.name]
         buf = Buffer.from_fake(self.fresh(), val)
@@ -541,7 +553,7 @@ class _Builder:
         self.out.fake_values[buf.name] = val
         self.roots[buf.name] = base
         self.emit(View(buf, base))
-        self.env[node] = buf
+        return buf
 
     def mutating(self, node, op, args, kwargs, val) -> None:
         """An op that writes some arguments (``copy_``, ``add_``, out= calls).

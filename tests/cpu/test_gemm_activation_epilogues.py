@@ -1,8 +1,9 @@
-"""The CPU GEMM template (``cpp_gemm``) with the activation epilogues of the model suite's
+"""The CPU GEMM templates (``cpp_gemm``; ``cpp_gemv`` for few rows) with the activation epilogues of the model suite's
 linear layers -- GELU (erf and tanh), SiLU, each with bias and a residual add -- in
 float32 and bfloat16, at sizes that leave remainders everywhere (rows past the register
 tile, columns past the packed panel, an odd depth for the bfloat16 pair layout, a depth
-past one packed slice): one kernel (the activation inside the template), eager's numbers.
+past one packed slice; for the row-dot kernel a depth past its 16 lanes and columns past its
+8-row blocks): one kernel (the activation inside the template), eager's numbers.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 import fxwrap
 from fxwrap.ir.lines import CallExtern, CallKernel, DefineKernel
+from fxwrap.targets.cpu_cpp.gemv import CppGemv
 
 ACTIVATIONS = {
     # name -> (activation, the prelude function the epilogue must call)
@@ -21,8 +23,9 @@ ACTIVATIONS = {
     "silu": (F.silu, "fx_sigmoid("),
 }
 # (rows, depth, columns): one element; remainders past MR = 8 rows, NR = 32 columns and an
-# odd depth; a depth past KC = 512 (two packed slices, the second accumulating)
-SHAPES = [(1, 3, 1), (37, 65, 81), (70, 130, 47), (9, 601, 40)]
+# odd depth; a depth past KC = 512 (two packed slices, the second accumulating); at most
+# CppGemv.MAX_ROWS rows (cpp_gemv under "always"): a k tail past 16 lanes, an n tail past 8
+SHAPES = [(1, 3, 1), (37, 65, 81), (70, 130, 47), (9, 601, 40), (1, 301, 45), (3, 40, 17)]
 
 
 def compile_template(fn):
@@ -73,7 +76,7 @@ def test_activation_epilogue_in_the_template_matches_eager(act, dtype, shape):
     assert not [ln for p in programs for ln in p.lines if isinstance(ln, CallExtern) and "mm" in str(ln.op)]
     (source,) = kernel_sources(programs)
     epilogue = source[source.index("extern \"C\""):]
-    assert helper in epilogue and "fx_gemm_tile" in epilogue
+    assert helper in epilogue and ("fx_rowdot(" if m <= CppGemv.MAX_ROWS else "fx_gemm_tile") in epilogue
 
 
 @pytest.mark.parametrize("act", sorted(ACTIVATIONS))

@@ -190,6 +190,7 @@ class TestCppGemmConformance(TemplateConformance):
     template = "cpp_gemm"
     dtypes = (torch.float32, torch.bfloat16)
     ops = ("mm", "addmm", "bmm")
+    shares_with = ("cpp_gemv",)  # listed first: "always" gives it the few-row x @ w.T products
 
 
 @pytest.mark.parametrize("templates", ["always", "auto"])

@@ -87,13 +87,35 @@ def test_every_buffer_node_has_matching_fake_val(programs, name, mode):
             assert isinstance(node.meta.get("val"), FakeTensor), node.format_node()
 
 
-def test_getitem_and_functional_extern_nodes(programs):
-    gm = programs["split", "extern"].graph_module
+def test_getitem_and_functional_extern_nodes():
+    """A multi-output op without an ``out=`` form (CPU attention: output and log-sum-exp):
+    one call, a ``getitem`` per result."""
+    def attention(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v) * 2
+
+    q, k, v = (torch.randn(1, 2, 3, 8, generator=_gen(i)) for i in range(3))
+    gm = H.lower(attention, q, k, v).graph_module
     getitems = [n for n in gm.graph.nodes if n.target is operator.getitem]
     assert len(getitems) == 2
-    assert [tuple(n.meta["val"].shape) for n in getitems] == [(3, 5), (3, 5)]
+    assert [tuple(n.meta["val"].shape) for n in getitems] == [(1, 2, 3, 8), (1, 2, 3)]
     tuple_node = getitems[0].args[0]
-    assert tuple_node.target is aten.split_with_sizes.default
+    assert tuple_node.target is aten._scaled_dot_product_flash_attention_for_cpu.default
+    H.assert_close_all(gm(q, k, v), (attention(q, k, v),))
+
+
+@pytest.mark.parametrize("mode", H.MODES)
+def test_split_pieces_are_view_nodes(programs, mode):
+    """``split``'s results are views of its input: one ``as_strided`` node each (the second at
+    its offset), no ATen call of the split and no ``getitem``; the numbers are eager's."""
+    gm = programs["split", mode].graph_module
+    assert not [n for n in gm.graph.nodes if n.target is operator.getitem
+                or n.target in (aten.split_with_sizes.default, aten.split.Tensor)], gm.code
+    views = [n for n in gm.graph.nodes if n.target is torch.as_strided]
+    assert [tuple(n.meta["val"].shape) for n in views] == [(3, 5), (3, 5)], gm.code
+    assert [n.meta["val"].storage_offset() for n in views] == [0, 15], gm.code
+    fn, make = PROGRAMS["split"]
+    args = make(_gen(3))
+    H.assert_close_all(gm(*args), fn(*args))
 
 
 @pytest.mark.parametrize("name,mode", CASES, ids=IDS)

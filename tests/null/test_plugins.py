@@ -406,11 +406,11 @@ def test_a_plugin_adds_and_reorders_passes():
     pipeline = manager.session(manager.target("cpu")).pipeline
     assert pipeline.names() == (
         ("patterns", "follow input layouts", "constant folding", "channels-last convolutions", "matmul padding",
-         "convolution bias", "sin to cos", "after the rewrite"),
+         "convolution bias", "grouped attention", "sin to cos", "after the rewrite"),
         ("cpu attention", "before the plan", "memory plan", "after the plan"))
     assert manager.session(manager.target("reference")).pipeline.names() == (
         ("follow input layouts", "constant folding", "channels-last convolutions", "matmul padding",
-         "convolution bias", "patterns"), ("memory plan",))
+         "convolution bias", "patterns", "grouped attention"), ("memory plan",))
     plugin.ran.clear()
     plugin.frees.clear()
     with use_plugin_manager(manager):

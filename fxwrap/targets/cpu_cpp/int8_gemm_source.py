@@ -18,7 +18,8 @@ every other fused op), the rounding to the output dtype, the ops fused after it,
 
 Two micro-kernels (both AVX-512; the template refuses a CPU without avx512f/bw):
 
-* ``fma``: ``x`` rows times ``w`` rows along ``k``, 16 lanes at a time: 16 int8 ->
+* ``fma``: the row-dot products of ``rowdot_source`` (``fx_rowdot``, shared with the few-row
+  float GEMM): ``x`` rows times ``w`` rows along ``k``, 16 lanes at a time: 16 int8 ->
   int32 -> fp32 (``vpmovsxbd`` + ``vcvtdq2ps``), one fp32 FMA per (row of x, row of w);
   ``MB x NB`` accumulators, reduced across lanes at the end.  Used for fp32 ``x``, and for
   bf16 ``x`` at small batch (memory bound: each weight byte is read once and converted
@@ -35,66 +36,12 @@ block per task: the weights stream from memory once, whatever the batch).  Resul
 not depend on the thread count.
 """
 
-INT8_GEMM_SOURCE = r"""
-#include <immintrin.h>
+from fxwrap.targets.cpu_cpp.rowdot_source import ROWDOT_SOURCE
 
+INT8_GEMM_SOURCE = ROWDOT_SOURCE + r"""
 namespace fx_int8mm_impl {
 
-static inline __m512 load_x16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load_x16(const uint16_t* p) {
-  const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-}
-static inline __m512 load_x16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-static inline __m512 load_x16(const uint16_t* p, __mmask16 m) {
-  const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-}
-static inline __m512 load_w16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
-}
-static inline __m512 load_w16(const int8_t* p, __mmask16 m) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
-}
-
-// acc[i][j] = sum_k x[i, k] * w[j, k]: MB rows of x, NB rows of w, fp32 FMA
-template <int MB, int NB, typename T>
-static inline void dot_fma(const T* x, int64_t ldx, const int8_t* w, int64_t ldw, int64_t K,
-                           float (&out)[MB][NB]) {
-  __m512 acc[MB][NB];
-#pragma GCC unroll 16
-  for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[NB];
-#pragma GCC unroll 16
-    for (int j = 0; j < NB; ++j) wv[j] = load_w16(w + j * ldw + k);
-#pragma GCC unroll 16
-    for (int i = 0; i < MB; ++i) {
-      const __m512 xv = load_x16(x + i * ldx + k);
-#pragma GCC unroll 16
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  if (k < K) {
-    const __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
-    __m512 wv[NB];
-#pragma GCC unroll 16
-    for (int j = 0; j < NB; ++j) wv[j] = load_w16(w + j * ldw + k, m);
-#pragma GCC unroll 16
-    for (int i = 0; i < MB; ++i) {
-      const __m512 xv = load_x16(x + i * ldx + k, m);
-#pragma GCC unroll 16
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < NB; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
-}
+using fx_rowdot_impl::emit_block;
 
 #if defined(__AVX512BF16__)
 // 32 int8 -> 32 bf16 (exact), in k order
@@ -147,40 +94,6 @@ static inline void dot_bf16(const uint16_t* x, int64_t ldx, const uint16_t* pane
     for (int j = 0; j < NB; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 #endif
-
-// the MB x NB block at (m0, n0) through the epilogue
-template <int MB, int NB, typename Epilogue>
-static inline void emit_block(const float (&acc)[MB][NB], int64_t m0, int64_t n0, int64_t nb,
-                              Epilogue& ep) {
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < nb; ++j) ep(m0 + i, n0 + j, acc[i][j]);
-}
-
-// rows [n0, n0 + nb) of w, nb <= NB (a short last block goes one row at a time)
-template <int NB, typename T, typename Epilogue>
-static inline void channels_fma(const T* x, int64_t ldx, const int8_t* w, int64_t ldw,
-                                int64_t M, int64_t K, int64_t n0, int64_t nb,
-                                Epilogue& ep) {
-  if constexpr (NB > 1) {
-    if (nb != NB) {
-      for (int64_t j = 0; j < nb; ++j) channels_fma<1>(x, ldx, w, ldw, M, K, n0 + j, 1, ep);
-      return;
-    }
-  }
-  constexpr int MB = NB >= 8 ? 2 : 4;
-  const int8_t* wb = w + n0 * ldw;
-  int64_t m = 0;
-  for (; m + MB <= M; m += MB) {
-    float acc[MB][NB];
-    dot_fma<MB, NB>(x + m * ldx, ldx, wb, ldw, K, acc);
-    emit_block<MB, NB>(acc, m, n0, NB, ep);
-  }
-  for (; m < M; ++m) {
-    float acc[1][NB];
-    dot_fma<1, NB>(x + m * ldx, ldx, wb, ldw, K, acc);
-    emit_block<1, NB>(acc, m, n0, NB, ep);
-  }
-}
 
 #if defined(__AVX512BF16__)
 constexpr int PANEL_NB = 4;            // weight rows per panel
@@ -246,14 +159,6 @@ static void fx_int8mm(const T* x, int64_t ldx, const int8_t* w, int64_t ldw, int
     }
   }
 #endif
-  constexpr int NB = 8;
-  const int64_t blocks = (N + NB - 1) / NB;
-  const bool parallel = blocks > 1 && M * N * K >= (int64_t)1 << 16;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t n0 = b * NB;
-    const int64_t nb = N - n0 < NB ? N - n0 : NB;
-    channels_fma<NB>(x, ldx, w, ldw, M, K, n0, nb, ep);
-  }
+  fx_rowdot(x, ldx, w, ldw, M, N, K, ep);
 }
 """
