@@ -139,7 +139,7 @@ def decide(builder, choice: Candidates, emitter) -> list:
         chosen = candidates[0][0]
     else:
         times = time_candidates(builder, emitter, candidates, extern)
-        chosen = choose(times, [name for name, _ in candidates])
+        chosen = winner(times, [name for name, _ in candidates])
     parts = []
     for name, _ in candidates:
         ms = f": {times[name]:.3f} ms" if name in times else ""
@@ -159,7 +159,7 @@ def decide(builder, choice: Candidates, emitter) -> list:
     return [made]
 
 
-def choose(times: dict[str, float], templates: list[str]) -> str:
+def winner(times: dict[str, float], templates: list[str]) -> str:
     """The candidate ``times`` (name -> ms, ``EXTERN`` among them) choose: the fastest of
     ``templates`` where it takes less than ``1 - TEMPLATE_MIN_GAIN`` of the extern's time (equal
     times: the first listed), else ``EXTERN``."""
@@ -260,10 +260,10 @@ def time_candidates(builder, emitter, candidates: list, extern: list) -> dict[st
 
 def measure_group(runs: dict, load, hints: dict, target, templates: list[str]) -> dict[str, float]:
     """Each candidate's fastest round over one series of ``_measure``, and ``CONFIRM`` more
-    where the series so far choose a template (``choose``)."""
+    where the series so far choose a template (``winner``)."""
     times = _measure(runs, load, hints, target)
     for _ in range(CONFIRM):
-        if choose(times, templates) == EXTERN:
+        if winner(times, templates) == EXTERN:
             break
         again = _measure(runs, load, hints, target)
         times = {name: min(ms, again[name]) for name, ms in times.items()}

@@ -1,5 +1,5 @@
 """Code nothing calls and texts that point nowhere stay out (issue 29): the template choice's
-``choose``, ``Group.accepts``, the Triton launcher's ``host_function``; error messages that
+the old ``choose`` (a live ``winner`` took a new name), ``Group.accepts``, the Triton launcher's ``host_function``; error messages that
 recommend a ``DefineSymbol`` line (nothing creates one: a kernel the emitter cannot render runs
 as ATen extern calls, which is what the messages say now); ``.md`` files cited in the sources
 that do not exist in the repository (the design notes live outside it)."""
