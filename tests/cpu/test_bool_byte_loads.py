@@ -66,3 +66,30 @@ def test_simd_loop_with_bool_inputs_vectorizes(tmp_path):
     vectorized = {int(m) for m in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", report)}
     missed = [p for p in simd if not vectorized & {p + 1, p + 2}]
     assert not missed, (missed, report)
+
+
+def _softmax_stats(x):  # _safe_softmax's row pass: a float sum and an ``any`` in one loop
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e.sum(-1), (x != float("-inf")).any(-1), (x > 2.5).all(-1)
+
+
+def _scores(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 128, generator=g)
+    x[3] = float("-inf")                  # a fully masked row: any() false
+    x[5, ::2] = float("-inf")
+    x[7] = 3.0 + torch.rand(128, generator=g)  # all() true
+    return x
+
+
+def test_any_all_lanes_are_bytes_and_numbers_match(tmp_path):
+    program = fxwrap.lower(_softmax_stats, _scores(0), options={"cache": False})
+    sources = [line.kernel.source for line in program.lines if isinstance(line, DefineKernel)]
+    lanes = [re.findall(r"\n\s*(\w+) (rd\d+_l\d+)\[16\];", s[s.index('extern "C"'):]) for s in sources]
+    bool_lanes = [name for kernel in lanes for t, name in kernel if t == "bool"]
+    byte_lanes = [name for kernel in lanes for t, name in kernel if t == "uint8_t"]
+    assert not bool_lanes and len(byte_lanes) == 2, lanes
+    for seed in (1, 2):
+        x = _scores(seed)
+        for got, want in zip(program.run(x), _softmax_stats(x)):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)

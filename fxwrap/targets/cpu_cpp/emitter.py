@@ -755,7 +755,8 @@ class _ReductionCode:
         finals: dict[int, list[str]] = {}
         for r in p:
             for (t, init), lane, tail in zip(r.states, r.names("l"), r.names("t")):
-                pre.append(f"{t} {lane}[{L}];")
+                # a bool lane array (any/all) held as bytes: see CppEmitter.from_storage
+                pre.append(f"{'uint8_t' if t == 'bool' else t} {lane}[{L}];")
                 pre.append(f"{t} {tail} = {init};")
             for (t, init), fin in zip(r.states, r.names("f")):
                 pre.append(f"{t} {fin} = {init};")
