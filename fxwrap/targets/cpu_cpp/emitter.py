@@ -156,6 +156,22 @@ class CppEmitter(CStyleEmitter):
                             "ATen extern call")
         return super().render_const(value, dtype)
 
+    # A bool element is read through a byte pointer into a byte local, ``const uint8_t tmp1 =
+    # *(const uint8_t*)&in_ptr1[x0];`` (0 or 1, as bool storage holds): g++ 12 vectorizes no loop
+    # that loads a ``bool`` and computes floats with it (a dropout mask times a softmax in
+    # attention's backward: "no vectype for stmt"), and a ``bool`` local hoisted out of the
+    # loop and selected on blocks it as well.  Every use of such a local (a select, ``!``,
+    # a cast, a store to a bool output) reads 0 or 1 as false or true.
+    def from_storage(self, value: str, dtype: torch.dtype) -> str:
+        if dtype == torch.bool:
+            return f"*(const uint8_t*)&{value}"
+        return super().from_storage(value, dtype)
+
+    def value_declaration(self, name: str, dtype: torch.dtype, expr: str) -> str:
+        if dtype == torch.bool:
+            return f"const uint8_t {name} = {expr};"
+        return super().value_declaration(name, dtype, expr)
+
     # ------------------------------------------------------------------ body
     def function_head(self, kernel: ScheduledKernel, cname: str) -> str:
         """``extern "C" void name(...)``; ``extern "C" FX_NO_SLP void ...`` for a kernel whose
@@ -739,7 +755,8 @@ class _ReductionCode:
         finals: dict[int, list[str]] = {}
         for r in p:
             for (t, init), lane, tail in zip(r.states, r.names("l"), r.names("t")):
-                pre.append(f"{t} {lane}[{L}];")
+                # a bool lane array (any/all) held as bytes: see CppEmitter.from_storage
+                pre.append(f"{'uint8_t' if t == 'bool' else t} {lane}[{L}];")
                 pre.append(f"{t} {tail} = {init};")
             for (t, init), fin in zip(r.states, r.names("f")):
                 pre.append(f"{t} {fin} = {init};")

@@ -402,8 +402,10 @@ template <typename T> static inline void fx_sum_upd(T& a, T v) { a = a + v; }
 template <typename T> static inline void fx_prod_upd(T& a, T v) { a = a * v; }
 template <typename T> static inline void fx_max_upd(T& a, T v) { a = fx_max(a, v); }
 template <typename T> static inline void fx_min_upd(T& a, T v) { a = fx_min(a, v); }
-template <typename T> static inline void fx_any_upd(bool& a, T v) { a = a || (v != 0); }
-template <typename T> static inline void fx_all_upd(bool& a, T v) { a = a && (v != 0); }
+// any/all into a bool state or a byte lane (0 or 1: the row reductions' lane arrays, which
+// g++ 12 vectorizes beside float math only as bytes); | and & rather than || and &&: no branch
+template <typename T, typename A> static inline void fx_any_upd(A& a, T v) { a = (A)(a | (A)(v != 0)); }
+template <typename T, typename A> static inline void fx_all_upd(A& a, T v) { a = (A)(a & (A)(v != 0)); }
 // argmax/argmin: does (vb, ib) beat (va, ia)?  The extreme wins, NaN is the most extreme,
 // ties go to the lower index, an empty state (index < 0) always loses.
 template <bool IsMax, typename T>
