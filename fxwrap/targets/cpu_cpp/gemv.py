@@ -28,12 +28,11 @@ from __future__ import annotations
 import sympy
 import torch
 
-from fxwrap.core.errors import EmitError
 from fxwrap.core.templates import Template, TemplateCall
 from fxwrap.targets.base import KernelSource
+from fxwrap.targets.cpu_cpp.row_call import render_row_call
 from fxwrap.targets.cpu_cpp.int8_gemm import REQUIRED_CPU_FLAGS, cpu_flags
 from fxwrap.targets.cpu_cpp.rowdot_source import ROWDOT_SOURCE
-from fxwrap.targets.cstyle import LocalNames, Scope
 
 aten = torch.ops.aten
 
@@ -73,23 +72,4 @@ class CppGemv(Template):
         return None
 
     def render(self, kernel, emitter) -> KernelSource:
-        call = kernel.template
-        if call is None:
-            raise EmitError(f"kernel {kernel.name} has no template call (template {self.name})")
-        a, b = call.operands[:2]
-        if [buf.name for buf in kernel.inputs[:2]] != [a.name, b.name]:
-            raise EmitError(f"template {self.name}: kernel {kernel.name} does not take a, b first")
-        idx = emitter.render_index
-        names = LocalNames()
-        fn = Scope(emitter, names, None, kernel=kernel)
-        acc = names.fresh("acc")
-        epilogue = emitter.template_epilogue(kernel, fn, acc)
-        m, n, k = (idx(call.size(d)) for d in ("m", "n", "k"))
-        x0, x1 = (v.name for v in call.index)
-        it = emitter.index_type
-        body = [*fn.lines,
-                f"fx_rowdot(in_ptr0, {idx(a.stride[0])}, in_ptr1, {idx(b.stride[1])}, {m}, {n}, {k},",
-                f"          [&](const {it} {x0}, const {it} {x1}, const float {acc}) {{",
-                *("  " + line for line in epilogue),
-                "});"]
-        return emitter.template_source(kernel, body, helpers=ROWDOT_SOURCE)
+        return render_row_call(self.name, kernel, emitter, "fx_rowdot", ROWDOT_SOURCE)

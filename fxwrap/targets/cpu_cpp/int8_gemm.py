@@ -37,12 +37,11 @@ import functools
 import sympy
 import torch
 
-from fxwrap.core.errors import EmitError
 from fxwrap.core.patterns import aten_int8_mm_refusal
 from fxwrap.core.templates import Template, TemplateCall
 from fxwrap.targets.base import KernelSource
+from fxwrap.targets.cpu_cpp.row_call import render_row_call
 from fxwrap.targets.cpu_cpp.int8_gemm_source import INT8_GEMM_SOURCE
-from fxwrap.targets.cstyle import LocalNames, Scope
 
 aten = torch.ops.aten
 
@@ -95,24 +94,4 @@ class CppInt8Gemm(Template):
         return aten_int8_mm_refusal(call.dtype, call.size("k"))
 
     def render(self, kernel, emitter) -> KernelSource:
-        call = kernel.template
-        if call is None:
-            raise EmitError(f"kernel {kernel.name} has no template call (template {self.name})")
-        x, w = call.operands[:2]
-        if [b.name for b in kernel.inputs[:2]] != [x.name, w.name]:
-            raise EmitError(f"template {self.name}: kernel {kernel.name} does not take x, w first")
-        row_stride = w.stride[1]  # w is the [N, K] weight seen as (K, N): n strides over its rows
-        idx = emitter.render_index
-        names = LocalNames()
-        fn = Scope(emitter, names, None, kernel=kernel)
-        acc = names.fresh("acc")
-        epilogue = emitter.template_epilogue(kernel, fn, acc)
-        m, n, k = (idx(call.size(d)) for d in ("m", "n", "k"))
-        x0, x1 = (v.name for v in call.index)
-        it = emitter.index_type
-        body = [*fn.lines,
-                f"fx_int8mm(in_ptr0, {idx(x.stride[0])}, in_ptr1, {idx(row_stride)}, {m}, {n}, {k},",
-                f"          [&](const {it} {x0}, const {it} {x1}, const float {acc}) {{",
-                *("  " + line for line in epilogue),
-                "});"]
-        return emitter.template_source(kernel, body, helpers=INT8_GEMM_SOURCE)
+        return render_row_call(self.name, kernel, emitter, "fx_int8mm", INT8_GEMM_SOURCE)
