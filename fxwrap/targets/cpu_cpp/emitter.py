@@ -755,8 +755,9 @@ class _ReductionCode:
         finals: dict[int, list[str]] = {}
         for r in p:
             for (t, init), lane, tail in zip(r.states, r.names("l"), r.names("t")):
-                # a bool lane array (any/all) held as bytes: see CppEmitter.from_storage
-                pre.append(f"{'uint8_t' if t == 'bool' else t} {lane}[{L}];")
+                # any/all's bool lane array held as bytes (see CppEmitter.from_storage); a bool
+                # max/min/argmax keeps bool lanes: their updates take a reference of the value's type
+                pre.append(f"{'uint8_t' if r.kind in ('any', 'all') else t} {lane}[{L}];")
                 pre.append(f"{t} {tail} = {init};")
             for (t, init), fin in zip(r.states, r.names("f")):
                 pre.append(f"{t} {fin} = {init};")
