@@ -18,6 +18,7 @@ import torch
 import torch._dynamo
 
 import fxwrap
+from fxwrap.targets.host import compiler as compiler_module
 from fxwrap.ir.loops import Op, ScheduledKernel
 from fxwrap.core.numerics import legalize
 from fxwrap.ir.symbolic import evaluate
@@ -160,3 +161,16 @@ def run_child(script: Path, cache_dir, *args) -> dict:
     out = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def record_compilers(monkeypatch) -> list:
+    """Every compiler command fxwrap runs from now on (each process goes through
+    ``targets.host.compiler.run_compiler``), recorded in the returned list as it runs."""
+    commands = []
+    run = compiler_module.run_compiler
+
+    def recording_run(cmd):
+        commands.append(list(cmd))
+        return run(cmd)
+    monkeypatch.setattr(compiler_module, "run_compiler", recording_run)
+    return commands

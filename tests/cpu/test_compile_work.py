@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import fxwrap
 from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.targets.cpu_cpp.emitter import SHARED_PRELUDE, CppEmitter
-from fxwrap.targets.host import compiler as compiler_module
+from shared_helpers import record_compilers
 from fxwrap.targets.host.compiler import CppCompiler, SharedPrelude
 from fxwrap.targets.host.loader import ENTRY_PREFIX, SHARED_SYMBOL, launcher_for, shared_source
 from fxwrap.targets.host.saved import bind_c_kernel
@@ -91,28 +91,22 @@ def _pointwise_source(scale: float):
 
 def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
     comp = CppCompiler(cache_dir=tmp_path)
-    commands = []
-    run = compiler_module.run_compiler  # every compiler process goes through it
-
-    def recording_run(cmd):
-        commands.append(list(cmd))
-        return run(cmd)
-    monkeypatch.setattr(compiler_module, "run_compiler", recording_run)
+    recorded = record_compilers(monkeypatch)
     src = _pointwise_source(0.5)  # the first kernel does not wait for the header: compiled whole
     launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
     x, y = torch.randn(5), torch.empty(5)
     launch(x, y, 5)
     torch.testing.assert_close(y, x * 0.5)
     assert comp.precompiled_header(SHARED_PRELUDE, wait=True) is not None
-    commands = [c for c in commands if "c++-header" in c]  # the header's build, in its thread
+    first = len(recorded)  # the first kernel's build and the header's, in its thread
     for scale in (1.5, 2.5):
         src = _pointwise_source(scale)
         launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
         x, y = torch.randn(33), torch.empty(33)
         launch(x, y, 33)
         torch.testing.assert_close(y, x * scale)
-    headers = [c for c in commands if "c++-header" in c]
-    kernels = [c for c in commands if "-include" in c]
+    headers = [c for c in recorded if "c++-header" in c]
+    kernels = [c for c in recorded[first:] if "-include" in c]
     assert len(headers) == 1 and len(kernels) == 2  # built once, used by both kernels
     [gch] = list((tmp_path / "cpu_cpp" / "pch").rglob("prelude.h.gch"))
     # the compiled text is the source less the prelude; the cached .cpp is the whole source

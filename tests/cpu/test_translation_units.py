@@ -15,20 +15,10 @@ import fxwrap
 from fxwrap.ir.lines import CallKernel
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 from fxwrap.targets.host import compiler as compiler_module
+from shared_helpers import record_compilers
 from fxwrap.targets.host.compiler import CompileError, CppCompiler, SharedPrelude
 from fxwrap.targets.host.loader import kernel_loader
 from fxwrap.targets.host.saved import SharedObjectLoader, bind_c_kernel
-
-
-def _record_compilers(monkeypatch) -> list:
-    commands = []
-    run = compiler_module.run_compiler  # every compiler process goes through it
-
-    def recording_run(cmd):
-        commands.append(list(cmd))
-        return run(cmd)
-    monkeypatch.setattr(compiler_module, "run_compiler", recording_run)
-    return commands
 
 
 def _kernel_builds(commands: list) -> list:
@@ -55,7 +45,7 @@ class Mixed(torch.nn.Module):
 def test_a_programs_kernels_compile_in_as_many_units_as_load_threads(tmp_path, monkeypatch):
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(CppEmitter, "load_threads", 2)
-    commands = _record_compilers(monkeypatch)
+    commands = record_compilers(monkeypatch)
     torch.manual_seed(0)
     model, x = Mixed(), torch.randn(12, 24)
     program = fxwrap.lower(model, x, target="cpu", options={"templates": "off", "cache": False})
@@ -97,7 +87,7 @@ def _source(name: str, body: str) -> str:
 
 
 def test_a_unit_that_does_not_build_leaves_each_kernel_to_compile_alone(tmp_path, monkeypatch):
-    commands = _record_compilers(monkeypatch)
+    commands = record_compilers(monkeypatch)
     comp = CppCompiler(cache_dir=tmp_path)
     good = [_source(f"k{i}", f"y[i] = twice(x[i]) + {i}.0f;") for i in range(3)]
     bad = _source("k9", "y[i] = no_such_function(x[i]);")
