@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.source import LocalSource, TensorPropertySource
+from torch.utils import _pytree as pytree
 
 from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
@@ -111,13 +112,20 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     return program
 
 
+def _tensor_leaves(example_inputs: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors of ``example_inputs``, nested ones included: a compiled-autograd graph's
+    example inputs are one list of tensors (``[[grad, saved, ...]]``), not tensors."""
+    return [t for t in pytree.tree_leaves(list(example_inputs)) if isinstance(t, torch.Tensor)]
+
+
 def check_input_devices(target: Target, example_inputs: Sequence[Any]) -> None:
     """Raise ``ValueError`` when a tensor input lives on another device type than ``target``
     runs on (``target="cuda"`` given CPU tensors would compile, then fail at run time;
     ``target="mps"`` would compile a CPU program labelled mps).  A 0-d CPU tensor is
-    allowed, as eager allows it next to tensors of any device (a scalar)."""
-    for index, value in enumerate(example_inputs):
-        if not isinstance(value, torch.Tensor) or value.device.type == target.device_type:
+    allowed, as eager allows it next to tensors of any device (a scalar).  Tensors inside
+    lists (a compiled-autograd graph's one list input) are checked as well."""
+    for index, value in enumerate(_tensor_leaves(example_inputs)):
+        if value.device.type == target.device_type:
             continue
         if value.device.type == "cpu" and value.dim() == 0:
             continue
@@ -127,22 +135,32 @@ def check_input_devices(target: Target, example_inputs: Sequence[Any]) -> None:
                          f"type {value.device.type!r} (or leave the target out: the inputs' device picks it)")
 
 
-def _device_type_of(example_inputs: Sequence[Any]) -> str:
-    types = [t.device.type for t in example_inputs if isinstance(t, torch.Tensor)]
-    for device_type in types:
-        if device_type != "cpu":
-            return device_type
+def _device_type_of(example_inputs: Sequence[Any], gm: torch.fx.GraphModule | None = None) -> str:
+    """The device type a graph computes on: its first tensor input's (nested inputs included)
+    that is not on the CPU; with none, the first non-CPU tensor value the graph makes
+    (``torch.ones(3, device="cuda")`` in a graph of CPU scalars); else ``"cpu"``.  Inputs alone
+    were not enough: a compiled-autograd backward's inputs are one list, so its CUDA graph
+    compiled for the CPU target, and a C++ kernel read CUDA memory (a segfault)."""
+    for tensor in _tensor_leaves(example_inputs):
+        if tensor.device.type != "cpu":
+            return tensor.device.type
+    for node in gm.graph.nodes if gm is not None else ():
+        value = node.meta.get("example_value", node.meta.get("val"))
+        for leaf in pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
+                return leaf.device.type
     return "cpu"
 
 
-def resolve_target(target: str | Target | None, example_inputs: Sequence[Any] = ()) -> Target:
-    """A Target by name, as given, or the default one for the inputs' device."""
+def resolve_target(target: str | Target | None, example_inputs: Sequence[Any] = (),
+                   gm: torch.fx.GraphModule | None = None) -> Target:
+    """A Target by name, as given, or the default one for the device the graph computes on."""
     if isinstance(target, Target):
         return target
     manager = get_plugin_manager()
     if target is not None:
         return manager.target(target)
-    return manager.target_for_device(_device_type_of(example_inputs))
+    return manager.target_for_device(_device_type_of(example_inputs, gm))
 
 
 class Backend:
@@ -176,11 +194,11 @@ class Backend:
     def target(self) -> str | Target | None:
         return self.options.target
 
-    def resolved_target(self, example_inputs: Sequence[Any]) -> Target:
+    def resolved_target(self, example_inputs: Sequence[Any], gm: torch.fx.GraphModule | None = None) -> Target:
         """The target that compiles for ``example_inputs`` (the option's, or the inputs'
         device's; with ``execute``, its ``f"{target}_{execute}"`` twin); a tensor input on
         another device type is a ``ValueError`` (``check_input_devices``)."""
-        target = resolve_target(self.options.target, example_inputs)
+        target = resolve_target(self.options.target, example_inputs, gm)
         if self.options.execute:
             target = resolve_target(f"{target.name}_{self.options.execute}")
         check_input_devices(target, example_inputs)
@@ -193,7 +211,7 @@ class Backend:
         with plain_aot_autograd():
             runner, warm, options = self._compile(gm, example_inputs)
         if warm is None:  # the precompiled form is the warm-start cache's entry
-            session = get_plugin_manager().session(self.resolved_target(example_inputs)).configured(options)
+            session = get_plugin_manager().session(self.resolved_target(example_inputs, gm)).configured(options)
             raise PrecompileError(f"fxwrap cannot precompile this graph: {GraphCompile.unstorable(gm, session)}. "
                                   "torch.compile(model, backend='fxwrap') compiles it")
         return PrecompiledGraph.of(warm, runner, options)
@@ -207,7 +225,7 @@ class Backend:
             self.input_names = [_local_name(n) for n in placeholders]
             self.input_sizes = [_size_of(n) for n in placeholders]
         options = self.options
-        target = self.resolved_target(example_inputs)
+        target = self.resolved_target(example_inputs, gm)
         if options.cuda_graphs_required and target.device_type != "cuda":
             raise ValueError(f"fxwrap mode {options.mode!r} needs a CUDA target, not target {target.name!r} "
                              f"(device type {target.device_type!r}); drop the mode or compile for cuda")

@@ -36,3 +36,61 @@ def test_execute_shim_runs_the_metal_target_on_cpu_tensors_and_0d_cpu_tensors_pa
     check_input_devices(cuda, [torch.tensor(2.0)])  # a 0-d CPU tensor is a scalar next to any device
     with pytest.raises(ValueError, match=r"input 1 \(size \(3,\)\)"):
         check_input_devices(cuda, [torch.tensor(2.0), torch.randn(3)])
+
+
+def _fake_cuda(*size):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():  # a CUDA tensor's metadata, on a machine with no CUDA
+        return torch.empty(*size, device="cuda")
+
+
+def test_a_graph_whose_inputs_are_one_list_picks_the_device_of_the_tensors_in_it():
+    """A compiled-autograd backward hands the backend one list of tensors.  Its device was
+    read off top-level tensors only, so a CUDA backward compiled for the CPU target and a C++
+    kernel dereferenced CUDA memory (the nccl DDP test's segfault)."""
+    from fxwrap.api import _device_type_of, check_input_devices, resolve_target
+    nested = [[torch.tensor(2.0), _fake_cuda(16)]]
+    assert _device_type_of(nested) == "cuda"
+    assert resolve_target(None, nested).device_type == "cuda"
+    cpu = resolve_target(None, [[torch.randn(3)]])
+    with pytest.raises(ValueError, match=r"input 1 \(size \(16,\)\) is on device cuda:0, but target 'cpu'"):
+        check_input_devices(cpu, nested)
+
+
+def test_a_graph_with_no_device_input_picks_the_device_of_the_values_it_makes():
+    """``torch.ones(3, device="cuda") * x`` with ``x`` a CPU scalar: the graph computes on CUDA."""
+    from fxwrap.api import _device_type_of
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["example_value"] = torch.tensor(2.0)
+    made = graph.call_function(torch.ones, (3,), {"device": "cuda"})
+    made.meta["example_value"] = _fake_cuda(3)
+    graph.output(made)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert _device_type_of([torch.tensor(2.0)], gm) == "cuda"
+    assert _device_type_of([torch.tensor(2.0)]) == "cpu"
+
+
+def test_compiled_autograd_backward_through_fxwrap_matches_eager():
+    """The backward compiled by compiled autograd (its inputs one list) runs as an fxwrap
+    program of the inputs' target and gives eager's gradients."""
+    from torch._dynamo import compiled_autograd
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(5, 8)
+
+    def loss(a):
+        return ((a @ w).sin() * 2).relu().sum()
+
+    programs = []
+    backend = fxwrap.Backend(options={"on_program": programs.append})
+    try:
+        with compiled_autograd._enable(torch.compile(backend=backend)):
+            torch.compile(loss, backend=backend)(x).backward()
+        got = w.grad.clone()
+    finally:
+        torch._dynamo.reset()
+    w.grad = None
+    loss(x).backward()
+    torch.testing.assert_close(got, w.grad)
+    assert programs and {p.target.name for p in programs} == {"cpu"}, programs
