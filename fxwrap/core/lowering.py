@@ -18,6 +18,7 @@ expressions to an ``Op``, inlined into whatever consumes them::
 from __future__ import annotations
 
 import difflib
+import operator
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -347,6 +348,25 @@ class LoweringContext:
             raise Unsupported(f"{self.node.target}: operand is not a node of the graph")
         return Stored(buffer)
 
+    def constant_value(self, value) -> torch.Tensor | None:
+        """The tensor ``value`` holds when it is a constant of the program (a ``get_attr``
+        node: ``torch.tensor([0, 2, 1])`` written in the traced function) that no node of
+        the graph writes: its values are known when the program is built and are the same on
+        every call.  None for anything else (inputs, parameters and buffers are inputs, which
+        ``param.data`` can change between calls)."""
+        builder = self.builder
+        buffer = value.buffer if isinstance(value, Stored) else value
+        if builder is None or not isinstance(buffer, Buffer):
+            return None
+        for arg in self.node.all_input_nodes:
+            if arg.op != "get_attr" or builder.value_of(arg) is not buffer:
+                continue
+            tensor = getattr(arg.graph.owning_module, arg.target, None)
+            if not isinstance(tensor, torch.Tensor) or any(_writes(user, arg) for user in arg.users):
+                return None
+            return tensor
+        return None
+
     def realized_output(self, loops: Loops, index: int) -> Stored:
         """Output ``index`` of this multi-output node stored by a kernel job of its own, in
         its traced layout (jobs made one after the other fuse into one kernel, so outputs
@@ -436,3 +456,18 @@ def masked(op: Op, mask: Op) -> Op:
         src = load.src if old is None else load.src[:-1]  # the mask is a load's last operand
         return load.replace(src=src + (both,))
     return rewrite(op, {OpCode.LOAD: mask_load})
+
+
+def _writes(node: torch.fx.Node, arg: torch.fx.Node) -> bool:
+    """Whether ``node`` may write ``arg`` (an op whose schema marks the argument written, or
+    any call fxwrap cannot read a schema of)."""
+    if node.op != "call_function":
+        return node.op != "output"
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return not (node.target is operator.getitem)
+    for position, argument in enumerate(schema.arguments):
+        given = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+        if given is arg and argument.alias_info is not None and argument.alias_info.is_write:
+            return True
+    return False

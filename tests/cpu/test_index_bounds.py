@@ -101,3 +101,52 @@ def test_index_that_may_be_out_of_range_keeps_its_check():
     assert _checks(program), program.code()
     with pytest.raises(IndexError):
         program.run(torch.randn(5, 3))
+
+
+CONSTANT_INDICES = {
+    "columns": lambda x: x[:, torch.tensor([0, 2, 1])] * 2,
+    "negative_rows": lambda x: x[torch.tensor([-1, 0, 2])].sin(),
+    "index_select": lambda x: torch.index_select(x, 1, torch.tensor([2, 2, 0])) + 1,
+    "gather": lambda x: torch.gather(x, 1, torch.tensor([[0, 2], [1, 1], [2, 0], [0, 0]])) * 3,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONSTANT_INDICES))
+def test_a_constant_index_in_range_is_checked_once_when_the_program_is_built(name):
+    """``x[:, torch.tensor([0, 2, 1])]``: the index is a program constant no node writes, so
+    its values are checked when the program is built, not by a host check on every call."""
+    fn = CONSTANT_INDICES[name]
+    x = torch.randn(4, 3)
+    program = _lower(fn, x, dynamic=False)
+    assert not _checks(program), program.code()
+    for _ in range(2):
+        x = torch.randn(4, 3)
+        torch.testing.assert_close(program.run(x), fn(x))
+
+
+def test_a_constant_index_out_of_range_raises_as_eager_does():
+    with pytest.raises(Exception, match="index 5 is out of bounds for dimension 1 with size 3"):
+        _lower(lambda x: x[:, torch.tensor([0, 5])] * 2, torch.randn(4, 3), dynamic=False)
+
+
+def test_an_index_buffer_of_a_module_is_still_checked_on_every_call():
+    """A module's index buffer is an input (``.data`` can change it between calls): its check
+    stays, and an index made out of range after the compile raises."""
+    class Pick(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("idx", torch.tensor([0, 2, 1]))
+
+        def forward(self, x):
+            return x[:, self.idx] * 2
+
+    module = Pick()
+    x = torch.randn(4, 3)
+    compiled = torch.compile(module, backend="fxwrap")
+    try:
+        torch.testing.assert_close(compiled(x), module(x))
+        module.idx.data[1] = 7
+        with pytest.raises(Exception, match="out of bounds"):
+            compiled(x)
+    finally:
+        torch._dynamo.reset()

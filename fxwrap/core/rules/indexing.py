@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sympy
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from fxwrap.ir.loops import Op, OpCode, Store, load_buffer, load_index, load_mask, rewrite, xvar
@@ -427,6 +428,9 @@ def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
     proven = _proven(index, size)
     if proven is not None:
         return proven
+    constant = ctx.constant_value(index)
+    if constant is not None and _constant_in_range(constant, size, negative_ok):
+        return as_loops(index)  # a program constant's values, checked once, now
     if ctx.capabilities.index_checks == "in_kernel" and sympy.sympify(size).is_positive:
         values = as_loops(index)
         low = index_value(-sympy.sympify(size)) if negative_ok else Op.const(0, I64)
@@ -438,6 +442,21 @@ def _checked(ctx, index, size, dim: int, negative_ok: bool) -> Loops:
     ctx.emit(Comment(f"{ctx.node.name}: every index of {buf.name} in range for dim {dim}"))
     ctx.emit(CallExtern(check_index_bounds, (buf, size, dim, negative_ok), (), None))
     return as_loops(Stored(buf))
+
+
+def _constant_in_range(values: torch.Tensor, size, negative_ok: bool) -> bool:
+    """Whether every value of a program constant indexes a dim of ``size`` (a number; a
+    symbolic size is known only at run time).  Out of range, the run-time check stays and
+    raises on every call, as eager does."""
+    size = sympy.sympify(size)
+    if not size.is_Integer or values.is_floating_point() or values.device.type == "meta":
+        return False
+    if values.numel() == 0:
+        return True
+    low = -int(size) if negative_ok else 0
+    with unset_fake_temporarily():  # lowering runs under the graph's fake mode; the constant is real
+        lo, hi = (int(v) for v in torch.aminmax(values.detach().cpu()))
+    return low <= lo and hi < int(size)
 
 
 def _is_proven(idx: Loops) -> bool:
