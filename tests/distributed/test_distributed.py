@@ -32,6 +32,8 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 
 CASES = ("collectives", "ddp", "fsdp", "ddp_python_reducer")  # what workers.py's "all" runs (ALL)
+# ranks of the process groups the tests start: FXWRAP_DIST_WORLD=4 runs every case on 4 (nccl: 4 GPUs)
+WORLD = int(os.environ.get("FXWRAP_DIST_WORLD", "2"))
 
 
 def run_case(case: str, out_dir: Path, backend: str = "gloo", world: int = 2, env_extra=None) -> list[dict]:
@@ -83,8 +85,8 @@ def run_cases(out_dir: Path, backend: str, world: int = 2, cases: tuple[str, ...
 
 def _backend_params():
     nccl_missing = None
-    if torch.cuda.device_count() < 2:
-        nccl_missing = f"nccl variant: needs 2 CUDA devices, this machine has {torch.cuda.device_count()}"
+    if torch.cuda.device_count() < WORLD:
+        nccl_missing = f"nccl variant: needs {WORLD} CUDA devices, this machine has {torch.cuda.device_count()}"
     elif not dist.is_nccl_available():
         nccl_missing = "nccl variant: this torch build has no nccl"
     return ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(nccl_missing is not None,
@@ -96,7 +98,7 @@ def runs(request, tmp_path_factory) -> dict:
     """Every case of ``workers.py``, run once per backend in one spawn (``case_all``): each
     spawn imports torch and fxwrap in every process and joins a new group, which was most of
     the folder's time when each test spawned its own.  ``{case: [rank 0's, rank 1's]}``."""
-    return run_cases(tmp_path_factory.mktemp(f"distributed-{request.param}"), request.param)
+    return run_cases(tmp_path_factory.mktemp(f"distributed-{request.param}"), request.param, WORLD)
 
 
 def _case(runs: dict, case: str) -> list[dict]:
