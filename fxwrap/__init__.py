@@ -65,6 +65,10 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
 
 
+from fxwrap import registration as _registration  # noqa: E402  (standard library only)
+
+_registration.install()  # backend="fxwrap" registered race-free (fxwrap/registration.py)
+
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.api import Backend, aot_compile, compile, load_compiled, lower  # noqa: F401
     from fxwrap.precompile import CompiledFunction, PrecompileError  # noqa: F401

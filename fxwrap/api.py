@@ -12,7 +12,10 @@
 """
 from __future__ import annotations
 
+import copy
 import logging
+import threading
+import types
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -347,7 +350,10 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
     backend = Backend(target, opts)
     backend.resolved_target(example_inputs)  # a tensor on the wrong device: a clear error now, not in dynamo
     backend.example_inputs = []
-    compiled = torch.compile(fn, backend=backend, dynamic=dynamic, fullgraph=True)
+    private = _with_own_code(fn)
+    compiled = torch.compile(fn if private is None else private, backend=backend, dynamic=dynamic, fullgraph=True)
+    if private is None:  # dynamo's cache of fn's code object is shared: one lowering at a time mutates it
+        _SHARED_CODE_LOWERING.acquire()
     try:
         lowered, returned = _run_lowering(compiled, example_inputs, training, programs)
         first = lowered.forward if training else lowered
@@ -360,9 +366,17 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
                                             example_inputs)
         return lowered
     finally:
-        # Each lower() is a fresh compile: drop dynamo's cache entry for fn so repeated
-        # lowerings never pile up against the recompile limit (nor hit an old entry).
-        torch._dynamo.eval_frame.remove_from_cache(fn)
+        # Each lower() is a fresh compile.  It traces a copy of fn's code object (see
+        # _with_own_code) and drops the copy's cache entries: nothing piles up against the
+        # recompile limit, nothing keeps the programs alive, and no other thread's entries
+        # are touched.  A callable fxwrap cannot copy has fn's own entries dropped, under a lock.
+        if private is None:
+            try:
+                torch._dynamo.eval_frame.remove_from_cache(fn)
+            finally:
+                _SHARED_CODE_LOWERING.release()
+        else:  # the copy's entries: no other thread runs its code object
+            torch._dynamo.eval_frame.remove_from_cache(private)
         # dynamo keeps every backend it was given (eval_frame.cached_backends, until
         # torch._dynamo.reset()): let it keep nothing of this lowering -- the programs
         # (through on_program), their kernels, the example inputs and outputs
@@ -370,6 +384,42 @@ def lower(fn, *example_inputs, training: bool = False, dynamic: bool = False,
         backend.example_inputs, backend.graph_outputs, backend.input_names = None, {}, []
         backend.input_sizes = []
         programs.clear()
+
+
+# Serializes the lowerings of callables whose code object fxwrap cannot copy (see lower()).
+_SHARED_CODE_LOWERING = threading.Lock()
+
+
+def _own_function(func: types.FunctionType) -> types.FunctionType:
+    """``func`` with a code object of its own (equal to ``func``'s, not the same object)."""
+    copied = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__,
+                                func.__defaults__, func.__closure__)
+    copied.__kwdefaults__ = func.__kwdefaults__
+    copied.__qualname__, copied.__module__ = func.__qualname__, func.__module__
+    copied.__dict__.update(func.__dict__)
+    return copied
+
+
+def _with_own_code(fn):
+    """``fn`` to trace with a code object no one else runs: a function's copy, or a shallow
+    copy of a module (parameters, buffers, submodules and hooks shared) whose ``forward`` is
+    such a copy; None for a callable of another kind.
+
+    dynamo caches compiled code on the code object, and every instance of a module class (or
+    every closure of one ``def``) shares it.  ``lower()`` used to drop fn's entries after each
+    lowering (``remove_from_cache``), which freed them under another thread running or
+    compiling the same code: 4 threads lowering instances of one class segfaulted."""
+    if isinstance(fn, types.FunctionType):
+        return _own_function(fn)
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return types.MethodType(_own_function(fn.__func__), fn.__self__)
+    if isinstance(fn, torch.nn.Module) and not isinstance(fn, torch._dynamo.eval_frame.OptimizedModule):
+        forward = fn.forward
+        if isinstance(forward, types.MethodType) and isinstance(forward.__func__, types.FunctionType):
+            module = copy.copy(fn)
+            module.forward = types.MethodType(_own_function(forward.__func__), module)
+            return module
+    return None
 
 
 def _run_lowering(compiled, example_inputs, training: bool, programs: list):
