@@ -39,6 +39,7 @@ import json
 import os
 import pickle
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,7 +49,7 @@ import torch
 
 from fxwrap.runtime.graph_replay import capture_runner, replay_runners
 from fxwrap.runtime.graph_records import OpRef, graph_module_from_records, graph_records, kernels_of, resolve_op
-from fxwrap.runtime.kernel import Kernel, _rebuild
+from fxwrap.runtime.kernel import DamagedKernelError, Kernel, _rebuild, kernel_key
 from fxwrap.targets.host.cache import write_atomically
 
 FORMAT = "fxwrap-program"
@@ -164,7 +165,9 @@ class SavingPickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         if isinstance(obj, Kernel):
-            return (_rebuild, (obj.name, obj.source, obj.target, obj.signature, obj.launch, self.loader_of(obj)))
+            loader = self.loader_of(obj)
+            return (_rebuild, (obj.name, obj.source, obj.target, obj.signature, obj.launch, loader,
+                               kernel_key(obj.name, obj.source, obj.target, obj.signature, obj.launch, loader)))
         op = OpRef.of(obj)
         if op is not None:
             return (resolve_op, (op.namespace, op.op, op.overload))
@@ -349,6 +352,13 @@ def loads(data: bytes, origin: str = "the fxwrap program") -> LoadedProgram | Lo
             payload = pickle.loads(archive.read(PAYLOAD))
         except ModuleNotFoundError as exc:  # the target's plugin is not installed here
             raise _missing_module(exc, header, origin) from exc
+        except DamagedKernelError as exc:
+            raise ProgramFileError(f"{origin}: {PAYLOAD} is damaged: {exc}; save the program again") from exc
+        except (zipfile.BadZipFile, zlib.error, EOFError, pickle.UnpicklingError, ValueError, TypeError,
+                AttributeError, IndexError, KeyError, UnicodeDecodeError, OverflowError, MemoryError) as exc:
+            # a flipped or cut byte: the zip's CRC, the decompressor or the unpickler notices
+            raise ProgramFileError(f"{origin}: {PAYLOAD} is damaged ({type(exc).__name__}: {exc}); the file "
+                                   "was changed or cut after it was written: save the program again") from exc
     if payload["contents"] == "training":
         return LoadedTrainingPrograms(_build(payload["forward"]), _build(payload["backward"]))
     return _build(payload["program"])

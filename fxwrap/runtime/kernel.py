@@ -71,12 +71,7 @@ class Kernel:
         self.signature = tuple(signature)
         self.launch = KernelLaunch.of(launch).copy()
         self.loader = loader
-        loader_name = (f"{getattr(loader, '__module__', '')}."
-                       f"{getattr(loader, '__qualname__', type(loader).__qualname__)}")
-        digest = hashlib.sha256(repr((name, source, target, self.signature,
-                                      sorted(self.launch.items(), key=repr),
-                                      loader_name)).encode()).hexdigest()[:16]
-        self.key = f"{name}_{digest}"
+        self.key = kernel_key(name, source, target, self.signature, self.launch, loader)
         self._launcher: Callable = self._first_call
         _LIVE[self.key] = self
 
@@ -130,7 +125,7 @@ class Kernel:
 
     def __reduce_ex__(self, protocol):
         return (_rebuild, (self.name, self.source, self.target, self.signature,
-                           self.launch, self.loader))
+                           self.launch, self.loader, self.key))
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, target={self.target!r})"
@@ -159,8 +154,28 @@ _ANY_KERNEL = _AnyKernel()
 torch.fx.node.has_side_effect(_ANY_KERNEL)
 
 
-def _rebuild(name, source, target, signature, launch, loader) -> Kernel:
-    return Kernel(name, source, target, signature, launch, loader)
+def kernel_key(name: str, source: str, target: str, signature, launch, loader) -> str:
+    """``<name>_<digest>``: the digest of everything a kernel is built from (a pickled kernel
+    carries it, so a damaged source is noticed when it is loaded)."""
+    loader_name = (f"{getattr(loader, '__module__', '')}."
+                   f"{getattr(loader, '__qualname__', type(loader).__qualname__)}")
+    digest = hashlib.sha256(repr((name, source, target, tuple(signature),
+                                  sorted(KernelLaunch.of(launch).items(), key=repr),
+                                  loader_name)).encode()).hexdigest()[:16]
+    return f"{name}_{digest}"
+
+
+class DamagedKernelError(ValueError):
+    """A pickled kernel's parts no longer give the digest it was saved with: its source (or
+    signature, launch record) changed after it was written."""
+
+
+def _rebuild(name, source, target, signature, launch, loader, key: str | None = None) -> Kernel:
+    kernel = Kernel(name, source, target, signature, launch, loader)
+    if key is not None and kernel.key != key:  # the digest covers name, source, signature, launch
+        raise DamagedKernelError(f"kernel {name} (target {target}) is damaged: its stored source or launch "
+                                 f"record does not match the digest it was saved with ({key})")
+    return kernel
 
 
 def __getattr__(key: str) -> Any:

@@ -3,7 +3,13 @@
 Layout under ``FXWRAP_CACHE_DIR`` (default ``~/.cache/fxwrap``)::
 
     cpu_cpp/3f/3f2a...e1.so     the shared object, keyed by sha256(source, flags, compiler)
+    cpu_cpp/3f/3f2a...e1.sha256 the sha256 of that shared object's bytes (its seal)
     cpu_cpp/3f/3f2a...e1.cpp    the source it was built from (for humans)
+
+A file read back is untrusted: an entry is used only when its binary's bytes still give its
+seal.  A cut or changed binary (a full disk, a copy interrupted, a stray write) would crash
+the process that loads it (a truncated ``.so`` faults with SIGBUS inside ``dlopen``); it is
+a logged miss instead (logger ``fxwrap.cache``) and is built again.
 
 An entry is produced in a unique temporary folder in the same directory (its files named
 by the key alone, so that the binary, which records its source's file name, is the same
@@ -14,6 +20,8 @@ file, which later builds of that key sweep away once it is stale.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import secrets
 import shutil
@@ -24,6 +32,13 @@ from pathlib import Path
 from fxwrap.runtime.cache_dir import cache_root
 
 STALE_SECONDS = 3600.0
+SEAL = ".sha256"
+
+log = logging.getLogger("fxwrap.cache")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -58,12 +73,40 @@ class KernelCache:
         return self.dir / key[:2] / f"{key}{suffix}"
 
     def lookup(self, key: str) -> Path | None:
+        """The entry's binary when it is there and intact (its seal), else None."""
         p = self.path(key)
-        return p if p.is_file() else None
+        return p if self.intact(key) else None
+
+    def intact(self, key: str) -> bool:
+        """Whether ``key``'s binary exists and its bytes give its seal; a damaged entry is
+        evicted (logged), so the next build makes it again."""
+        binary, seal = self.path(key), self.path(key, SEAL)
+        try:
+            expected = seal.read_text().strip()
+            if _digest(binary) == expected:
+                return True
+            reason = "its bytes do not match its seal"
+        except FileNotFoundError:
+            if not binary.exists():
+                return False
+            reason = "it has no seal"
+        except OSError as exc:
+            reason = f"it cannot be read ({exc})"
+        log.warning("fxwrap: cache entry %s is damaged (%s): building it again", binary, reason)
+        self.evict(key)
+        return False
+
+    def commit(self, key: str, built: Path) -> Path:
+        """Put ``built`` (a complete binary in this cache's directory tree) in place as
+        ``key``'s entry, sealed: the seal first, then the binary's atomic rename."""
+        final = self.path(key)
+        write_atomically(self.path(key, SEAL), _digest(built).encode())
+        os.replace(built, final)  # the commit point
+        return final
 
     def evict(self, key: str) -> None:
         """Drop an entry (e.g. one that fails to load); a later build recreates it."""
-        for suffix in (".so", ".cpp"):
+        for suffix in (".so", SEAL, ".cpp"):
             try:
                 self.path(key, suffix).unlink()
             except FileNotFoundError:
@@ -73,7 +116,7 @@ class KernelCache:
                      build: Callable[[Path, Path], None]) -> Path:
         """The entry for ``key``; ``build(src_path, out_path)`` writes ``out_path`` if missing."""
         final = self.path(key)
-        if final.is_file():
+        if self.intact(key):
             return final
         d = final.parent
         d.mkdir(parents=True, exist_ok=True)
@@ -89,7 +132,7 @@ class KernelCache:
             if not out_tmp.is_file():
                 raise RuntimeError(f"kernel build for {key} produced no {out_tmp.name}")
             os.replace(src_tmp, self.path(key, ".cpp"))
-            os.replace(out_tmp, final)  # the commit point
+            self.commit(key, out_tmp)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return final

@@ -343,7 +343,7 @@ class CppCompiler:
                     os.link(out, link)
                 except OSError:  # a file system without hard links: a copy
                     shutil.copyfile(out, link)
-                os.replace(link, final)  # the entry's commit point
+                self.cache.commit(key, link)  # the entry's commit point
         except (CompileError, OSError) as exc:  # each kernel compiles alone, naming the one that fails
             _CACHE_LOG.debug("a unit of %d kernels did not build; they compile one by one: %s", len(group), exc)
         finally:
