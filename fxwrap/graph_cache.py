@@ -230,6 +230,7 @@ class GraphCompile:
         self.key = graph_key(gm, example_inputs, session)
         self.env = _shape_env(gm)
         self.guards = len(self.env.guards) if self.env is not None else 0
+        self.graph_inputs = len(example_inputs)  # what dynamo passes the runner a call
         self.layout: ReplayLayout | None = None
         self.programs: dict = {}
         self.refused = False
@@ -333,6 +334,12 @@ class GraphCompile:
             if meta is None:
                 return self._refuse("no AOTAutograd metadata")
             reason = _plain_refusal(meta)
+            if reason is None and len(program.inputs) != self.graph_inputs:
+                # inputs that alias one another, one of them written: AOTAutograd passes the
+                # program their base (a synthetic base) and its wrapper makes it a call; a
+                # replay would call the program with dynamo's inputs (issue 37, item 5)
+                reason = (f"its program takes {len(program.inputs)} inputs where dynamo passes "
+                          f"{self.graph_inputs} (aliased inputs merged into a synthetic base)")
             if reason is None and kind == "forward":
                 layout = _layout(meta)
                 reason, self.layout = (layout, None) if isinstance(layout, str) else (None, layout)

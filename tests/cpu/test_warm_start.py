@@ -173,3 +173,37 @@ def test_input_mutation_autograd_sees_is_not_cached_and_stays_correct(tmp_path, 
     torch.testing.assert_close(grad, a.grad)
     assert graph_cache.stats["uncacheable"] == before + 1
     assert not (tmp_path / "graphs").exists()
+
+
+OVERLAPPING_VIEWS = """
+import json, torch, fxwrap
+from fxwrap import graph_cache
+def f(x, y):
+    x.mul_(2)
+    return x + y
+compiled = torch.compile(f, backend="fxwrap")
+base = torch.arange(9.0) + torch.randn(9)
+expected_base = base.clone()
+expected = f(expected_base[1:], expected_base[:-1])
+got = compiled(base[1:], base[:-1])
+torch.testing.assert_close(got, expected)
+torch.testing.assert_close(base, expected_base)
+print(json.dumps(dict(graph_cache.stats)))
+"""
+
+
+def test_inputs_that_overlap_and_are_written_replay_right_in_a_second_process(tmp_path):
+    """Two overlapping views of one tensor, one written: AOTAutograd merges them into one
+    input (a synthetic base), which the warm path called with dynamo's two.  Every later
+    process failed with ``forward() takes 2 positional arguments but 3 were given``; now
+    such a graph is not stored (logged) and every process gives eager's numbers."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FXWRAP_CACHE_DIR=str(tmp_path), FXWRAP_PROGRAM_CACHE="1")
+    runs = [subprocess.run([sys.executable, "-c", OVERLAPPING_VIEWS], env=env, capture_output=True, text=True,
+                           timeout=300) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    first = json.loads(runs[0].stdout.strip().splitlines()[-1])
+    assert first.get("uncacheable") == 1 and not first.get("stored"), first
