@@ -89,7 +89,11 @@ class KernelCache:
         except FileNotFoundError:
             if not binary.exists():
                 return False
-            reason = "it has no seal"
+            # written by an fxwrap that sealed nothing (or a crash between seal and rename):
+            # not known to be good, built again without alarm
+            log.debug("fxwrap: cache entry %s has no seal: building it again", binary)
+            self.evict(key)
+            return False
         except OSError as exc:
             reason = f"it cannot be read ({exc})"
         log.warning("fxwrap: cache entry %s is damaged (%s): building it again", binary, reason)
