@@ -306,8 +306,17 @@ class PluginManager:
         self.load()
         candidates = [t for t in self.targets.values() if t.device_type == device_type]
         if not candidates:
-            raise KeyError(f"no fxwrap target for device type {device_type!r}; registered: "
-                           f"{sorted((t.name, t.device_type) for t in self.targets.values())}")
+            registered = ", ".join(f"{t.name} ({t.device_type})" for t in sorted(self.targets.values(),
+                                                                              key=lambda t: t.name))
+            if device_type == "meta":
+                advice = ("meta tensors hold no data, so no target runs on them: trace shapes with "
+                          "torch.compile(model, backend='eager') (or run the model eagerly), or move the model "
+                          "and inputs to a device a target serves")
+            else:
+                advice = (f"install or register a plugin whose target has device_type {device_type!r} "
+                          "(docs/adding-a-device.md), or move the inputs to a device a target serves")
+            raise KeyError(f"no fxwrap target for device type {device_type!r}; registered targets (device "
+                           f"type): {registered}; {advice}")
         return min(candidates, key=lambda t: (-t.priority, t.name))
 
     def decompositions(self, target: Target) -> dict:

@@ -94,3 +94,11 @@ def test_compiled_autograd_backward_through_fxwrap_matches_eager():
     loss(x).backward()
     torch.testing.assert_close(got, w.grad)
     assert programs and {p.target.name for p in programs} == {"cpu"}, programs
+
+
+def test_meta_tensors_name_the_device_the_targets_and_the_way_out():
+    compiled = torch.compile(_f, backend="fxwrap")
+    with pytest.raises(Exception, match=r"no fxwrap target for device type 'meta'; registered targets \(device "
+                                        r"type\): .*cpu \(cpu\).*meta tensors hold no data.*backend='eager'"):
+        compiled(torch.empty(4, device="meta"))
+    torch._dynamo.reset()
