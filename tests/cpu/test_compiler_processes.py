@@ -3,6 +3,7 @@ writes nothing is a ``CompileError`` naming the command, its exit status and its
 within ``$FXWRAP_COMPILE_TIMEOUT`` seconds; ``$CXX`` is split as a shell would split it."""
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import stat
@@ -109,7 +110,7 @@ def test_a_bad_timeout_setting_says_what_to_give(monkeypatch, text):
 
 def test_the_default_timeout(monkeypatch):
     monkeypatch.delenv("FXWRAP_COMPILE_TIMEOUT", raising=False)
-    assert compile_timeout() == 600
+    assert compile_timeout() == 300
     monkeypatch.setenv("FXWRAP_COMPILE_TIMEOUT", "2.5")
     assert compile_timeout() == 2.5
 
@@ -135,3 +136,25 @@ def test_no_compiler_outlives_the_process(tmp_path):
     assert done.returncode == 0, done.stderr
     time.sleep(6)
     assert not marker.exists()
+
+
+def test_a_hung_version_check_is_bounded_by_its_own_short_limit(tmp_path, monkeypatch):
+    """``$CXX --version`` that hangs waited the whole compile timeout before (300 s, then the
+    compile another 300 s: 603 s, printing nothing); it is killed after 30 s at most."""
+    cxx = _script(tmp_path, "hang_version_long.sh", "sleep 300\n")
+    monkeypatch.setenv("FXWRAP_COMPILE_TIMEOUT", "200")
+    monkeypatch.setattr(compiler_module, "VERSION_TIMEOUT_SECONDS", 1.0)
+    start = time.monotonic()
+    with pytest.raises(CompileError, match=rf"(?s)ran past 1 s.*command: {cxx} --version"):
+        CppCompiler(cxx=cxx, cache_dir=tmp_path / "cache").compile(SOURCE)
+    assert time.monotonic() - start < 30
+
+
+def test_a_slow_compile_is_named_while_it_runs(tmp_path, monkeypatch, caplog):
+    cxx = _script(tmp_path, "slow.sh", 'if [ "$1" = --version ]; then echo fake 1.0; exit 0; fi\n'
+                                       "sleep 300\n")
+    monkeypatch.setenv("FXWRAP_COMPILE_TIMEOUT", "2")
+    with caplog.at_level(logging.WARNING, logger="fxwrap.cache"), pytest.raises(CompileError, match="ran past 2 s"):
+        CppCompiler(cxx=cxx, cache_dir=tmp_path / "cache").compile(SOURCE)
+    assert any("has run 0.5 s and is still running; it is killed after 2 s (FXWRAP_COMPILE_TIMEOUT)" in r.getMessage()
+               and cxx in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]

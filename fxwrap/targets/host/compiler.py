@@ -92,12 +92,14 @@ class SharedPrelude:
         return f"{self.text.strip(chr(10))}\n{self.extra.strip(chr(10))}\n"
 
 
-DEFAULT_TIMEOUT_SECONDS = 600.0
+DEFAULT_TIMEOUT_SECONDS = 300.0
 TIMEOUT_VARIABLE = "FXWRAP_COMPILE_TIMEOUT"
+VERSION_TIMEOUT_SECONDS = 30.0  # ``$CXX --version`` answers at once; a hung one is not waited on for long
+NOTICE_SECONDS = 30.0  # a compiler still running after this is named in a warning (``fxwrap.cache``)
 
 
 def compile_timeout() -> float:
-    """Seconds one compiler process may run (``$FXWRAP_COMPILE_TIMEOUT``, default 600): a
+    """Seconds one compiler process may run (``$FXWRAP_COMPILE_TIMEOUT``, default 300): a
     compiler that hangs is killed and its kernel fails with a ``CompileError``."""
     text = os.environ.get(TIMEOUT_VARIABLE)
     if not text:
@@ -134,13 +136,15 @@ def _kill_running_compilers() -> None:
         _kill_group(proc)
 
 
-def run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
-    """Run ``cmd`` (a compiler process) to its end, within ``compile_timeout()`` seconds.
+def run_compiler(cmd: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (a compiler process) to its end, within ``timeout`` seconds (default
+    ``compile_timeout()``).  One still running after ``NOTICE_SECONDS`` (or a quarter of the
+    timeout, if less) is named in a warning, so a long wait is never silent.
 
     Raises ``CompileError`` naming the command where it cannot start or runs past the
     timeout (then it is killed); the caller reads the exit status and stderr of the rest.
     """
-    timeout = compile_timeout()
+    timeout = compile_timeout() if timeout is None else timeout
     try:
         # a session of its own: a timeout kills the compiler's whole process group (g++'s
         # cc1plus and as, ccache's compiler), not only the driver
@@ -151,8 +155,14 @@ def run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
                            "install g++ or point CXX at a C++17 compiler with OpenMP") from exc
     with _RUNNING_LOCK:
         _RUNNING.add(proc)
+    notice = min(NOTICE_SECONDS, timeout / 4)
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+        try:
+            stdout, stderr = proc.communicate(timeout=notice)
+        except subprocess.TimeoutExpired:
+            _CACHE_LOG.warning("fxwrap: the C++ compiler has run %g s and is still running; it is killed after "
+                               "%g s (%s): %s", notice, timeout, TIMEOUT_VARIABLE, shlex.join(cmd)[:300])
+            stdout, stderr = proc.communicate(timeout=timeout - notice)
     except subprocess.TimeoutExpired as exc:
         _kill_group(proc)
         _, stderr = proc.communicate()
@@ -180,7 +190,7 @@ def compiler_error(cmd: list[str], proc: subprocess.CompletedProcess, what: str)
 def _version(cxx: str) -> str:
     """``$CXX --version``'s output (``CXX`` split as a shell would: ``ccache g++``)."""
     cmd = [*shlex.split(cxx), "--version"]
-    proc = run_compiler(cmd)
+    proc = run_compiler(cmd, timeout=min(VERSION_TIMEOUT_SECONDS, compile_timeout()))
     if proc.returncode != 0:
         raise compiler_error(cmd, proc, "(from $CXX, default g++) cannot report its version; install g++ or point "
                      "CXX at a C++17 compiler with OpenMP")
