@@ -51,4 +51,9 @@ torch.testing.assert_close(program.run(x), model(x), rtol=1e-4, atol=1e-4)
 quick = "--quick" in sys.argv[1:]
 report = fxwrap.profile(program, x, warmup=0 if quick else 3, iters=2 if quick else 20)
 print(report)
-print("wrote", report.to_chrome_trace(os.path.join(tempfile.mkdtemp(prefix="fxwrap-trace-"), "transformer_trace.json")))
+# the trace goes where FXWRAP_TRACE_DIR says (kept), else to a temporary folder removed at the end
+keep = os.environ.get("FXWRAP_TRACE_DIR")
+with tempfile.TemporaryDirectory(prefix="fxwrap-trace-") as scratch:
+    path = report.to_chrome_trace(os.path.join(keep or scratch, "transformer_trace.json"))
+    print("wrote", path, f"({os.path.getsize(path)} bytes)" + ("" if keep else "; removed at exit: set "
+                                                                 "FXWRAP_TRACE_DIR to keep it"))

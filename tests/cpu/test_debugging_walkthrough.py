@@ -10,9 +10,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_debugging_walkthrough_finds_the_planted_bug():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples" / "debugging"),
-                                                      os.environ.get("PYTHONPATH", "")]))
+def test_the_debugging_walkthrough_finds_the_planted_bug(tmp_path):
+    scratch = tmp_path / "tmp"  # the run's temporary folders: nothing may be left in it
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch),
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples" / "debugging"),
+                                           os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "debugging" / "walkthrough.py"), "--quick"],
                           env=env, capture_output=True, text=True, timeout=900)
     out = done.stdout
@@ -30,4 +33,5 @@ def test_the_debugging_walkthrough_finds_the_planted_bug():
     inputs = [line for line in out.splitlines() if line.startswith("[fxwrap.values]") and f" {buffer} " not in line]
     assert inputs and all(" nan=0 inf=0" in line for line in inputs)
     assert "fxwrap.profile: inference program on target cpu (cpu), 2 calls" in out
-    assert "transformer_trace.json" in out
+    assert re.search(r"wrote .*transformer_trace.json \(\d+ bytes\); removed at exit", out), out[-2000:]
+    assert not list(scratch.glob("fxwrap-trace-*")), sorted(p.name for p in scratch.iterdir())
