@@ -35,13 +35,13 @@ from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
 from fxwrap.precompile import (CompiledFunction, PrecompiledGraph, PrecompileError, calling, has_aot_precompile,
                                module_references, plain_aot_autograd, precompiling)
-from fxwrap.program import Program, TrainingPrograms, finish_program
+from fxwrap.program import Program, TrainingPrograms, finish_program, log_program
 from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.boxed import ListCall
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_lines
 from fxwrap.wrapper_ir.build_kernels import KernelBuilder
-from fxwrap.wrapper_ir.fx import annotated_code, to_graph_module
+from fxwrap.wrapper_ir.fx import to_graph_module
 
 log = logging.getLogger("fxwrap")
 
@@ -85,6 +85,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
         program = cache.load(key, session, static_inputs)
         if program is not None:
             program.cache_key = key
+            log_program(program, f" (from the program cache, entry {cache.path(key)})")
             return program
     dump = ProgramDump.start(options.debug_dir, gm, kind, graph_text)  # None unless a debug dump was asked for
     if session.generates_kernels and options.kernels:
@@ -101,10 +102,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     with timer.phase("wrapper"):
         program = finish_program(Program(kind, target, built.inputs, lines, graph_module, plan, None,
                                          built.constants, built.hints, static_inputs=static_inputs), session)
-    if logs.enabled("wrapper"):
-        logs.logger("wrapper").debug("%s program (target %s):\n%s", kind, target.name, program.code())
-    if logs.enabled("fx"):
-        logs.logger("fx").debug("%s GraphModule:\n%s", kind, annotated_code(graph_module))
+    log_program(program, "")
     if logs.enabled("timing"):
         logs.logger("timing").debug("%s", timer.summary())
     if dump is not None:

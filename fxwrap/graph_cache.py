@@ -52,6 +52,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fxwrap.artifacts import fxwrap_version, triton_version
 from fxwrap.core.templates import RETUNE_ENV, retune_requested
+from fxwrap.program import log_program
 from fxwrap.program_cache import ProgramCache, cache_enabled, package_digest, plugin_digest
 from fxwrap.runtime.aot_replay import InferenceReplay, ReplayLayout, TrainingReplay
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
@@ -285,6 +286,9 @@ class GraphCompile:
             return self._miss("a program is not cached")
         stats["hit"] += 1
         self._touch(entry["programs"].values())
+        for kind, program in programs.items():
+            log_program(program, f" (from the warm-start cache, entry {self.path()}; program "
+                                 f"{ProgramCache().path(entry['programs'][kind])})")
         if on_program is not None:
             for program in programs.values():
                 on_program(program)

@@ -17,11 +17,12 @@ import torch
 
 from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.artifacts import dumps, loads, save
+from fxwrap.core import logs
 from fxwrap.core.memory import MemoryPlan
 from fxwrap.ir.lines import Buffer, Line, Return, SizeInput
 from fxwrap.runtime.graph_replay import capture_runner
 from fxwrap.targets.base import Target
-from fxwrap.wrapper_ir.fx import input_guard_of
+from fxwrap.wrapper_ir.fx import annotated_code, input_guard_of
 from fxwrap.wrapper_ir.printer import program_source
 
 
@@ -146,3 +147,13 @@ def finish_program(program: Program, session) -> Program:
     else:
         program.runner = wrapper.compile_graph_per_call(graph_module)
     return program
+
+
+def log_program(program: Program, origin: str) -> None:
+    """The program's Wrapper IR and FX code to the ``wrapper`` and ``fx`` log stages;
+    ``origin`` says where a program that was not compiled now came from."""
+    if logs.enabled("wrapper"):
+        logs.logger("wrapper").debug("%s program (target %s)%s:\n%s", program.kind, program.target.name, origin,
+                                     program.code())
+    if logs.enabled("fx"):
+        logs.logger("fx").debug("%s GraphModule%s:\n%s", program.kind, origin, annotated_code(program.graph_module))

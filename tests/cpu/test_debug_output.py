@@ -230,3 +230,30 @@ def test_memory_svg_never_draws_a_storage_above_the_peak(monkeypatch):
     plot_h = 420 - 40 - 40
     area = sum(float(r.get("width")) * float(r.get("height")) for r in rects)
     assert area == pytest.approx((900 - 70 - 20) / 4 * plot_h / 30 * (20 + 20 + 30 + 30), rel=1e-3)
+
+
+CACHE_HIT_LOG = """
+import torch
+def mlp(x, w):
+    return (x @ w).exp().sum(-1)
+x, w = torch.randn(4, 8), torch.randn(8, 4)
+torch.testing.assert_close(torch.compile(mlp, backend="fxwrap")(x, w), mlp(x, w))
+"""
+
+
+@pytest.mark.parametrize("second", ["program cache", "warm-start cache"])
+def test_a_cached_program_is_printed_by_the_wrapper_and_fx_stages_with_its_entry(tmp_path, second):
+    """``FXWRAP_LOG=wrapper,fx`` printed nothing when a later process found the program in a
+    cache: it prints the program, saying which cache and entry it came from."""
+    env = dict(os.environ, FXWRAP_CACHE_DIR=str(tmp_path), FXWRAP_PROGRAM_CACHE="1", FXWRAP_LOG="wrapper,fx",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    first = subprocess.run([sys.executable, "-c", CACHE_HIT_LOG], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and "aten.mm.out" in first.stderr, first.stderr[-2000:]
+    if second == "program cache":  # the graph entry gone: dynamo's graph compiles, its program is a hit
+        for entry in (tmp_path / "graphs").rglob("*.pkl"):
+            entry.unlink()
+    again = subprocess.run([sys.executable, "-c", CACHE_HIT_LOG], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    err = again.stderr
+    assert f"(from the {second}, entry {tmp_path}" in err and "aten.mm.out" in err, err[-2000:]
+    assert "[fxwrap.fx]" in err and f"GraphModule (from the {second}" in err, err[-2000:]
