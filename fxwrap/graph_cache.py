@@ -39,6 +39,7 @@ import os
 import pickle
 import platform
 import sys
+import warnings
 import zipfile
 from collections import Counter
 from dataclasses import fields
@@ -70,6 +71,9 @@ stats: Counter = Counter()
 misses: Counter = Counter()
 # cache files (relative to the cache directory) this process stored or loaded: a bundle's contents
 _touched: dict[str, None] = {}
+# what a bundle saved now would lack, for its warning: graph key -> why it is not stored yet
+_awaiting_backward: dict[str, str] = {}  # training graphs whose forward compiled, their backward not yet
+_not_stored: dict[str, str] = {}  # graphs the cache refused
 # modules whose functions a cacheable dynamo graph may call (anything else: user code, unkeyed)
 _TORCH_MODULES = ("torch", "_operator", "operator", "builtins", "math", "_functools")
 _ENV_IGNORED = frozenset({"FXWRAP_CACHE_DIR", "FXWRAP_LOG", "FXWRAP_PROGRAM_CACHE", RETUNE_ENV})
@@ -321,6 +325,8 @@ class GraphCompile:
             _touched[str(ProgramCache().path(key).relative_to(cache_dir()))] = None
 
     def _refuse(self, reason: str) -> None:
+        _awaiting_backward.pop(self.key, None)
+        _not_stored[self.key] = reason
         self.refusal = self.refusal or reason
         if not self.refused:
             stats["uncacheable"] += 1
@@ -353,6 +359,7 @@ class GraphCompile:
             self.mutated = tuple(meta.mutated_graph_handled_indices_seen_by_autograd)
         self.programs[kind] = program
         if kind == "forward":
+            _awaiting_backward[self.key] = "its forward compiled, its backward has not run yet"
             return  # stored with the backward, when it compiles
         cache, keys = ProgramCache(), {}
         for name, prog in self.programs.items():
@@ -373,6 +380,7 @@ class GraphCompile:
         except Exception as exc:  # noqa: BLE001 - a guard that does not pickle: compiled every time
             return self._refuse(f"its shape guards do not pickle ({exc})")
         write_atomically(self.path(), data)  # the commit point
+        _awaiting_backward.pop(self.key, None)
         stats["stored"] += 1
         self._touch(keys.values())
         self.programs = {}
@@ -410,7 +418,25 @@ def save_cache_artifacts(path: str | os.PathLike) -> int:
         for name in sorted(files):
             archive.writestr(name, files[name])
     write_atomically(Path(path), buffer.getvalue())
-    return sum(name.startswith("graphs") for name in files)
+    graphs = sum(name.startswith("graphs") for name in files)
+    _warn_if_partial(path, graphs)
+    return graphs
+
+
+def _warn_if_partial(path, graphs: int) -> None:
+    """A bundle missing graphs this process compiled (a training step saved before its first
+    backward, a graph the cache refused) warns, saying which and why: it would hold only
+    ``header.json`` and a later process would compile everything anyway."""
+    missing = [f"{len(_awaiting_backward)} training graph(s) whose forward compiled but whose backward has not "
+               "run yet (call loss.backward() once before saving)"] if _awaiting_backward else []
+    if _not_stored:
+        reasons = sorted(set(_not_stored.values()))
+        missing.append(f"{len(_not_stored)} graph(s) the warm-start cache does not store ({'; '.join(reasons)[:500]})")
+    if missing or not graphs:
+        what = f"holds {graphs} graph(s)" if graphs else "holds no graph (only header.json)"
+        because = "; it lacks " + " and ".join(missing) if missing else \
+            "; nothing compiled in this process was stored (is the cache off: FXWRAP_PROGRAM_CACHE=0 or options={'cache': False}?)"
+        warnings.warn(f"fxwrap: cache bundle {os.fspath(path)!r} {what}{because}", stacklevel=3)
 
 
 def _device_present(device_type: str) -> bool:

@@ -93,7 +93,8 @@ def _rewrite_header(bundle: Path, **changes) -> None:
 def test_bundle_from_elsewhere_is_refused(tmp_path, monkeypatch, changes, message):
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "cache"))
     bundle = tmp_path / "b.fxcache"
-    fxwrap.save_cache_artifacts(bundle)
+    with pytest.warns(UserWarning, match="holds no graph"):  # an empty bundle: only its header is tested
+        fxwrap.save_cache_artifacts(bundle)
     _rewrite_header(bundle, **changes)
     with pytest.raises(fxwrap.CacheBundleError, match=message):
         fxwrap.load_cache_artifacts(bundle)
@@ -207,3 +208,28 @@ def test_inputs_that_overlap_and_are_written_replay_right_in_a_second_process(tm
         assert run.returncode == 0, run.stderr[-3000:]
     first = json.loads(runs[0].stdout.strip().splitlines()[-1])
     assert first.get("uncacheable") == 1 and not first.get("stored"), first
+
+
+def test_a_bundle_saved_before_the_first_backward_warns_what_it_lacks(tmp_path, monkeypatch):
+    """A training model's bundle saved after its first forward and before backward() held
+    only header.json, silently; it warns, naming the graph awaiting its backward."""
+    import warnings
+    monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FXWRAP_PROGRAM_CACHE", "1")
+    monkeypatch.setattr(graph_cache, "_touched", {})
+    monkeypatch.setattr(graph_cache, "_awaiting_backward", {})
+    monkeypatch.setattr(graph_cache, "_not_stored", {})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    compiled = torch.compile(model, backend="fxwrap")
+    try:
+        loss = compiled(torch.randn(4, 8)).square().sum()
+        with pytest.warns(UserWarning, match=r"holds no graph \(only header.json\); it lacks 1 training graph\(s\) "
+                                             r"whose forward compiled but whose backward has not run yet"):
+            assert fxwrap.save_cache_artifacts(tmp_path / "early.fxcache") == 0
+        loss.backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # whole now: no warning
+            assert fxwrap.save_cache_artifacts(tmp_path / "whole.fxcache") == 1
+    finally:
+        torch._dynamo.reset()
