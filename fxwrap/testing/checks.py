@@ -219,3 +219,14 @@ def _first_difference(a: str, b: str) -> str:
         if x != y:
             return f"  line {i + 1}: {x!r}\n       then: {y!r}"
     return f"  one is longer ({len(a)} vs {len(b)} characters)"
+
+
+def check_zero_signs(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Where eager's result is a zero, the target's has its sign (``relu(-0.0)`` is ``0.0``,
+    ``-0.0 * 1`` is ``-0.0``): ``assert_close`` counts ``-0.0 == 0.0``."""
+    zeros = want == 0
+    wrong = zeros & (torch.signbit(got) != torch.signbit(want))
+    if bool(wrong.any()):
+        at = tuple(int(v) for v in wrong.nonzero()[0])
+        raise AssertionError(f"{what}: a zero has the wrong sign at {at}: got {float(got[at])!r}, eager "
+                             f"{float(want[at])!r} ({int(wrong.sum())} of {int(zeros.sum())} zeros)")

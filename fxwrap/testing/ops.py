@@ -60,6 +60,7 @@ class OpCase:
     kernels: int = 1
     tolerance: dict | None = field(default=None)
     out_dtype: torch.dtype | None = None  # casts: the dtype they produce
+    zero_signs: bool = False  # zeros' signs compared too (where IEEE fixes them: neg, abs, mul)
 
     @property
     def id(self) -> str:
@@ -183,6 +184,35 @@ def embedding_inputs(dtype):
 def images(dtype):
     """A (2, 3, 10, 12) batch of images."""
     return (torch.randn(2, 3, 10, 12).to(dtype),)
+
+
+def _with_special_values(x: torch.Tensor, shift: int = 0) -> torch.Tensor:
+    """``x`` with NaN, +inf, -inf, -0.0, +0.0, the largest and lowest finite values and the
+    smallest normal one put at one position of each row (of its last dim), the kinds turned
+    by ``shift`` so two operands meet different values; rows keep their random rest."""
+    info = torch.finfo(x.dtype)
+    values = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, info.max, info.min, info.tiny]
+    flat = x.reshape(-1, x.shape[-1])
+    for row in range(flat.shape[0]):
+        for k in range(2):  # two per row: a NaN row also has an inf, etc.
+            column = (row * 7 + k * 11 + shift) % flat.shape[1]
+            flat[row, column] = values[(row + k * 3 + shift) % len(values)]
+    return x
+
+
+def special(dtype):
+    """One standard-normal tensor holding NaN, +-inf, -0.0 and extreme values in every row."""
+    return (_with_special_values(torch.randn(SHAPE).to(dtype)),)
+
+
+def two_special(dtype):
+    """Two such tensors, their special values at other places and of other kinds."""
+    return _with_special_values(torch.randn(SHAPE).to(dtype)), _with_special_values(torch.randn(SHAPE).to(dtype), 3)
+
+
+def images_special(dtype):
+    """A (2, 3, 10, 12) batch of images holding NaN, +-inf, -0.0 and extreme values."""
+    return (_with_special_values(torch.randn(2, 3, 10, 12).to(dtype)),)
 
 
 # -- the cases ------------------------------------------------------------------------
@@ -387,6 +417,49 @@ OP_CASES += [
     *_cases("cummin", lambda x: torch.cummin(x, 1), one, [aten.cummin], "reduction", (f32, f64)),
     *_cases("cumsum_int", lambda x: x.cumsum(1), one_int, [aten.cumsum], "reduction", INTS),
     *_cases("cumsum_bool", lambda x: x.cumsum(1), one_bool, [aten.cumsum], "reduction", (torch.bool,)),
+]
+
+
+
+def _special(name, fn, inputs, ops, group, dtypes=(f32,), kernels=1, zero_signs=False):
+    """Cases whose eager result depends on NaN, inf, -0.0 or extreme values (named
+    ``<op>_special``): a target that maps ``maximum`` to C's ``fmax`` (``fmax(NaN, x) == x``)
+    or ``relu`` to ``x > 0 ? x : 0`` passes every case on finite inputs and fails these.
+    ``zero_signs``: the sign of a zero result is compared too, for the ops whose sign IEEE
+    754 fixes (not ``max(-0.0, 0.0)``, which devices answer differently)."""
+    fn = _python_function(fn)
+    tolerance = {f32: TOLERANCES[f32], f64: TOLERANCES[f64], bf16: REDUCTION_TOL[bf16], f16: REDUCTION_TOL[f16]}
+    return [OpCase(f"{name}_special", d, fn, inputs, tuple(ops), group, kernels,
+                   tolerance[d] if group != "reduction" else REDUCTION_TOL[d], None, zero_signs) for d in dtypes]
+
+
+OP_CASES += [
+    *_special("relu", torch.relu, special, [aten.relu], "pointwise", (f32, bf16)),
+    *_special("maximum", torch.maximum, two_special, [aten.maximum], "pointwise", (f32, f64, f16)),
+    *_special("minimum", torch.minimum, two_special, [aten.minimum], "pointwise", (f32, f64)),
+    *_special("clamp", lambda x: torch.clamp(x, -0.5, 0.7), special, [aten.clamp], "compare", (f32, bf16)),
+    *_special("clamp_min", lambda x: torch.clamp_min(x, 0.25), special, [aten.clamp_min, aten.clamp], "compare"),
+    *_special("where", lambda x, y: torch.where(x > y, x, y), two_special, [aten.where, aten.gt], "compare"),
+    *_special("abs", torch.abs, special, [aten.abs], "pointwise", (f32, f64), zero_signs=True),
+    *_special("neg", torch.neg, special, [aten.neg], "pointwise", zero_signs=True),
+    *_special("sign", torch.sign, special, [aten.sign], "pointwise", (f32, f64)),
+    *_special("sigmoid", torch.sigmoid, special, [aten.sigmoid], "pointwise"),
+    *_special("tanh", torch.tanh, special, [aten.tanh], "pointwise"),
+    *_special("exp", torch.exp, special, [aten.exp], "pointwise"),
+    *_special("mul", torch.mul, two_special, [aten.mul], "pointwise", zero_signs=True),
+    *_special("isnan", torch.isnan, special, [aten.isnan], "pointwise"),
+    *_special("isinf", torch.isinf, special, [aten.isinf], "pointwise"),
+    *_special("nan_to_num", torch.nan_to_num, special, [aten.nan_to_num], "pointwise", (f32, f64)),
+    *_special("amax", lambda x: x.amax(1), special, [aten.amax], "reduction", (f32, f16)),
+    *_special("amin", lambda x: x.amin(1), special, [aten.amin], "reduction", (f32, f64)),
+    *_special("argmax", lambda x: x.argmax(1), special, [aten.argmax], "reduction"),
+    *_special("sum", lambda x: x.sum(1), special, [aten.sum], "reduction"),
+    *_special("softmax", lambda x: torch.softmax(x, -1), special, [aten._softmax, aten.amax, aten.exp, aten.sum],
+              "reduction"),
+    *_special("log_softmax", lambda x: torch.log_softmax(x, -1), special,
+              [aten._log_softmax, aten.amax, aten.exp, aten.log, aten.sum], "reduction"),
+    *_special("max_pool2d", lambda x: F.max_pool2d(x, 2), images_special,
+              [aten.max_pool2d_with_indices, aten.max_pool2d], "pooling"),
 ]
 
 OP_CASES_BY_ID: dict[str, OpCase] = {case.id: case for case in OP_CASES}

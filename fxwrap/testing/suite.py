@@ -255,6 +255,8 @@ class ConformanceSuite:
                 g.cpu(), w, equal_nan=True, **tolerance,
                 msg=lambda m, i=i: (f"{what} on target {target_name!r}: output {i} differs from eager "
                                     f"(rtol {tolerance['rtol']}, atol {tolerance['atol']}): {m}"))
+            if op_case.zero_signs and w.is_floating_point():
+                checks.check_zero_signs(g.cpu(), w, f"{what} on target {target_name!r}: output {i}")
         declared = self.declared(op_case.name, dtypes, "kernels")
         if declared is None:
             checks.check_ran_in_kernels(program, op_case.ops, op_case.kernels, what)

@@ -72,6 +72,8 @@ TESTS = [
     "TestFromCommandLine::test_op[sin[float32]]", "TestFromCommandLine::test_op[cos[float32]]",
     "TestFromCommandLine::test_op[exp[float32]]", "TestFromCommandLine::test_op[exp[bfloat16]]",
     "TestFromCommandLine::test_op[maximum_any[bool]]", "TestFromCommandLine::test_op[maximum_any[float32]]",
+    "TestFromCommandLine::test_op[relu[float32]]", "TestFromCommandLine::test_op[relu_special[float32]]",
+    "TestFromCommandLine::test_op[maximum[float32]]", "TestFromCommandLine::test_op[maximum_special[float32]]",
     "TestFromCommandLine::test_memory_plan[chain]", "TestFromCommandLine::test_deterministic[norm_gelu_softmax]",
     "TestWithDeclarations::test_op[exp[float32]]", "TestWithDeclarations::test_op[cos[float32]]",
     "TestWithDeclarations::test_op[sin[float32]]",
@@ -109,6 +111,16 @@ def test_a_wrong_bool_maximum_fails_and_the_float_one_passes(kit):
     assert outcome == "failed", kit
     assert "op maximum_any[bool] on target 'planted': output 0 differs from eager" in text, text
     assert kit["TestFromCommandLine::test_op[maximum_any[float32]]"][0] == "passed", kit
+
+
+def test_nan_unaware_max_and_relu_pass_on_finite_inputs_and_fail_on_special_values(kit):
+    """relu as ``x > 0 ? x : 0`` and maximum as ``a > b ? a : b`` (C's comparisons, or
+    ``fmax``) passed all of the kit's max/relu/clamp/softmax cases before it fed NaN."""
+    for op in ("relu", "maximum"):
+        assert kit[f"TestFromCommandLine::test_op[{op}[float32]]"][0] == "passed", kit
+        outcome, text = kit[f"TestFromCommandLine::test_op[{op}_special[float32]]"]
+        assert outcome == "failed", kit
+        assert f"op {op}_special[float32] on target 'planted': output 0 differs from eager" in text, text
 
 
 def test_an_op_run_as_an_extern_fails_the_ran_in_a_kernel_check(kit):
