@@ -123,10 +123,12 @@ def check_input_devices(target: Target, example_inputs: Sequence[Any]) -> None:
     """Raise ``ValueError`` when a tensor input lives on another device type than ``target``
     runs on (``target="cuda"`` given CPU tensors would compile, then fail at run time;
     ``target="mps"`` would compile a CPU program labelled mps).  A 0-d CPU tensor is
-    allowed, as eager allows it next to tensors of any device (a scalar).  Tensors inside
-    lists (a compiled-autograd graph's one list input) are checked as well."""
-    for index, value in enumerate(_tensor_leaves(example_inputs)):
-        if value.device.type == target.device_type:
+    allowed, as eager allows it next to tensors of any device (a scalar).  Tensors inside a
+    list (a compiled-autograd graph's one list input) are not checked: such a graph mixes
+    devices legitimately (CPU bookkeeping tensors beside CUDA gradients), and only its device
+    tensors reach kernels (``_device_type_of`` picks the target from them)."""
+    for index, value in enumerate(example_inputs):
+        if not isinstance(value, torch.Tensor) or value.device.type == target.device_type:
             continue
         if value.device.type == "cpu" and value.dim() == 0:
             continue

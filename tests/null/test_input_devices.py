@@ -52,9 +52,11 @@ def test_a_graph_whose_inputs_are_one_list_picks_the_device_of_the_tensors_in_it
     nested = [[torch.tensor(2.0), _fake_cuda(16)]]
     assert _device_type_of(nested) == "cuda"
     assert resolve_target(None, nested).device_type == "cuda"
-    cpu = resolve_target(None, [[torch.randn(3)]])
-    with pytest.raises(ValueError, match=r"input 1 \(size \(16,\)\) is on device cuda:0, but target 'cpu'"):
-        check_input_devices(cpu, nested)
+    # a compiled-autograd graph's list mixes devices legitimately (CPU bookkeeping beside CUDA
+    # gradients, seen in the nccl DDP test): not refused; top-level inputs still are
+    check_input_devices(resolve_target(None, nested), [[torch.randn(0, 2), _fake_cuda(16)]])
+    with pytest.raises(ValueError, match=r"input 0 \(size \(0, 2\)\) is on device cpu, but target 'cuda'"):
+        check_input_devices(resolve_target(None, nested), [torch.randn(0, 2), _fake_cuda(16)])
 
 
 def test_a_graph_with_no_device_input_picks_the_device_of_the_values_it_makes():

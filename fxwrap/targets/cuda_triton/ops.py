@@ -314,7 +314,10 @@ def _shift(name: str) -> Callable[..., str]:
 # ``HELPERS`` and makes the kernel module define it.
 TRITON_OPS: dict[str, Callable[..., str]] = {
     **{name: (lambda r, t, x: x) for name in ("floor", "ceil", "round", "trunc")},  # integers
-    "neg": lambda r, t, x: f"({x} == 0)" if t == torch.bool else f"-{x}",
+    # a float's negation flips its sign bit (eager: neg(0.0) == -0.0); Triton's unary minus is
+    # 0 - x, which gives +0.0 for +0.0 on the GPU: multiply by -1, which is exact
+    "neg": lambda r, t, x: f"({x} == 0)" if t == torch.bool else (f"({x} * -1.0)" if t.is_floating_point
+                                                                   else f"-{x}"),
     "abs": lambda r, t, x: x if t in (torch.bool, torch.uint8) else f"tl.abs({x})",
     "sign": _sign,
     "reciprocal": lambda r, t, x: (f"tl.math.div_rn(tl.full([], 1.0, tl.float32), {x})" if t == torch.float32
