@@ -121,3 +121,41 @@ def test_an_index_out_of_range_fails_the_stream_like_eager(case):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert "ASSERTED True" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def _unpool(x, i):
+    return torch.nn.functional.max_unpool1d(x, i, 3, 2, 1, (6,))
+
+
+def test_lanes_past_the_end_do_not_fire_the_check(in_kernel):
+    """max_unpool1d's flat index adds each row's offset (an arange) to the index: lanes past
+    the last element computed an offset past the plane, and the assert fired on the H200
+    where eager returns a result (OpInfo bf16 sweep), killing the CUDA context.  The check is
+    made in the lanes that hold elements only: ``_fx_index_check(v, low, high, xmask)``."""
+    x = torch.randn(2, 3, 3).to(DEVICE)
+    i = torch.tensor([0, 3, 5]).repeat(2, 3, 1).to(DEVICE)
+    program = fxwrap.lower(_unpool, x, i, target=TARGET)
+    torch.testing.assert_close(program.run(x, i), _unpool(x, i))
+    sources = [ln.kernel.source for ln in program.lines if isinstance(ln, CallKernel)]
+    calls = [line for s in sources for line in s.splitlines() if "_fx_index_check(" in line and "def " not in line]
+    assert calls and all(line.rstrip(")").rstrip().endswith("xmask") or ", xmask)" in line for line in calls), calls
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device: the device-side assert of a compiled kernel")
+def test_max_unpool1d_opinfo_samples_match_eager_without_a_device_assert():
+    script = textwrap.dedent("""
+        import torch, fxwrap
+        from torch.testing._internal.common_methods_invocations import op_db
+        op = [o for o in op_db if o.name == "nn.functional.max_unpool1d"][0]
+        for dtype in (torch.bfloat16, torch.float32):
+            for s in op.sample_inputs("cuda", dtype):
+                fn = lambda inp, *args: op.op(inp, *args, **s.kwargs)
+                got = torch.compile(fn, backend="fxwrap")(s.input, *s.args)
+                torch.testing.assert_close(got, fn(s.input, *s.args))
+                torch._dynamo.reset()
+        torch.cuda.synchronize()
+        print("ALL MATCH")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert "ALL MATCH" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]

@@ -217,6 +217,9 @@ class KernelWriter(ValueWalker):
         return O.cast(f"({self.idx(e)})", src, op.dtype)
 
     def value_op(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        if op.op == "index_check":  # checked in the lanes that hold elements only
+            lanes = self.mask_of(self.axes(self.deps(op)))
+            args = [*args, lanes] if lanes else args
         try:
             return self._scalar_bool(op, self.ops.op(op.op, op.dtype, args, arg_dtypes))
         except O.OpError as e:

@@ -40,10 +40,13 @@ _BITS = {torch.int64: 64, torch.int32: 32, torch.int16: 16, torch.int8: 8, torch
 HELPERS: dict[str, str] = {
     # an index value, checked where it is used (op ``index_check``); the kernel is compiled
     # with ``debug`` on (INDEX_CHECK_OPTIONS) or Triton drops the assert
+    # ``lanes``: the lanes the kernel computes; a lane past the end holds no element, and
+    # its index (an arange past the plane, a load's 0) must not fire the assert: a device
+    # assert kills the process's CUDA context, where eager returns a result (max_unpool1d)
     "_fx_index_check": """
 @triton.jit
-def _fx_index_check(v, low, high):
-    tl.device_assert((v >= low) & (v < high), "fxwrap: index out of bounds")
+def _fx_index_check(v, low, high, lanes):
+    tl.device_assert(((v >= low) & (v < high)) | (lanes == 0), "fxwrap: index out of bounds")
     return v
 """,
     "_fx_ifloordiv": """
@@ -328,7 +331,8 @@ TRITON_OPS: dict[str, Callable[..., str]] = {
     "isinf": _by_kind(lambda r, t, x: f"(tl.abs({x}) == float(\"inf\"))", lambda r, t, x: f"({x} != {x})"),
     "signbit": _by_kind(lambda r, t, x: f"(libdevice.signbit({x}) != 0)", lambda r, t, x: f"({x} < 0)"),
     "where": lambda r, t, c, x, b: f"tl.where({c}, {x}, {b})",
-    "index_check": lambda r, t, v, low, high: f"{r.need('_fx_index_check')}({v}, {low}, {high})",
+    "index_check": lambda r, t, v, low, high, lanes="1": (f"{r.need('_fx_index_check')}"
+                                                           f"({v}, {low}, {high}, {lanes})"),
     **{name: _infix(op) for name, op in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="), ("eq", "=="),
                                          ("ne", "!="), ("bitwise_and", "&"), ("bitwise_or", "|"))},
     "add": lambda r, t, x, b: f"({x} | {b})" if t == torch.bool else f"({x} + {b})",
