@@ -199,12 +199,17 @@ class Backend:
 
     def resolved_target(self, example_inputs: Sequence[Any], gm: torch.fx.GraphModule | None = None) -> Target:
         """The target that compiles for ``example_inputs`` (the option's, or the inputs'
-        device's; with ``execute``, its ``f"{target}_{execute}"`` twin); a tensor input on
-        another device type is a ``ValueError`` (``check_input_devices``)."""
+        device's; with ``execute``, its ``f"{target}_{execute}"`` twin).  Given a target or
+        an ``execute`` twin, a tensor input on another device type is a ``ValueError``
+        (``check_input_devices``).  Picked from the inputs, a graph may mix devices as eager
+        code may (a CPU bookkeeping tensor beside CUDA gradients in a compiled-autograd graph,
+        seen in the nccl DDP test): its kernels take one device's buffers only (the builder
+        leaves an op over another device's values to its ATen kernel)."""
         target = resolve_target(self.options.target, example_inputs, gm)
         if self.options.execute:
             target = resolve_target(f"{target.name}_{self.options.execute}")
-        check_input_devices(target, example_inputs)
+        if self.options.target is not None or self.options.execute:
+            check_input_devices(target, example_inputs)
         return target
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
