@@ -16,6 +16,7 @@ Python profilers set; measured: docs/debugging.md).
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ class Kernel:
         self.loader = loader
         self.key = kernel_key(name, source, target, self.signature, self.launch, loader)
         self._launcher: Callable = self._first_call
+        self._loading = threading.Lock()  # held while loader(self) runs (launcher())
         _LIVE[self.key] = self
 
     @property
@@ -102,10 +104,14 @@ class Kernel:
         """The launcher calls go to, loaded through ``loader`` now if no call has loaded it
         yet (saving a program reads the binary a launcher was built from)."""
         if getattr(self._launcher, "__func__", None) is Kernel._first_call:
-            if self.loader is None:
-                raise RuntimeError(f"kernel {self.name} (target {self.target}) has no loader: "
-                                   "build it with a KernelEmitter or pass loader=")
-            self._launcher = self.loader(self)
+            # Threads whose first launches race load once: a second launcher would be
+            # dropped while its launches may still run (a CUDA one unloads its module then).
+            with self._loading:
+                if getattr(self._launcher, "__func__", None) is Kernel._first_call:
+                    if self.loader is None:
+                        raise RuntimeError(f"kernel {self.name} (target {self.target}) has no loader: "
+                                           "build it with a KernelEmitter or pass loader=")
+                    self._launcher = self.loader(self)
         return self._launcher
 
     def bind(self, launcher: Callable) -> None:

@@ -54,3 +54,34 @@ def test_one_thread_loads_in_order():
     emitter.load_threads = 1
     launchers = _load_all(emitter, [source for _, source in loads])
     assert emitter.most == 1 and len(launchers) == 3
+
+
+def test_first_calls_racing_from_threads_load_one_launcher():
+    """Eight threads make a kernel's first call at once: the loader runs once and every
+    thread launches through that one launcher (a second one would be dropped while its
+    launches may still run; a CUDA launcher unloads its module then)."""
+    loaded, barrier = [], threading.Barrier(8)
+
+    def slow_loader(kernel):
+        time.sleep(0.05)  # a compile: the other threads reach their first call meanwhile
+        launcher = lambda x, out: out.copy_(x * 3.0)  # noqa: E731
+        loaded.append(launcher)
+        return launcher
+
+    kernel = Kernel("k_race", "3", "test", (KernelArg("x", "input"), KernelArg("out", "output")),
+                    {}, loader=slow_loader)
+    xs = [torch.randn(6, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    outs = [torch.empty(6) for _ in range(8)]
+
+    def first_call(i):
+        barrier.wait()
+        kernel(xs[i], outs[i])
+
+    threads = [threading.Thread(target=first_call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(loaded) == 1 and kernel.launcher() is loaded[0]
+    for x, out in zip(xs, outs):
+        torch.testing.assert_close(out, x * 3.0)
