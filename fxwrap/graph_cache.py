@@ -404,7 +404,7 @@ def save_cache_artifacts(path: str | os.PathLike) -> int:
     graphs compile with no AOTAutograd and no lowering.  A bundle is a pickle: load only
     bundles you trust."""
     root, files, devices = cache_dir(), {}, set()
-    for name in _touched:
+    for name in list(_touched):  # a copy: other threads' compiles add to it meanwhile
         try:
             files[name] = (root / name).read_bytes()
         except FileNotFoundError:

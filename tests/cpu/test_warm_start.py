@@ -233,3 +233,23 @@ def test_a_bundle_saved_before_the_first_backward_warns_what_it_lacks(tmp_path, 
             assert fxwrap.save_cache_artifacts(tmp_path / "whole.fxcache") == 1
     finally:
         torch._dynamo.reset()
+
+
+def test_bundle_saves_while_another_thread_compiles(tmp_path, monkeypatch):
+    """A compile on another thread records a cache file while save_cache_artifacts reads
+    the ones recorded before: the save writes those (it iterated the live record and raised
+    'dictionary changed size during iteration')."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FXWRAP_CACHE_DIR", str(cache))
+    (cache / "graphs").mkdir(parents=True)
+    (cache / "graphs" / "a").write_bytes(b"first")
+    monkeypatch.setattr(graph_cache, "_touched", {"graphs/a": None})
+    read_bytes = Path.read_bytes
+
+    def read_while_another_thread_stores(path):
+        graph_cache._touched["graphs/b"] = None  # what a concurrent compile's store does
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_while_another_thread_stores)
+    monkeypatch.setattr(graph_cache.pickle, "loads", lambda data: {"device_type": "cpu"})
+    assert fxwrap.save_cache_artifacts(tmp_path / "b.fxcache") == 1
