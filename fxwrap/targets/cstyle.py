@@ -181,6 +181,8 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
     restrict_qualifier = "restrict"         # C++ '__restrict__'; '' where unsupported
     size_param_type = "const int64_t"       # Metal: 'constant long&'
     index_type = "int64_t"
+    long_suffix = "LL"                      # of a 64-bit literal; OpenCL C (64-bit long): 'L'
+    unsigned_long_suffix = "ULL"            # of a literal past int64; OpenCL C: 'UL'
     extra_params: tuple[str, ...] = ()      # parameters after the size symbols
     barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
     infinity = "INFINITY"
@@ -644,11 +646,13 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         return text + "f"
 
     def int_literal(self, v: int, dtype: torch.dtype = torch.int64) -> str:
+        """``v`` as a C literal: plain within 32 bits, else with the dialect's 64-bit
+        suffix (``long_suffix``; ``unsigned_long_suffix`` past int64)."""
         if v == -(2 ** 63):
-            return "(-9223372036854775807LL - 1)"
+            return f"(-9223372036854775807{self.long_suffix} - 1)"
         if v >= 2 ** 63:
-            return f"{v}ULL"
-        return str(v) if -(2 ** 31) <= v < 2 ** 31 else f"{v}LL"
+            return f"{v}{self.unsigned_long_suffix}"
+        return str(v) if -(2 ** 31) <= v < 2 ** 31 else f"{v}{self.long_suffix}"
 
     def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         """``x`` (a local of ``src``) as a local of ``dst``, converted as PyTorch does
