@@ -198,17 +198,12 @@ class PluginManager:
             raise PluginError(f"{who}: {wrappers} are hook wrappers; fxwrap hooks only collect results, "
                               "drop hookwrapper=/wrapper= from @fxwrap.hookimpl")
         self.plugins.append((ep.name, who))
-        seen_devices: set[str] = set()
         for _, targets in self._results("fxwrap_targets", only=ep.name):
             if not isinstance(targets, (list, tuple)):
                 raise PluginError(f"{who}: fxwrap_targets() must return a list of fxwrap.Target, "
                                   f"got {type(targets).__name__}")
             for t in targets:
                 self._validate_target(who, t)
-                if t.device_type in seen_devices:
-                    raise PluginError(f"{who} registers device type {t.device_type!r} twice; "
-                                      "give one plugin one target per device type")
-                seen_devices.add(t.device_type)
                 if t.name in self.targets:
                     raise self._name_clash(t.name, who, builtin=ep.value.startswith(BUILTIN_PREFIX))
                 self.targets[t.name] = t
