@@ -21,8 +21,7 @@ never depend on the order in which plugins load):
   collect results); a hook that raises; ``fxwrap_targets()`` returning a non-list
   or a non-``Target``; a target without a ``DeviceInterface`` instance (whose
   ``device_type`` matches the target's), a ``KernelEmitter`` subclass or a
-  ``WrapperCodegen`` subclass; one plugin registering one device type twice; two
-  plugins registering one target name.  A manager that failed to load keeps
+  ``WrapperCodegen`` subclass; two plugins registering one target name.  A manager that failed to load keeps
   raising the same error.
 * **Several targets on one device type.**  The default for tensors of that device
   type is the target with the highest ``Target.priority``; on a tie, the
