@@ -208,9 +208,10 @@ class Backend:
             self.input_sizes = [_size_of(n) for n in placeholders]
         options = self.options
         target = self.resolved_target(example_inputs)
-        if options.cuda_graphs_required and target.device_type != "cuda":
-            raise ValueError(f"fxwrap mode {options.mode!r} needs a CUDA target, not target {target.name!r} "
-                             f"(device type {target.device_type!r}); drop the mode or compile for cuda")
+        if options.cuda_graphs_required and target.device.graph_capture() is None:
+            raise ValueError(f"fxwrap mode {options.mode!r} needs a target whose device records and replays "
+                             f"programs (DeviceInterface.graph_capture()); target {target.name!r} (device type "
+                             f"{target.device_type!r}) has none: drop the mode or compile for such a device (cuda)")
         session = get_plugin_manager().session(target).configured(options)
         # the warm-start cache (fxwrap/graph_cache.py): a hit skips AOTAutograd and lowering
         warm = None if lowering else GraphCompile.start(gm, example_inputs, session)
