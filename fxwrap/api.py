@@ -155,10 +155,10 @@ class Backend:
     compiled ``Program``), ``execute`` (run the target's kernels another way: the target
     named ``f"{target}_{execute}"``, e.g. ``{"target": "mps", "execute": "shim"}`` runs the
     Metal kernels on CPU tensors through the C++ shim), ``mode`` (``"default"``, or
-    ``"cudagraphs"``: CUDA targets record each program into a CUDA graph and replay
-    it, see ``fxwrap.runtime.graph_replay``; ``torch.compile(mode="reduce-overhead")``
-    means the same on any target whose device declares graph capture (cuda: CUDA graphs;
-    cpu: a launch list); ``"max-autotune"``: more candidate configs per kernel, timed by the
+    ``"cudagraphs"``: each program recorded by the target's device and replayed (cuda: a
+    CUDA graph; cpu: a launch list), see ``fxwrap.runtime.graph_replay``; an error where the
+    device declares no graph capture; ``torch.compile(mode="reduce-overhead")`` means the
+    same but runs plainly where the device cannot record; ``"max-autotune"``: more candidate configs per kernel, timed by the
     Triton emitter, plus CUDA graphs on CUDA targets; ``"max-autotune-no-cudagraphs"``:
     the configs alone; the C++ and Metal emitters have no tunable choices, so there
     max-autotune changes nothing).
