@@ -100,3 +100,16 @@ def test_work_item_schedule_gives_eagers_numbers(monkeypatch):
     assert len(kernels) >= 3
     for k in kernels:
         assert "const int64_t xindex = item;" in k.source and "for (int64_t xindex" not in k.source
+
+
+def test_a_saved_c99_program_names_the_c99_package(tmp_path):
+    """The C99 target reuses fxwrap's WrapperCodegen and CpuDevice: the saved file still names
+    its plugin's package (read off the emitter), not fxwrap, for a load without the plugin."""
+    import json
+    import zipfile
+
+    x = torch.randn(4, 5)
+    torch._dynamo.reset()
+    fxwrap.lower(lambda t: t.sin() + 1, x, target="c99").save(tmp_path / "p.fxwrap")
+    header = json.loads(zipfile.ZipFile(tmp_path / "p.fxwrap").read("header.json"))
+    assert header["target_package"] == {"module": "fxwrap_c99", "distribution": "fxwrap-c99"}
