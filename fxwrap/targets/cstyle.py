@@ -160,13 +160,14 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
     (``Scope``), loads, stores, constants, casts, the index printer and the accumulators of
     every reduction and scan kind (``ReductionAccumulator``, ``ScanState``) are written once
     here, and so is a serial ``render_body`` (loop nests; reductions and scans one row at a
-    time).  C++/OpenMP (``cpu_cpp``) and Metal (``mps_metal``) replace ``render_body`` with
+    time, the rows a loop or, where the dialect sets ``work_item_index``, one per work item:
+    ``over_rows``).  C++/OpenMP (``cpu_cpp``) and Metal (``mps_metal``) replace ``render_body`` with
     their parallel schedules over the same accumulators; the C99 example
     (``examples/fxwrap-c99``) keeps it.  The C99 dialect, ``c99_`` helpers, whole::
 
         class C99Emitter(CStyleEmitter):
             prefix = "c99_"
-            code_for_op = c_ops("c99_", "", "{f}_{t}", C99_TYPES.__getitem__)
+            code_for_op = c_ops("c99_", "", "{f}_{t}", C_TYPES.__getitem__)
             prelude = C99_PRELUDE
     """
 
