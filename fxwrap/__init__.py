@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "CppEmitter": "fxwrap.targets.cpu_cpp.emitter",
     "CStyleEmitter": "fxwrap.targets.cstyle",
     "Origin": "fxwrap.runtime.provenance",
-    "GraphCapture": "fxwrap.runtime.graph_replay",
+    "GraphCapture": "fxwrap.runtime.graph_replay", "LaunchListCapture": "fxwrap.runtime.launch_list",
     "Template": "fxwrap.core.templates", "TemplateCall": "fxwrap.core.templates",
 }
 _SUBMODULES: dict[str, str] = {"lines": "fxwrap.ir.lines",

@@ -176,10 +176,10 @@ class Backend:
     compiled ``Program``), ``execute`` (run the target's kernels another way: the target
     named ``f"{target}_{execute}"``, e.g. ``{"target": "mps", "execute": "shim"}`` runs the
     Metal kernels on CPU tensors through the C++ shim), ``mode`` (``"default"``, or
-    ``"cudagraphs"``: CUDA targets record each program into a CUDA graph and replay
-    it, see ``fxwrap.runtime.graph_replay``; ``torch.compile(mode="reduce-overhead")``
-    means the same on any target whose device declares graph capture (cuda: CUDA graphs;
-    cpu: a launch list); ``"max-autotune"``: more candidate configs per kernel, timed by the
+    ``"cudagraphs"``: each program recorded by the target's device and replayed (cuda: a
+    CUDA graph; cpu: a launch list), see ``fxwrap.runtime.graph_replay``; an error where the
+    device declares no graph capture; ``torch.compile(mode="reduce-overhead")`` means the
+    same but runs plainly where the device cannot record; ``"max-autotune"``: more candidate configs per kernel, timed by the
     Triton emitter, plus CUDA graphs on CUDA targets; ``"max-autotune-no-cudagraphs"``:
     the configs alone; the C++ and Metal emitters have no tunable choices, so there
     max-autotune changes nothing).
@@ -234,9 +234,10 @@ class Backend:
             self.input_sizes = [_size_of(n) for n in placeholders]
         options = self.options
         target = self.resolved_target(example_inputs, gm)
-        if options.cuda_graphs_required and target.device_type != "cuda":
-            raise ValueError(f"fxwrap mode {options.mode!r} needs a CUDA target, not target {target.name!r} "
-                             f"(device type {target.device_type!r}); drop the mode or compile for cuda")
+        if options.cuda_graphs_required and target.device.graph_capture() is None:
+            raise ValueError(f"fxwrap mode {options.mode!r} needs a target whose device records and replays "
+                             f"programs (DeviceInterface.graph_capture()); target {target.name!r} (device type "
+                             f"{target.device_type!r}) has none: drop the mode or compile for such a device (cuda)")
         session = get_plugin_manager().session(target).configured(options)
         # the warm-start cache (fxwrap/graph_cache.py): a hit skips AOTAutograd and lowering
         warm = None if lowering else GraphCompile.start(gm, example_inputs, session)

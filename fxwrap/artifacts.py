@@ -204,15 +204,17 @@ def _program_record(program) -> dict:
     if not isinstance(target, SavedTarget):
         target = SavedTarget(target.name, target.device_type, dict(target.options))
         wrapper = program.target.wrapper
+        package = providing_package(type(program.target.device), program.target.emitter, wrapper)
     else:
         wrapper = program.wrapper
+        package = providing_package(wrapper)
     capture = getattr(program, "capture", None)
     if capture is None and not isinstance(program.target, SavedTarget) \
             and replay_runners(program.runner):
         capture = (program.target.device.graph_capture(), tuple(program.static_inputs))
     return {"kind": program.kind, "target": target, "wrapper": wrapper, "graph": graph_records(program.graph_module),
             "arguments": _portable_arguments(program.arguments), "outputs": program.outputs,
-            "capture": capture}
+            "capture": capture, "package": package}
 
 
 def _contents(obj) -> tuple[str, dict]:
@@ -229,11 +231,15 @@ def pickled(value, pickler_type=SavingPickler) -> tuple[bytes, SavingPickler]:
     return buffer.getvalue(), pickler
 
 
-def providing_package(wrapper: type) -> dict:
-    """The module and installed distribution that provide a target (read off its wrapper
-    class): ``{"module": "fxwrap_npu0", "distribution": "fxwrap-npu0"}`` -- what loading
-    names where the target's plugin is missing (``distribution`` None where not installed)."""
-    module = str(getattr(wrapper, "__module__", "") or "").split(".")[0]
+def providing_package(*parts: type) -> dict:
+    """The module and installed distribution that provide a target: the first of ``parts``
+    (its device interface's, emitter's and wrapper's classes) that is not fxwrap's own (a plugin may reuse
+    ``fxwrap.WrapperCodegen`` or ``fxwrap.CpuDevice``), else fxwrap:
+    ``{"module": "fxwrap_npu0", "distribution": "fxwrap-npu0"}`` -- what loading names where
+    the target's plugin is missing (``distribution`` None where not installed)."""
+    modules = [str(getattr(part, "__module__", "") or "").split(".")[0]
+               for part in parts]
+    module = next((m for m in modules if m and m != "fxwrap"), "fxwrap")
     return {"module": module, "distribution": _distributions().get(module, [None])[0]}
 
 
@@ -266,7 +272,7 @@ def dumps(obj) -> bytes:
     header = {"format": FORMAT, "format_version": FORMAT_VERSION, "fxwrap_version": fxwrap_version(),
               "torch_version": torch.__version__, "target": first["target"].name,
               "device_type": first["target"].device_type, "contents": contents, "runtime_versions": runtimes,
-              "target_package": providing_package(first["wrapper"])}
+              "target_package": first["package"]}
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name, data in ((HEADER, json.dumps(header, indent=1, sort_keys=True).encode()), (PAYLOAD, payload)):

@@ -44,6 +44,7 @@ from fxwrap.api import Backend, dynamo_backend, lower
 from fxwrap.program import Program
 from fxwrap.plugins.debug_modes import provenance
 from fxwrap.runtime.kernel import Kernel
+from fxwrap.targets.base import DeviceInterface
 
 #: what a program calls to manage memory, sizes, checks and device context: not launches
 _BOOKKEEPING_MODULES = ("fxwrap.",)  # runtime helpers, direct calls, target prologues
@@ -196,9 +197,10 @@ class ProfileReport:
 class _TimedInterpreter(torch.fx.Interpreter):
     """Runs a program's GraphModule, timing each launch (``launch_kind`` not None)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, cuda: bool, named_by: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, device: DeviceInterface, named_by: torch.fx.GraphModule):
         super().__init__(gm)
-        self.cuda = cuda
+        self.device = device
+        self.evented = device.timing_event() is not None  # else the host clock
         self.rows: dict[torch.fx.Node, LaunchTiming] = {}
         # the runner may be a copy with other call targets (``runtime.direct``): launches are
         # named after the program's own GraphModule (same node names), ``aten.mm.out`` not ``torch.mm``
@@ -217,38 +219,35 @@ class _TimedInterpreter(torch.fx.Interpreter):
         if row is None:
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            result = n.target(*args, **kwargs)
-            end.record()
-        else:
-            start = time.perf_counter()
-            result = n.target(*args, **kwargs)
-            end = time.perf_counter()
+        start = self._mark()
+        result = n.target(*args, **kwargs)
+        end = self._mark()
         row.bytes = _bytes_moved(args, kwargs, result)
         self.marks.append((n, start, end))
         return result
 
+    def _mark(self):
+        """Now: a recorded device event (``DeviceInterface.timing_event``) or the host clock."""
+        if not self.evented:
+            return time.perf_counter()
+        event = self.device.timing_event()
+        event.record()
+        return event
+
+    def _seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3 if self.evented else end - start
+
     def timed_call(self, graph_inputs) -> None:
         self.marks = []
-        if self.cuda:
-            origin = torch.cuda.Event(enable_timing=True)
-            origin.record()
-        else:
-            origin = time.perf_counter()
+        origin = self._mark()
         self.run(*graph_inputs)
-        if self.cuda:
-            torch.cuda.synchronize()
+        self.device.synchronize()
         if self.first is None:
             self.first = origin
-        self.call_starts.append(self.first.elapsed_time(origin) / 1e3 if self.cuda else origin - self.first)
+        self.call_starts.append(self._seconds(self.first, origin))
         for node, start, end in self.marks:
             row = self.rows[node]
-            if self.cuda:
-                offset, duration = origin.elapsed_time(start) / 1e3, start.elapsed_time(end) / 1e3
-            else:
-                offset, duration = start - origin, end - start
+            offset, duration = self._seconds(origin, start), self._seconds(start, end)
             row.calls += 1
             row.total_s += duration
             row.starts_s.append(offset)
@@ -321,10 +320,10 @@ def profile(program_or_fn: Program | Callable, *args, warmup: int = 3, iters: in
     if iters < 1 or warmup < 0:
         raise ValueError(f"fxwrap.profile: iters={iters} must be >= 1 and warmup={warmup} >= 0")
     graph_inputs = _graph_inputs(program, args)
-    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in graph_inputs)
+    device = program.target.device
     runner_gm = program.runner if isinstance(program.runner, torch.fx.GraphModule) else program.graph_module
-    interpreter = _TimedInterpreter(runner_gm, cuda, program.graph_module)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    interpreter = _TimedInterpreter(runner_gm, device, program.graph_module)
+    sync = device.synchronize
     with torch.no_grad():
         for _ in range(warmup):
             program(*graph_inputs)
@@ -339,5 +338,5 @@ def profile(program_or_fn: Program | Callable, *args, warmup: int = 3, iters: in
             interpreter.timed_call(graph_inputs)
         call_s = statistics.median(calls)  # as each launch's per-call time: medians
     launches = list(interpreter.rows.values())
-    return ProfileReport(launches, call_s, iters, "cuda" if cuda else "cpu", program.kind, program.target.name,
+    return ProfileReport(launches, call_s, iters, program.target.device_type, program.kind, program.target.name,
                          interpreter.call_starts, calls)

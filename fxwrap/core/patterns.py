@@ -37,6 +37,7 @@ import torch
 import torch.fx
 
 from fxwrap.core import logs
+from fxwrap.core.extern import backend_dispatch_key
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -56,7 +57,7 @@ def aten_int8_mm_refusal(dtype: torch.dtype, k, device_type: str = "cpu", rows_c
     * CPU: in torch 2.13 the bfloat16 path reads past the rows when ``k`` is not a multiple
       of 32: wrong numbers (``k=100``) or a crash (``k=45``).
     """
-    key = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}.get(device_type)
+    key = backend_dispatch_key(device_type)  # the renamed PrivateUse1 backend's too
     if key is None or not torch._C._dispatch_has_kernel_for_dispatch_key(str(INT8_MM.name()), key):
         return f"torch {torch.__version__} has no {device_type} kernel of {INT8_MM}"
     if device_type != "cpu":

@@ -38,8 +38,8 @@ def fxwrap_targets():
     Arguments: none.
     Returns: a list of ``fxwrap.Target``; each needs a ``DeviceInterface`` instance
     of its ``device_type``, a ``KernelEmitter`` subclass and a ``WrapperCodegen``
-    subclass.  At most one target per device type per plugin; target names are
-    unique across plugins.
+    subclass.  A plugin may register several targets for one device type (variants,
+    picked by name: ``options={"target": name}``); target names are unique across plugins.
     firstresult: no, every plugin's targets are registered.  Of several targets for
     one device type the default is the highest ``Target.priority``, then the
     alphabetically first name; any target is selectable by name.

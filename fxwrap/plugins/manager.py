@@ -21,8 +21,7 @@ never depend on the order in which plugins load):
   collect results); a hook that raises; ``fxwrap_targets()`` returning a non-list
   or a non-``Target``; a target without a ``DeviceInterface`` instance (whose
   ``device_type`` matches the target's), a ``KernelEmitter`` subclass or a
-  ``WrapperCodegen`` subclass; one plugin registering one device type twice; two
-  plugins registering one target name.  A manager that failed to load keeps
+  ``WrapperCodegen`` subclass; two plugins registering one target name.  A manager that failed to load keeps
   raising the same error.
 * **Several targets on one device type.**  The default for tensors of that device
   type is the target with the highest ``Target.priority``; on a tie, the
@@ -198,17 +197,12 @@ class PluginManager:
             raise PluginError(f"{who}: {wrappers} are hook wrappers; fxwrap hooks only collect results, "
                               "drop hookwrapper=/wrapper= from @fxwrap.hookimpl")
         self.plugins.append((ep.name, who))
-        seen_devices: set[str] = set()
         for _, targets in self._results("fxwrap_targets", only=ep.name):
             if not isinstance(targets, (list, tuple)):
                 raise PluginError(f"{who}: fxwrap_targets() must return a list of fxwrap.Target, "
                                   f"got {type(targets).__name__}")
             for t in targets:
                 self._validate_target(who, t)
-                if t.device_type in seen_devices:
-                    raise PluginError(f"{who} registers device type {t.device_type!r} twice; "
-                                      "give one plugin one target per device type")
-                seen_devices.add(t.device_type)
                 if t.name in self.targets:
                     raise self._name_clash(t.name, who, builtin=ep.value.startswith(BUILTIN_PREFIX))
                 self.targets[t.name] = t

@@ -158,9 +158,10 @@ class CompileOptions:
 
     @property
     def cuda_graphs_required(self) -> bool:
-        """fxwrap's own ``"cudagraphs"``: an error on a target without CUDA.  Inductor's names
-        (``"reduce-overhead"``, ``"max-autotune"``) compile on any target, with CUDA graphs
-        where the target is CUDA, as Inductor does."""
+        """fxwrap's own ``"cudagraphs"``: an error on a target whose device has no graph
+        capture (``DeviceInterface.graph_capture()`` None).  Inductor's names
+        (``"reduce-overhead"``, ``"max-autotune"``) compile on any target, captured where the
+        device can, as Inductor does."""
         return self.mode == "cudagraphs"
 
     @property

@@ -151,15 +151,26 @@ def _hashable(target) -> bool:
 
 
 class LaunchListCapture(GraphCapture):
-    """The CPU's ``GraphCapture``: a recording is a ``LaunchList`` of a GraphModule's run
-    (what the target's wrapper made of the program, or one partition of it)."""
+    """A ``GraphCapture`` for any device whose kernels are plain calls: a recording is a
+    ``LaunchList`` of a GraphModule's run (what the target's wrapper made of the program, or
+    one partition of it), the kernel and extern calls bound to their tensors.  The CPU's
+    (``CpuDevice.graph_capture``); a device without a graph API of its own returns one with
+    its device type::
 
-    device_type = "cpu"
+        class MyDevice(fxwrap.DeviceInterface):
+            device_type = "npu"
+            def graph_capture(self):
+                return fxwrap.LaunchListCapture("npu")   # records npu tensors only
+    """
+
     records_graph_modules = True
+
+    def __init__(self, device_type: str):
+        self.device_type = device_type
 
     def record(self, run, inputs):
         if not isinstance(run, torch.fx.GraphModule):
-            raise RuntimeError(f"the CPU launch list records a GraphModule, not {type(run).__name__}")
+            raise RuntimeError(f"the {self.device_type} launch list records a GraphModule, not {type(run).__name__}")
         return record_launches(run, inputs)
 
     def replay(self, recording: LaunchList) -> None:

@@ -76,6 +76,13 @@ class DeviceInterface:
     def current_stream(self, device=None):
         return None
 
+    def timing_event(self, device=None):
+        """A new event that marks a point of the device's queue when ``record()``ed, with
+        ``start.elapsed_time(end)`` in milliseconds (``torch.cuda.Event(enable_timing=True)``),
+        or None (the default): the host clock times the device's work, which then runs as it
+        is called.  ``fxwrap.profile`` times launches with it and waits with ``synchronize``."""
+        return None
+
     def device_count(self) -> int:
         return 1 if self.is_available() else 0
 

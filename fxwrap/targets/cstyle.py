@@ -160,13 +160,14 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
     (``Scope``), loads, stores, constants, casts, the index printer and the accumulators of
     every reduction and scan kind (``ReductionAccumulator``, ``ScanState``) are written once
     here, and so is a serial ``render_body`` (loop nests; reductions and scans one row at a
-    time).  C++/OpenMP (``cpu_cpp``) and Metal (``mps_metal``) replace ``render_body`` with
+    time, the rows a loop or, where the dialect sets ``work_item_index``, one per work item:
+    ``over_rows``).  C++/OpenMP (``cpu_cpp``) and Metal (``mps_metal``) replace ``render_body`` with
     their parallel schedules over the same accumulators; the C99 example
     (``examples/fxwrap-c99``) keeps it.  The C99 dialect, ``c99_`` helpers, whole::
 
         class C99Emitter(CStyleEmitter):
             prefix = "c99_"
-            code_for_op = c_ops("c99_", "", "{f}_{t}", C99_TYPES.__getitem__)
+            code_for_op = c_ops("c99_", "", "{f}_{t}", C_TYPES.__getitem__)
             prelude = C99_PRELUDE
     """
 
@@ -181,6 +182,12 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
     restrict_qualifier = "restrict"         # C++ '__restrict__'; '' where unsupported
     size_param_type = "const int64_t"       # Metal: 'constant long&'
     index_type = "int64_t"
+    long_suffix = "LL"                      # of a 64-bit literal; OpenCL C (64-bit long): 'L'
+    unsigned_long_suffix = "ULL"            # of a literal past int64; OpenCL C: 'UL'
+    # the row schedule of the serial body (``over_rows``): None, a loop over the rows; else the
+    # C expression of this work item's row (OpenCL 'get_global_id(0)'), one row per work item,
+    # launched over ``launch["grid"]`` items (a Python expression of the size symbols)
+    work_item_index: str | None = None
     extra_params: tuple[str, ...] = ()      # parameters after the size symbols
     barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
     infinity = "INFINITY"
@@ -270,6 +277,9 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         launch = {"symbol": cname, "language": self.language,
                   "pointers": len(kernel.inputs) + len(kernel.outputs) + len(self.workspaces),
                   "size_symbols": tuple(s.name for s in kernel.size_symbols)}
+        if self.work_item_index is not None:
+            rows = kernel.ranges if kernel.reductions or kernel.is_scan else (*kernel.ranges, *kernel.reduction_ranges)
+            launch["grid"] = str(sympy.Mul(*rows))
         launch.update(self.launch_metadata(kernel))
         in_place = self.in_place_pairs(kernel)
         if in_place:
@@ -313,8 +323,33 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         fn = Scope(self, names, None, kernel=kernel)
         vars_ = self.xvars(kernel) + self.rvars(kernel)  # without reductions, r vars are more loops
         ranges = tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
-        body = self.loop_nest(fn, vars_, ranges, lambda inner: self.render_stores(kernel, kernel.stores, inner))
-        return fn.lines + body
+        if self.work_item_index is None:
+            body = self.loop_nest(fn, vars_, ranges, lambda inner: self.render_stores(kernel, kernel.stores, inner))
+            return fn.lines + body
+        item = Scope(self, names, fn, declares=[v.name for v in vars_])  # one element per work item
+        body = self.decompose("xindex", vars_, ranges, names)
+        stores = self.render_stores(kernel, kernel.stores, item)
+        item.flush_into(body)
+        return fn.lines + self.over_rows(self.numel(ranges), body + stores)
+
+    def over_rows(self, numel: str, body: list[str]) -> list[str]:
+        """The schedule hook: ``body`` (one row, of index ``xindex``) for each of ``numel``
+        rows; a loop by default, one work item per row where the dialect sets
+        ``work_item_index``::
+
+            for (int64_t xindex = 0; xindex < s0; ++xindex) {      // work_item_index = None
+              ...
+            const int64_t xindex = get_global_id(0);                // = "get_global_id(0)"
+            if (xindex < s0) {
+              ...
+        """
+        out: list[str] = []
+        if self.work_item_index is None:
+            append_block(out, f"for ({self.index_type} xindex = 0; xindex < {numel}; ++xindex)", body)
+        else:
+            out.append(f"const {self.index_type} xindex = {self.work_item_index};")
+            append_block(out, f"if (xindex < {numel})", body)
+        return out
 
     def loop_nest(self, parent: "Scope", vars_, ranges, body: Callable[["Scope"], list[str]]) -> list[str]:
         """``for`` loops over ``vars_`` (outermost first) around ``body(innermost scope)``; each
@@ -380,9 +415,7 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
             stores = self.render_stores(kernel, x_stores, Scope(self, names, row))
             row.flush_into(body)
             body += stores
-        out: list[str] = []
-        append_block(out, f"for ({it} xindex = 0; xindex < {self.numel(kernel.ranges)}; ++xindex)", body)
-        return fn.lines + out
+        return fn.lines + self.over_rows(self.numel(kernel.ranges), body)
 
     def serial_scan(self, kernel: ScheduledKernel, names: "LocalNames") -> list[str]:
         """One row after the other, each a pass over ``r0`` (``scan_pass``)."""
@@ -396,9 +429,7 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         body += head
         append_block(body, f"for ({self.index_type} {rv} = 0; {rv} < {self.render_index(kernel.reduction_ranges[0])}; "
                            f"++{rv})", update)
-        out: list[str] = []
-        append_block(out, f"for ({self.index_type} xindex = 0; xindex < {self.numel(kernel.ranges)}; ++xindex)", body)
-        return fn.lines + out
+        return fn.lines + self.over_rows(self.numel(kernel.ranges), body)
 
     def scan_pass(self, kernel: ScheduledKernel, names: LocalNames, row: Scope):
         """``(state declarations, loop body)`` of one row's pass over ``r0``: the running
@@ -644,11 +675,13 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         return text + "f"
 
     def int_literal(self, v: int, dtype: torch.dtype = torch.int64) -> str:
+        """``v`` as a C literal: plain within 32 bits, else with the dialect's 64-bit
+        suffix (``long_suffix``; ``unsigned_long_suffix`` past int64)."""
         if v == -(2 ** 63):
-            return "(-9223372036854775807LL - 1)"
+            return f"(-9223372036854775807{self.long_suffix} - 1)"
         if v >= 2 ** 63:
-            return f"{v}ULL"
-        return str(v) if -(2 ** 31) <= v < 2 ** 31 else f"{v}LL"
+            return f"{v}{self.unsigned_long_suffix}"
+        return str(v) if -(2 ** 31) <= v < 2 ** 31 else f"{v}{self.long_suffix}"
 
     def render_cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         """``x`` (a local of ``src``) as a local of ``dst``, converted as PyTorch does

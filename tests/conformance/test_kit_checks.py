@@ -135,7 +135,7 @@ def test_graph_capture_checks_catch_a_device_that_copies_static_inputs(monkeypat
         def record(self, run, inputs):
             return super().record(run, [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
 
-    monkeypatch.setattr(CpuDevice, "graph_capture", lambda self: Copying())
+    monkeypatch.setattr(CpuDevice, "graph_capture", lambda self: Copying("cpu"))
     torch._dynamo.reset()
     with pytest.raises(AssertionError, match=message):
         CAPTURE_CHECKS[check]("cpu", torch.device("cpu"))

@@ -213,3 +213,25 @@ def test_partitions_with_dynamic_sizes():
     runners = _runners(programs)
     assert runners and all(r.fallback_reason is None for r in runners)
     assert sum(r.replays for r in runners) >= 3
+
+
+def test_launch_list_capture_is_public_and_takes_any_device_type():
+    """``fxwrap.LaunchListCapture(device_type)``: a device without a graph API of its own
+    records launch lists of its tensors; inputs of another device make the runner run plainly
+    (before issue 38 it was reachable only by file path and hard-coded ``"cpu"``)."""
+    from fxwrap.runtime.graph_replay import GraphReplayRunner
+
+    def f(x):
+        return torch.relu(x) * 3.0
+
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(8, 5)
+    recording, out = fxwrap.LaunchListCapture("cpu").record(gm, [x])
+    torch.testing.assert_close(out, f(x))
+    recording.replay()
+    other = fxwrap.LaunchListCapture("npu")
+    assert other.device_type == "npu"
+    runner = GraphReplayRunner(gm, other, static=(), written=())
+    for _ in range(3):
+        torch.testing.assert_close(runner(x), f(x))
+    assert runner.fallback_reason == "an input is not a npu tensor"

@@ -264,3 +264,20 @@ def test_op_stays_the_aten_call_where_no_template_applies(case):
     torch.testing.assert_close(c(x, w, scale), torch._weight_int8pack_mm(x, w, scale))
     assert len(int8_externs(programs)) == 1
     assert not [c for c in lines(programs, TemplateChoice) if c.chosen == "cpp_int8_gemm"]
+
+
+def test_int8_rewrite_asks_a_privateuse1_backend_for_its_kernel():
+    """The int8 weight-only rewrite's refusal looks the device's dispatch key up through
+    ``backend_dispatch_key``: a PrivateUse1 device with a kernel of the op is not refused
+    (before issue 38 its key table lacked PrivateUse1: always refused)."""
+    from fxwrap.core.patterns import aten_int8_mm_refusal
+
+    name = torch._C._get_privateuse1_backend_name()
+    assert aten_int8_mm_refusal(torch.float32, 64, name).startswith(f"torch {torch.__version__} has no {name} kernel")
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_weight_int8pack_mm", lambda x, w, s: x, "PrivateUse1")
+    try:
+        assert aten_int8_mm_refusal(torch.float32, 64, name) is None
+        assert "reads x as contiguous rows" in aten_int8_mm_refusal(torch.float32, 64, name, rows_contiguous=False)
+    finally:
+        lib._destroy()

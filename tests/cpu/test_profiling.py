@@ -139,3 +139,31 @@ def test_torch_profiler_shows_kernel_names(target):
         torch.testing.assert_close(program.run(x, w), f(x, w), rtol=1e-5, atol=1e-5)
     finally:
         autograd_profiler.record_function = original
+
+
+def test_profile_times_through_the_targets_device_events_and_synchronize(monkeypatch):
+    """``fxwrap.profile`` asks the target's DeviceInterface: its ``timing_event`` times each
+    launch, its ``synchronize`` ends each call, and the report names its device type (before
+    issue 38: CUDA events only, no synchronize outside CUDA, every other device "cpu")."""
+    class HostEvent:  # an event API over the host clock, as a queued device's would be
+        recorded = 0
+
+        def record(self):
+            HostEvent.recorded += 1
+            self.t = time.perf_counter()
+
+        def elapsed_time(self, end) -> float:
+            return (end.t - self.t) * 1e3
+
+    syncs = []
+    monkeypatch.setattr(fxwrap.CpuDevice, "timing_event", lambda self, device=None: HostEvent())
+    monkeypatch.setattr(fxwrap.CpuDevice, "synchronize", lambda self, device=None: syncs.append(device))
+    x = torch.randn(64, 33)
+    torch._dynamo.reset()
+    program = fxwrap.lower(lambda t: (t.exp() * 2).softmax(-1) @ t.T, x)
+    report = fxwrap.profile(program, x, iters=4, warmup=1)
+    assert report.device == "cpu" and report.launches
+    assert len(syncs) >= 4 + 4  # after each timed call and each timed launch list
+    assert HostEvent.recorded >= 4 * 2 * len(report.launches)
+    for row in report.launches:
+        assert row.calls == 4 and all(d >= 0 for d in row.durations_s)

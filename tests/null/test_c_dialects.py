@@ -69,3 +69,19 @@ def test_dialects_share_no_cpp_ancestry():
     assert not issubclass(MetalEmitter, CppEmitter) and not issubclass(CppEmitter, MetalEmitter)
     assert CStyleEmitter.cast == "(({t})({x}))" and "std::" not in "".join(
         fn("a", dtype=torch.float32) for name, fn in CStyleEmitter.code_for_op.items() if name in ("exp", "sin"))
+
+
+def test_integer_literal_suffixes_are_dialect_attributes():
+    """A dialect whose 64-bit type is ``long`` (OpenCL C) sets two attributes instead of
+    copying ``int_literal``; constants and index expressions both use them."""
+    import sympy
+
+    class OpenCLSpelling(CStyleEmitter):
+        long_suffix, unsigned_long_suffix = "L", "UL"
+
+    em = OpenCLSpelling()
+    assert [em.int_literal(v) for v in (7, -(2 ** 40), 2 ** 63 + 5, -(2 ** 63))] == [
+        "7", "-1099511627776L", "9223372036854775813UL", "(-9223372036854775807L - 1)"]
+    assert em.render_const(2 ** 35, torch.int64).endswith("34359738368L")
+    assert em.render_index(sympy.Symbol("x0", integer=True) * 2 ** 33) == "8589934592L*x0"
+    assert CStyleEmitter().int_literal(2 ** 40) == CppEmitter().int_literal(2 ** 40) == "1099511627776LL"

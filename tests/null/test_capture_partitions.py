@@ -226,10 +226,20 @@ def test_inputs_of_another_device_fall_back():
     assert runner.fallback_reason == "an input is not a  tensor" and runner.recordings == {}
 
 
-def test_cudagraphs_mode_needs_a_cuda_target():
-    fn = fxwrap.compile(lambda x: x.relu(), target="cpu", options={"mode": "cudagraphs"})
-    with pytest.raises(Exception, match="mode 'cudagraphs' needs a CUDA target, not target 'cpu'"):
-        fn(torch.randn(4))
+def test_cudagraphs_mode_needs_a_device_that_captures(monkeypatch):
+    """Mode "cudagraphs" asks the device whether it records programs, not its type string:
+    the CPU (launch lists) records; a device without graph capture is refused by name."""
+    x = torch.randn(4, 6)
+    torch._dynamo.reset()
+    fn = fxwrap.compile(lambda t: t.relu() * 2, target="cpu", options={"mode": "cudagraphs"})
+    for _ in range(3):
+        torch.testing.assert_close(fn(x), x.relu() * 2)
+    monkeypatch.setattr(fxwrap.CpuDevice, "graph_capture", lambda self: None)
+    torch._dynamo.reset()
+    fn = fxwrap.compile(lambda t: t.relu() * 2, target="cpu", options={"mode": "cudagraphs"})
+    with pytest.raises(Exception, match=r"mode 'cudagraphs' needs a target whose device records and replays "
+                                        r"programs \(DeviceInterface.graph_capture\(\)\); target 'cpu'"):
+        fn(x)
 
 
 def test_unknown_mode_is_rejected():

@@ -52,7 +52,6 @@ BROKEN = {
                           "Target.device.device_type is 'testdev', Target.device_type is 'cpu'"],
     "no_emitter": ["target 'no_emitter' lacks a kernel emitter (Target.emitter: a KernelEmitter subclass)"],
     "no_wrapper": ["target 'no_wrapper' lacks a wrapper (Target.wrapper: a WrapperCodegen subclass)"],
-    "device_twice": ["registers device type 'testdev' twice"],
     "raises": ["its fxwrap_targets() raised RuntimeError: no licence for the simulator"],
     "not_a_list": ["fxwrap_targets() must return a list of fxwrap.Target, got Target"],
     "not_a_target": ["fxwrap_targets() returned {'name': 'dict'", "not an fxwrap.Target"],
@@ -436,3 +435,18 @@ def test_the_session_is_handed_what_it_needs_not_the_plugin_manager():
     assert isinstance(session.plugins, PluginFacts)
     assert not any(isinstance(value, PluginManager) for value in vars(session).values())
     assert session.kernel_loader is manager.kernel_loader
+
+
+def test_one_plugin_registers_two_targets_for_one_device_type():
+    """Several targets per device type from one plugin (issue 38): both load, the default
+    for the device is the highest priority, and either compiles when picked by name."""
+    manager = PluginManager([*installed_entry_points(), ep("two_cpu_targets")]).load()
+    assert manager.owner["twin_fast"] == manager.owner["twin_variant"] == named("two_cpu_targets")
+    assert manager.target_for_device("cpu").name == "cpu"  # the built-in keeps priority 0
+    x = torch.randn(6, 7)
+    with use_plugin_manager(manager):
+        for name in ("twin_fast", "twin_variant"):
+            torch._dynamo.reset()
+            program = fxwrap.lower(lambda t: (t.sin() * 2).sum(-1), x, target=name)
+            assert program.target.name == name
+            torch.testing.assert_close(program(x)[0], (x.sin() * 2).sum(-1))

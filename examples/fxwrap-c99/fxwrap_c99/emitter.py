@@ -18,16 +18,15 @@ and run through ``ctypes``.
 from __future__ import annotations
 
 import ctypes
-import os
 
 import fxwrap
 from fxwrap.targets.cstyle import C_TYPES, c_ops
-from fxwrap.targets.host.compiler import CppCompiler
+from fxwrap.targets.host.compiler import CCompiler
 from fxwrap.targets.host.loader import load_library
 
 from fxwrap_c99.prelude import C99_PRELUDE
 
-FLAGS = ("-x", "c", "-std=c99", "-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno")
+FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno")
 
 
 class C99Emitter(fxwrap.CStyleEmitter):
@@ -68,10 +67,10 @@ class C99Emitter(fxwrap.CStyleEmitter):
         return launch
 
 
-_COMPILERS: list[CppCompiler] = []
+_COMPILERS: list[CCompiler] = []
 
 
-def _compiler() -> CppCompiler:
+def _compiler() -> CCompiler:
     if not _COMPILERS:
-        _COMPILERS.append(CppCompiler(os.environ.get("CC", "cc"), FLAGS))
+        _COMPILERS.append(CCompiler(flags=FLAGS))
     return _COMPILERS[0]

@@ -55,3 +55,61 @@ def test_the_documented_kernel():
     program = fxwrap.lower(lambda x: (x.relu() * x).sum(-1), torch.randn(4, 8), target="c99")
     (kernel,) = _kernels(program)
     assert "\nvoid " + kernel.source.split("\nvoid ", 1)[1] == "\n" + shown
+
+
+def test_work_item_schedule_gives_eagers_numbers(monkeypatch):
+    """The schedule hook (``CStyleEmitter.work_item_index``): the C99 dialect made
+    grid-parallel by one attribute, its kernels one row per work item (no row loop) and a
+    launcher calling each over ``launch["grid"]`` items; numbers as eager's."""
+    import ctypes
+
+    import sympy
+
+    from fxwrap.targets.host.loader import load_library
+    from fxwrap_c99 import emitter
+
+    def head(self, kernel, cname):
+        return f"void {cname}(void *const *buffers, const int64_t *sizes, const int64_t item)"
+
+    def load(self, source):
+        fn = getattr(load_library(emitter._compiler().compile(source.text)), source.launch["symbol"])
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
+        pointers, names = source.launch["pointers"], source.launch["size_symbols"]
+        items = sympy.sympify(source.launch["grid"])
+
+        def launch(*args):
+            bufs = (ctypes.c_void_p * pointers)(*[t.data_ptr() for t in args[:pointers]])
+            sizes = [int(s) for s in args[pointers:]]
+            dims = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
+            n = int(items.xreplace({s: sizes[names.index(s.name)] for s in items.free_symbols}))
+            for item in range(n):
+                fn(bufs, dims, item)
+        return launch
+
+    monkeypatch.setattr(C99Emitter, "work_item_index", "item")
+    monkeypatch.setattr(C99Emitter, "function_head", head)
+    monkeypatch.setattr(C99Emitter, "load", load)
+    torch._dynamo.reset()
+    x = torch.randn(5, 9)
+    x[1, 3] = float("nan")
+    i = torch.randint(-20, 20, (5, 9))
+    program = fxwrap.lower(f, x, i, target="c99", options={"cache": False})
+    for got, expected in zip(pytree.tree_leaves(program(x, i)), pytree.tree_leaves(f(x, i)), strict=True):
+        torch.testing.assert_close(got, expected, equal_nan=True)
+    kernels = _kernels(program)
+    assert len(kernels) >= 3
+    for k in kernels:
+        assert "const int64_t xindex = item;" in k.source and "for (int64_t xindex" not in k.source
+
+
+def test_a_saved_c99_program_names_the_c99_package(tmp_path):
+    """The C99 target reuses fxwrap's WrapperCodegen and CpuDevice: the saved file still names
+    its plugin's package (read off the emitter), not fxwrap, for a load without the plugin."""
+    import json
+    import zipfile
+
+    x = torch.randn(4, 5)
+    torch._dynamo.reset()
+    fxwrap.lower(lambda t: t.sin() + 1, x, target="c99").save(tmp_path / "p.fxwrap")
+    header = json.loads(zipfile.ZipFile(tmp_path / "p.fxwrap").read("header.json"))
+    assert header["target_package"] == {"module": "fxwrap_c99", "distribution": "fxwrap-c99"}

@@ -25,6 +25,9 @@ class CudaDevice(DeviceInterface):
         if self.is_available():
             torch.cuda.synchronize(device)
 
+    def timing_event(self, device=None):
+        return torch.cuda.Event(enable_timing=True) if self.is_available() else None
+
     def current_stream(self, device=None):
         if not self.is_available():
             return None

@@ -63,11 +63,14 @@ def default_cache_dir() -> Path:
 
 
 class KernelCache:
-    """``KernelCache(root).get_or_build(key, source, build) -> Path`` of the ``.so``."""
+    """``KernelCache(root).get_or_build(key, source, build) -> Path`` of the ``.so``; the
+    source is kept beside it as ``<key><source_suffix>`` (``.cpp``; a C compiler's ``.c``)."""
 
-    def __init__(self, root: str | os.PathLike | None = None, namespace: str = "cpu_cpp"):
+    def __init__(self, root: str | os.PathLike | None = None, namespace: str = "cpu_cpp",
+                 source_suffix: str = ".cpp"):
         self.root = Path(root) if root is not None else default_cache_dir()
         self.dir = self.root / namespace
+        self.source_suffix = source_suffix
 
     def path(self, key: str, suffix: str = ".so") -> Path:
         return self.dir / key[:2] / f"{key}{suffix}"
@@ -110,7 +113,7 @@ class KernelCache:
 
     def evict(self, key: str) -> None:
         """Drop an entry (e.g. one that fails to load); a later build recreates it."""
-        for suffix in (".so", SEAL, ".cpp"):
+        for suffix in (".so", SEAL, self.source_suffix):
             try:
                 self.path(key, suffix).unlink()
             except FileNotFoundError:
@@ -129,13 +132,13 @@ class KernelCache:
         # writes the source's file name into the binary, which must not depend on the build
         work = d / f".{key}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
         work.mkdir()
-        src_tmp, out_tmp = work / f"{key}.cpp", work / f"{key}.so"
+        src_tmp, out_tmp = work / f"{key}{self.source_suffix}", work / f"{key}.so"
         try:
             src_tmp.write_text(source)
             build(src_tmp, out_tmp)
             if not out_tmp.is_file():
                 raise RuntimeError(f"kernel build for {key} produced no {out_tmp.name}")
-            os.replace(src_tmp, self.path(key, ".cpp"))
+            os.replace(src_tmp, self.path(key, self.source_suffix))
             self.commit(key, out_tmp)
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -136,7 +136,11 @@ def _kill_running_compilers() -> None:
         _kill_group(proc)
 
 
-def run_compiler(cmd: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+CXX_REMEDY = "install g++ or point CXX at a C++17 compiler with OpenMP"
+
+
+def run_compiler(cmd: list[str], language: str = "C++", remedy: str = CXX_REMEDY,
+                 timeout: float | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` (a compiler process) to its end, within ``timeout`` seconds (default
     ``compile_timeout()``).  One still running after ``NOTICE_SECONDS`` (or a quarter of the
     timeout, if less) is named in a warning, so a long wait is never silent.
@@ -151,8 +155,8 @@ def run_compiler(cmd: list[str], timeout: float | None = None) -> subprocess.Com
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     except OSError as exc:
-        raise CompileError(f"the C++ compiler cannot run: {exc}\ncommand: {shlex.join(cmd)}\n"
-                           "install g++ or point CXX at a C++17 compiler with OpenMP") from exc
+        raise CompileError(f"the {language} compiler cannot run: {exc}\ncommand: {shlex.join(cmd)}\n"
+                           f"{remedy}") from exc
     with _RUNNING_LOCK:
         _RUNNING.add(proc)
     notice = min(NOTICE_SECONDS, timeout / 4)
@@ -160,15 +164,15 @@ def run_compiler(cmd: list[str], timeout: float | None = None) -> subprocess.Com
         try:
             stdout, stderr = proc.communicate(timeout=notice)
         except subprocess.TimeoutExpired:
-            _CACHE_LOG.warning("fxwrap: the C++ compiler has run %g s and is still running; it is killed after "
-                               "%g s (%s): %s", notice, timeout, TIMEOUT_VARIABLE, shlex.join(cmd)[:300])
+            _CACHE_LOG.warning("fxwrap: the %s compiler has run %g s and is still running; it is killed after "
+                               "%g s (%s): %s", language, notice, timeout, TIMEOUT_VARIABLE, shlex.join(cmd)[:300])
             stdout, stderr = proc.communicate(timeout=timeout - notice)
     except subprocess.TimeoutExpired as exc:
         _kill_group(proc)
         _, stderr = proc.communicate()
-        raise CompileError(f"the C++ compiler ran past {timeout:g} s and was killed\ncommand: {shlex.join(cmd)}"
+        raise CompileError(f"the {language} compiler ran past {timeout:g} s and was killed\ncommand: {shlex.join(cmd)}"
                            f"\nstderr: {stderr[-4000:] or '(empty)'}\nraise {TIMEOUT_VARIABLE} (seconds) "
-                           "if it is only slow, or point $CXX at a compiler that finishes") from exc
+                           f"if it is only slow, or use a compiler that finishes ({remedy})") from exc
     except BaseException:  # interrupted: leave no compiler running
         _kill_group(proc)
         proc.wait()
@@ -179,21 +183,21 @@ def run_compiler(cmd: list[str], timeout: float | None = None) -> subprocess.Com
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def compiler_error(cmd: list[str], proc: subprocess.CompletedProcess, what: str) -> CompileError:
+def compiler_error(cmd: list[str], proc: subprocess.CompletedProcess, what: str,
+                   language: str = "C++") -> CompileError:
     """The error for a compiler process that ended without doing its work: ``what`` it
     should have done, the command, its exit status and its stderr."""
-    return CompileError(f"the C++ compiler {what} (exit status {proc.returncode})\n"
+    return CompileError(f"the {language} compiler {what} (exit status {proc.returncode})\n"
                         f"command: {shlex.join(cmd)}\nstderr: {proc.stderr[-8000:] or '(empty)'}")
 
 
 @functools.lru_cache(maxsize=None)
-def _version(cxx: str) -> str:
+def _version(cxx: str, language: str = "C++", remedy: str = CXX_REMEDY) -> str:
     """``$CXX --version``'s output (``CXX`` split as a shell would: ``ccache g++``)."""
     cmd = [*shlex.split(cxx), "--version"]
-    proc = run_compiler(cmd, timeout=min(VERSION_TIMEOUT_SECONDS, compile_timeout()))
+    proc = run_compiler(cmd, language, remedy, timeout=min(VERSION_TIMEOUT_SECONDS, compile_timeout()))
     if proc.returncode != 0:
-        raise compiler_error(cmd, proc, "(from $CXX, default g++) cannot report its version; install g++ or point "
-                     "CXX at a C++17 compiler with OpenMP")
+        raise compiler_error(cmd, proc, f"{cxx!r} cannot report its version; {remedy}", language)
     return proc.stdout
 
 
@@ -233,12 +237,21 @@ def without_header(source: str) -> str:
 class CppCompiler:
     """Compiles kernel sources to shared objects through a ``KernelCache``.  Threads may
     call ``compile`` at once: a source being compiled by one thread is waited for by the
-    others (one ``g++`` per distinct source in a process; processes race through the cache)."""
+    others (one ``g++`` per distinct source in a process; processes race through the cache).
+    The language is a few class attributes (``CCompiler`` sets them for C)."""
+
+    language = "C++"               # in errors: "the C++ compiler failed ..."
+    source_suffix = ".cpp"         # the cached source's file (the compiler reads the language off it)
+    header_language = "c++-header"  # ``-x`` of the precompiled prelude
+    compiler_variable, default_command = "CXX", "g++"
+    remedy = CXX_REMEDY
+    default_flags = DEFAULT_FLAGS
 
     def __init__(self, cxx: str | None = None, flags=None, cache_dir=None):
-        self.cxx = cxx or os.environ.get("CXX") or "g++"
-        self.flags = tuple(flags) if flags is not None else DEFAULT_FLAGS
-        self.cache = KernelCache(cache_dir if cache_dir is not None else default_cache_dir())
+        self.cxx = cxx or os.environ.get(self.compiler_variable) or self.default_command
+        self.flags = tuple(flags) if flags is not None else self.default_flags
+        self.cache = KernelCache(cache_dir if cache_dir is not None else default_cache_dir(),
+                                 source_suffix=self.source_suffix)
         self._lock = threading.Lock()
         self._building: dict[str, Future] = {}  # key -> the shared object's path, being built
         self._preludes: dict[tuple, Path | None] = {}  # (prelude, extra flags) -> its header (None: none)
@@ -247,7 +260,7 @@ class CppCompiler:
 
     @property
     def version(self) -> str:
-        return _version(self.cxx)
+        return _version(self.cxx, self.language, self.remedy)
 
     def key(self, source: str, extra_flags=()) -> str:
         """sha256 of the source without its opening comment lines (the kernel header:
@@ -373,19 +386,19 @@ class CppCompiler:
                 short.write_text(rest)
                 cmd = [*shlex.split(self.cxx), *self.flags, *extra_flags, "-include", str(header), str(short),
                        "-o", str(out)]
-                if run_compiler(cmd).returncode == 0 and out.is_file():
+                if run_compiler(cmd, self.language, self.remedy).returncode == 0 and out.is_file():
                     return
             finally:  # a failure with the header: compile the whole source, which reports it
                 short.unlink(missing_ok=True)
         cmd = self.command(src, out, extra_flags)
-        proc = run_compiler(cmd)
+        proc = run_compiler(cmd, self.language, self.remedy)
         if proc.returncode != 0 or not out.is_file():
             what = "failed" if proc.returncode != 0 else f"exited 0 but wrote no {out.name}"
             if keep_failed:
-                keep = self.cache.path(key, ".failed.cpp")  # beside the entry: the build folder goes
+                keep = self.cache.path(key, ".failed" + self.source_suffix)  # beside the entry: the build folder goes
                 keep.write_text(source)
                 what += f" on the kernel saved at {keep}"
-            raise compiler_error(cmd, proc, what)
+            raise compiler_error(cmd, proc, what, self.language)
 
     def precompiled_header(self, prelude: SharedPrelude, extra_flags=(), wait: bool = False,
                            start: bool = True) -> Path | None:
@@ -432,7 +445,8 @@ class CppCompiler:
             write_atomically(header, prelude.header().encode())
             tmp = folder / f".prelude.{os.getpid()}.{threading.get_ident()}.gch.tmp"
             flags = [f for f in (*self.flags, *extra_flags) if f != "-shared"]
-            proc = run_compiler([*shlex.split(self.cxx), *flags, "-x", "c++-header", str(header), "-o", str(tmp)])
+            proc = run_compiler([*shlex.split(self.cxx), *flags, "-x", self.header_language, str(header), "-o", str(tmp)],
+                                self.language, self.remedy)
             if proc.returncode == 0 and tmp.is_file():
                 os.replace(tmp, gch)
             else:
@@ -456,6 +470,27 @@ def _balanced(items: list[tuple[str, str]], units: int) -> list[list[tuple[str, 
         sizes[g] += len(items[index][1])
         groups[g].append(index)
     return [[items[i] for i in sorted(group)] for group in groups if group]
+
+
+class CCompiler(CppCompiler):
+    """The host C compiler (``$CC``, default ``cc``), for a dialect that writes C: the same
+    driver and cache as ``CppCompiler``, the source cached as ``<key>.c``, errors saying
+    "the C compiler failed"::
+
+        CCompiler(flags=("-std=c99", "-O2", "-shared", "-fPIC")).compile(c_source)  # -> .../<key>.so
+
+    ``compile_many`` (translation units in C++ namespaces) is C++ only."""
+
+    language = "C"
+    source_suffix = ".c"
+    header_language = "c-header"
+    compiler_variable, default_command = "CC", "cc"
+    remedy = "install a C compiler (cc) or point CC at one"
+    default_flags = ("-std=c99", "-O2", "-shared", "-fPIC")
+
+    def compile_many(self, sources, prelude, units) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: translation units of several kernels are C++ only "
+                                  "(namespaces); compile each source with compile()")
 
 
 _DEFAULTS: dict[tuple, CppCompiler] = {}

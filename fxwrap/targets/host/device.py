@@ -62,4 +62,4 @@ class CpuDevice(DeviceInterface):
     def graph_capture(self) -> LaunchListCapture:
         """Recordings are launch lists: the program's kernel and extern calls bound to their
         tensors (``fxwrap.runtime.launch_list``)."""
-        return LaunchListCapture()
+        return LaunchListCapture(self.device_type)
