@@ -4,7 +4,8 @@ an FX GraphModule, with devices plugged in as targets.
     >>> compiled = torch.compile(model, backend="fxwrap")
     >>> program = fxwrap.lower(fn, *example_inputs); print(program.code())
 
-The package imports lazily: ``import fxwrap`` loads nothing but this file, each name
+The package imports lazily: ``import fxwrap`` loads nothing but this file and
+``fxwrap.registration`` (standard library only: ``backend="fxwrap"`` registered race-free), each name
 below loads its module on first use, and ``import fxwrap.runtime`` (what a compiled
 GraphModule calls) loads no compiler module and no dynamo.
 """

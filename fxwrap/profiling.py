@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.fx
 
+from fxwrap import registration
 from fxwrap.api import Backend, dynamo_backend, lower
 from fxwrap.program import Program
 from fxwrap.plugins.debug_modes import provenance
@@ -284,7 +285,7 @@ def compiled_options(compiled: Callable) -> dict | None:
             return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
                     if f.name != "on_program"}
         compiler_fn = getattr(backend, "compiler_fn", None)
-        if compiler_fn is dynamo_backend:
+        if compiler_fn is dynamo_backend or compiler_fn is registration.dynamo_backend:  # backend="fxwrap"
             kwargs = getattr(backend, "kwargs", None) or {}
             options = dict(kwargs.get("options") or {})
             if kwargs.get("mode") not in (None, "default"):
