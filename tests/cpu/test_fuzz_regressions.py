@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fxwrap
+from fxwrap.ir.lines import CallKernel
 from fxwrap.testing.fuzz import check, generate, load
 
 TARGETS = ["cpu", "reference", "triton-interpret", "mps_shim"]
@@ -275,3 +276,20 @@ def test_seed_1206_a_bool_of_scalars_meets_a_block(target, same):
     for got, want in zip(compiled(x, y.expand(6), z), fn(x, y.expand(6), z)):
         torch.testing.assert_close(got, want)
     assert check(load(generate(1206)), target) == ("pass", "")
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 2), (2, 3, 2), (1, 5, 4), (3, 1, 2)])
+def test_a_concatenation_read_through_masked_loads_matches_eager(shape):
+    """``cat([sin(x), 2 * sin(x)], 1)``: one kernel whose loads are masked by the row's half.
+    gcc 12.2 at -O3 for AVX-512 if-converted them into wrong lanes (0 where eager has
+    ``2 * sin(x)``, shape (1, 3, 2), fuzz seed 701246); such a kernel opts out of
+    loop if-conversion (``FX_NO_IFCVT``, cpu_cpp/prelude.py)."""
+    def f(x):
+        v = x.sin()
+        return torch.cat([v, v * 2], 1)
+
+    x = torch.randn(*shape)
+    program = fxwrap.lower(f, x, target="cpu", options={"cache": False})
+    torch.testing.assert_close(program.run(x), f(x))
+    heads = [line for k in [line.kernel for line in program.lines if isinstance(line, CallKernel)] for line in k.source.splitlines() if line.startswith('extern "C"')]
+    assert any("NO_IFCVT" in h for h in heads), heads

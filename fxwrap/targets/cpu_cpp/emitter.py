@@ -136,6 +136,7 @@ class CppEmitter(CStyleEmitter):
         super().__init__(target)
         self._compiler = compiler
         self._unrolled = False
+        self._masked_loads = False
 
     # ------------------------------------------------------------------ naming
     def symbol_name(self, sym: sympy.Symbol) -> str:
@@ -175,12 +176,21 @@ class CppEmitter(CStyleEmitter):
     # ------------------------------------------------------------------ body
     def function_head(self, kernel: ScheduledKernel, cname: str) -> str:
         """``extern "C" void name(...)``; ``extern "C" FX_NO_SLP void ...`` for a kernel whose
-        loop body holds unrolled lanes (the prelude's ``FX_NO_SLP`` says why)."""
+        loop body holds unrolled lanes, ``FX_NO_IFCVT`` for one with masked loads (the
+        prelude says why of each)."""
         head = super().function_head(kernel, cname)
-        return head.replace(" void ", " FX_NO_SLP void ", 1) if self._unrolled else head
+        marks = {(True, False): "FX_NO_SLP", (False, True): "FX_NO_IFCVT", (True, True): "FX_NO_SLP_NO_IFCVT"}
+        mark = marks.get((self._unrolled, self._masked_loads))
+        return head.replace(" void ", f" {mark} void ", 1) if mark else head
+
+    def render_load(self, op, scope) -> str:
+        masked = load_mask(op) is not None and load_mask(op) not in scope.known_true
+        self._masked_loads = self._masked_loads or masked
+        return super().render_load(op, scope)
 
     def render_body(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
         self._unrolled = False  # set by unrolled_lanes; read by function_head after the body
+        self._masked_loads = False  # set by render_load; read by function_head after the body
         if kernel.is_scan:
             return self.scan(kernel, names)
         if kernel.reductions:

@@ -98,10 +98,17 @@ static inline int64_t fx_ipow_index(int64_t b, int64_t e) {
 // pattern for alternating sub/add lanes fuses the products into vfmaddsub even under
 // -ffp-contract=off (1 ulp off eager; later releases test the flag).  The loop still
 // vectorizes, through interleaved loads and stores.
+// A kernel with masked loads (a read only where a condition holds: cat, padding) opts out of
+// gcc's loop if-conversion: gcc 12.2 at -O3 for AVX-512 (-march=skylake-avx512 and newer)
+// computed some lanes as 0 (cat([sin(x), 2 * sin(x)], 1) over (1, 3, 2): fuzz seed 701246).
 #if defined(__GNUC__) && !defined(__clang__)
 #define FX_NO_SLP __attribute__((optimize("no-tree-slp-vectorize")))
+#define FX_NO_IFCVT __attribute__((optimize("no-tree-loop-if-convert")))
+#define FX_NO_SLP_NO_IFCVT __attribute__((optimize("no-tree-slp-vectorize", "no-tree-loop-if-convert")))
 #else
 #define FX_NO_SLP
+#define FX_NO_IFCVT
+#define FX_NO_SLP_NO_IFCVT
 #endif
 
 // ---- value helpers: one per loop-IR op whose C spelling is not a plain operator ----
