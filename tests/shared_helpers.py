@@ -174,3 +174,28 @@ def record_compilers(monkeypatch) -> list:
         return run(cmd)
     monkeypatch.setattr(compiler_module, "run_compiler", recording_run)
     return commands
+
+
+def compiled_autograd_backward(device: str, width: int) -> list:
+    """A loss's backward compiled by compiled autograd through fxwrap (its graph's inputs one
+    list of tensors), its gradient checked against eager's; the programs it compiled."""
+    from torch._dynamo import compiled_autograd
+    torch.manual_seed(0)
+    w = torch.randn(width, width, device=device, requires_grad=True)
+    x = torch.randn(width // 2, width, device=device)
+
+    def loss(a):
+        return ((a @ w).sin() * 2).relu().sum()
+
+    programs = []
+    backend = fxwrap.Backend(options={"on_program": programs.append})
+    try:
+        with compiled_autograd._enable(torch.compile(backend=backend)):
+            torch.compile(loss, backend=backend)(x).backward()
+        got = w.grad.clone()
+    finally:
+        torch._dynamo.reset()
+    w.grad = None
+    loss(x).backward()
+    torch.testing.assert_close(got, w.grad)
+    return programs

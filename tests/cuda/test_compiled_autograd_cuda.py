@@ -8,31 +8,14 @@ import pytest
 import torch
 
 import fxwrap
+from shared_helpers import compiled_autograd_backward
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the CPU case is "
                                 "tests/null/test_input_devices.py)")
 
 
 def test_compiled_autograd_backward_runs_on_the_cuda_target():
-    from torch._dynamo import compiled_autograd
-    torch.manual_seed(0)
-    w = torch.randn(64, 64, device="cuda", requires_grad=True)
-    x = torch.randn(32, 64, device="cuda")
-
-    def loss(a):
-        return ((a @ w).sin() * 2).relu().sum()
-
-    programs = []
-    backend = fxwrap.Backend(options={"on_program": programs.append})
-    try:
-        with compiled_autograd._enable(torch.compile(backend=backend)):
-            torch.compile(loss, backend=backend)(x).backward()
-        got = w.grad.clone()
-    finally:
-        torch._dynamo.reset()
-    w.grad = None
-    loss(x).backward()
-    torch.testing.assert_close(got, w.grad)
+    programs = compiled_autograd_backward("cuda", 64)
     assert programs and {p.target.device_type for p in programs} == {"cuda"}, [p.target.name for p in programs]
 
 

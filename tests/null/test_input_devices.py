@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import fxwrap
+from shared_helpers import compiled_autograd_backward
 
 
 def _f(x):
@@ -76,25 +77,7 @@ def test_a_graph_with_no_device_input_picks_the_device_of_the_values_it_makes():
 def test_compiled_autograd_backward_through_fxwrap_matches_eager():
     """The backward compiled by compiled autograd (its inputs one list) runs as an fxwrap
     program of the inputs' target and gives eager's gradients."""
-    from torch._dynamo import compiled_autograd
-    torch.manual_seed(0)
-    w = torch.randn(8, 8, requires_grad=True)
-    x = torch.randn(5, 8)
-
-    def loss(a):
-        return ((a @ w).sin() * 2).relu().sum()
-
-    programs = []
-    backend = fxwrap.Backend(options={"on_program": programs.append})
-    try:
-        with compiled_autograd._enable(torch.compile(backend=backend)):
-            torch.compile(loss, backend=backend)(x).backward()
-        got = w.grad.clone()
-    finally:
-        torch._dynamo.reset()
-    w.grad = None
-    loss(x).backward()
-    torch.testing.assert_close(got, w.grad)
+    programs = compiled_autograd_backward("cpu", 8)
     assert programs and {p.target.name for p in programs} == {"cpu"}, programs
 
 
