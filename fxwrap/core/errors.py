@@ -13,6 +13,14 @@ class EmitError(NotImplementedError):
     """
 
 
+class KernelCompilerCrash(EmitError):
+    """The host compiler crashed on one kernel's source (an internal compiler error, or a
+    compiler killed by a signal): a bug of the compiler, not of the source.  The kernel
+    builder runs that kernel's ATen nodes as extern calls instead (logged), as it does for a
+    kernel an emitter cannot render; a compiler that fails on every source (missing, or a
+    source it rejects) is not this error and still fails the compile."""
+
+
 class UnsupportedUserKernel(RuntimeError):
     """A user-written Triton kernel (``kernel[grid](...)``, ``torch.library.triton_op``) that a
     program cannot launch: names the kernel, the target and what to do.  Not an ``EmitError``:

@@ -5,11 +5,12 @@ candidate is chosen (``template_choice``) and the launchers are bound.  Mixed in
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import sympy
 
 from fxwrap.core import logs
-from fxwrap.core.errors import EmitError
+from fxwrap.core.errors import EmitError, KernelCompilerCrash
 from fxwrap.core.numerics import legalize
 from fxwrap.core.overlap import overlap_collectives
 from fxwrap.core.progress import Progress
@@ -19,6 +20,8 @@ from fxwrap.ir.loops import ScheduledKernel, format_kernel
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.provenance import describe
 from fxwrap.wrapper_ir import template_choice
+
+log = logging.getLogger("fxwrap.schedule")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,7 @@ class KernelLines:
     source: object  # targets.base.KernelSource
     kernel: Kernel
     lines: list
+    roots: tuple = ()  # the ATen nodes whose values it stores (extern calls if it cannot be built)
 
 
 class RenderMixin:
@@ -58,9 +62,10 @@ class RenderMixin:
                 new = set(failed.nodes) - extern
                 if not new:
                     raise failed.error
-                logs.logger("schedule").info(
-                    "fxwrap: target %s cannot render the kernel of %s (%s); they run as ATen "
-                    "extern calls", self.target.name, ", ".join(sorted(new)), failed.error)
+                what = "its compiler crashed on" if isinstance(failed.error, KernelCompilerCrash) else "cannot render"
+                (log.warning if isinstance(failed.error, KernelCompilerCrash) else logs.logger("schedule").info)(
+                    "fxwrap: target %s %s the kernel of %s (%s); they run as ATen extern calls",
+                    self.target.name, what, ", ".join(sorted(new)), str(failed.error).splitlines()[0])
                 extern |= new
                 builder = type(self)(self.gm, self.session, extern_nodes=extern, timer=self.timer,
                                      label=self.label)
@@ -147,7 +152,16 @@ class RenderMixin:
             if id(made.source) not in self._launchers and id(made.source) not in seen:
                 seen.add(id(made.source))
                 todo.append(made.source)
-        for source, launcher in zip(todo, _load_all(self._emitter, todo, self.label)):
+        try:
+            launchers = _load_all(self._emitter, todo, self.label)
+        except KernelCompilerCrash as crash:  # which kernel: each alone (the rest are cached by now)
+            for made in kernels:
+                try:
+                    self._emitter.load(made.source)
+                except KernelCompilerCrash as error:
+                    raise _RenderFailed(made.roots, error) from crash
+            raise
+        for source, launcher in zip(todo, launchers):
             self._launchers[id(source)] = launcher
 
     def kernel_lines(self, group: Group, name: str, keep: set, inputs: set, render) -> "KernelLines | None":
@@ -174,7 +188,7 @@ class RenderMixin:
                         loader=self.session.kernel_loader)
         new += [DefineKernel(kernel),
                 CallKernel(kernel, (*sk.inputs, *sk.outputs, *workspaces, *sk.size_symbols), origins=sk.origins)]
-        return KernelLines(sk, source, kernel, new)
+        return KernelLines(sk, source, kernel, new, tuple(group.roots))
 
     def _workspaces(self, sk: ScheduledKernel, source, lines: list) -> list[Buffer]:
         """The scratch buffers ``source`` declares (``targets.base.Workspace``), each a

@@ -48,6 +48,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from fxwrap.core.errors import KernelCompilerCrash
 from fxwrap.targets.host.cache import KernelCache, default_cache_dir, write_atomically
 
 # the ``cache`` stage's logger (``fxwrap.core.logs``), by name: a saved program loads this
@@ -183,12 +184,20 @@ def run_compiler(cmd: list[str], language: str = "C++", remedy: str = CXX_REMEDY
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+class CompilerCrash(CompileError, KernelCompilerCrash):
+    """The compiler crashed on a kernel (``internal compiler error``, or killed by a signal):
+    the kernel builder runs that kernel's ops as ATen externs (``core.errors.KernelCompilerCrash``)."""
+
+
 def compiler_error(cmd: list[str], proc: subprocess.CompletedProcess, what: str,
                    language: str = "C++") -> CompileError:
     """The error for a compiler process that ended without doing its work: ``what`` it
-    should have done, the command, its exit status and its stderr."""
-    return CompileError(f"the {language} compiler {what} (exit status {proc.returncode})\n"
-                        f"command: {shlex.join(cmd)}\nstderr: {proc.stderr[-8000:] or '(empty)'}")
+    should have done, the command, its exit status and its stderr (a ``CompilerCrash`` where
+    the compiler itself crashed)."""
+    crashed = proc.returncode < 0 or "internal compiler error" in (proc.stderr or "")
+    return (CompilerCrash if crashed else CompileError)(
+        f"the {language} compiler {what} (exit status {proc.returncode})\n"
+        f"command: {shlex.join(cmd)}\nstderr: {proc.stderr[-8000:] or '(empty)'}")
 
 
 @functools.lru_cache(maxsize=None)
