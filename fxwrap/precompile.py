@@ -47,7 +47,7 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 from fxwrap.graph_cache import GraphCompile, check_header, environment_header, replay
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.program_cache import ProgramCache, decode
-from fxwrap.targets.host.cache import write_atomically
+from fxwrap.targets.host.cache import write_sealed
 from fxwrap.targets.host.trampoline import binding_file
 
 #: torch's precompile turns these on around the backend call so that Inductor's AOTAutograd
@@ -132,7 +132,7 @@ class PrecompiledGraph(SerializableCallable):
         session = manager.session(manager.target(state["target"])).configured(state["options"])
         if state.get("launch") is not None and not (binding := binding_file()).is_file():
             binding.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(binding, state["launch"])  # the header checked the host and Python
+            write_sealed(binding, state["launch"])  # the header checked the host and Python
         entry = pickle.loads(state["graph"])
         programs = {kind: decode(key, state["programs"][key], session) for kind, key in entry["programs"].items()}
         stats["graphs"] += 1

@@ -169,9 +169,9 @@ def record_compilers(monkeypatch) -> list:
     commands = []
     run = compiler_module.run_compiler
 
-    def recording_run(cmd):
+    def recording_run(cmd, *args, **kwargs):
         commands.append(list(cmd))
-        return run(cmd)
+        return run(cmd, *args, **kwargs)
     monkeypatch.setattr(compiler_module, "run_compiler", recording_run)
     return commands
 

@@ -60,7 +60,7 @@ def test_concurrent_compiles_of_one_kernel(tmp_path):
     assert [r[2] for r in results] == [46] * n
     assert not any(r[1] for r in results)  # nobody found it cached: they really raced
     d = Path(paths.pop()).parent
-    assert sorted(f.suffix for f in d.iterdir()) == [".cpp", ".so"]  # no temporaries left
+    assert sorted(f.suffix for f in d.iterdir()) == [".cpp", ".sha256", ".so"]  # the entry, its seal; no temporaries left
     key = CppCompiler(cache_dir=tmp_path).key(source)
     assert (d / f"{key}.cpp").read_text() == source
 

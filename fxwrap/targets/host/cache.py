@@ -56,6 +56,14 @@ def write_atomically(path: Path, data: bytes) -> None:
             pass
 
 
+def write_sealed(path: Path, data: bytes) -> None:
+    """``data`` written as the binary of a cache entry at ``path`` (a binary another process
+    built, carried in a file): its seal first, then the binary, each atomically."""
+    path = Path(path)
+    write_atomically(path.with_suffix(SEAL), hashlib.sha256(data).hexdigest().encode())
+    write_atomically(path, data)
+
+
 def default_cache_dir() -> Path:
     """``$FXWRAP_CACHE_DIR`` (default ``~/.cache/fxwrap``); where it cannot be written, a
     temporary folder of this process, with a warning (``fxwrap.runtime.cache_dir``)."""

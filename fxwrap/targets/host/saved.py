@@ -31,7 +31,7 @@ def saved_binary_path(binary: bytes) -> Path:
     under ``FXWRAP_CACHE_DIR/saved`` (atomically; processes loading the same file share it)."""
     digest = hashlib.sha256(binary).hexdigest()
     path = default_cache_dir() / "saved" / digest[:2] / f"{digest}.so"
-    if path.is_file() and path.stat().st_size == len(binary):
+    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == digest:  # untrusted: its bytes checked
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, binary)
