@@ -13,12 +13,13 @@ class EmitError(NotImplementedError):
     """
 
 
-class KernelCompilerCrash(EmitError):
-    """The host compiler crashed on one kernel's source (an internal compiler error, or a
-    compiler killed by a signal): a bug of the compiler, not of the source.  The kernel
-    builder runs that kernel's ATen nodes as extern calls instead (logged), as it does for a
-    kernel an emitter cannot render; a compiler that fails on every source (missing, or a
-    source it rejects) is not this error and still fails the compile."""
+def compiler_crashed(error: BaseException) -> bool:
+    """Whether ``error`` says the host compiler crashed on one kernel's source (an internal
+    compiler error, or a compiler killed by a signal; a target's error sets
+    ``compiler_crashed = True``): a bug of the compiler, not of the source.  The kernel
+    builder runs that kernel's ATen nodes as extern calls instead (warned); a compiler that
+    fails on every source (missing, or a source it rejects) still fails the compile."""
+    return bool(getattr(error, "compiler_crashed", False))
 
 
 class UnsupportedUserKernel(RuntimeError):

@@ -10,7 +10,7 @@ import logging
 import sympy
 
 from fxwrap.core import logs
-from fxwrap.core.errors import EmitError, KernelCompilerCrash
+from fxwrap.core.errors import EmitError, compiler_crashed
 from fxwrap.core.numerics import legalize
 from fxwrap.core.overlap import overlap_collectives
 from fxwrap.core.progress import Progress
@@ -62,8 +62,8 @@ class RenderMixin:
                 new = set(failed.nodes) - extern
                 if not new:
                     raise failed.error
-                what = "its compiler crashed on" if isinstance(failed.error, KernelCompilerCrash) else "cannot render"
-                (log.warning if isinstance(failed.error, KernelCompilerCrash) else logs.logger("schedule").info)(
+                what = "its compiler crashed on" if compiler_crashed(failed.error) else "cannot render"
+                (log.warning if compiler_crashed(failed.error) else logs.logger("schedule").info)(
                     "fxwrap: target %s %s the kernel of %s (%s); they run as ATen extern calls",
                     self.target.name, what, ", ".join(sorted(new)), str(failed.error).splitlines()[0])
                 extern |= new
@@ -154,12 +154,16 @@ class RenderMixin:
                 todo.append(made.source)
         try:
             launchers = _load_all(self._emitter, todo, self.label)
-        except KernelCompilerCrash as crash:  # which kernel: each alone (the rest are cached by now)
+        except Exception as crash:  # noqa: BLE001  (a compiler crash: which kernel, each alone)
+            if not compiler_crashed(crash):
+                raise
             for made in kernels:
                 try:
                     self._emitter.load(made.source)
-                except KernelCompilerCrash as error:
-                    raise _RenderFailed(made.roots, error) from crash
+                except Exception as error:  # noqa: BLE001
+                    if compiler_crashed(error):
+                        raise _RenderFailed(made.roots, error) from crash
+                    raise
             raise
         for source, launcher in zip(todo, launchers):
             self._launchers[id(source)] = launcher

@@ -48,7 +48,6 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from fxwrap.core.errors import KernelCompilerCrash
 from fxwrap.targets.host.cache import KernelCache, default_cache_dir, write_atomically
 
 # the ``cache`` stage's logger (``fxwrap.core.logs``), by name: a saved program loads this
@@ -184,9 +183,13 @@ def run_compiler(cmd: list[str], language: str = "C++", remedy: str = CXX_REMEDY
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-class CompilerCrash(CompileError, KernelCompilerCrash):
+class CompilerCrash(CompileError):
     """The compiler crashed on a kernel (``internal compiler error``, or killed by a signal):
-    the kernel builder runs that kernel's ops as ATen externs (``core.errors.KernelCompilerCrash``)."""
+    the kernel builder runs that kernel's ops as ATen externs.  It says so through
+    ``compiler_crashed`` (``core.errors.compiler_crashed``): a loaded program imports this
+    module, and it imports nothing of the compiler."""
+
+    compiler_crashed = True
 
 
 def compiler_error(cmd: list[str], proc: subprocess.CompletedProcess, what: str,
