@@ -3,6 +3,7 @@
 registers, and 3 of 4 threads compiling at once failed with ``duplicate name: fxwrap``."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,9 +27,8 @@ THREADS = textwrap.dedent("""
 
 
 def _run(code: str, tmp_path) -> str:
-    env_code = code
-    result = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, timeout=600,
-                            env={**__import__("os").environ, "FXWRAP_CACHE_DIR": str(tmp_path)})
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "FXWRAP_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
