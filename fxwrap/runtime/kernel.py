@@ -74,7 +74,7 @@ class Kernel:
         loader_name = (f"{getattr(loader, '__module__', '')}."
                        f"{getattr(loader, '__qualname__', type(loader).__qualname__)}")
         digest = hashlib.sha256(repr((name, source, target, self.signature,
-                                      sorted(self.launch.items(), key=repr),
+                                      type(self.launch).__name__, sorted(self.launch.as_dict().items(), key=repr),
                                       loader_name)).encode()).hexdigest()[:16]
         self.key = f"{name}_{digest}"
         self._launcher: Callable = self._first_call
