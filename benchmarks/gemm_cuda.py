@@ -109,7 +109,7 @@ def template_config(programs) -> str:
     for p in programs:
         for node in p.graph_module.graph.nodes:
             if isinstance(node.target, fxwrap.Kernel) and "# plan: template" in node.target.source:
-                c = dict(node.target.launch["config"])
+                c = dict(node.target.launch.config)
                 return f"{c['MBLOCK']}x{c['NBLOCK']}x{c['KBLOCK']}/w{c['num_warps']}/s{c['num_stages']}"
     return "-"
 

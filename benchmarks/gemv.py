@@ -107,7 +107,7 @@ def choice_of(programs) -> tuple[str, str]:
                 chosen = line.chosen
         for node in p.graph_module.graph.nodes:
             if isinstance(node.target, fxwrap.Kernel) and "# plan: template triton_gemv" in node.target.source:
-                c = dict(node.target.launch["config"])
+                c = dict(node.target.launch.config)
                 tiling = f"{c['NBLOCK']}x{c['KBLOCK']}/w{c['num_warps']}/s{c['num_stages']}"
     return chosen, tiling
 

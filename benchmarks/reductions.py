@@ -149,16 +149,16 @@ def main(argv=None) -> int:
                 share = {name: 100 * (copy / 2) / t for name, t in times.items()}
                 kernels = [n.target for p in programs for n in p.graph_module.graph.nodes
                            if isinstance(n.target, fxwrap.Kernel)]
-                plans = sorted({k.launch.get("plan", "?") for k in kernels})
+                plans = sorted({getattr(k.launch, "plan", "?") for k in kernels})
                 line = (f"{case:<13} {dtype_name:<9} {str(shape):<22} {copy:8.1f} | "
                         + " | ".join(f"{times[n]:9.1f} {share[n]:5.0f}%" for n in ("eager", "inductor", "fxwrap"))
                         + f" | {times['fxwrap'] / times['inductor']:5.2f}x | {','.join(plans)}")
                 for k in kernels:  # the config each reduction kernel autotuned to, and its candidates' times
-                    if k.launch.get("plan") not in ("pointwise1d", "pointwise2d"):
-                        cfg = ",".join(f"{a}={b}" for a, b in k.launch.get("config", ()))
-                        tm = " ".join(f"[{c}]={t * 1e3:.1f}us" for c, t in k.launch.get("timings_ms", ()))
-                        details.append(f"#   {case} {dtype_name} {shape} {k.name} {k.launch.get('plan')}: "
-                                       f"{cfg} combine={k.launch.get('combine_config')} | {tm}")
+                    if k.launch.plan not in ("pointwise1d", "pointwise2d"):
+                        cfg = ",".join(f"{a}={b}" for a, b in k.launch.config)
+                        tm = " ".join(f"[{c}]={t * 1e3:.1f}us" for c, t in k.launch.timings_ms)
+                        details.append(f"#   {case} {dtype_name} {shape} {k.name} {k.launch.plan}: "
+                                       f"{cfg} combine={k.launch.combine_config} | {tm}")
                 lines.append(line)
                 print(line, flush=True)
     print("\n".join(details), flush=True)

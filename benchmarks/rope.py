@@ -125,7 +125,7 @@ def main() -> None:
         for prog in programs:
             for node in prog.graph_module.graph.nodes:
                 if isinstance(node.target, fxwrap.Kernel):
-                    plans[node.target.name] = node.target.launch.get("plan", "?")
+                    plans[node.target.name] = getattr(node.target.launch, "plan", "?")
         print(f"\n== {name}: {us:.1f} us per call (CUDA events, whole function)")
         for key, per_call, calls in kernel_table(fn, args, a.iters):
             plan = f"  [{plans[key]}]" if key in plans else ""

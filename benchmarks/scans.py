@@ -97,7 +97,7 @@ def measure(op: str, rows: int, n: int, dtype: torch.dtype, device: str, graphs:
     # (no whole-program cache: --plan and --chunk change the program, not its cache key)
     compiled = fxwrap.compile(fn, target=device, options={"on_program": programs.append, "cache": False})
     torch.testing.assert_close(compiled(x), fn(x), rtol=1e-3, atol=1e-2 * max(1.0, n ** 0.5 / 100))
-    plans = [line.kernel.launch.get("plan", line.kernel.target) for p in programs for line in p.lines
+    plans = [getattr(line.kernel.launch, "plan", line.kernel.target) for p in programs for line in p.lines
              if isinstance(line, CallKernel)]
     dst = torch.empty_like(x)
     nbytes = 2 * x.numel() * x.element_size()

@@ -170,7 +170,7 @@ def record_pointers(kernels, log: list) -> None:
 
 def print_source(kernel) -> None:
     print(kernel.source)
-    print("launch config", kernel.launch.get("config"), "plan", kernel.launch.get("plan"))
+    print("launch config", kernel.launch.config, "plan", kernel.launch.plan)
     try:  # the compiled code's loads and stores (the launcher's aligned variant)
         launcher = kernel.launcher()
         compiled = getattr(launcher, "compiled", None) or getattr(getattr(launcher, "root", None), "compiled", None)
@@ -346,7 +346,7 @@ def offline() -> None:
         (alone,) = offline_programs(swiglu, a, b)
     ks = swiglu_kernels([in_model]) + swiglu_kernels([alone])
     for k in ks:
-        print(k.source, "\nconfig", k.launch.get("config"), "plan", k.launch.get("plan"), "\n")
+        print(k.source, "\nconfig", k.launch.config, "plan", k.launch.plan, "\n")
     code = in_model.code()
     for k in ks[:-1]:
         i = code.find(k.name + "(")

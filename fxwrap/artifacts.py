@@ -53,7 +53,7 @@ from fxwrap.runtime.kernel import DamagedKernelError, Kernel, _rebuild, kernel_k
 from fxwrap.targets.host.cache import write_atomically
 
 FORMAT = "fxwrap-program"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-target launch records (runtime/launch.py); 1: one KernelLaunch for every target
 HEADER, PAYLOAD = "header.json", "program.pkl"
 
 

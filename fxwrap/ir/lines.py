@@ -439,7 +439,7 @@ class CallKernel(Line):
         return _exprs_in(self.args)
 
     def in_place_pairs(self):
-        """The pairs its kernel's emitter allowed (``launch["in_place"]``, argument names:
+        """The pairs its kernel's emitter allowed (``launch.in_place``, argument names:
         ``ScheduledKernel.in_place_pairs``), as the buffers passed for them."""
         pairs = self.kernel.launch.in_place
         if not pairs:

@@ -166,7 +166,8 @@ def kernel_key(name: str, source: str, target: str, signature, launch, loader) -
     loader_name = (f"{getattr(loader, '__module__', '')}."
                    f"{getattr(loader, '__qualname__', type(loader).__qualname__)}")
     digest = hashlib.sha256(repr((name, source, target, tuple(signature),
-                                  sorted(KernelLaunch.of(launch).items(), key=repr),
+                                  type(KernelLaunch.of(launch)).__name__,
+                                  sorted(KernelLaunch.of(launch).as_dict().items(), key=repr),
                                   loader_name)).encode()).hexdigest()[:16]
     return f"{name}_{digest}"
 

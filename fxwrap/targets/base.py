@@ -24,7 +24,7 @@ from fxwrap.ir.capabilities import Capabilities
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.graph_replay import GraphCapture
 from fxwrap.runtime.kernel import Kernel, KernelArg
-from fxwrap.runtime.launch import KernelLaunch
+from fxwrap.runtime.launch import KernelLaunch, UserTritonLaunch
 from fxwrap.runtime.provenance import header_lines
 
 
@@ -248,7 +248,7 @@ class KernelEmitter:
         when a loaded program first launches it (through the plugin manager)."""
         return None
 
-    def user_kernel(self, name: str, source: str, signature: tuple, launch: KernelLaunch,
+    def user_kernel(self, name: str, source: str, signature: tuple, launch: UserTritonLaunch,
                     triton_kernel) -> Kernel:
         """The ``Kernel`` (bound to its launcher) of a user-written Triton kernel launched in the
         program: ``triton_kernel`` is the ``JITFunction`` (or ``Autotuner``) from the user's code,

@@ -60,6 +60,7 @@ from fxwrap.ir.loops import (BOOL_RESULT, REDUCTIONS, Op, OpCode, Reduction, Sch
 from fxwrap.core.numerics import compute_dtype, holds_exact, illegal
 from fxwrap.core.templates import accumulators
 from fxwrap.runtime.kernel import KernelArg
+from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.targets.base import (KernelEmitter, KernelSource, Workspace, kernel_function_name, kernel_header,
                                   kernel_signature)
 from fxwrap.targets.index_printer import SympyIndexPrinter
@@ -186,7 +187,7 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
     unsigned_long_suffix = "ULL"            # of a literal past int64; OpenCL C: 'UL'
     # the row schedule of the serial body (``over_rows``): None, a loop over the rows; else the
     # C expression of this work item's row (OpenCL 'get_global_id(0)'), one row per work item,
-    # launched over ``launch["grid"]`` items (a Python expression of the size symbols)
+    # launched over ``launch.grid`` items (a Python expression of the size symbols)
     work_item_index: str | None = None
     extra_params: tuple[str, ...] = ()      # parameters after the size symbols
     barrier = ""                            # Metal: 'threadgroup_barrier(mem_flags::mem_threadgroup);'
@@ -274,16 +275,14 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
             "}",
             "",
         ])
-        launch = {"symbol": cname, "language": self.language,
-                  "pointers": len(kernel.inputs) + len(kernel.outputs) + len(self.workspaces),
-                  "size_symbols": tuple(s.name for s in kernel.size_symbols)}
+        common = dict(symbol=cname, language=self.language,
+                      pointers=len(kernel.inputs) + len(kernel.outputs) + len(self.workspaces),
+                      size_symbols=tuple(s.name for s in kernel.size_symbols),
+                      in_place=tuple(self.in_place_pairs(kernel)))
         if self.work_item_index is not None:
             rows = kernel.ranges if kernel.reductions or kernel.is_scan else (*kernel.ranges, *kernel.reduction_ranges)
-            launch["grid"] = str(sympy.Mul(*rows))
-        launch.update(self.launch_metadata(kernel))
-        in_place = self.in_place_pairs(kernel)
-        if in_place:
-            launch["in_place"] = in_place
+            common["grid"] = str(sympy.Mul(*rows))
+        launch = self.launch_record(kernel, **common)
         return KernelSource(kernel.name, text, self.language, sig, launch,
                             tuple(ws for _, ws in self.workspaces))
 
@@ -296,8 +295,11 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         self.workspaces.append((name, Workspace(sympy.sympify(numel), dtype)))
         return name
 
-    def launch_metadata(self, kernel: ScheduledKernel) -> dict:
-        return {}
+    def launch_record(self, kernel: ScheduledKernel, **common) -> KernelLaunch:
+        """The kernel's launch record from the fields every target has (``common``: symbol,
+        language, pointers, size_symbols, in_place): a dialect returns its own record type
+        (C++: ``CppLaunch``, Metal: ``MetalLaunch``) with its fields added."""
+        return KernelLaunch(**common)
 
     # ------------------------------------------------------------------ the serial schedule
     def render_body(self, kernel: ScheduledKernel, names: "LocalNames") -> list[str]:
@@ -480,7 +482,7 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
 
     def in_place_pairs(self, kernel: ScheduledKernel) -> tuple[tuple[str, str], ...]:
         """``(input, output)`` buffer names the memory planner may give one storage
-        (``launch["in_place"]``, read by ``CallKernel.in_place_pairs``): the kernel's own
+        (``launch.in_place``, read by ``CallKernel.in_place_pairs``): the kernel's own
         ``in_place_pairs`` where this emitter ``writes_in_place``, else none."""
         return kernel.in_place_pairs() if self.writes_in_place else ()
 
@@ -788,10 +790,9 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
             "}",
             "",
         ])
-        launch = {"symbol": cname, "language": self.language,
-                  "pointers": len(kernel.inputs) + len(kernel.outputs),
-                  "size_symbols": tuple(s.name for s in kernel.size_symbols)}
-        launch.update(self.launch_metadata(kernel))
+        launch = self.launch_record(kernel, symbol=cname, language=self.language,
+                                    pointers=len(kernel.inputs) + len(kernel.outputs),
+                                    size_symbols=tuple(s.name for s in kernel.size_symbols))
         return KernelSource(kernel.name, text, self.language, self.signature(kernel), launch)
 
     # ------------------------------------------------------------------ index printer

@@ -36,7 +36,7 @@ class OfflineTritonEmitter(TritonEmitter):
 
     def load(self, source):
         def not_runnable(*args):
-            raise RuntimeError(f"kernel {source.launch.get('symbol')} was rendered offline (target "
+            raise RuntimeError(f"kernel {source.launch.symbol} was rendered offline (target "
                                "cuda-offline): compile for target 'cuda' on a GPU to run it")
         return not_runnable
 

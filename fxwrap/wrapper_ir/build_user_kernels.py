@@ -45,7 +45,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxwrap.core.errors import UnsupportedUserKernel
 from fxwrap.ir.symbolic import evaluate, is_non_overlapping_and_dense
 from fxwrap.runtime.kernel import KernelArg
-from fxwrap.runtime.launch import KernelLaunch
+from fxwrap.runtime.launch import UserTritonLaunch
 from fxwrap.runtime.user_kernels import importable_name, jit_function_of
 from fxwrap.ir.lines import Buffer, DefineKernel
 from fxwrap.ir.user_kernels import CallUserKernel
@@ -155,8 +155,8 @@ def build(builder, node: torch.fx.Node) -> None:
     signature += [KernelArg(f"grid{i}_{d}", "size") for i in range(len(grids)) for d in range(3)]
     configs = getattr(kernel, "configs", None)
     module, qualname = importable_name(kernel)  # add_kernel = JITFunction(_add): add_kernel
-    launch = KernelLaunch(
-        language="triton", user_kernel=True, symbol=name,
+    launch = UserTritonLaunch(
+        language="triton", symbol=name,
         module=module, qualname=qualname, digest=kernel_digest(kernel),
         jit_key=str(jit.cache_key),
         params=tuple(order), grids=len(grids),

@@ -7,6 +7,7 @@ import json
 import pickle
 import re
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -267,3 +268,20 @@ def test_a_binary_built_for_another_cpu_is_compiled_again_with_a_warning(tmp_pat
     with pytest.warns(UserWarning, match="built for another CPU"):
         again = loads(dumps(loaded))
     torch.testing.assert_close(again.run(x, w), mlp_block(x, w))
+
+
+SAVED_BY_FORMAT_1 = Path(__file__).with_name("saved_by_format_1.fxwrap")  # fxwrap at 863c3ad: cpu, sin, softmax
+
+
+def test_a_file_saved_with_one_launch_record_for_every_target_is_refused_clearly():
+    """Format 1 kept one ``KernelLaunch`` of every target's fields; format 2 keeps a record per
+    target (``runtime/launch.py``).  A format-1 file fails at its header, naming the versions and
+    what to do; its pickled launch records, unpickled anyway, fail naming the cause."""
+    with pytest.raises(fxwrap.ProgramFileError, match=r"format version 1; this fxwrap reads version 2: lower "
+                                                      r"the function again and save it"):
+        fxwrap.load(SAVED_BY_FORMAT_1)
+    with zipfile.ZipFile(SAVED_BY_FORMAT_1) as archive:
+        payload = archive.read("program.pkl")
+    with pytest.raises(TypeError, match=r"launch metadata of a KernelLaunch holds fields it does not declare "
+                                        r"\['autotune_reused'.*saved by an older fxwrap.*lower the function again"):
+        pickle.loads(payload)

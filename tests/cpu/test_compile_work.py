@@ -44,7 +44,7 @@ def test_kernels_equal_but_for_their_names_share_one_binary(tmp_path, monkeypatc
     assert len(set(names)) == len(names) >= 3
     assert len(set(libraries)) < len(libraries)  # the 2nd and 3rd layers' epilogues: one binary
     for k in kernels:  # each source still names its own function
-        assert f"void {k.launch['symbol']}(" in k.source
+        assert f"void {k.launch.symbol}(" in k.source
     torch.testing.assert_close(program.run(x), model(x), atol=1e-5, rtol=1e-5)
     # a saved program binds the shared symbol, and runs
     program.save(tmp_path / "mlp.fxw")
@@ -93,7 +93,7 @@ def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
     comp = CppCompiler(cache_dir=tmp_path)
     recorded = record_compilers(monkeypatch)
     src = _pointwise_source(0.5)  # the first kernel does not wait for the header: compiled whole
-    launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
+    launch = launcher_for(src.text, src.launch.symbol, 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
     x, y = torch.randn(5), torch.empty(5)
     launch(x, y, 5)
     torch.testing.assert_close(y, x * 0.5)
@@ -101,7 +101,7 @@ def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
     first = len(recorded)  # the first kernel's build and the header's, in its thread
     for scale in (1.5, 2.5):
         src = _pointwise_source(scale)
-        launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
+        launch = launcher_for(src.text, src.launch.symbol, 2, 1, compiler=comp, prelude=SHARED_PRELUDE)
         x, y = torch.randn(33), torch.empty(33)
         launch(x, y, 33)
         torch.testing.assert_close(y, x * scale)
@@ -111,7 +111,7 @@ def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
     [gch] = list((tmp_path / "cpu_cpp" / "pch").rglob("prelude.h.gch"))
     # the compiled text is the source less the prelude; the cached .cpp is the whole source
     src = _pointwise_source(1.5)
-    shared, _ = shared_source(src.text, src.launch["symbol"])
+    shared, _ = shared_source(src.text, src.launch.symbol)
     assert comp.cache.path(comp.key(shared), ".cpp").read_text() == shared
     # a damaged precompiled header (or one of other flags) is ignored by g++, which reads
     # prelude.h as text: still the right numbers
@@ -119,7 +119,7 @@ def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
     other = CppCompiler(cache_dir=tmp_path)
     assert other.precompiled_header(SHARED_PRELUDE) is not None  # found on disk: no build
     src = _pointwise_source(3.5)
-    launch = launcher_for(src.text, src.launch["symbol"], 2, 1, compiler=other, prelude=SHARED_PRELUDE)
+    launch = launcher_for(src.text, src.launch.symbol, 2, 1, compiler=other, prelude=SHARED_PRELUDE)
     x, y = torch.randn(9), torch.empty(9)
     launch(x, y, 9)
     torch.testing.assert_close(y, x * 3.5)

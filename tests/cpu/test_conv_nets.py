@@ -116,7 +116,7 @@ def test_batch_norm_relu_written_into_the_convolution_result(dynamic):
     for reuse in in_place:
         kernel = next(line for line in lines if isinstance(line, CallKernel) and reuse.new in line.args)
         assert reuse.old in kernel.args
-        pairs = kernel.kernel.launch["in_place"]
+        pairs = kernel.kernel.launch.in_place
         assert (reuse.old.name, reuse.new.name) in pairs
         head = next(ln for ln in kernel.kernel.source.splitlines() if ln.startswith('extern "C" void'))
         assert head.count("__restrict__") == head.count("ptr") - 2, head

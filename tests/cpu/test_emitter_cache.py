@@ -156,7 +156,7 @@ def test_launcher_convention_and_overhead(tmp_path):
                ranges=(s0,), sizes=(s0,))
     src = em.render(k)
     assert [(a.name, a.role) for a in src.signature] == [("x", "input"), ("y", "output"), ("s0", "size")]
-    assert src.launch["symbol"] == "tiny" and src.launch["pointers"] == 2
+    assert src.launch.symbol == "tiny" and src.launch.pointers == 2
     launch = em.load(src)
     x, y = torch.randn(4), torch.empty(4)
     launch(x, y, 4)

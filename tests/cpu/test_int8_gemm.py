@@ -121,7 +121,7 @@ def test_dynamic_batch(dtype):
         torch.testing.assert_close(c(x, w, scale), fn(x, w, scale), **tol(dtype))
     assert len(programs) == 1, "one program for every batch (dynamo specializes a batch of 1)"
     launch = int8_template_launches(programs)[0]
-    assert launch.kernel.launch["size_symbols"], "the batch is a size argument of the kernel"
+    assert launch.kernel.launch.size_symbols, "the batch is a size argument of the kernel"
 
 
 PATTERNS = {

@@ -18,6 +18,7 @@ import torch
 import fxwrap
 from fxwrap.targets.cuda_triton.tiling import Planner
 from fxwrap.ir.lines import Allocate, CallKernel, DefineKernel, ZeroFill
+from fxwrap.runtime.launch import TritonLaunch
 from scan_helpers import scan_externs
 from shared_helpers import in_two_processes
 
@@ -51,17 +52,17 @@ def _compile(fn, dynamic=False):
     return f, programs
 
 
-def _launches(programs) -> list[dict]:
+def _launches(programs) -> list[TritonLaunch]:
     return [line.kernel.launch for p in programs for line in p.lines if isinstance(line, CallKernel)]
 
 
 def _assert_lookback(programs, chunks: int, publish: bool = True) -> None:
     """One look-back launch per scan, over one program per (row, chunk), with the planner's
     interpreter chunk and window; the scan is no ATen call."""
-    launches = [la for la in _launches(programs) if la["symbol"].startswith("fxwrap_scan")]
-    assert launches and all(la["plan"] == "lookback-scan" for la in launches), launches
-    for la in launches:
-        cfg = dict(la["config"])
+    launches = [launch for launch in _launches(programs) if launch.symbol.startswith("fxwrap_scan")]
+    assert launches and all(launch.plan == "lookback-scan" for launch in launches), launches
+    for launch in launches:
+        cfg = dict(launch.config)
         assert (cfg["RBLOCK"], cfg["LOOKBACK"], cfg["PUBLISH_PREFIX"]) == (CHUNK, WINDOW, int(publish)), cfg
     assert chunks > 2 * WINDOW  # several look-back steps for the last chunks
     assert not scan_externs(programs)
@@ -121,7 +122,7 @@ def test_prologue_and_epilogue_fuse_into_the_lookback_scan():
     p = fxwrap.lower(f, x, options={"target": TARGET})
     torch.testing.assert_close(p.run(x), f(x))
     calls = [line for line in p.lines if isinstance(line, CallKernel)]
-    assert len(calls) == 1 and calls[0].kernel.launch["plan"] == "lookback-scan", p.code()
+    assert len(calls) == 1 and calls[0].kernel.launch.plan == "lookback-scan", p.code()
 
 
 def test_workspace_is_a_zeroed_planned_buffer():
@@ -181,7 +182,7 @@ def test_other_scans_keep_their_plan(case, monkeypatch):
         if case == "deterministic":
             torch.use_deterministic_algorithms(previous)
     torch.testing.assert_close(p.run(x), fn(x), rtol=1e-5, atol=1e-4)
-    plans = [line.kernel.launch["plan"] for line in p.lines if isinstance(line, CallKernel)]
+    plans = [line.kernel.launch.plan for line in p.lines if isinstance(line, CallKernel)]
     assert plans == [plan], (plans, p.code())
 
 
@@ -206,7 +207,7 @@ def test_one_chunk_looks_back_over_a_mix_of_totals_and_prefixes(prefix_at, dtype
     (kernel,) = [line.kernel for line in p.lines if isinstance(line, DefineKernel)]
     launch = kernel.launch
     from fxwrap.targets.cuda_triton.launcher import load_module
-    fn = getattr(load_module(kernel.source, launch["symbol"], True), launch["symbol"])
+    fn = getattr(load_module(kernel.source, launch.symbol, True), launch.symbol)
     chunks, last = -(-n // CHUNK), -(-n // CHUNK) - 1
     state = x.to(torch.float32 if dtype == torch.float32 else torch.int64)[0]
     total = [state[c * CHUNK:(c + 1) * CHUNK].sum() for c in range(chunks)]
@@ -228,7 +229,7 @@ def test_one_chunk_looks_back_over_a_mix_of_totals_and_prefixes(prefix_at, dtype
             ws[1 + 3 * c], ws[1 + 3 * c + flag] = flag, int(value)
     out = torch.zeros_like(x, dtype=torch.float32 if dtype == torch.float32 else torch.int64)
     # (a look-back that waited for a word it does not need would spin for ever: run it aside)
-    run = threading.Thread(target=lambda: fn[(1,)](x, out, ws, **{k: v for k, v in launch["config"] if k.isupper()}),
+    run = threading.Thread(target=lambda: fn[(1,)](x, out, ws, **{k: v for k, v in launch.config if k.isupper()}),
                            daemon=True)
     run.start()
     run.join(timeout=120)

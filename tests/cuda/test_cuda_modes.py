@@ -36,7 +36,7 @@ def test_modes_with_cuda_graphs_replay(mode):
 def test_max_autotune_times_more_configs():
     _, default = _compile("default")
     _, wide = _compile("max-autotune-no-cudagraphs")
-    timed = lambda ks: sum(len(dict(k.launch.get("timings_ms", ()))) for k in ks)  # noqa: E731
-    assert sum(len(k.launch["configs"]) for k in wide) > sum(len(k.launch["configs"]) for k in default)
+    timed = lambda ks: sum(len(dict(k.launch.timings_ms)) for k in ks)  # noqa: E731
+    assert sum(len(k.launch.configs) for k in wide) > sum(len(k.launch.configs) for k in default)
     assert timed(wide) > timed(default)
-    assert any(k.launch["autotuned"] or k.launch.get("autotune_reused") for k in wide)
+    assert any(k.launch.autotuned or k.launch.autotune_reused for k in wide)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import fxwrap
 from fxwrap.runtime.direct import view_of
 from fxwrap.runtime.kernel import Kernel
+from fxwrap.runtime.launch import CppLaunch, TritonLaunch, UserTritonLaunch
 from fxwrap.runtime.memory import free
 from fxwrap.targets.cuda_triton.wrapper import reads_device_pointers
 
@@ -96,10 +97,9 @@ def test_the_runner_rule_on_a_program_rendered_as_cuda_renders_it():
 
 
 def test_only_compiled_triton_kernels_read_pointers_only():
-    def kernel(**launch):
-        return Kernel("k", "src", target=launch.pop("target", "cuda"), signature=(),
-                      launch={"symbol": "k", "pointers": 1, **launch})
+    def kernel(record=TritonLaunch, target="cuda", **launch):
+        return Kernel("k", "src", target=target, signature=(), launch=record(symbol="k", pointers=1, **launch))
     assert reads_device_pointers(kernel(language="triton"))
     assert not reads_device_pointers(kernel(language="triton", interpret=True))
-    assert not reads_device_pointers(kernel(language="triton", user_kernel=True))
-    assert not reads_device_pointers(kernel(language="c++", target="cpu"))
+    assert not reads_device_pointers(kernel(UserTritonLaunch, language="triton"))
+    assert not reads_device_pointers(kernel(CppLaunch, language="c++", target="cpu"))

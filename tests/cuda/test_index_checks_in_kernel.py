@@ -69,7 +69,7 @@ def test_index_values_are_checked_inside_the_kernels(in_kernel):
     assert not _check_externs(program)
     launches = [ln for ln in program.lines if isinstance(ln, CallKernel)]
     checked = [ln for ln in launches if "_fx_index_check(" in ln.kernel.source]
-    assert checked and all(("debug", True) in ln.kernel.launch["config"] for ln in checked)
+    assert checked and all(("debug", True) in ln.kernel.launch.config for ln in checked)
     # three index tensors, each checked where it is read: tokens, idx, rows (the lazy arange's
     # values are proven in range from its index expression: no check, core.rules.indexing._proven)
     calls = sum(ln.kernel.source.count("_fx_index_check(") for ln in launches)

@@ -57,11 +57,11 @@ def test_a_plain_launch_packs_pointers_sizes_and_null_scratch():
     native, fallen = _native(rec)
     a, o = torch.randn(1000), torch.empty(1000)
     assert native(a, o, 1000) is None
-    (launch,) = rec.launches
-    assert launch["grid"] == (8, 1, 1) and launch["block"] == (128, 1, 1) and launch["shared"] == 512
-    assert launch["function"] == 0xABC and launch["stream"] == 0x5000
-    assert launch["slots"][:2] == [a.data_ptr(), o.data_ptr()] and launch["slots"][3] == 0
-    assert launch["slots"][2] & 0xFFFFFFFF == 1000                  # int32 in its 8-byte slot
+    (recorded,) = rec.launches
+    assert recorded["grid"] == (8, 1, 1) and recorded["block"] == (128, 1, 1) and recorded["shared"] == 512
+    assert recorded["function"] == 0xABC and recorded["stream"] == 0x5000
+    assert recorded["slots"][:2] == [a.data_ptr(), o.data_ptr()] and recorded["slots"][3] == 0
+    assert recorded["slots"][2] & 0xFFFFFFFF == 1000                  # int32 in its 8-byte slot
     native(a, o, 0)                                                  # an empty grid launches nothing
     native(torch.nn.Parameter(a), o, 5)                              # a parameter is a tensor
     assert len(rec.launches) == 2 and rec.launches[1]["grid"] == (1, 1, 1) and not fallen

@@ -99,7 +99,7 @@ def wide_split(monkeypatch):
 
 
 def _split(ks):
-    return [k for k in ks if k.launch["plan"] == "split-outer"]
+    return [k for k in ks if k.launch.plan == "split-outer"]
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
@@ -109,7 +109,7 @@ def test_wide_combine_sum_and_mean(wide_split, dtype):
                tol=dict(rtol=2e-2, atol=2e-2) if dtype is BF16 else dict(rtol=1e-4, atol=1e-4))
     (sk,) = _split(ks)
     # the interpreter's plan has the fixture's 64 partials; a GPU sizes NSPLIT for its SMs
-    assert (sk.launch["nsplit"] == 64 or GPU) and "tl.arange(0, NSPLIT)" in sk.source
+    assert (sk.launch.nsplit == 64 or GPU) and "tl.arange(0, NSPLIT)" in sk.source
 
 
 def test_wide_combine_max_min_propagate_nan(wide_split):
@@ -117,7 +117,7 @@ def test_wide_combine_max_min_propagate_nan(wide_split):
     x[ROWS - 3, 1] = float("nan")  # in the last non-empty chunk
     x[:, 4] = float("-inf")
     ks = check(lambda x: (x.amax(0), x.amin(0)), (x,))
-    assert _split(ks) and (GPU or all(k.launch["nsplit"] == 64 for k in _split(ks)))
+    assert _split(ks) and (GPU or all(k.launch.nsplit == 64 for k in _split(ks)))
 
 
 def test_wide_combine_any_all_prod(wide_split):
@@ -136,7 +136,7 @@ def test_wide_combine_welford(wide_split, dtype):
     ks = check(lambda x: torch.var_mean(x, dim=(0, 2, 3), correction=0), (x,),
                tol=dict(rtol=2e-2, atol=2e-2) if dtype is BF16 else dict(rtol=1e-4, atol=1e-4))
     sk = [k for k in _split(ks) if "_fx_welford" in k.source]
-    assert sk and (GPU or sk[0].launch["nsplit"] == 64)
+    assert sk and (GPU or sk[0].launch.nsplit == 64)
 
 
 def test_wide_combine_of_a_row_split(wide_split):
@@ -155,7 +155,7 @@ def test_looped_welford_counts_per_r_lane():
                reductions=[Reduction("acc0", "welford", ld("a", cols * x0 + r0), F32)])
     launch, src = build(k)
     if not GPU:  # a GPU's plan for 333 columns is persistent (one block holds the row)
-        assert src.launch["plan"] == "looped"
+        assert src.launch.plan == "looped"
         assert "_n = tl.zeros([1, RBLOCK], tl.float32)" in src.text and "_d / " not in src.text
     a = torch.randn(rows, cols, device=DEVICE) * 4 + 2
     m, v = torch.empty(rows, device=DEVICE), torch.empty(rows, device=DEVICE)
@@ -209,8 +209,8 @@ def test_rmsnorm_training_against_eager():
     # the weight's gradient is a column (outer) reduction, not one program per column reading
     # down the rows: split under the interpreter's small thresholds, looped on an H100 (300 rows)
     outer = ("split-outer",) if not GPU else ("split-outer", "looped")
-    assert any(k.launch["plan"] in outer and k.launch["reduction_shape"] == "outer" for k in ks), \
-        [(k.launch["plan"], k.launch["reduction_shape"]) for k in ks]
+    assert any(k.launch.plan in outer and k.launch.reduction_shape == "outer" for k in ks), \
+        [(k.launch.plan, k.launch.reduction_shape) for k in ks]
 
 
 # ------------------------------------------------------------------ the GPU code, compiled offline
@@ -287,10 +287,10 @@ def test_split_partials_load_16_byte_vectors(case, tmp_path):
     else:
         k = _channel_stats(32 * 112 * 112, 64, BF16)
     src = _gpu_source(k)
-    assert src.launch["plan"] == "split-outer"
-    for cfg in src.launch["configs"]:
+    assert src.launch.plan == "split-outer"
+    for cfg in src.launch.configs:
         cfg = dict(cfg)
-        loads = _ptx_loads(src, src.launch["partial_symbol"], cfg, {"in_ptr0": "*bf16"}, tmp_path)
+        loads = _ptx_loads(src, src.launch.partial_symbol, cfg, {"in_ptr0": "*bf16"}, tmp_path)
         assert loads and all(ld_.startswith("ld.global.v4") for ld_ in loads), (cfg, loads)
 
 

@@ -71,7 +71,7 @@ def test_training_pair_round_trip(tmp_path):
 def test_split_outer_reduction_round_trip(tmp_path):
     x = torch.randn(8192, 37, generator=_gen(4)).cuda()
     program = fxwrap.lower(lambda t: t.sum(0), x)
-    assert any(k.launch.get("plan") == "split-outer" for k in program.graph_module._fxwrap_kernels)
+    assert any(k.launch.plan == "split-outer" for k in program.graph_module._fxwrap_kernels)
     path = tmp_path / "split.fxwrap"
     program.save(path)
     x2 = torch.randn(8192, 37, generator=_gen(5)).cuda()
@@ -85,7 +85,7 @@ def test_lookback_scan_round_trip(tmp_path, monkeypatch):
     monkeypatch.setattr(Planner, "lookback_min_elements", 0)  # the planner takes it from 8M elements on
     x = torch.randn(2, 1 << 20, generator=_gen(7)).cuda()
     program = fxwrap.lower(lambda t: torch.cumsum(t, -1), x)
-    assert any(k.launch.get("plan") == "lookback-scan" for k in program.graph_module._fxwrap_kernels)
+    assert any(k.launch.plan == "lookback-scan" for k in program.graph_module._fxwrap_kernels)
     path = tmp_path / "lookback.fxwrap"
     program.save(path)
     x2 = torch.randint(-100, 100, (2, 1 << 20), generator=_gen(8)).float().cuda()  # exact float sums

@@ -56,8 +56,8 @@ def test_block_swiglu_is_the_standalone_kernel(kernels):
     assert body_digest(k_block.source, k_block.launch) == body_digest(k_alone.source, k_alone.launch), \
         (k_block.source, k_alone.source)
     for k in (k_block, k_alone):
-        assert k.launch["plan"] == "pointwise1d", k.launch["plan"]
-        assert dict(k.launch["config"]) == {"XBLOCK": 1024, "num_warps": 4}, k.launch["config"]
+        assert k.launch.plan == "pointwise1d", k.launch.plan
+        assert dict(k.launch.config) == {"XBLOCK": 1024, "num_warps": 4}, k.launch.config
         assert "plan: pointwise, 1-D, indices tl.int32" in k.source, k.source
         for ptr in ("in_ptr0", "in_ptr1", "out_ptr0"):  # contiguous buffers, no view offsets
             header = k.source.split(f"# {ptr}: ")[1].split("\n")[0]
@@ -83,5 +83,5 @@ def test_block_swiglu_issues_16_byte_vectors(kernels, tmp_path):
     k_block, _, _ = kernels
     source = type("Source", (), {"text": k_block.source})()
     types = {"in_ptr0": "*bf16", "in_ptr1": "*bf16", "out_ptr0": "*bf16"}
-    loads = _ptx_loads(source, k_block.launch["symbol"], dict(k_block.launch["config"]), types, tmp_path)
+    loads = _ptx_loads(source, k_block.launch.symbol, dict(k_block.launch.config), types, tmp_path)
     assert len(loads) == 2 and all(ld.startswith("ld.global.v4") for ld in loads), loads

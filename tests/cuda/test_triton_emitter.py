@@ -30,7 +30,7 @@ def test_pointwise_1d_ragged_edge():
     v = op("mul", F32, op("maximum", F32, ld("a", m * x0 + x1), const(0.0)), const(2.0))
     k = kernel("relu2", [buf("a", (n, m))], [buf("o", (n, m))], [Store("o", m * x0 + x1, v)], ranges=(n, m))
     launch, src = build(k)
-    assert src.launch["plan"] == "pointwise1d" and src.launch["index_dtype"] == "tl.int32"
+    assert src.launch.plan == "pointwise1d" and src.launch.index_dtype == "tl.int32"
     a, o = rand(n, m), torch.full((n, m), 7.0, device=DEVICE)
     launch(a, o)
     torch.testing.assert_close(o, torch.relu(a) * 2)
@@ -41,8 +41,8 @@ def test_transpose_is_2d_tiled():
     k = kernel("transpose", [buf("a", (m, n))], [buf("o", (n, m))],
                [Store("o", m * x0 + x1, op("add", F32, ld("a", n * x1 + x0), const(1.0)))], ranges=(n, m))
     launch, src = build(k)
-    assert src.launch["plan"] == "pointwise2d"
-    assert dict(src.launch["config"]).keys() >= {"YBLOCK", "XBLOCK", "num_warps"}
+    assert src.launch.plan == "pointwise2d"
+    assert dict(src.launch.config).keys() >= {"YBLOCK", "XBLOCK", "num_warps"}
     a, o = rand(m, n), torch.empty(n, m, device=DEVICE)
     launch(a, o)
     torch.testing.assert_close(o, a.t() + 1)
@@ -61,7 +61,7 @@ def test_small_broadcast_read_keeps_a_1d_tiling():
     k = kernel("rope", [buf("q", (s, h, d)), buf("pos", (s,), I64)], [buf("o", (h, s, d))],
                [Store("o", s * d * x0 + d * x1 + x2, op("mul", F32, q, angle))], ranges=(h, s, d))
     launch, src = build(k)
-    assert src.launch["plan"] == "pointwise1d"
+    assert src.launch.plan == "pointwise1d"
     qt, pos, o = rand(s, h, d), torch.randint(0, 100, (s,), device=DEVICE), torch.empty(h, s, d, device=DEVICE)
     launch(qt, pos, o)
     torch.testing.assert_close(o, qt.transpose(0, 1) * pos.float().cos()[:, None])
@@ -74,7 +74,7 @@ def test_transpose_with_a_broadcast_read_is_still_2d_tiled():
     k = kernel("transpose_scale", [buf("a", (m, n)), buf("w", (n,))], [buf("o", (n, m))],
                [Store("o", m * x0 + x1, v)], ranges=(n, m))
     launch, src = build(k)
-    assert src.launch["plan"] == "pointwise2d"
+    assert src.launch.plan == "pointwise2d"
     a, w, o = rand(m, n), rand(n), torch.empty(n, m, device=DEVICE)
     launch(a, w, o)
     torch.testing.assert_close(o, a.t() * w[:, None])
@@ -91,7 +91,7 @@ def test_one_transposed_read_among_many_is_still_2d_tiled():
     k = kernel("sum_and_transpose", [buf(f"a{i}", (n, m)) for i in range(9)] + [buf("t", (m, n))],
                [buf("o", (n, m))], [Store("o", m * x0 + x1, v)], ranges=(n, m))
     launch, src = build(k)
-    assert src.launch["plan"] == "pointwise2d"
+    assert src.launch.plan == "pointwise2d"
     xs, t, o = [rand(n, m) for _ in range(9)], rand(m, n), torch.empty(n, m, device=DEVICE)
     launch(*xs, t, o)
     torch.testing.assert_close(o, sum(xs[1:], xs[0]) + t.t())
@@ -106,7 +106,7 @@ def test_row_sum_and_max_persistent_and_looped(rnumel, kind):
                ranges=(rows,), reduction_ranges=(rnumel,),
                reductions=[Reduction("acc0", "sum", v, F32), Reduction("acc1", "max", v, F32)])
     launch, src = build(k)
-    assert src.launch["plan"] == kind and src.launch["reduction_shape"] == "inner"
+    assert src.launch.plan == kind and src.launch.reduction_shape == "inner"
     a = rand(rows, rnumel)
     a[1, 7] = float("nan")  # max propagates NaN
     s, mx = torch.empty(rows, device=DEVICE), torch.empty(rows, device=DEVICE)
@@ -122,7 +122,7 @@ def test_column_sum_is_an_outer_reduction():
                ranges=(cols,), reduction_ranges=(rows,),
                reductions=[Reduction("acc0", "sum", ld("a", cols * r0 + x0), F32)])
     launch, src = build(k)
-    assert src.launch["reduction_shape"] == "outer"
+    assert src.launch.reduction_shape == "outer"
     a, o = rand(rows, cols), torch.empty(cols, device=DEVICE)
     launch(a, o)
     torch.testing.assert_close(o, a.sum(0), rtol=1e-4, atol=1e-3)
@@ -158,7 +158,7 @@ def test_welford_variance_is_stable():
     launch, src = build(k)
     # looped: per-lane Welford, combined with _fx_welford; split-outer: partial Welford states
     # per chunk of rows, combined the same way (Chan's); persistent: two passes in registers
-    assert ("_fx_welford" in src.text) == (src.launch["plan"] in ("looped", "split-outer"))
+    assert ("_fx_welford" in src.text) == (src.launch.plan in ("looped", "split-outer"))
     a = rand(rows, rnumel) + 1.0e4  # E[x^2] - E[x]^2 in float32 would be off by ~10
     v, m = torch.empty(rows, device=DEVICE), torch.empty(rows, device=DEVICE)
     launch(a, v, m)
@@ -171,7 +171,7 @@ def test_symbolic_sizes_use_int64_and_compute_the_grid_per_call():
                [Store("o", 5 * x0 + x1, op("mul", F32, ld("a", 5 * x0 + x1), const(3.0)))],
                ranges=(s0, 5), sizes=(s0,))
     launch, src = build(k, hints={s0: 64})
-    assert src.launch["index_dtype"] == "tl.int64" and "s0 = s0.to(tl.int64)" in src.text
+    assert src.launch.index_dtype == "tl.int64" and "s0 = s0.to(tl.int64)" in src.text
     assert re.search(r"do_not_specialize=\['s0'\]", src.text)
     for n in (1, 7, 300, 0):
         a, o = rand(n, 5), torch.full((n, 5), -1.0, device=DEVICE)
@@ -208,7 +208,7 @@ def test_launcher_is_bound_at_compile_time():
     k = kernel("bound", [buf("a", (n,))], [buf("o", (n,))], [Store("o", x0, op("neg", F32, ld("a", x0)))],
                ranges=(n,))
     launch, src = build(k)
-    cfg = dict(src.launch["config"])
+    cfg = dict(src.launch.config)
     assert cfg["XBLOCK"] & (cfg["XBLOCK"] - 1) == 0
     if GPU:
         assert launch.kind == "compiled"

@@ -87,7 +87,7 @@ def test_addmm_relu_matches_eager(dtype, layout_a, layout_b):
     k = kernel("fxwrap_template_0", [buffer_of("a", a), buffer_of("b", b), buffer_of("bias", bias)],
                [buffer_of("out", out)], [Store("out", N * x0 + x1, value)], ranges=(M, N))
     launch, src = build_gemm(k, call)
-    assert "tl.dot(" in src.text and src.launch["plan"] == "template"
+    assert "tl.dot(" in src.text and src.launch.plan == "template"
     launch(a, b, bias, out)
     torch.testing.assert_close(out, torch.relu(torch.addmm(bias, a, b)), **tol(dtype, K))
 

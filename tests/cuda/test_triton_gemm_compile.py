@@ -152,7 +152,7 @@ def test_auto_times_both_candidates_and_records_the_choice(tmp_path, monkeypatch
     if GPU:  # the template's own tilings were timed too, on the GPU
         [launch] = [ln for ln in launches(programs)] if choice.chosen == "triton_gemm" else [None]
         if launch is not None:
-            assert launch.kernel.launch.get("autotuned")
+            assert launch.kernel.launch.autotuned
 
 
 from fxwrap.testing.templates import TemplateConformance  # noqa: E402

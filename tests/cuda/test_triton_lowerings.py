@@ -181,7 +181,7 @@ def test_max_pool2d_backward_gathers(dtype):
 def test_permuted_3d_copy_is_tiled():
     x = torch.randn(5, 33, 40, device=DEVICE)
     ks = check(lambda x: x.permute(0, 2, 1) * 2 + 1, (x,))
-    assert any(k.launch["plan"] == "pointwise2d" for k in ks)
+    assert any(k.launch.plan == "pointwise2d" for k in ks)
 
 
 def hf_rotary(qf, kf, pos, inv_freq, heads=4, kv_heads=2, head_dim=16):
@@ -209,7 +209,7 @@ def test_rotary_embedding_is_1d_tiled():
     pos = torch.arange(s, device=DEVICE)[None].expand(b, s) + torch.randint(0, 50, (b, 1), device=DEVICE)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2, device=DEVICE).float() / 16))
     ks = check(hf_rotary, (qf, kf, pos, inv_freq))
-    plans = [k.launch["plan"] for k in ks]
+    plans = [k.launch.plan for k in ks]
     assert plans and all(p == "pointwise1d" for p in plans), plans
 
 
@@ -245,7 +245,7 @@ def test_sources_are_deterministic_and_config_is_recorded():
         ks = kernels(programs)
         sources.append([k.source for k in ks])
         for k in ks:
-            cfg = dict(k.launch["config"])
+            cfg = dict(k.launch.config)
             assert "num_warps" in cfg and cfg["XBLOCK"] >= 1
-            assert k.launch["config"] in k.launch["configs"] or k.launch["autotuned"]
+            assert k.launch.config in k.launch.configs or k.launch.autotuned
     assert sources[0] and sources[0] == sources[1]

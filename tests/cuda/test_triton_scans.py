@@ -62,7 +62,7 @@ def _assert_close_to_exact(op: str, fn, x, got) -> None:
 
 
 def _plans(programs) -> list[str]:
-    return [line.kernel.launch["plan"] for p in programs for line in p.lines
+    return [line.kernel.launch.plan for p in programs for line in p.lines
             if isinstance(line, CallKernel) and "_scan_" in line.kernel.name]
 
 
@@ -98,8 +98,8 @@ def test_two_scans_of_one_kernel_share_the_workspace(monkeypatch):
                reductions=[Reduction("acc0", "cumsum", ld("a", n * x0 + r0), torch.float32),
                            Reduction("acc1", "cumsum", ld("b", n * x0 + r0, torch.int64), torch.int64)])
     launcher, src = build(k)
-    assert src.launch["plan"] == "lookback-scan"
-    chunk = dict(src.launch["config"])["RBLOCK"]
+    assert src.launch.plan == "lookback-scan"
+    chunk = dict(src.launch.config)["RBLOCK"]
     (ws,) = src.workspaces
     assert ws.zeroed and ws.dtype == torch.int64 and int(ws.numel) == 1 + (1 + 3) * rows * -(-n // chunk)
     a = torch.randn(rows, n, device=DEVICE)
@@ -163,8 +163,8 @@ def test_lookback_over_totals_only(op, monkeypatch):
     for _ in range(5):
         _assert_close_to_exact(op, fn, x, f(x))
     (launch,) = [line.kernel.launch for p in programs for line in p.lines if isinstance(line, CallKernel)]
-    assert launch["plan"] == "lookback-scan" and dict(launch["config"])["PUBLISH_PREFIX"] == 0
-    assert dict(launch["config"])["RBLOCK"] == 1024
+    assert launch.plan == "lookback-scan" and dict(launch.config)["PUBLISH_PREFIX"] == 0
+    assert dict(launch.config)["RBLOCK"] == 1024
 
 
 @pytest.mark.skipif(not GPU, reason="a bandwidth measurement: needs a GPU (benchmarks/scans.py measures it)")

@@ -15,11 +15,11 @@ ROWS = 8192 if GPU else 1001
 
 
 def plans(ks):
-    return [k.launch["plan"] for k in ks]
+    return [k.launch.plan for k in ks]
 
 
 def split_kernels(ks):
-    return [k for k in ks if k.launch["plan"] == "split-outer"]
+    return [k for k in ks if k.launch.plan == "split-outer"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -29,9 +29,9 @@ def test_column_sum_is_split(dtype):
     sk = split_kernels(ks)
     assert sk, plans(ks)
     launch = sk[0].launch
-    assert launch["nsplit"] == dict(launch["config"])["NSPLIT"] >= 2
-    assert launch["workspace_dtypes"] == ("torch.float32",)
-    assert "_partial" in launch["partial_symbol"] and launch["partial_symbol"] in sk[0].source
+    assert launch.nsplit == dict(launch.config)["NSPLIT"] >= 2
+    assert launch.workspace_dtypes == ("torch.float32",)
+    assert "_partial" in launch.partial_symbol and launch.partial_symbol in sk[0].source
 
 
 def test_column_max_and_min_propagate_nan():
@@ -79,7 +79,7 @@ def test_dynamic_shapes_split_and_stay_correct():
         x = torch.randn(rows, cols, device=DEVICE)
         torch.testing.assert_close(f(x), x.sum(0) * 3, rtol=1e-4, atol=1e-3)
     ks = kernels(programs)
-    assert ks and any(k.launch["plan"] == "split-outer" for k in ks), plans(ks)
+    assert ks and any(k.launch.plan == "split-outer" for k in ks), plans(ks)
 
 
 def test_split_is_bitwise_reproducible():
@@ -112,12 +112,12 @@ def test_handmade_split_kernel_runs_both_launches():
                ranges=(cols,), reduction_ranges=(rows,),
                reductions=[Reduction("acc0", "sum", ld("a", cols * r0 + x0), F32)])
     launch, src = build(k)
-    assert src.launch["plan"] == "split-outer" and "plan: split reduction" in src.text
+    assert src.launch.plan == "split-outer" and "plan: split reduction" in src.text
     a, o = torch.randn(rows, cols, device=DEVICE), torch.full((cols,), 7.0, device=DEVICE)
     # the partials live in a workspace the caller allocates (the program's Allocate line;
     # here the helper's launcher)
     (ws,) = src.workspaces
-    assert ws.dtype == torch.float32 and int(ws.numel) == src.launch["nsplit"] * cols
+    assert ws.dtype == torch.float32 and int(ws.numel) == src.launch.nsplit * cols
     launch(a, o)
     torch.testing.assert_close(o, a.sum(0), rtol=1e-4, atol=1e-3)
 
@@ -134,7 +134,7 @@ def test_whole_tensor_and_few_long_rows_are_split(dynamic):
     for fn in (lambda x: x.sum(), lambda x: (x * x).mean(), lambda x: x.amax(1), lambda x: x.sum(1) * 2):
         ks = check(fn, (x,), dynamic=dynamic)
         sk = split_kernels(ks)
-        assert sk and sk[0].launch["reduction_shape"] == "inner", plans(ks)
+        assert sk and sk[0].launch.reduction_shape == "inner", plans(ks)
     f = compiled(lambda x: x.sum())[0]
     assert torch.equal(f(x), f(x))
 

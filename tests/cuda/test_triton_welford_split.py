@@ -17,7 +17,7 @@ ROWS = 8192 if GPU else 1001  # reduced elements per channel large enough to spl
 
 
 def _split_welford(ks):
-    return [k for k in ks if k.launch["plan"] == "split-outer" and "_fx_welford" in k.source]
+    return [k for k in ks if k.launch.plan == "split-outer" and "_fx_welford" in k.source]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -28,15 +28,15 @@ def test_var_mean_over_rows_of_channels_last_is_split(dtype):
     ks = check(lambda x: torch.var_mean(x, dim=(0, 2, 3), correction=0), (x,),
                tol=dict(rtol=2e-2, atol=2e-2) if dtype is torch.bfloat16 else dict(rtol=1e-4, atol=1e-4))
     sk = _split_welford(ks)
-    assert sk, [k.launch["plan"] for k in ks]
-    assert sk[0].launch["workspace_dtypes"] == ("torch.float32",) * 3
-    assert dict(sk[0].launch["config"])["NSPLIT"] >= 2
+    assert sk, [k.launch.plan for k in ks]
+    assert sk[0].launch.workspace_dtypes == ("torch.float32",) * 3
+    assert dict(sk[0].launch.config)["NSPLIT"] >= 2
 
 
 def test_middle_dim_var_mean_is_split():
     x = torch.randn(3, ROWS, 5, device=DEVICE) * 2 - 1
     ks = check(lambda x: torch.var_mean(x, dim=1), (x,), tol=dict(rtol=1e-4, atol=1e-4))
-    assert _split_welford(ks), [k.launch["plan"] for k in ks]
+    assert _split_welford(ks), [k.launch.plan for k in ks]
 
 
 def test_training_batch_norm_over_nhwc():
@@ -59,7 +59,7 @@ def test_training_batch_norm_over_nhwc():
     torch.testing.assert_close(mean, mean2, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(var, var2, rtol=1e-4, atol=1e-4)
     ks = [n.target for p in programs for n in p.graph_module.graph.nodes if hasattr(n.target, "launch")]
-    assert _split_welford(ks), [k.launch["plan"] for k in ks]
+    assert _split_welford(ks), [k.launch.plan for k in ks]
 
 
 def test_welford_split_with_symbolic_sizes():

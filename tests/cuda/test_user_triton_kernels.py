@@ -30,6 +30,7 @@ from triton.runtime.jit import JITFunction
 import fxwrap
 from fxwrap.ir.user_kernels import CallUserKernel
 from fxwrap.runtime.debug import NonFiniteValueError
+from fxwrap.runtime.launch import UserTritonLaunch
 from triton_helpers import DEVICE, GPU, TARGET_NAME
 
 
@@ -145,7 +146,7 @@ def _launches(program) -> list:
 
 
 def _user_launches(program) -> list:
-    return [n for n in _launches(program) if n.target.launch.get("user_kernel")]
+    return [n for n in _launches(program) if isinstance(n.target.launch, UserTritonLaunch)]
 
 
 def _rand(*shape):
@@ -295,7 +296,7 @@ def test_save_and_load(tmp_path):
     path = tmp_path / "user_kernel.fxwrap"
     program.save(path)
     loaded = fxwrap.load(path)
-    (launch,) = [k for k in loaded.kernels if k.launch.get("user_kernel")]
+    (launch,) = [k for k in loaded.kernels if isinstance(k.launch, UserTritonLaunch)]
     assert launch.loader.__name__ == "user_kernel_loader"  # imports the kernel again by name
     x2, y2 = _rand(100), _rand(100)
     torch.testing.assert_close(loaded.run(x2, y2), torch.relu(x2 + y2))
@@ -320,8 +321,8 @@ def test_save_and_load_a_kernel_held_under_another_name(tmp_path):
     x, y = _rand(100), _rand(100)
     program = fxwrap.lower(f, x, y, target=TARGET_NAME)
     (launch,) = [k for k in program.graph_module.graph.nodes if isinstance(k.target, fxwrap.Kernel)
-                 and k.target.launch.get("user_kernel")]
-    assert launch.target.launch["qualname"] == "add_renamed"
+                 and isinstance(k.target.launch, UserTritonLaunch)]
+    assert launch.target.launch.qualname == "add_renamed"
     program.save(tmp_path / "renamed.fxwrap")
     loaded = fxwrap.load(tmp_path / "renamed.fxwrap")
     x2, y2 = _rand(100), _rand(100)

@@ -1,6 +1,6 @@
 """Inductor's ``torch.compile`` mode names on fxwrap: each compiles and gives eager's numbers;
 ``max-autotune`` hands the Triton emitter a wider candidate set per kernel (recorded in each
-kernel's ``launch["configs"]``); an unknown mode names the valid ones.  The GPU side (CUDA
+kernel's ``launch.configs``); an unknown mode names the valid ones.  The GPU side (CUDA
 graphs, configs timed) is tests/cuda/test_cuda_modes.py."""
 import importlib.util
 
@@ -57,7 +57,7 @@ def test_max_autotune_widens_the_triton_candidates(mode):
                                                              "on_program": programs.append})
         x, w = torch.randn(16, 8), torch.randn(8, 8)
         torch.testing.assert_close(fn(x, w), model(x, w), rtol=1e-5, atol=1e-5)
-        return [(k.name, k.launch["configs"]) for k in kernels_of(programs)]
+        return [(k.name, k.launch.configs) for k in kernels_of(programs)]
 
     default, wide = candidates("default"), candidates(mode)
     assert [n for n, _ in default] == [n for n, _ in wide] and default

@@ -58,7 +58,7 @@ def test_unrenderable_kernel_is_rebuilt_as_externs(caplog):
         for g, w in zip(f(x), fn(x)):
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
     ks = kernels(programs)
-    assert [k.launch["kind"] for k in ks] == ["pointwise"]
+    assert [k.launch.kind for k in ks] == ["pointwise"]
     assert "cannot render the kernel" in caplog.text and "multiple of the SIMD width" in caplog.text
 
 

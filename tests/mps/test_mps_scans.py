@@ -54,12 +54,12 @@ def test_metal_split_scan(name, dtype):
     torch._dynamo.reset()
     again, p96 = _lower(fn, x, 96)
     torch._dynamo.reset()
-    assert [line.kernel.launch["threadgroup_size"] for line in p96.lines if isinstance(line, CallKernel)] == [96]
+    assert [line.kernel.launch.threadgroup_size for line in p96.lines if isinstance(line, CallKernel)] == [96]
     for g, a in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(again)):
         assert torch.equal(g.view(torch.uint8) if g.is_floating_point() else g,
                            a.view(torch.uint8) if a.is_floating_point() else a)
     (kernel,) = [line.kernel for line in p.lines if isinstance(line, CallKernel)]
-    assert kernel.launch["kind"] == "reduction" and kernel.launch["sync"] and kernel.launch["grid"] == "3"
+    assert kernel.launch.kind == "reduction" and kernel.launch.sync and kernel.launch.grid == "3"
     extreme = name in ("cummax", "cummin")
     state = str(torch.float32 if dtype.is_floating_point else torch.int64)
     assert sorted(workspaces(p)) == sorted([(3 * 157, state)] + ([(3 * 157, "torch.int64")] if extreme else []))
@@ -80,4 +80,4 @@ def test_metal_many_or_short_rows_stay_one_thread_per_row():
         torch._dynamo.reset()
         check_float_scan(got, x, "cumsum", 1)
         (kernel,) = [line.kernel for line in p.lines if isinstance(line, CallKernel)]
-        assert kernel.launch["kind"] == "pointwise" and not workspaces(p), shape
+        assert kernel.launch.kind == "pointwise" and not workspaces(p), shape

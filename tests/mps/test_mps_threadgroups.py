@@ -33,14 +33,14 @@ def test_reductions_run_in_threadgroups(threadgroup_size, dtype):
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else _lowerings.TOL[dtype]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, equal_nan=True, **tol)
-    reds = [k for k in kernels(programs) if k.launch["kind"] == "reduction"]
+    reds = [k for k in kernels(programs) if k.launch.kind == "reduction"]
     assert len(reds) >= 3  # rows, columns and the whole tensor (fused: several reductions per kernel)
     externs = [n.target for p in programs for n in p.graph_module.graph.nodes
                if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                and n.target.__name__.split(".")[0] not in ("sym_size", "sym_stride", "sym_storage_offset")]
     assert not externs, externs  # every reduction ran in a kernel
     for k in reds:
-        assert k.launch["threadgroup_size"] == threadgroup_size
+        assert k.launch.threadgroup_size == threadgroup_size
         assert k._launcher.shim.team_size == threadgroup_size > 1
         assert "simd_" in k.source and "threadgroup_barrier(mem_flags::mem_threadgroup);" in k.source
 
@@ -116,7 +116,7 @@ def test_threadgroup_limit_comes_from_the_device_capabilities(threadgroup_size, 
     torch._dynamo.reset()
     f = torch.compile(lambda t: t.sum(1), backend=fxwrap.Backend(target, {"on_program": programs.append}))
     torch.testing.assert_close(f(x), x.sum(1), rtol=1e-4, atol=1e-4)
-    reds = [k for k in kernels(programs) if k.launch["kind"] == "reduction"]
+    reds = [k for k in kernels(programs) if k.launch.kind == "reduction"]
     assert bool(reds) == kernels_expected, programs[0].code()
     if not kernels_expected:
         assert "aten.sum" in programs[0].code()

@@ -56,9 +56,9 @@ class C99Emitter(fxwrap.CStyleEmitter):
         """Compile (or fetch from fxwrap's kernel cache) and bind a launcher; a compiler error
         raises here, which aborts the compile (``render`` errors fall back to ATen instead)."""
         path = _compiler().compile(source.text)
-        fn = getattr(load_library(path), source.launch["symbol"])
+        fn = getattr(load_library(path), source.launch.symbol)
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p], None
-        pointers, sizes = source.launch["pointers"], len(source.launch["size_symbols"])
+        pointers, sizes = source.launch.pointers, len(source.launch.size_symbols)
 
         def launch(*args):
             bufs = (ctypes.c_void_p * pointers)(*[t.data_ptr() for t in args[:pointers]])

@@ -60,7 +60,7 @@ def test_the_documented_kernel():
 def test_work_item_schedule_gives_eagers_numbers(monkeypatch):
     """The schedule hook (``CStyleEmitter.work_item_index``): the C99 dialect made
     grid-parallel by one attribute, its kernels one row per work item (no row loop) and a
-    launcher calling each over ``launch["grid"]`` items; numbers as eager's."""
+    launcher calling each over ``launch.grid`` items; numbers as eager's."""
     import ctypes
 
     import sympy
@@ -72,10 +72,10 @@ def test_work_item_schedule_gives_eagers_numbers(monkeypatch):
         return f"void {cname}(void *const *buffers, const int64_t *sizes, const int64_t item)"
 
     def load(self, source):
-        fn = getattr(load_library(emitter._compiler().compile(source.text)), source.launch["symbol"])
+        fn = getattr(load_library(emitter._compiler().compile(source.text)), source.launch.symbol)
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None
-        pointers, names = source.launch["pointers"], source.launch["size_symbols"]
-        items = sympy.sympify(source.launch["grid"])
+        pointers, names = source.launch.pointers, source.launch.size_symbols
+        items = sympy.sympify(source.launch.grid)
 
         def launch(*args):
             bufs = (ctypes.c_void_p * pointers)(*[t.data_ptr() for t in args[:pointers]])

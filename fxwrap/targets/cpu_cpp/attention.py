@@ -41,7 +41,7 @@ import torch
 from fxwrap.core.passes import LinesPass
 from fxwrap.ir.lines import Allocate, Buffer, CallExtern, CallKernel, DefineKernel, GetItem
 from fxwrap.runtime.kernel import Kernel, KernelArg
-from fxwrap.runtime.launch import KernelLaunch
+from fxwrap.runtime.launch import CppLaunch
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.host.loader import kernel_loader
 
@@ -299,7 +299,7 @@ def _kernel_lines(line: CallExtern, items: dict, name: str) -> list | None:
     inputs = tuple(x for x in (a["query"], a["key"], a["value"], a["attn_mask"]) if x is not None)
     signature = (*(KernelArg(n, "input") for n in ("q", "k", "v", "mask")[:len(inputs)]),
                  KernelArg("out", "output"), KernelArg("lse", "output"))
-    launch = KernelLaunch(symbol=name, language="c++", pointers=len(signature), size_symbols=(), parallel="openmp")
+    launch = CppLaunch(symbol=name, language="c++", pointers=len(signature), size_symbols=(), parallel="openmp")
     kernel = Kernel(name, attention_source(name, line, out_buf, lse_buf), "cpu", signature, launch,
                     loader=kernel_loader)
     return [Allocate(out_buf), Allocate(lse_buf), DefineKernel(kernel),

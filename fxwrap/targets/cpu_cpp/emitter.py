@@ -56,6 +56,7 @@ import torch
 import torch.utils._sympy.functions as symfn
 
 from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, Store, load_buffer, load_mask, split_stores, walk
+from fxwrap.runtime.launch import CppLaunch
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cpu_cpp.scan import ScanCode
@@ -145,8 +146,8 @@ class CppEmitter(CStyleEmitter):
                             f"{self.language} emitter (target {self.target_name})")
         return super().symbol_name(sym)
 
-    def launch_metadata(self, kernel: ScheduledKernel) -> dict:
-        return {"parallel": "openmp"}
+    def launch_record(self, kernel: ScheduledKernel, **common) -> CppLaunch:
+        return CppLaunch(**common, parallel="openmp")
 
     def render_const(self, value, dtype: torch.dtype) -> str:
         if isinstance(value, str) or (isinstance(value, sympy.Basic) and value.free_symbols):

@@ -56,6 +56,7 @@ from torch.utils._sympy.functions import CeilDiv
 from fxwrap.ir.loops import REDUCTIONS, ScheduledKernel
 from fxwrap.ir.symbolic import evaluate
 from fxwrap.runtime.kernel import Kernel, KernelArg
+from fxwrap.runtime.launch import TritonLaunch, UserTritonLaunch
 from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, Workspace, kernel_function_name,
                                   kernel_header, kernel_signature)
 from fxwrap.targets.cuda_triton import ops as O
@@ -77,7 +78,7 @@ _CACHE_LOCK = threading.Lock()
 _DEFAULT_DEVICE = CudaDevice()
 
 
-def body_digest(text: str, launch: dict) -> str:
+def body_digest(text: str, launch: TritonLaunch) -> str:
     """Digest of a kernel module without its header comments and with its function
     names replaced: equal for kernels that differ only in name and provenance."""
     lines = text.split("\n")
@@ -85,22 +86,22 @@ def body_digest(text: str, launch: dict) -> str:
     while start < len(lines) and lines[start].startswith("#"):
         start += 1
     body = "\n".join(lines[start:])
-    if launch.get("partial_symbol"):
-        body = body.replace(f"def {launch['partial_symbol']}(", "def _FX_PARTIAL_(")
-    for i, part in enumerate(launch.get("parts", ())):
-        if part["symbol"] != launch["symbol"]:
-            body = body.replace(f"def {part['symbol']}(", f"def _FX_PART{i}_(")
-    body = body.replace(f"def {launch['symbol']}(", "def _FX_KERNEL_(")
+    if launch.partial_symbol:
+        body = body.replace(f"def {launch.partial_symbol}(", "def _FX_PARTIAL_(")
+    for i, part in enumerate(launch.parts):
+        if part.symbol != launch.symbol:
+            body = body.replace(f"def {part.symbol}(", f"def _FX_PART{i}_(")
+    body = body.replace(f"def {launch.symbol}(", "def _FX_KERNEL_(")
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def _launch_key(text: str, launch: dict, device) -> tuple:
+def _launch_key(text: str, launch: TritonLaunch, device) -> tuple:
     index = None
     if device is not None:
         index = device.index if device.index is not None else torch.cuda.current_device()
-    return (body_digest(text, launch), tuple(launch["config"]), launch.get("combine_config"),
-            tuple(launch["pointer_dtypes"]), tuple(launch.get("workspace_dtypes", ())), tuple(launch["numels"]),
-            tuple(launch["size_symbols"]), launch["pointers"], bool(launch.get("interpret", False)), index)
+    return (body_digest(text, launch), tuple(launch.config), launch.combine_config,
+            tuple(launch.pointer_dtypes), tuple(launch.workspace_dtypes), tuple(launch.numels),
+            tuple(launch.size_symbols), launch.pointers, bool(launch.interpret), index)
 
 
 def clear_caches() -> None:
@@ -178,7 +179,7 @@ class TritonEmitter(KernelEmitter):
     @staticmethod
     def in_place_pairs(kernel: ScheduledKernel) -> tuple[tuple[str, str], ...]:
         """``(input, output)`` buffer names the memory planner may give one storage
-        (``launch["in_place"]``, read by ``CallKernel.in_place_pairs``): the kernel's own
+        (``launch.in_place``, read by ``CallKernel.in_place_pairs``): the kernel's own
         ``in_place_pairs``.  A pointwise program loads each element of such an input at the
         offsets it then stores the output at, and the stored value depends on that load,
         so the load comes first; Triton assumes no ``noalias`` between pointer arguments.
@@ -255,40 +256,38 @@ class TritonEmitter(KernelEmitter):
         configs = [self._config_tuple(plan, c) for c in plan.configs]
         if "_fx_index_check" in helpers:
             configs = [c + O.INDEX_CHECK_OPTIONS for c in configs]
-        launch = {"symbol": fname, "language": self.language, "plan": plan.kind,
-                  "reduction_shape": plan.reduction_shape, "index_dtype": plan.index_dtype,
-                  "pointers": len(kernel.inputs) + len(kernel.outputs),
-                  "size_symbols": tuple(sizes), "numels": numels,
-                  "configs": tuple(configs), "config": configs[0],
-                  "interpret": self.interpret, "autotuned": False,
-                  "pointer_dtypes": tuple(str(b.dtype) for b in (*kernel.inputs, *kernel.outputs))}
-        in_place = self.in_place_pairs(kernel)
-        if in_place:
-            launch["in_place"] = in_place
+        launch = TritonLaunch(symbol=fname, language=self.language, plan=plan.kind,
+                              reduction_shape=plan.reduction_shape, index_dtype=plan.index_dtype,
+                              pointers=len(kernel.inputs) + len(kernel.outputs),
+                              size_symbols=tuple(sizes), numels=numels,
+                              configs=tuple(configs), config=configs[0],
+                              interpret=self.interpret, autotuned=False,
+                              pointer_dtypes=tuple(str(b.dtype) for b in (*kernel.inputs, *kernel.outputs)),
+                              in_place=tuple(self.in_place_pairs(kernel)))
         device = self._device(kernel)
         if device is not None and device.index is not None:
-            launch["device_index"] = device.index  # loaded into, and launched on, this device
+            launch.device_index = device.index  # loaded into, and launched on, this device
         if plan.kind == "lookback-scan":  # one program per (row, chunk): XBLOCK is 1
-            launch["pointers"] += len(workspaces)
-            launch["pointer_dtypes"] += tuple(str(w.dtype) for w in workspaces)
-            launch["grid_extra"] = f"((({dict(numels)['r']}) + {plan.scan_chunk - 1}) // {plan.scan_chunk})"
+            launch.pointers += len(workspaces)
+            launch.pointer_dtypes += tuple(str(w.dtype) for w in workspaces)
+            launch.grid_extra = f"((({dict(numels)['r']}) + {plan.scan_chunk - 1}) // {plan.scan_chunk})"
         if plan.kind == "split-scan":
-            launch["pointers"] += len(workspaces)
-            launch["pointer_dtypes"] += tuple(str(w.dtype) for w in workspaces)
-            launch["parts"] = self._split_scan_parts(fname, plan, numels, launch)
+            launch.pointers += len(workspaces)
+            launch.pointer_dtypes += tuple(str(w.dtype) for w in workspaces)
+            launch.parts = self._split_scan_parts(fname, plan, numels, launch)
         if plan.kind == "split-outer":
             cc = plan.combine_config
-            launch["partial_symbol"] = f"{fname}_partial"
-            launch["combine_config"] = (("XBLOCK", int(cc["XBLOCK"])), ("num_warps", int(cc["num_warps"])))
-            launch["workspace_dtypes"] = tuple(str(d) for d in writer.workspace_dtypes())
-            launch["nsplit"] = dict(configs[0])["NSPLIT"]
+            launch.partial_symbol = f"{fname}_partial"
+            launch.combine_config = (("XBLOCK", int(cc["XBLOCK"])), ("num_warps", int(cc["num_warps"])))
+            launch.workspace_dtypes = tuple(str(d) for d in writer.workspace_dtypes())
+            launch.nsplit = dict(configs[0])["NSPLIT"]
         source = KernelSource(kernel.name, text, self.language, self.signature(kernel), launch, workspaces)
         if self.autotune and len(configs) > 1:
             self._tune(source, kernel, configs)
         if plan.kind == "split-outer":  # the partials' workspaces, sized by the NSPLIT chosen
             xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]) if kernel.ranges else sympy.Integer(1)
             source = dataclasses.replace(source, workspaces=tuple(
-                Workspace(int(source.launch["nsplit"]) * xnumel, d) for d in writer.workspace_dtypes()))
+                Workspace(int(source.launch.nsplit) * xnumel, d) for d in writer.workspace_dtypes()))
         elif logs.enabled("autotune"):
             why = ("the interpreter times nothing" if self.interpret else "one config" if len(configs) < 2
                    else "autotuning is off")
@@ -297,23 +296,23 @@ class TritonEmitter(KernelEmitter):
         return source
 
     @staticmethod
-    def _split_scan_parts(fname: str, plan, numels, launch: dict) -> tuple[dict, ...]:
+    def _split_scan_parts(fname: str, plan, numels, launch: TritonLaunch) -> tuple[TritonLaunch, ...]:
         """The launches of a split scan, in order, each with the kernel's arguments
         (workspaces included): the chunk totals, then the chunks' scans."""
         numel = dict(numels)
         chunks = f"((({numel['r']}) + {plan.scan_chunk - 1}) // {plan.scan_chunk})"
-        cfg = dict(launch["config"])
+        cfg = dict(launch.config)
         chunked = (("XBLOCK", 1), ("RBLOCK", cfg["RBLOCK"]), ("SCAN_CHUNK", plan.scan_chunk))
         warps = (("num_warps", cfg["num_warps"]),) + tuple(
-            kv for kv in launch["config"] if kv in O.INDEX_CHECK_OPTIONS)
-        base = {k: launch[k] for k in ("language", "pointers", "pointer_dtypes", "size_symbols", "interpret")}
-        if "device_index" in launch:
-            base["device_index"] = launch["device_index"]
-        cblock = 16 if launch["interpret"] else 1024
-        return ({**base, "symbol": f"{fname}_totals", "numels": (("x", numel["x"]),), "grid_extra": chunks,
-                 "config": chunked + warps},
-                {**base, "symbol": fname, "numels": (("x", numel["x"]),), "grid_extra": chunks,
-                 "config": chunked + (("CBLOCK", cblock),) + warps})
+            kv for kv in launch.config if kv in O.INDEX_CHECK_OPTIONS)
+        cblock = 16 if launch.interpret else 1024
+
+        def part(symbol: str, config: tuple) -> TritonLaunch:
+            return TritonLaunch(symbol=symbol, language=launch.language, pointers=launch.pointers,
+                                pointer_dtypes=launch.pointer_dtypes, size_symbols=launch.size_symbols,
+                                interpret=launch.interpret, device_index=launch.device_index,
+                                numels=(("x", numel["x"]),), grid_extra=chunks, config=config)
+        return (part(f"{fname}_totals", chunked + warps), part(fname, chunked + (("CBLOCK", cblock),) + warps))
 
     @staticmethod
     def _config_tuple(plan, cfg: dict) -> tuple:
@@ -360,26 +359,25 @@ class TritonEmitter(KernelEmitter):
         hints = dict(self.size_hints or {})
 
         def make(cfg):
-            launch = dict(source.launch)
-            launch["config"] = cfg
+            launch = source.launch.replace(config=cfg)
             launcher = self._bind(source.text, launch, device)
-            if launch["plan"] != "split-outer":
+            if launch.plan != "split-outer":
                 return launcher
             # timing only: the workspaces a program allocates for this config's NSPLIT
             xnumel = int(evaluate(sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]), hints)) \
                 if kernel.ranges else 1
             ws = [torch.empty(dict(cfg)["NSPLIT"] * max(xnumel, 1), dtype=getattr(torch, d.replace("torch.", "")),
-                              device=device) for d in launch["workspace_dtypes"]]
-            n = launch["pointers"]
+                              device=device) for d in launch.workspace_dtypes]
+            n = launch.pointers
             return lambda *args: launcher(*args[:n], *ws, *args[n:])
 
-        key = (_launch_key(source.text, dict(source.launch, config=()), device), tuple(configs),
+        key = (_launch_key(source.text, source.launch.replace(config=()), device), tuple(configs),
                tuple(int(hints[sym]) if sym in hints else None for sym in kernel.size_symbols))
         with _CACHE_LOCK:
             hit = _TUNED.get(key)
         if hit is not None:
             best, timings = hit
-            source.launch["autotune_reused"] = True
+            source.launch.autotune_reused = True
         else:
             # Kernels render inside AOTAutograd's compile, under its fake tensor mode: the
             # timing inputs must be real tensors (under the fake mode every config failed
@@ -389,11 +387,11 @@ class TritonEmitter(KernelEmitter):
                 best, timings = autotune.choose(make, kernel, hints, configs, device, self.device_interface)
             with _CACHE_LOCK:
                 _TUNED[key] = (best, timings)
-        source.launch["config"] = best
-        if "nsplit" in source.launch:
-            source.launch["nsplit"] = dict(best)["NSPLIT"]
-        source.launch["autotuned"] = bool(timings)
-        source.launch["timings_ms"] = tuple(sorted(timings.items()))
+        source.launch.config = best
+        if source.launch.nsplit is not None:
+            source.launch.nsplit = dict(best)["NSPLIT"]
+        source.launch.autotuned = bool(timings)
+        source.launch.timings_ms = tuple(sorted(timings.items()))
 
     def _bind_concurrently(self, make, configs, device) -> None:
         """Build every candidate config's launcher at once (Triton's compile waits on
@@ -420,20 +418,21 @@ class TritonEmitter(KernelEmitter):
 
     # ------------------------------------------------------------------ load
     def load(self, source: KernelSource):
-        """Import the module and bind a launcher for ``source.launch["config"]`` on the
-        kernel's device (``launch["device_index"]``; the current device when the kernel's
+        """Import the module and bind a launcher for ``source.launch.config`` on the
+        kernel's device (``launch.device_index``; the current device when the kernel's
         buffers name none)."""
         launch = source.launch
         device = None
-        if not launch.get("interpret", False):
-            device = torch.device("cuda", launch.get("device_index", torch.cuda.current_device()))
+        if not launch.interpret:
+            index = launch.device_index
+            device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
         return self._bind(source.text, launch, device)
 
     def user_kernel(self, name, source, signature, launch, triton_kernel):
         """A user's Triton kernel: launched as it is on ``cuda``, interpreted on ``triton-interpret``
         (``user_kernels.UserKernelLauncher``)."""
         from fxwrap.targets.cuda_triton import user_kernels
-        launch = {**launch, "interpret": self.interpret}
+        launch = launch.replace(interpret=self.interpret)
         kernel = Kernel(name, source, self.target_name, signature, launch, loader=user_kernels.compile_time_loader)
         kernel.bind(user_kernels.launcher_for(triton_kernel, launch))
         return kernel
@@ -443,30 +442,30 @@ class TritonEmitter(KernelEmitter):
         cubins and their launch metadata (``saved.CubinLoader``); a user's kernel: imported
         again by name (``user_kernels.saved_loader_of``)."""
         from fxwrap.targets.cuda_triton import saved
-        if kernel.launch.get("user_kernel"):
+        if isinstance(kernel.launch, UserTritonLaunch):
             from fxwrap.targets.cuda_triton import user_kernels
             return user_kernels.saved_loader_of(kernel)
-        if kernel.launch.get("interpret", False):
+        if kernel.launch.interpret:
             return saved.interpreted_loader
         return saved.cubin_loader_of(kernel)
 
-    def _bind(self, text: str, launch: dict, device):
-        """A launcher for ``launch["config"]``, shared by every kernel with the same body."""
+    def _bind(self, text: str, launch: TritonLaunch, device):
+        """A launcher for ``launch.config``, shared by every kernel with the same body."""
         from fxwrap.targets.cuda_triton.launcher import SequenceLauncher, SplitLauncher, split_launches
 
-        if device is None and not launch.get("interpret", False):
+        if device is None and not launch.interpret:
             device = torch.device("cuda", torch.cuda.current_device())
         key = _launch_key(text, launch, device)
         with _CACHE_LOCK:
             hit = _LAUNCHERS.get(key)
         if logs.enabled("cache"):
-            logs.logger("cache").debug("%s: %s", launch["symbol"], "in-process launcher hit (same body)"
+            logs.logger("cache").debug("%s: %s", launch.symbol, "in-process launcher hit (same body)"
                                        if hit is not None else "miss, loading the module")
         if hit is not None:
             return hit
-        if launch.get("parts"):
-            launcher = SequenceLauncher([self._bind_one(text, part, device) for part in launch["parts"]])
-        elif launch.get("plan") == "split-outer":
+        if launch.parts:
+            launcher = SequenceLauncher([self._bind_one(text, part, device) for part in launch.parts])
+        elif launch.plan == "split-outer":
             partial, combine = split_launches(launch)
             launcher = SplitLauncher(self._bind_one(text, partial, device), self._bind_one(text, combine, device),
                                      launch)
@@ -475,15 +474,15 @@ class TritonEmitter(KernelEmitter):
         with _CACHE_LOCK:
             return _LAUNCHERS.setdefault(key, launcher)
 
-    def _bind_one(self, text: str, launch: dict, device):
+    def _bind_one(self, text: str, launch: TritonLaunch, device):
         from fxwrap.targets.cuda_triton.launcher import InterpretedLauncher, bind_compiled, load_module
 
-        interpret = bool(launch.get("interpret", False))
-        mod = load_module(text, launch["symbol"], interpret)
-        fn = getattr(mod, launch["symbol"])
+        interpret = bool(launch.interpret)
+        mod = load_module(text, launch.symbol, interpret)
+        fn = getattr(mod, launch.symbol)
         if interpret:
             return InterpretedLauncher(fn, launch)
-        dtypes = [getattr(torch, d.replace("torch.", "")) for d in launch["pointer_dtypes"]]
+        dtypes = [getattr(torch, d.replace("torch.", "")) for d in launch.pointer_dtypes]
         index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
         with torch.cuda.device(index):
             return bind_compiled(fn, launch, dtypes, index, device_count=self.device_interface.device_count())

@@ -73,6 +73,7 @@ import sympy
 import torch
 
 from fxwrap.ir.loops import ScheduledKernel
+from fxwrap.runtime.launch import TritonLaunch
 from fxwrap.core.templates import Template, TemplateCall, accumulators
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, _Scope
@@ -331,16 +332,16 @@ def template_source(emitter, kernel: ScheduledKernel, template_name: str, writer
     numels = [("m", host.render(call.size("m"))), ("n", host.render(call.size("n")))]
     if writer.batched:
         numels.insert(0, ("b", host.render(call.size("batch"))))
-    launch = {"symbol": fname, "language": emitter.language, "plan": "template", "template": template_name,
-              "reduction_shape": "", "index_dtype": writer.plan.index_dtype,
-              "pointers": len(kernel.inputs) + len(kernel.outputs),
-              "size_symbols": tuple(sizes), "numels": tuple(numels),
-              "configs": tuple(configs), "config": configs[0],
-              "interpret": emitter.interpret, "autotuned": False,
-              "pointer_dtypes": tuple(str(b.dtype) for b in (*kernel.inputs, *kernel.outputs))}
+    launch = TritonLaunch(symbol=fname, language=emitter.language, plan="template", template=template_name,
+                          reduction_shape="", index_dtype=writer.plan.index_dtype,
+                          pointers=len(kernel.inputs) + len(kernel.outputs),
+                          size_symbols=tuple(sizes), numels=tuple(numels),
+                          configs=tuple(configs), config=configs[0],
+                          interpret=emitter.interpret, autotuned=False,
+                          pointer_dtypes=tuple(str(b.dtype) for b in (*kernel.inputs, *kernel.outputs)))
     device = emitter._device(kernel)
     if device is not None and device.index is not None:
-        launch["device_index"] = device.index
+        launch.device_index = device.index
     source = KernelSource(kernel.name, text, emitter.language, emitter.signature(kernel), launch)
     if emitter.autotune and len(configs) > 1:
         emitter._tune(source, kernel, configs)  # each tiling timed; the fastest kept

@@ -40,6 +40,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fxwrap.runtime.cache_dir import cache_root
+from fxwrap.runtime.launch import TritonLaunch
 from fxwrap.targets.cuda_triton.native_launch import native_launch
 
 _MODULES: dict[tuple[str, bool], object] = {}
@@ -100,33 +101,33 @@ _HOST = {"_fx_ifloordiv": lambda a, b: a // b, "_fx_imod": lambda a, b: a % b,
          "tl": SimpleNamespace(maximum=max, minimum=min, where=lambda c, a, b: a if c else b)}
 
 
-def grid_function(launch: dict):
+def grid_function(launch: TritonLaunch):
     """``grid(*sizes) -> number of programs`` from the launch metadata of a kernel."""
-    params = ", ".join(launch["size_symbols"])
-    numels = launch["numels"]          # axis -> host expression over the size symbols
-    blocks = dict(launch["config"])
+    params = ", ".join(launch.size_symbols)
+    numels = launch.numels          # axis -> host expression over the size symbols
+    blocks = dict(launch.config)
     terms = []
     for axis, expr in numels:
         block = blocks.get(f"{axis.upper()}BLOCK", 1) if axis != "r" else None
         if block is None:
             continue
         terms.append(f"((({expr}) + {block - 1}) // {block})")
-    factor = launch.get("grid_factor")   # split-outer partials: x tiles * NSPLIT
+    factor = launch.grid_factor   # split-outer partials: x tiles * NSPLIT
     if factor:
         terms.append(str(int(blocks[factor])))
-    extra = launch.get("grid_extra")     # split scans: rows * chunks per row (a host expression)
+    extra = launch.grid_extra     # split scans: rows * chunks per row (a host expression)
     if extra:
         terms.append(f"({extra})")
     body = " * ".join(terms) if terms else "1"
     return eval(f"lambda {params}: {body}", dict(_HOST))  # noqa: S307 - our own expression
 
 
-def _constexprs(launch: dict) -> dict:
-    return {k: v for k, v in launch["config"] if k.isupper()}
+def _constexprs(launch: TritonLaunch) -> dict:
+    return {k: v for k, v in launch.config if k.isupper()}
 
 
-def _options(launch: dict) -> dict:
-    return {k: v for k, v in launch["config"] if not k.isupper()}
+def _options(launch: TritonLaunch) -> dict:
+    return {k: v for k, v in launch.config if not k.isupper()}
 
 
 class InterpretedLauncher:
@@ -134,9 +135,9 @@ class InterpretedLauncher:
 
     kind = "interpreter"
 
-    def __init__(self, fn, launch: dict):
+    def __init__(self, fn, launch: TritonLaunch):
         self.fn = fn
-        self.npointers = launch["pointers"]
+        self.npointers = launch.pointers
         self.grid = grid_function(launch)
         self.constexprs = _constexprs(launch)
 
@@ -193,7 +194,7 @@ class _UnalignedPointer:
         return 8
 
 
-def compile_kernel(fn, launch: dict, pointer_dtypes, nsizes: int, unaligned: frozenset = frozenset()):
+def compile_kernel(fn, launch: TritonLaunch, pointer_dtypes, nsizes: int, unaligned: frozenset = frozenset()):
     """Ahead-of-time compile ``fn`` for the launch's config: int32 sizes, every pointer
     16-byte aligned but those whose index is in ``unaligned``."""
     warm = [_UnalignedPointer(d) if i in unaligned else d for i, d in enumerate(pointer_dtypes)] + [2] * nsizes
@@ -208,9 +209,9 @@ class CompiledLauncher:
     kind = "compiled"
     path = "triton"
 
-    def __init__(self, fn, launch: dict, compiled, device_index: int, *, device_count: int):
+    def __init__(self, fn, launch: TritonLaunch, compiled, device_index: int, *, device_count: int):
         self.fn = fn
-        self.npointers = launch["pointers"]
+        self.npointers = launch.pointers
         self.grid = grid_function(launch)
         self.constexprs = _constexprs(launch)
         self.options = _options(launch)
@@ -283,7 +284,7 @@ class DriverLauncher(CompiledLauncher):
 
     path = "cuda-driver"
 
-    def __init__(self, fn, launch: dict, compiled, device_index: int, driver, *, device_count: int,
+    def __init__(self, fn, launch: TritonLaunch, compiled, device_index: int, driver, *, device_count: int,
                  pointer_dtypes=(), unaligned: frozenset = frozenset()):
         super().__init__(fn, launch, compiled, device_index, device_count=device_count)
         self.launch, self.pointer_dtypes, self.device_count = launch, tuple(pointer_dtypes), device_count
@@ -291,7 +292,7 @@ class DriverLauncher(CompiledLauncher):
         # pointer unaligned goes to a variant compiled for it (``variants``, by the set of
         # unaligned pointers), not through Triton's per-call ``kernel[grid]`` dispatch
         self.unaligned = unaligned
-        self.aligned = tuple(i for i in range(launch["pointers"]) if i not in unaligned)
+        self.aligned = tuple(i for i in range(launch.pointers) if i not in unaligned)
         self.variants: dict[frozenset, DriverLauncher | None] = {}
         self.root = self  # the launcher of the aligned variant, which holds the others
         self.driver = driver
@@ -306,7 +307,7 @@ class DriverLauncher(CompiledLauncher):
         self.native = None
         if (not unaligned and not self.other_devices and not self.plain_hooks
                 and os.environ.get("FXWRAP_TRITON_LAUNCHER", "driver") == "driver"):
-            nsizes = len(launch["size_symbols"])
+            nsizes = len(launch.size_symbols)
             fixed = max(int(self.grid()), 0) if nsizes == 0 else 0
             self.native = native_launch(driver, driver.format, self.npointers, nsizes, fixed, self.grid,
                                         self.chains, self.python_call, self.stream)
@@ -377,9 +378,9 @@ class DriverLauncher(CompiledLauncher):
 
         if not self.pointer_dtypes:
             return None
-        nsizes = len(self.launch["size_symbols"])
+        nsizes = len(self.launch.size_symbols)
         compiled = compile_kernel(self.fn, self.launch, self.pointer_dtypes, nsizes, unaligned)
-        driver = DriverKernel.load(compiled, self.device, self.launch["pointers"], nsizes)
+        driver = DriverKernel.load(compiled, self.device, self.launch.pointers, nsizes)
         if driver is None:
             return None
         variant = DriverLauncher(self.fn, self.launch, compiled, self.device, driver,
@@ -389,16 +390,16 @@ class DriverLauncher(CompiledLauncher):
         return variant
 
 
-def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int, *, device_count: int) -> CompiledLauncher:
+def bind_compiled(fn, launch: TritonLaunch, pointer_dtypes, device_index: int, *, device_count: int) -> CompiledLauncher:
     """Compile ``fn`` for the launch's config and bind the fastest launcher that applies;
     ``device_count``: how many devices of its type there are (one: no device check per call)."""
     from fxwrap.targets.cuda_triton.cuda_driver import DriverKernel
 
-    nsizes = len(launch["size_symbols"])
+    nsizes = len(launch.size_symbols)
     compiled = compile_kernel(fn, launch, pointer_dtypes, nsizes)
     driver = None
     if os.environ.get("FXWRAP_TRITON_LAUNCHER", "driver") != "triton":
-        driver = DriverKernel.load(compiled, device_index, launch["pointers"], nsizes)
+        driver = DriverKernel.load(compiled, device_index, launch.pointers, nsizes)
     if driver is not None:
         return DriverLauncher(fn, launch, compiled, device_index, driver, device_count=device_count,
                               pointer_dtypes=pointer_dtypes)
@@ -409,18 +410,18 @@ def bind_compiled(fn, launch: dict, pointer_dtypes, device_index: int, *, device
 
 
 # ---------------------------------------------------------------------------- split-outer
-def split_launches(launch: dict) -> tuple[dict, dict]:
+def split_launches(launch: TritonLaunch) -> tuple[TritonLaunch, TritonLaunch]:
     """The launch metadata of the two kernels of a split-outer reduction."""
-    nws = len(launch["workspace_dtypes"])
-    config = tuple(launch["config"])
+    nws = len(launch.workspace_dtypes)
+    config = tuple(launch.config)
     nsplit = dict(config)["NSPLIT"]
-    common = {"pointers": launch["pointers"] + nws,
-              "pointer_dtypes": tuple(launch["pointer_dtypes"]) + tuple(launch["workspace_dtypes"])}
-    partial = dict(launch, symbol=launch["partial_symbol"], grid_factor="NSPLIT", **common)
-    cc = dict(launch["combine_config"])
-    combine = dict(launch, symbol=launch["symbol"], numels=tuple(kv for kv in launch["numels"] if kv[0] == "x"),
-                   config=(("XBLOCK", cc["XBLOCK"]), ("NSPLIT", nsplit), ("num_warps", cc["num_warps"])),
-                   **common)
+    common = {"pointers": launch.pointers + nws,
+              "pointer_dtypes": tuple(launch.pointer_dtypes) + tuple(launch.workspace_dtypes)}
+    partial = launch.replace(symbol=launch.partial_symbol, grid_factor="NSPLIT", **common)
+    cc = dict(launch.combine_config)
+    combine = launch.replace(symbol=launch.symbol, numels=tuple(kv for kv in launch.numels if kv[0] == "x"),
+                             config=(("XBLOCK", cc["XBLOCK"]), ("NSPLIT", nsplit), ("num_warps", cc["num_warps"])),
+                             **common)
     return partial, combine
 
 
@@ -429,7 +430,7 @@ class SplitLauncher:
     per reduction, arguments after the outputs: the program allocates them, see
     ``targets.base.Workspace``), then the ordered combine that writes the outputs."""
 
-    def __init__(self, partial, combine, launch: dict):
+    def __init__(self, partial, combine, launch: TritonLaunch):
         self.partial, self.combine = partial, combine
         self.kind = getattr(partial, "kind", "")
 
@@ -439,7 +440,7 @@ class SplitLauncher:
 
 
 class SequenceLauncher:
-    """Runs the launches of one fxwrap kernel in order (``launch["parts"]``: a split scan's
+    """Runs the launches of one fxwrap kernel in order (``launch.parts``: a split scan's
     chunk totals, their scan, the chunks' scans), each with the kernel's arguments; the
     scratch they share is a workspace argument, allocated by the program."""
 

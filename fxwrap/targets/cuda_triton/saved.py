@@ -29,28 +29,29 @@ import threading
 import warnings
 from collections.abc import Callable
 
+from fxwrap.runtime.launch import TritonLaunch
 from fxwrap.targets.cuda_triton.cuda_driver import DriverKernel, _load_cubin, ptx_parameters, slot_format
 from fxwrap.targets.cuda_triton.launcher import (InterpretedLauncher, SequenceLauncher, SplitLauncher, _constexprs, _device_getter,
                                                  _options, _raw_stream_getter, bind_compiled, grid_function,
                                                  load_module, split_launches)
 
 
-def _parts(launch: dict) -> tuple[dict, ...]:
+def _parts(launch: TritonLaunch) -> tuple[TritonLaunch, ...]:
     """The launch metadata of each kernel launch behind one fxwrap kernel."""
-    if launch.get("parts"):
-        return tuple(launch["parts"])
-    return split_launches(launch) if launch.get("plan") == "split-outer" else (launch,)
+    if launch.parts:
+        return tuple(launch.parts)
+    return split_launches(launch) if launch.plan == "split-outer" else (launch,)
 
 
 def _combine(kernel, launchers: list) -> Callable:
-    if kernel.launch.get("parts"):
+    if kernel.launch.parts:
         return SequenceLauncher(launchers)
     return SplitLauncher(launchers[0], launchers[1], kernel.launch) if len(launchers) == 2 else launchers[0]
 
 
 def interpreted_loader(kernel) -> Callable:
     """``triton-interpret`` kernels: import the source and run it in Triton's interpreter."""
-    launchers = [InterpretedLauncher(getattr(load_module(kernel.source, part["symbol"], True), part["symbol"]), part)
+    launchers = [InterpretedLauncher(getattr(load_module(kernel.source, part.symbol, True), part.symbol), part)
                  for part in _parts(kernel.launch)]
     return _combine(kernel, launchers)
 
@@ -58,9 +59,9 @@ def interpreted_loader(kernel) -> Callable:
 interpreted_loader.fxwrap_saved = True
 
 
-def _device_index(launch: dict) -> int:
+def _device_index(launch: TritonLaunch) -> int:
     import torch
-    index = launch.get("device_index")
+    index = launch.device_index
     return torch.cuda.current_device() if index is None else int(index)
 
 
@@ -72,8 +73,8 @@ def triton_source_loader(kernel) -> Callable:
     launchers = []
     with torch.cuda.device(index):
         for part in _parts(kernel.launch):
-            fn = getattr(load_module(kernel.source, part["symbol"], False), part["symbol"])
-            dtypes = [getattr(torch, d.replace("torch.", "")) for d in part["pointer_dtypes"]]
+            fn = getattr(load_module(kernel.source, part.symbol, False), part.symbol)
+            dtypes = [getattr(torch, d.replace("torch.", "")) for d in part.pointer_dtypes]
             launchers.append(bind_compiled(fn, part, dtypes, index, device_count=torch.cuda.device_count()))
     return _combine(kernel, launchers)
 
@@ -102,14 +103,14 @@ def cubin_loader_of(kernel) -> Callable:
         return triton_source_loader
     saved = []
     for part, ck in zip(parts, compiled):
-        nsizes = len(part["size_symbols"])
+        nsizes = len(part.size_symbols)
         meta = ck.metadata
         cubin = ck.asm.get("cubin") if hasattr(ck.asm, "get") else None
         ptx = ck.asm.get("ptx") if hasattr(ck.asm, "get") else None
         if not isinstance(cubin, bytes) or not isinstance(ptx, str):
             return triton_source_loader
         types = ptx_parameters(ptx, meta.name)
-        if (types is None or slot_format(types, part["pointers"], nsizes) is None
+        if (types is None or slot_format(types, part.pointers, nsizes) is None
                 or getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0)
                 or getattr(meta, "num_ctas", 1) != 1):
             return triton_source_loader
@@ -124,7 +125,7 @@ class CubinLoader:
 
     fxwrap_saved = True  # a saved loader: program files store it as it is
 
-    def __init__(self, arch: tuple[int, int], parts: tuple[dict, ...]):
+    def __init__(self, arch: tuple[int, int], parts: tuple[TritonLaunch, ...]):
         self.arch, self.parts = tuple(arch), tuple(parts)
 
     def __call__(self, kernel) -> Callable:
@@ -152,10 +153,10 @@ class CubinLauncher:
     kind = "compiled"
     path = "cuda-driver"
 
-    def __init__(self, text: str, launch: dict, saved: dict, device_index: int, device_count: int):
+    def __init__(self, text: str, launch: TritonLaunch, saved: dict, device_index: int, device_count: int):
         self.text, self.launch = text, launch
-        self.npointers = launch["pointers"]
-        nsizes = len(launch["size_symbols"])
+        self.npointers = launch.pointers
+        nsizes = len(launch.size_symbols)
         self.grid = grid_function(launch)
         self.device = device_index
         self.other_devices = device_count > 1
@@ -206,8 +207,8 @@ class CubinLauncher:
     def generic(self, n: int, args):
         """Triton's own launch (compiles the variant this call needs, once)."""
         if self.triton_fn is None:
-            warnings.warn(f"fxwrap: kernel {self.launch['symbol']} of a loaded program got a call its saved "
+            warnings.warn(f"fxwrap: kernel {self.launch.symbol} of a loaded program got a call its saved "
                           "cubin was not compiled for (a pointer not 16-byte aligned, or a size beyond int32); "
                           "Triton compiles that variant from the kernel's source", stacklevel=3)
-            self.triton_fn = getattr(load_module(self.text, self.launch["symbol"], False), self.launch["symbol"])
+            self.triton_fn = getattr(load_module(self.text, self.launch.symbol, False), self.launch.symbol)
         self.triton_fn[(n,)](*args, **_constexprs(self.launch), **_options(self.launch))

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from fxwrap.runtime.launch import UserTritonLaunch
 from fxwrap.runtime.user_kernels import jit_function_of
 
 
@@ -85,12 +86,12 @@ class UserKernelLauncher:
 
     kind = "user"
 
-    def __init__(self, triton_kernel, launch: dict, interpret: bool):
-        self.name = launch["symbol"]
-        self.params = tuple(launch["params"])
-        self.constants = dict(launch["constants"])
-        self.ngrids = int(launch["grids"])
-        self.configs = launch.get("configs")
+    def __init__(self, triton_kernel, launch: UserTritonLaunch, interpret: bool):
+        self.name = launch.symbol
+        self.params = tuple(launch.params)
+        self.constants = dict(launch.constants)
+        self.ngrids = int(launch.grids)
+        self.configs = launch.configs
         self.interpret = interpret
         if interpret:
             from triton.runtime.interpreter import InterpretedFunction
@@ -131,14 +132,14 @@ class UserKernelLauncher:
         return f"UserKernelLauncher({self.name}, {'interpreted' if self.interpret else 'cuda'})"
 
 
-def launcher_for(triton_kernel, launch: dict) -> UserKernelLauncher:
-    return UserKernelLauncher(triton_kernel, launch, bool(launch.get("interpret")))
+def launcher_for(triton_kernel, launch: UserTritonLaunch) -> UserKernelLauncher:
+    return UserKernelLauncher(triton_kernel, launch, bool(launch.interpret))
 
 
 # ------------------------------------------------------------------------------ saving
-def _importable(launch: dict) -> str | None:
+def _importable(launch: UserTritonLaunch) -> str | None:
     """Why the kernel cannot be imported again by name, or None."""
-    module, qualname = launch.get("module"), launch.get("qualname", "")
+    module, qualname = launch.module, launch.qualname or ""
     if not module or module == "__main__":
         return f"it is defined in {module or 'no module'}, which another process cannot import"
     if "<locals>" in qualname:
@@ -146,27 +147,27 @@ def _importable(launch: dict) -> str | None:
     return None
 
 
-def _imported_kernel(launch: dict):
+def _imported_kernel(launch: UserTritonLaunch):
     """The user's kernel object again: imported by module and qualified name, rebuilt as an
     autotuner from the saved configs where the program launched one."""
     why = _importable(launch)
     if why is not None:
-        raise UserKernelNotSaved(f"user Triton kernel {launch['symbol']}: {why}")
-    obj = importlib.import_module(launch["module"])
-    for part in launch["qualname"].split("."):
+        raise UserKernelNotSaved(f"user Triton kernel {launch.symbol}: {why}")
+    obj = importlib.import_module(launch.module)
+    for part in launch.qualname.split("."):
         obj = getattr(obj, part)
     jit = _jit_of(obj)
-    if str(jit.cache_key) != launch.get("jit_key"):
+    if str(jit.cache_key) != launch.jit_key:
         raise UserKernelNotSaved(
-            f"user Triton kernel {launch['module']}.{launch['qualname']} has changed since the program was "
+            f"user Triton kernel {launch.module}.{launch.qualname} has changed since the program was "
             "compiled (its source, or a function it calls): compile the program again")
-    if launch.get("configs") is None:
+    if launch.configs is None:
         return jit
     import triton
     configs = [triton.Config(dict(c["kwargs"]), **{k: v for k, v in c.items() if k != "kwargs"})
-               for c in launch["configs"]]
-    return triton.autotune(configs=configs, key=[], reset_to_zero=list(launch.get("reset_to_zero", ())) or None,
-                           restore_value=list(launch.get("restore_value", ())) or None)(jit)
+               for c in launch.configs]
+    return triton.autotune(configs=configs, key=[], reset_to_zero=list(launch.reset_to_zero) or None,
+                           restore_value=list(launch.restore_value) or None)(jit)
 
 
 def user_kernel_loader(kernel) -> Callable:
@@ -190,7 +191,7 @@ def saved_loader_of(kernel) -> Callable:
     why = _importable(launch)
     if why is not None:
         raise UserKernelNotSaved(
-            f"this program launches the user Triton kernel {launch['symbol']} ({launch['module']}."
-            f"{launch['qualname']}), which a saved program must import again by name, but {why}: define the "
+            f"this program launches the user Triton kernel {launch.symbol} ({launch.module}."
+            f"{launch.qualname}), which a saved program must import again by name, but {why}: define the "
             "kernel at the top level of an importable module to save the program")
     return user_kernel_loader

@@ -18,6 +18,7 @@ import torch
 
 from fxwrap.runtime.direct import direct_graph_module
 from fxwrap.runtime.kernel import Kernel
+from fxwrap.runtime.launch import TritonLaunch
 from fxwrap.targets.base import DirectCallWrapper
 from fxwrap.targets.cuda_triton.cuda_driver import ensure_thread_context
 
@@ -29,8 +30,7 @@ def reads_device_pointers(kernel: Kernel) -> bool:
     compiled (``launcher.DriverLauncher``, or Triton's own launch, which reads the pointer and the
     dtype a view shares with its base), not an interpreted one nor a user's kernel."""
     launch = kernel.launch
-    return (kernel.target == "cuda" and launch.language == "triton" and not launch.interpret
-            and not launch.user_kernel)
+    return kernel.target == "cuda" and isinstance(launch, TritonLaunch) and not launch.interpret
 
 
 class CudaWrapper(DirectCallWrapper):

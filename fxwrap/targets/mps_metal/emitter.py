@@ -34,6 +34,7 @@ import torch
 from fxwrap.ir.capabilities import Capabilities, as_capabilities
 from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.ir.symbolic import python_source
+from fxwrap.runtime.launch import MetalLaunch
 from fxwrap.targets.cstyle import CStyleEmitter, c_ops, EmitError, Scope, LocalNames
 from fxwrap.targets.mps_metal.prelude import PRELUDE
 from fxwrap.targets.mps_metal.scan import MetalScan
@@ -154,7 +155,7 @@ class MetalEmitter(CStyleEmitter):
     def grid_ranges(self, kernel: ScheduledKernel) -> tuple:
         return tuple(kernel.ranges) if kernel.reductions else tuple(kernel.ranges) + tuple(kernel.reduction_ranges)
 
-    def launch_metadata(self, kernel: ScheduledKernel) -> dict:
+    def launch_record(self, kernel: ScheduledKernel, **common) -> MetalLaunch:
         execute = self.execute
         grid = kernel.ranges if kernel.reductions else self.grid_ranges(kernel)
         numel = sympy.Mul(*[sympy.sympify(r) for r in grid]) if grid else sympy.Integer(1)
@@ -171,10 +172,10 @@ class MetalEmitter(CStyleEmitter):
                             f"max_threads_per_threadgroup {limit} (DeviceInterface.capabilities()); "
                             f"set Target.options['threadgroup_size'] to at most {limit}")
         grouped = self.grouped(kernel)
-        return {"kind": "reduction" if grouped else "pointwise",
-                "grid": python_expr(numel), "threadgroup_size": tg,
-                "thread_args": tuple(attr for _, attr in self.thread_args(kernel)),
-                "sync": grouped, "execute": execute}
+        return MetalLaunch(**common, kind="reduction" if grouped else "pointwise",
+                           grid=python_expr(numel), threadgroup_size=tg,
+                           thread_args=tuple(attr for _, attr in self.thread_args(kernel)),
+                           sync=grouped, execute=execute)
 
     @property
     def device_capabilities(self) -> Capabilities:
@@ -197,7 +198,7 @@ class MetalEmitter(CStyleEmitter):
     # ------------------------------------------------------------------ load
     def load(self, source):
         """A launcher taking the signature's tensors and sizes, bound once."""
-        if source.launch.get("execute", self.execute) == "shim":
+        if (source.launch.execute or self.execute) == "shim":
             from fxwrap.targets.mps_metal.shim_runner import shim_launcher
             return shim_launcher(source.text, source.launch)
         from fxwrap.targets.mps_metal.launcher import mps_launcher
@@ -208,7 +209,7 @@ class MetalEmitter(CStyleEmitter):
         kernels: their Metal source, which ``torch.mps.compile_shader`` (the Metal driver,
         no fxwrap compiler) builds when the loaded program first launches them."""
         from fxwrap.targets.mps_metal import shim_runner
-        if kernel.launch.get("execute", self.execute) == "shim":
+        if (kernel.launch.execute or self.execute) == "shim":
             from fxwrap.targets.host.saved import SharedObjectLoader
             return SharedObjectLoader.of(kernel.launcher().shim.library, shim_runner.bind_shim_kernel,
                                          shim_runner.kernel_loader)

@@ -15,22 +15,23 @@ from collections.abc import Callable
 
 import torch
 
+from fxwrap.runtime.launch import MetalLaunch
 from fxwrap.targets.mps_metal.shim_runner import grid_function
 
 
-def mps_launcher(source: str, launch: dict) -> Callable:
+def mps_launcher(source: str, launch: MetalLaunch) -> Callable:
     """A pre-bound launcher ``launch(*tensors, *sizes)`` on the MPS device."""
     if not torch.backends.mps.is_available():
-        raise RuntimeError(f"kernel {launch['symbol']} (target mps) needs an MPS device, and "
+        raise RuntimeError(f"kernel {launch.symbol} (target mps) needs an MPS device, and "
                            "torch.backends.mps.is_available() is False; on a machine without one, "
                            "compile with options={'target': 'mps', 'execute': 'shim'} to run the "
                            "Metal kernels on CPU tensors through the C++ shim")
     library = torch.mps.compile_shader(source)
-    fn = getattr(library, launch["symbol"])
-    pointers, names = launch["pointers"], tuple(launch["size_symbols"])
-    numel = grid_function(launch["grid"], names)
-    tg = int(launch["threadgroup_size"])
-    reduction = launch["kind"] == "reduction"
+    fn = getattr(library, launch.symbol)
+    pointers, names = launch.pointers, tuple(launch.size_symbols)
+    numel = grid_function(launch.grid, names)
+    tg = int(launch.threadgroup_size)
+    reduction = launch.kind == "reduction"
 
     def launch_kernel(*args):
         sizes = [int(s) for s in args[pointers:]]

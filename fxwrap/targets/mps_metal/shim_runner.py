@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fxwrap.runtime.launch import MetalLaunch
 from fxwrap.targets.host.compiler import CppCompiler
 from fxwrap.targets.host.cache import default_cache_dir
 from fxwrap.targets.host.loader import load_library
@@ -123,15 +124,15 @@ def grid_function(expr: str, size_names: Sequence[str]) -> Callable[..., int]:
     return eval(f"lambda {params}: int({expr})", {"__builtins__": {"int": int, "max": max, "min": min}})  # noqa: S307
 
 
-def shim_launcher(source: str, launch: dict, library: Path | None = None) -> Callable:
+def shim_launcher(source: str, launch: MetalLaunch, library: Path | None = None) -> Callable:
     """A pre-bound launcher ``launch(*tensors, *sizes)`` for an emitted Metal kernel
     (``library``: its shared object, built already)."""
-    pointers, names = launch["pointers"], tuple(launch["size_symbols"])
-    kernel = ShimKernel(source, launch["symbol"], pointers, len(names), launch["thread_args"], library)
-    numel = grid_function(launch["grid"], names)
-    tg = int(launch["threadgroup_size"])
-    reduction = launch["kind"] == "reduction"
-    mode = "teams" if launch.get("sync") else "independent"
+    pointers, names = launch.pointers, tuple(launch.size_symbols)
+    kernel = ShimKernel(source, launch.symbol, pointers, len(names), launch.thread_args, library)
+    numel = grid_function(launch.grid, names)
+    tg = int(launch.threadgroup_size)
+    reduction = launch.kind == "reduction"
+    mode = "teams" if launch.sync else "independent"
 
     def launch_kernel(*args):
         sizes = args[pointers:]

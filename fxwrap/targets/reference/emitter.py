@@ -24,7 +24,7 @@ from fxwrap.ir.loops import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, f
                             rvar, walk, xvar)
 from fxwrap.core.numerics import illegal
 from fxwrap.ir.symbolic import SizeArithmetic, evaluate_with
-from fxwrap.runtime.launch import KernelLaunch
+from fxwrap.runtime.launch import ReferenceLaunch
 from fxwrap.targets.base import KernelEmitter, KernelSource, kernel_header
 
 _UNARY = {
@@ -275,7 +275,7 @@ class ReferenceEmitter(KernelEmitter):
             lines += format_ssa(list(s.roots()), names)
             lines.append(format_store(s, names))
         text = "\n".join(lines)
-        return KernelSource(kernel.name, text, self.language, launch=KernelLaunch(kernel=kernel))
+        return KernelSource(kernel.name, text, self.language, launch=ReferenceLaunch(kernel=kernel))
 
     def load(self, source: KernelSource):
         return ReferenceLauncher(source.launch.kernel)
