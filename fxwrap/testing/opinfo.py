@@ -46,10 +46,10 @@ def all_ops():
     return list(_op_db())
 
 
-def excluded_reason(op, device: str = DEVICE) -> str | None:
+def excluded_reason(op, device: str = DEVICE, dtype: torch.dtype = DTYPE) -> str | None:
     """Why an OpInfo is not swept (None: it is), before looking at its samples."""
-    if DTYPE not in op.supported_dtypes(device):
-        return f"float32 not supported on {device}"
+    if dtype not in op.supported_dtypes(device):
+        return f"{str(dtype).removeprefix('torch.')} not supported on {device}"
     if getattr(op, "has_nondeterministic_output", False):  # the flag exists from torch 2.13
         return "nondeterministic/uninitialised output (OpInfo flag)"
     return None
@@ -227,11 +227,11 @@ def dynamo_settings():
                                       suppress_errors=False)
 
 
-def samples(op, count: int, grad: bool = False, device: str = DEVICE):
+def samples(op, count: int, grad: bool = False, device: str = DEVICE, dtype: torch.dtype = DTYPE):
     """The first ``count`` samples (marked for grad where OpInfo differentiates them),
     or the reason they cannot be made."""
     try:
-        return list(itertools.islice(op.sample_inputs(device, DTYPE, requires_grad=grad), count)), None
+        return list(itertools.islice(op.sample_inputs(device, dtype, requires_grad=grad), count)), None
     except Exception as exc:  # noqa: BLE001 - OpInfo's sample generator failed
         return [], f"sample_inputs failed: {_short_error(exc)}"
 

@@ -84,6 +84,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     failures: list[str] = []
     barrier = threading.Barrier(args.threads)
+    # While AOTAutograd traces in one thread, torch's FX-tracing flag is set for the whole
+    # process, and a torch.compile'd call on another thread raises "Detected that you are
+    # using FX to symbolically trace a dynamo-optimized function" unless this is off; off,
+    # such a call runs its function eagerly (docs/programs.md, Threads).
+    torch._dynamo.config.error_on_nested_fx_trace = False
     with tempfile.TemporaryDirectory(prefix="fxwrap-stress-") as folder:
         def target(i):
             try:

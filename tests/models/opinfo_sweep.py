@@ -41,12 +41,17 @@ Run it from the command line::
     python tests/models/opinfo_sweep.py --jobs 2         # every op, 2 worker processes
     python tests/models/opinfo_sweep.py --extern mm sort # options={"kernels": False}
     python tests/models/opinfo_sweep.py --grad softmax   # compare input gradients too
+    python tests/models/opinfo_sweep.py --device cuda --dtype bfloat16 --jobs 8
+                                       # samples made on cuda in bf16 (assert_close's bf16 tolerances)
+    python tests/models/opinfo_sweep.py --aot failures   # aot_eager only where fxwrap fails
 """
 from __future__ import annotations
 
 import sys
 import time
 from dataclasses import dataclass, field
+
+import torch
 
 # One sample as a compiled function, compared with eager: shared with the conformance kit.
 from fxwrap.testing.opinfo import (  # noqa: F401  (Case, compare, ...: this module's API too)
@@ -106,15 +111,15 @@ class SweepResult:
 
 
 def sweep_op(op, samples_per_op: int = SAMPLES_PER_OP, options=None, grad: bool = False,
-             aot_every_sample: bool = True) -> SweepResult:
+             aot_every_sample: bool = True, device: str = DEVICE, dtype: torch.dtype = DTYPE) -> SweepResult:
     """Sweep one OpInfo (see module docstring); ``aot_every_sample=False``: aot_eager runs
     only the samples fxwrap fails (all its verdict needs: which fxwrap errors PyTorch's own
     stack shares), not every sample (the full sweep's statistic)."""
     result = SweepResult()
     start = time.perf_counter()
     name = op_id(op)
-    reason = excluded_reason(op)
-    sample_list, why = samples(op, samples_per_op, grad) if reason is None else ([], None)
+    reason = excluded_reason(op, device, dtype)
+    sample_list, why = samples(op, samples_per_op, grad, device, dtype) if reason is None else ([], None)
     reason = reason or why
     if reason is None and grad and not op.supports_autograd:
         reason = "grad sweep: no autograd support"
@@ -151,11 +156,14 @@ def sweep_op(op, samples_per_op: int = SAMPLES_PER_OP, options=None, grad: bool 
 
 
 def sweep(ops, samples_per_op: int = SAMPLES_PER_OP, progress=None, options=None,
-          grad: bool = False, aot_every_sample: bool = True) -> SweepResult:
+          grad: bool = False, aot_every_sample: bool = True, device: str = DEVICE,
+          dtype: torch.dtype = DTYPE) -> SweepResult:
     """Sweep ``ops`` in this process; ``progress(line)`` hears each op as it starts.
 
     ``options`` go to the fxwrap backend (``{"kernels": False}``: every op an extern);
-    ``grad=True`` also compares input gradients (forward and backward programs).
+    ``grad=True`` also compares input gradients (forward and backward programs);
+    ``device``/``dtype``: where and in what the samples are made (default cpu, float32;
+    results compare at ``assert_close``'s defaults for the dtype).
     """
     total = SweepResult()
     start = time.perf_counter()
@@ -163,7 +171,7 @@ def sweep(ops, samples_per_op: int = SAMPLES_PER_OP, progress=None, options=None
         if progress is not None:
             progress(f"# {op_id(op)}")
         with dynamo_settings():
-            r = sweep_op(op, samples_per_op, options, grad, aot_every_sample)
+            r = sweep_op(op, samples_per_op, options, grad, aot_every_sample, device, dtype)
         if progress is not None and (r.mismatches or r.fxwrap_errors):
             progress(r.report())
         total.merge(r)
@@ -244,6 +252,7 @@ def _run_shard(names: list[str], op_timeout: float = OP_TIMEOUT_S,
 
 def sweep_parallel(names: list[str] | None = None, jobs: int | None = None,
                    op_timeout: float = OP_TIMEOUT_S, extern: bool = False, grad: bool = False,
+                   device: str = DEVICE, dtype: torch.dtype = DTYPE, aot: str = "every",
                    ) -> tuple[SweepResult, list[tuple[str, str]]]:
     """The sweep over ``names`` (default: every OpInfo) in ``jobs`` worker processes.
 
@@ -258,6 +267,7 @@ def sweep_parallel(names: list[str] | None = None, jobs: int | None = None,
     jobs = jobs or int(os.environ.get("FXWRAP_SWEEP_JOBS", 0)) or os.cpu_count() or 1
     shards = [names[i::jobs] for i in range(jobs) if names[i::jobs]]
     flags = tuple(f for f, on in (("--extern", extern), ("--grad", grad)) if on)
+    flags += ("--device", device, "--dtype", str(dtype).removeprefix("torch."), "--aot", aot)
     start = time.perf_counter()
     total, crashes = SweepResult(), []
     with ThreadPoolExecutor(len(shards)) as pool:
@@ -281,14 +291,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--extern", action="store_true",
                         help='compile with options={"kernels": False}: every op an extern call')
     parser.add_argument("--grad", action="store_true", help="compare input gradients too")
+    parser.add_argument("--device", default=DEVICE, help="where samples are made (default cpu)")
+    parser.add_argument("--dtype", default="float32", help="samples' dtype (default float32)")
+    parser.add_argument("--aot", choices=("every", "failures"), default="every",
+                        help="run aot_eager on every sample (default) or only where fxwrap fails")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the result as JSON here")
     parser.add_argument("--log", help="append progress lines here")
     args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
 
     if args.jobs > 1:
         names = [op_id(op) for op in select_ops(args.names)]
-        result, crashes = sweep_parallel(names, args.jobs, extern=args.extern, grad=args.grad)
+        result, crashes = sweep_parallel(names, args.jobs, extern=args.extern, grad=args.grad,
+                                         device=args.device, dtype=dtype, aot=args.aot)
         print(result.report(excluded=True))
         for name, why in crashes:
             print(f"  CRASH {name}: {why}")
@@ -306,7 +322,8 @@ def main(argv: list[str]) -> int:
     result, done = SweepResult(), []
     start = time.perf_counter()
     for op in ops:  # one op at a time, the result so far on disk after each
-        result.merge(sweep(ops=[op], progress=progress, options=options, grad=args.grad))
+        result.merge(sweep(ops=[op], progress=progress, options=options, grad=args.grad,
+                           aot_every_sample=args.aot == "every", device=args.device, dtype=dtype))
         result.seconds = time.perf_counter() - start
         done.append(op_id(op))
         if args.json:
