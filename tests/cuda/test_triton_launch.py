@@ -203,10 +203,11 @@ class _FakeDriver:
 
 
 def _fake_launcher():
+    from fxwrap.runtime.launch import TritonLaunch
     from fxwrap.targets.cuda_triton.launcher import DriverLauncher
 
-    launch = {"pointers": 2, "size_symbols": ("s0",), "numels": (("x", "s0"),),
-              "config": (("XBLOCK", 128), ("num_warps", 4))}
+    launch = TritonLaunch(pointers=2, size_symbols=("s0",), numels=(("x", "s0"),),
+                          config=(("XBLOCK", 128), ("num_warps", 4)))
     driver = _FakeDriver(["*u64", "*u64", "u32", "*u64"], 2, 1)
     launcher = DriverLauncher(fn=None, launch=launch, compiled=None, device_index=0, driver=driver, device_count=2)
     launcher.stream = lambda index: 0x5000 + index
