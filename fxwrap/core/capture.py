@@ -79,6 +79,10 @@ def _kernel_decompositions() -> dict:
         # second); training a Welford reduction over (N, H, W) plus pointwise math
         aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit,
         aten._native_batch_norm_legit_functional,
+        # (torch's meta function gives these float32 running stats for bf16/fp16 ones,
+        # where the kernels return the input's dtype: as externs their results would be
+        # read as the wrong type)
+        aten._batch_norm_with_update, aten._batch_norm_with_update_functional, aten._batch_norm_no_update,
         aten._softmax_backward_data, aten._log_softmax_backward_data,
         aten.native_layer_norm_backward, aten.gelu_backward, aten.silu_backward,
         aten.sigmoid_backward, aten.tanh_backward, aten.threshold_backward,

@@ -56,7 +56,7 @@ import torch
 # One sample as a compiled function, compared with eager: shared with the conformance kit.
 from fxwrap.testing.opinfo import (  # noqa: F401  (Case, compare, ...: this module's API too)
     DEVICE, DTYPE, Case, Outcome, all_ops, compare, dynamo_settings, eager_cases, excluded_reason, is_random,
-    op_id, run_backend, samples, select_ops,
+    op_id, returns_uninitialised, run_backend, samples, select_ops,
 )
 
 SAMPLES_PER_OP = 2
@@ -77,12 +77,16 @@ class SweepResult:
     # OpInfo name -> "kernels" (every passing sample ran in generated kernels only),
     # "externs" (ATen calls only), "mixed"
     execution: dict[str, str] = field(default_factory=dict)
+    # low-precision samples outside eager's tolerance but as close to the float64 result
+    # as eager's (fxwrap computes in float32 where eager rounds between steps)
+    arbitrated: list[tuple[str, int, str]] = field(default_factory=list)
 
     def summary(self) -> str:
         kinds = list(self.execution.values())
         return (f"opinfo sweep: {self.ops} ops, {self.samples} samples, "
                 f"{len(self.mismatches)} mismatches, {len(self.fxwrap_errors)} fxwrap errors, "
-                f"{len(self.aot_errors)} aot_eager errors "
+                f"{len(self.aot_errors)} aot_eager errors, "
+                f"{len(self.arbitrated)} low-precision samples judged against float64 "
                 f"({self.through_fxwrap} samples ran fxwrap programs, {len(self.excluded)} ops "
                 f"excluded, {self.seconds:.0f}s); ops by execution: {kinds.count('kernels')} "
                 f"generated kernels only, {kinds.count('mixed')} kernels and ATen externs, "
@@ -93,7 +97,7 @@ class SweepResult:
         if excluded:
             lines += [f"  EXCLUDED {name}: {why}" for name, why in sorted(self.excluded.items())]
         for title, rows in (("MISMATCH", self.mismatches), ("FXWRAP ERROR", self.fxwrap_errors),
-                            ("AOT_EAGER ERROR", self.aot_errors)):
+                            ("AOT_EAGER ERROR", self.aot_errors), ("CLOSER TO FLOAT64", self.arbitrated)):
             for name, index, detail in rows:
                 lines.append(f"  {title} {name} sample {index}: {detail.splitlines()[0] if detail else ''}")
         return "\n".join(lines)
@@ -108,6 +112,7 @@ class SweepResult:
         self.through_fxwrap += other.through_fxwrap
         self.seconds += other.seconds
         self.execution.update(other.execution)
+        self.arbitrated += other.arbitrated
 
 
 def sweep_op(op, samples_per_op: int = SAMPLES_PER_OP, options=None, grad: bool = False,
@@ -130,6 +135,9 @@ def sweep_op(op, samples_per_op: int = SAMPLES_PER_OP, options=None, grad: bool 
     if is_random(seen):
         result.excluded[name] = "random (an ATen op tagged nondeterministic_seeded ran)"
         return result
+    if returns_uninitialised(seen):
+        result.excluded[name] = "uninitialised output (eager ran only aten.empty* allocations)"
+        return result
     kernels = externs = 0
     for index, case, expected, expected_inputs in cases:
         result.samples += 1
@@ -137,6 +145,8 @@ def sweep_op(op, samples_per_op: int = SAMPLES_PER_OP, options=None, grad: bool 
         kernels, externs = kernels + fx.kernels, externs + fx.externs
         aot = run_backend(case, "aot_eager", expected, expected_inputs) \
             if aot_every_sample or fx.status != "ok" else None
+        if fx.arbitrated:
+            result.arbitrated.append((name, index, fx.arbitrated))
         if fx.status == "mismatch":
             result.mismatches.append((name, index, fx.detail))
         elif fx.status == "error":
@@ -188,14 +198,15 @@ def _to_json(result: SweepResult, done: list[str]) -> dict:
     return {"ops": result.ops, "samples": result.samples, "mismatches": result.mismatches,
             "fxwrap_errors": result.fxwrap_errors, "aot_errors": result.aot_errors,
             "excluded": result.excluded, "through_fxwrap": result.through_fxwrap,
-            "seconds": result.seconds, "execution": result.execution, "done": done}
+            "seconds": result.seconds, "execution": result.execution, "arbitrated": result.arbitrated,
+            "done": done}
 
 
 def _from_json(data: dict) -> tuple[SweepResult, list[str]]:
     r = SweepResult(data["ops"], data["samples"], [tuple(x) for x in data["mismatches"]],
                     [tuple(x) for x in data["fxwrap_errors"]], [tuple(x) for x in data["aot_errors"]],
                     dict(data["excluded"]), data["through_fxwrap"], data["seconds"],
-                    dict(data.get("execution", {})))
+                    dict(data.get("execution", {})), [tuple(x) for x in data.get("arbitrated", [])])
     return r, list(data["done"])
 
 
