@@ -1,8 +1,8 @@
 """fxwrap: a torch.compile backend that lowers PyTorch programs to a Wrapper IR and
-an FX GraphModule, with devices plugged in as targets.
+an FX GraphModule, with devices plugged in as targets::
 
-    >>> compiled = torch.compile(model, backend="fxwrap")
-    >>> program = fxwrap.lower(fn, *example_inputs); print(program.code())
+    compiled = torch.compile(model, backend="fxwrap")
+    program = fxwrap.lower(fn, *example_inputs); print(program.code())
 
 The package imports lazily: ``import fxwrap`` loads nothing but this file and
 ``fxwrap.registration`` (standard library only: ``backend="fxwrap"`` registered race-free), each name
