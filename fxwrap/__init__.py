@@ -1,8 +1,8 @@
 """fxwrap: a torch.compile backend that lowers PyTorch programs to a Wrapper IR and
-an FX GraphModule, with devices plugged in as targets.
+an FX GraphModule, with devices plugged in as targets::
 
-    >>> compiled = torch.compile(model, backend="fxwrap")
-    >>> program = fxwrap.lower(fn, *example_inputs); print(program.code())
+    compiled = torch.compile(model, backend="fxwrap")
+    program = fxwrap.lower(fn, *example_inputs); print(program.code())
 
 The package imports lazily: ``import fxwrap`` loads nothing but this file and
 ``fxwrap.registration`` (standard library only: ``backend="fxwrap"`` registered race-free), each name
@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "CacheBundleError": "fxwrap.graph_cache",
     "ProfileReport": "fxwrap.profiling", "profile": "fxwrap.profiling",
     "EmitError": "fxwrap.core.errors", "UnsupportedUserKernel": "fxwrap.core.errors",
-    "hookimpl": "fxwrap.plugins.hookspecs", "hookspec": "fxwrap.plugins.hookspecs",
+    "hookimpl": "fxwrap.targets.marker", "hookspec": "fxwrap.plugins.hookspecs",
     "PluginError": "fxwrap.plugins.manager", "PluginManager": "fxwrap.plugins.manager",
     "get_plugin_manager": "fxwrap.plugins.manager", "installed_entry_points": "fxwrap.plugins.manager",
     "use_plugin_manager": "fxwrap.plugins.manager",
@@ -80,7 +80,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.core.lowering import DECLINE  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
     from fxwrap.core.templates import Template, TemplateCall  # noqa: F401
-    from fxwrap.plugins.hookspecs import hookimpl, hookspec  # noqa: F401
+    from fxwrap.plugins.hookspecs import hookspec  # noqa: F401
     from fxwrap.profiling import ProfileReport, profile  # noqa: F401
     from fxwrap.program import Program, TrainingPrograms  # noqa: F401
     from fxwrap.plugins.manager import (  # noqa: F401
@@ -95,6 +95,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.targets.cpu_cpp.emitter import CppEmitter  # noqa: F401
     from fxwrap.targets.cstyle import CStyleEmitter  # noqa: F401
     from fxwrap.targets.host.device import CpuDevice  # noqa: F401
+    from fxwrap.targets.marker import hookimpl  # noqa: F401
     from fxwrap.ir import collectives, control_flow, lines  # noqa: F401
     from fxwrap.runtime.provenance import Origin  # noqa: F401
     from fxwrap.runtime.graph_replay import GraphCapture  # noqa: F401

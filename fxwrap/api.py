@@ -1,14 +1,16 @@
 """The user-facing entry points: ``compile``, ``lower``, ``Backend`` (``Program`` is in ``fxwrap.program``).
 
-    >>> model = torch.compile(model, backend="fxwrap")           # registered by entry point
-    >>> model = fxwrap.compile(model, target="cpu")               # same, explicit target
+    model = torch.compile(model, backend="fxwrap")           # registered by entry point
+    model = fxwrap.compile(model, target="cpu")               # same, explicit target
+
     >>> prog = fxwrap.lower(lambda x: x.sin() + 1, torch.randn(8))
     >>> print(prog.code())
     def forward(arg0):
-        # sin: aten.sin.default
         buf0 = empty_strided((8,), (1,), dtype=torch.float32, device='cpu')
-        aten.sin.out(arg0, out=buf0)
-        ...
+        # kernel fxwrap_pointwise_0 (cpu): arg0:input, buf0:output
+        # sin, add (... in <lambda>)
+        fxwrap_pointwise_0(arg0, buf0)
+        return (buf0,)
 """
 from __future__ import annotations
 

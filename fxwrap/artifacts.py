@@ -1,10 +1,12 @@
 """Programs as files: ``program.save(path)``, ``fxwrap.load(path)``, ``pickle`` of a Program.
 
-    >>> program = fxwrap.lower(model, x)             # or training=True: a forward/backward pair
+    >>> x = torch.randn(8)
+    >>> program = fxwrap.lower(lambda t: t.sin() + 1, x)   # or training=True: a forward/backward pair
     >>> program.save("model.fxwrap")
     >>> # later, in another process, with no compiler:
-    >>> loaded = fxwrap.load("model.fxwrap")         # a LoadedProgram (LoadedTrainingPrograms)
-    >>> loaded.run(x)                                 # what program.run(x) returned
+    >>> loaded = fxwrap.load("model.fxwrap")               # a LoadedProgram (LoadedTrainingPrograms)
+    >>> torch.equal(loaded.run(x), program.run(x))         # what program.run(x) returned
+    True
 
 A file is a zip archive of two members::
 

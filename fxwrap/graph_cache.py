@@ -37,28 +37,25 @@ import json
 import logging
 import os
 import pickle
-import platform
 import sys
 import warnings
 import zipfile
 from collections import Counter
-from dataclasses import fields
 from pathlib import Path
 
 import torch
 from torch._functorch._aot_autograd.schemas import MutationType, OutputType, SubclassCreationMeta
 from torch._guards import TracingContext
 from torch.fx.experimental.sym_node import SymNode
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fxwrap.artifacts import fxwrap_version, triton_version
-from fxwrap.core.templates import RETUNE_ENV, retune_requested
+from fxwrap.cache_key import KeyHasher, describe, package_digest, shape_env_of, shape_env_state
+from fxwrap.core.templates import retune_requested
 from fxwrap.program import log_program
-from fxwrap.program_cache import ProgramCache, cache_enabled, package_digest, plugin_digest
+from fxwrap.program_cache import ProgramCache, cache_enabled
 from fxwrap.runtime.aot_replay import InferenceReplay, ReplayLayout, TrainingReplay
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
-from fxwrap.wrapper_ir.build_user_kernels import user_kernel_key
 
 log = logging.getLogger("fxwrap")
 
@@ -76,42 +73,11 @@ _awaiting_backward: dict[str, str] = {}  # training graphs whose forward compile
 _not_stored: dict[str, str] = {}  # graphs the cache refused
 # modules whose functions a cacheable dynamo graph may call (anything else: user code, unkeyed)
 _TORCH_MODULES = ("torch", "_operator", "operator", "builtins", "math", "_functools")
-_ENV_IGNORED = frozenset({"FXWRAP_CACHE_DIR", "FXWRAP_LOG", "FXWRAP_PROGRAM_CACHE", RETUNE_ENV})
 
 
 class CacheBundleError(RuntimeError):
     """A cache bundle cannot be used here: another fxwrap/torch/Triton/Python version, another
     host CPU, an absent device, or not a bundle.  The message says what to do."""
-
-
-def _describe(value) -> object:
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(map(str, value.shape)), tuple(map(str, value.stride())), str(value.storage_offset()),
-                str(value.dtype), str(value.device), value.requires_grad, type(value).__name__)
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return ("sym", str(value))
-    if isinstance(value, (list, tuple)):
-        return tuple(_describe(v) for v in value)
-    if isinstance(value, (int, float, bool, str)) or value is None:
-        return value
-    return ("object", type(value).__qualname__)
-
-
-def _shape_env(gm: torch.fx.GraphModule):
-    for node in gm.graph.nodes:
-        env = getattr(getattr(node.meta.get("example_value"), "fake_mode", None), "shape_env", None)
-        if env is not None:
-            return env
-    return None
-
-
-def _shape_env_state(env) -> object:
-    if env is None:
-        return None
-    hints = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
-    return (tuple(str(g.expr) for g in env.guards), sorted((str(k), str(v)) for k, v in env.var_to_range.items()),
-            sorted((str(k), str(v)) for k, v in hints.items()),
-            sorted((str(k), str(v)) for k, v in env.replacements.items()))
 
 
 def _refusal(gm: torch.fx.GraphModule) -> str | None:
@@ -129,48 +95,18 @@ def _refusal(gm: torch.fx.GraphModule) -> str | None:
     return None
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    with unset_fake_temporarily():
-        t = t.detach().to("cpu").contiguous()
-        return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-
-
 def graph_key(gm: torch.fx.GraphModule, example_inputs, session) -> str:
-    """The warm-start key of dynamo graph ``gm`` compiled in ``session`` (module docstring)."""
-    h = hashlib.sha256()
-
-    def add(value) -> None:
-        h.update(repr(value).encode())
-        h.update(b"\0")
-
-    add(("fxwrap graph cache", FORMAT_VERSION))
-    add(gm.code)
-    for node in gm.graph.nodes:
-        add((node.op, node.name, _describe(node.meta.get("example_value"))))
-        if node.op == "get_attr":
-            value = getattr(gm, node.target)
-            add(_describe(value))
-            h.update(_tensor_bytes(value))
-    add(tuple(_describe(x) for x in example_inputs))
-    add(user_kernel_key(gm))  # user Triton kernels: the graph names them by a per-process index
-    add(_shape_env_state(_shape_env(gm)))
-    add(("grad", torch.is_grad_enabled(), "deterministic", torch.are_deterministic_algorithms_enabled()))
-    add(sorted((d, str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)))
-    h.update(torch._functorch.config.save_config())
-    options = session.options
-    add([(f.name, getattr(getattr(options, f.name), "name", getattr(options, f.name)))
-         for f in fields(options) if f.name not in ("on_program", "cache")])
-    target = session.target
-    add((target.name, target.device_type, sorted(target.options.items(), key=repr)))
-    add(session.capabilities)
-    add(host_fingerprint())
-    add(session.plugins.plugins)
-    add(plugin_digest(session.plugins.plugin_objects))
-    add(session.pipeline.names())
-    add(sorted((k, v) for k, v in os.environ.items()
-               if (k.startswith("FXWRAP_") and k not in _ENV_IGNORED) or k == "CXX"))
-    add((sys.version, platform.machine(), torch.__version__, triton_version(), fxwrap_version(), package_digest()))
-    return h.hexdigest()
+    """The warm-start key of dynamo graph ``gm`` compiled in ``session`` (module docstring;
+    ``fxwrap.cache_key`` encodes it)."""
+    key = KeyHasher("fxwrap graph cache", FORMAT_VERSION)
+    key.add_graph(gm, "example_value")
+    key.add(tuple(describe(x) for x in example_inputs))
+    key.add(shape_env_state(shape_env_of(gm, "example_value")))
+    key.add(("grad", torch.is_grad_enabled()))
+    key.add({d: str(torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)})
+    key.add_bytes(torch._functorch.config.save_config())
+    key.add_session(session)
+    return key.hexdigest()
 
 
 def _plain_refusal(meta) -> str | None:
@@ -233,7 +169,7 @@ class GraphCompile:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, session):
         self.session = session
         self.key = graph_key(gm, example_inputs, session)
-        self.env = _shape_env(gm)
+        self.env = shape_env_of(gm, "example_value")
         self.guards = len(self.env.guards) if self.env is not None else 0
         self.graph_inputs = len(example_inputs)  # what dynamo passes the runner a call
         self.layout: ReplayLayout | None = None

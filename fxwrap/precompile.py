@@ -1,18 +1,18 @@
 """Precompiled functions: a new process runs a model with no dynamo trace, no AOTAutograd and
 no lowering, through torch's AOT precompile (``torch._dynamo.aot_compile``, where ``torch.compile``'s result has ``.aot_compile``: 2.13, not 2.11).
 
-    >>> compiled = fxwrap.aot_compile(model, (x,))            # traces (fullgraph) and compiles now
-    >>> compiled.save("model.fxaot")                           # dynamo's guards + bytecode + fxwrap's programs
-    >>> # another process (any cache directory, empty or not):
-    >>> loaded = fxwrap.load_compiled("model.fxaot", model)    # no dynamo trace, no AOTAutograd, no lowering
-    >>> loaded(x)                                              # what model(x) returns
+    compiled = fxwrap.aot_compile(model, (x,))            # traces (fullgraph) and compiles now
+    compiled.save("model.fxaot")                           # dynamo's guards + bytecode + fxwrap's programs
+    # another process (any cache directory, empty or not):
+    loaded = fxwrap.load_compiled("model.fxaot", model)    # no dynamo trace, no AOTAutograd, no lowering
+    loaded(x)                                              # what model(x) returns
 
 The same works straight through torch (the fxwrap backend answers torch's precompile with a
 serializable result)::
 
-    >>> fn = torch.compile(model.forward, backend="fxwrap", fullgraph=True).aot_compile(((x,), {}))
-    >>> fn.save_compiled_function("model.fxaot")
-    >>> fn = torch.compiler.load_compiled_function(open("model.fxaot", "rb")); fn(model, x)
+    fn = torch.compile(model.forward, backend="fxwrap", fullgraph=True).aot_compile(((x,), {}))
+    fn.save_compiled_function("model.fxaot")
+    fn = torch.compiler.load_compiled_function(open("model.fxaot", "rb")); fn(model, x)
 
 torch's precompile stores dynamo's side (the guards, serialized; the transformed bytecode)
 and asks the backend's result for its own bytes (``SerializableCallable``).  fxwrap's

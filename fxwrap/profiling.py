@@ -1,14 +1,14 @@
 """``fxwrap.profile``: time each kernel and extern launch of a program.
 
-    >>> program = fxwrap.lower(model, x)
-    >>> report = fxwrap.profile(program, x, warmup=3, iters=20)
-    >>> print(report)
+    program = fxwrap.lower(model, x)
+    report = fxwrap.profile(program, x, warmup=3, iters=20)
+    print(report)
     fxwrap.profile: inference program on target cpu, 20 calls of 1.95 ms (launches: 1.90 ms, 97.4%)
     name                 kind    calls  total ms  share  GB/s   provenance
     aten.mm.out          extern     20     21.10  54.1%  12.4   mm: aten.mm.default at model.py:12 in forward
     fxwrap_pointwise_0   kernel     20      9.03  23.2%  37.5   from: gelu
     ...
-    >>> report.to_chrome_trace("trace.json")        # chrome://tracing or ui.perfetto.dev
+    report.to_chrome_trace("trace.json")        # chrome://tracing or ui.perfetto.dev
 
 The program's GraphModule runs under an FX interpreter that times every launch: the
 host clock on a CPU, a pair of CUDA events around each launch on a GPU (read once per
@@ -266,6 +266,7 @@ def compiled_options(compiled: Callable) -> dict | None:
     ``torch.compile(fn, backend="fxwrap", options=...)`` or ``fxwrap.compile(fn, target)``
     -- was compiled with; None for one that is not compiled with fxwrap.
 
+        >>> m = torch.nn.Linear(2, 2)
         >>> compiled_options(torch.compile(m, backend="fxwrap", options={"target": "reference"}))
         {'target': 'reference'}
 

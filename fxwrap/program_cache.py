@@ -30,34 +30,25 @@ compiles under the key it has without that setting.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import pickle
-import platform
-import sys
-import types
 from pathlib import Path
 
 import torch
-from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, fxwrap_version, pickled, triton_version
+from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, pickled
+from fxwrap.cache_key import (  # noqa: F401  (package_digest, plugin_digest: read here by older callers)
+    ENV_SWITCH, KeyHasher, package_digest, plugin_digest, shape_env_of, shape_env_state,
+)
 from fxwrap.core import logs
-from fxwrap.core.templates import RETUNE_ENV, retune_requested
+from fxwrap.core.templates import retune_requested
 from fxwrap.program import Program, finish_program
 from fxwrap.runtime.graph_records import kernels_of
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
-from fxwrap.targets.host.compiler import host_fingerprint
-from fxwrap.wrapper_ir.build_user_kernels import user_kernel_key
 
 log = logs.logger("cache")  # FXWRAP_LOG=cache shows the hits and misses
 
-ENV_SWITCH = "FXWRAP_PROGRAM_CACHE"
-# settings that change where files go or what is printed, not what is compiled; FXWRAP_RETUNE
-# (measure the template choices again) compiles what the key names, and its programs replace
-# the entries under that key
-_ENV_IGNORED = frozenset({"FXWRAP_CACHE_DIR", "FXWRAP_LOG", ENV_SWITCH, RETUNE_ENV})
 
 
 def cache_enabled(options) -> bool:
@@ -71,127 +62,14 @@ def cache_dir() -> Path:
     return default_cache_dir() / "programs"
 
 
-@functools.lru_cache(maxsize=None)
-def package_digest() -> str:
-    """sha256 of every file of the fxwrap package (sources, the Metal shim headers)."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-#: a plugin's package larger than this is keyed by the plugin module's own file only
-PLUGIN_FILES_MAX = 500
-
-
-def plugin_digest(plugins) -> str:
-    """sha256 of the sources of every plugin object in ``plugins`` (what a plugin manager
-    registered: ``CompileSession.plugins.plugin_objects``) outside fxwrap (its module's
-    package directory, ``*.py``): a vendor editing its lowering rules or passes misses the
-    cache, instead of running programs compiled with the old ones."""
-    files: set[Path] = set()
-    for plugin in plugins:
-        name = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        if not name or name == "fxwrap" or name.startswith("fxwrap.") or path is None:
-            continue  # fxwrap's own files are in package_digest
-        path = Path(path).resolve()
-        package = path.parent if "." in name or path.name == "__init__.py" else None
-        found = sorted(package.rglob("*.py")) if package is not None else [path]
-        files.update(found if len(found) <= PLUGIN_FILES_MAX else [path])
-    h = hashlib.sha256()
-    for path in sorted(files):
-        if "__pycache__" not in path.parts and path.is_file():
-            h.update(str(path).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-def _describe(value) -> object:
-    """A node's ``meta["val"]`` as comparable text: layout of tensors, expressions of SymInts."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(str(s) for s in value.shape), tuple(str(s) for s in value.stride()),
-                str(value.storage_offset()), str(value.dtype), str(value.device), value.requires_grad)
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return ("sym", str(value))
-    if isinstance(value, (list, tuple)):
-        return tuple(_describe(v) for v in value)
-    if isinstance(value, (int, float, bool, str)) or value is None:
-        return value
-    return type(value).__name__
-
-
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    """The bytes of a real constant of the graph (``torch.tensor([...])`` in the user's
-    code).  The key is computed while AOTAutograd's fake mode is active, which would take
-    the constant for a tensor it forgot to fake: the copy runs with it unset."""
-    if is_fake(t):  # no bytes to read: its description (layout, dtype) is in the key
-        return b"fake"
-    with unset_fake_temporarily():
-        t = t.detach().to("cpu").contiguous()
-        return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-
-
-def _shape_env_state(gm: torch.fx.GraphModule) -> object:
-    for node in gm.graph.nodes:
-        fake_mode = getattr(node.meta.get("val"), "fake_mode", None)
-        env = getattr(fake_mode, "shape_env", None)
-        if env is not None:
-            return (sorted(str(g.expr) for g in env.guards),
-                    sorted((str(k), str(v)) for k, v in env.var_to_range.items()),
-                    # the example sizes (hints); backed_var_to_val from torch 2.13, var_to_val before
-                    sorted((str(k), str(v)) for k, v in
-                           (env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val).items()))
-    return None
-
-
-def _options_state(options) -> object:
-    from dataclasses import fields
-    state = []
-    for f in fields(options):
-        if f.name in ("on_program", "cache"):
-            continue
-        value = getattr(options, f.name)
-        state.append((f.name, getattr(value, "name", value)))
-    return state
-
-
 def program_key(gm: torch.fx.GraphModule, session, kind: str) -> str:
     """The cache key of compiling ``gm`` (an ATen graph) as a ``kind`` program in ``session``
-    (see the module docstring for what it covers)."""
-    h = hashlib.sha256()
-
-    def add(value) -> None:
-        h.update(repr(value).encode())
-        h.update(b"\0")
-
-    target = session.target
-    add(("fxwrap program cache", FORMAT_VERSION, kind))
-    add(gm.code)
-    add(user_kernel_key(gm))  # user Triton kernels: the graph names them by a per-process index
-    for node in gm.graph.nodes:
-        add((node.op, node.name, _describe(node.meta.get("val"))))
-        if node.op == "get_attr":
-            value = getattr(gm, node.target, None)
-            if isinstance(value, torch.Tensor):
-                add(_describe(value))
-                h.update(_tensor_bytes(value))
-    add(_shape_env_state(gm))
-    add(_options_state(session.options))
-    add((target.name, target.device_type, sorted(target.options.items(), key=repr)))
-    add(session.capabilities)
-    add(host_fingerprint())
-    add(session.plugins.plugins)
-    add(plugin_digest(session.plugins.plugin_objects))
-    add(session.pipeline.names())
-    add(("deterministic algorithms", torch.are_deterministic_algorithms_enabled()))
-    add(sorted((k, v) for k, v in os.environ.items()
-               if (k.startswith("FXWRAP_") and k not in _ENV_IGNORED) or k == "CXX"))
-    add((sys.version, platform.machine(), torch.__version__, triton_version(), fxwrap_version(), package_digest()))
-    return h.hexdigest()
+    (see the module docstring for what it covers; ``fxwrap.cache_key`` encodes it)."""
+    key = KeyHasher("fxwrap program cache", FORMAT_VERSION, kind)
+    key.add_graph(gm, "val")
+    key.add(shape_env_state(shape_env_of(gm, "val")))
+    key.add_session(session)
+    return key.hexdigest()
 
 
 class ProgramCache:

@@ -155,8 +155,9 @@ class LoweringRegistry:
     checked when a compile session is built, see ``check_targets``)::
 
         >>> registry = LoweringRegistry(known_targets=["cpu", "cuda"])
-        >>> registry.register(aten.sin, my_rule, target="cdua")
-        LoweringError: no fxwrap target named 'cdua' for the lowering of aten.sin; did you mean 'cuda'? ...
+        >>> registry.register(aten.sin, lambda ctx, x: x, target="cdua")
+        Traceback (most recent call last):
+        fxwrap.core.lowering.LoweringError: no fxwrap target named 'cdua' for the lowering of aten.sin; did you mean 'cuda'?...
     """
 
     def __init__(self, known_targets=None):

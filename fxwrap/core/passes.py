@@ -1,11 +1,13 @@
 """The compile pipeline as data: the declared ATen-graph passes and Wrapper-IR passes.
 
-``api.compile_aten_graph`` runs, for every graph, the session's ``Pipeline``::
+``api.compile_aten_graph`` runs, for every graph, the session's ``Pipeline``: fxwrap's
+own (``default_pipeline``), as each target's plugins edit it (the ``cpu`` target adds
+``'cpu attention'`` before the memory plan)::
 
-    >>> get_plugin_manager().session(target("cpu")).pipeline
-    Pipeline(aten=['follow input layouts', 'channels-last convolutions', 'matmul padding',
-                   'patterns', 'grouped attention'],
-             wrapper=['cpu attention', 'memory plan'])
+    >>> default_pipeline()  # doctest: +NORMALIZE_WHITESPACE
+    Pipeline(aten=['follow input layouts', 'constant folding', 'channels-last convolutions',
+                   'matmul padding', 'convolution bias', 'patterns', 'grouped attention'],
+             wrapper=['memory plan'])
 
     ATen graph --aten passes (in place)--> [program cache] --> kernel builder --> lines
     lines --wrapper passes--> (the passes of ``fxwrap_wrapper_passes`` after them) --> FX

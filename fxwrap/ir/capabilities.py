@@ -6,9 +6,11 @@ never a silently ignored key::
     >>> Capabilities(dtypes=("float32", "bfloat16"), index_checks="in_kernel")
     Capabilities(dtypes=('float32', 'bfloat16'), ..., index_checks='in_kernel', ...)
     >>> Capabilities(index_check="in_kernel")
+    Traceback (most recent call last):
     TypeError: Capabilities.__init__() got an unexpected keyword argument 'index_check'
     >>> Capabilities.from_dict({"convolution_layuot": "channels_last"})
-    TypeError: unknown device capability(ies) ['convolution_layuot']; valid: ['capability', ...]
+    Traceback (most recent call last):
+    TypeError: unknown device capability(ies) ['convolution_layuot']; valid: ['capability', ...
 
 Fields fxwrap acts on come first (every one defaults to "no opinion"), then facts only
 printed or keyed on (the program cache keys on the whole record).  A device with facts of

@@ -2,10 +2,9 @@
 
 Every size, stride and offset fxwrap handles is a sympy expression; static shapes
 are expressions without free symbols.  PyTorch hands us ``SymInt``s whose
-``node.expr`` is such an expression::
+``node.expr`` is such an expression (``fake``: a fake tensor of a dynamic first size)::
 
-    >>> to_expr(7), to_expr(fake.shape[0])
-    (7, s77)
+    to_expr(7), to_expr(fake.shape[0])     # -> (7, s77)
 """
 from __future__ import annotations
 

@@ -1,15 +1,18 @@
 """The debug modes ``check_nan`` and ``print_values``: a plugin built on the public
 ``fxwrap_wrapper_passes`` hook, the way a vendor would write one.
 
-    >>> prog = fxwrap.lower(f, x, options={"check_nan": True})
+    >>> prog = fxwrap.lower(torch.log1p, torch.zeros(8, 16), options={"check_nan": True})
     >>> print(prog.code())
     def forward(arg0):
         buf0 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
+        # kernel fxwrap_pointwise_0 (cpu): arg0:input, buf0:output
+        # log1p
         fxwrap_pointwise_0(arg0, buf0)
-        check_finite(buf0)  # after kernel fxwrap_pointwise_0: from: log1p
-        ...
-    >>> prog.run(x)
-    NonFiniteValueError: fxwrap check_nan: kernel fxwrap_pointwise_0 (target cpu) wrote 9 NaN into its output buf0 ...
+        check_finite(buf0)  # after kernel fxwrap_pointwise_0: log1p
+        return (buf0,)
+    >>> prog.run(torch.full((8, 16), -2.0))       # log1p(-2) is NaN
+    Traceback (most recent call last):
+    fxwrap.runtime.debug.NonFiniteValueError: fxwrap check_nan: kernel fxwrap_pointwise_0 (target cpu) wrote 128 NaN into its output buf0 ...
 
 Each mode is a pass ``lines -> lines`` that inserts one line (``wrapper_ir.debug_lines``)
 right after each kernel or extern launch: ``CheckFinite`` over the floating buffers the

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import pluggy
 
-hookspec = pluggy.HookspecMarker("fxwrap")
-hookimpl = pluggy.HookimplMarker("fxwrap")
+from fxwrap.targets.marker import PROJECT, hookimpl  # noqa: F401  (fxwrap.hookimpl; targets import it there)
+
+hookspec = pluggy.HookspecMarker(PROJECT)
 
 
 @hookspec

@@ -1,11 +1,12 @@
 """What one target compiles with: the compile session, built once per target by the
 plugin manager, and the typed options a ``Backend`` accepts.
 
+    >>> from fxwrap import get_plugin_manager
     >>> session = get_plugin_manager().session(get_plugin_manager().target("cpu"))
     >>> session.lowerings.lookup(aten.sin.default)      # fxwrap's rule, or a plugin's
     <function ...>
     >>> session.decompositions(CompileOptions())        # defaults + kernel + plugins'
-    {aten.gelu.default: ..., ...}
+    {<OpOverload(op='aten...', overload='...')>: <function ...>, ...}
     >>> session.configured(CompileOptions(reuse=False)).options.reuse
     False
 
@@ -94,7 +95,8 @@ class CompileOptions:
         >>> CompileOptions.from_dict({"reuse": False, "mode": "cudagraphs"})
         CompileOptions(target=None, reuse=False, decompositions='core', kernels=True, ...)
         >>> CompileOptions.from_dict({"resue": False})
-        TypeError: unknown fxwrap option(s) ['resue']; known: ['decompositions', ...]
+        Traceback (most recent call last):
+        TypeError: unknown fxwrap option(s) ['resue']; known: ['arena', ...
     """
 
     target: str | Target | None = None

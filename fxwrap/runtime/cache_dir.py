@@ -1,7 +1,7 @@
 """Where fxwrap keeps its on-disk caches: ``$FXWRAP_CACHE_DIR``, default ``~/.cache/fxwrap``.
 
-    >>> cache_root()
-    PosixPath('/home/me/.cache/fxwrap')
+    >>> cache_root()          # $FXWRAP_CACHE_DIR, else ~/.cache/fxwrap (e.g. /home/me/.cache/fxwrap)
+    PosixPath('...')
 
 Every cache (compiled kernels, whole programs, the binaries of loaded programs, Triton
 launchers, template timings) lives in a folder under this root.  A root fxwrap cannot

@@ -233,3 +233,34 @@ def test_fxwrap_log_cache_shows_program_cache_misses_and_hits(tmp_path):
     lines = [line for line in err.splitlines() if "program cache" in line]
     assert [line.split(":", 1)[1].split()[0] for line in lines] == ["miss", "stored", "hit"], err[-3000:]
     assert all(line.startswith("[fxwrap.cache] fxwrap program cache:") for line in lines)
+
+
+def test_keys_are_the_same_in_two_processes_and_differ_by_dtype_shape_and_option(tmp_path):
+    """Both caches' keys (``fxwrap.cache_key``, one encoder): the same program gives the same
+    program key and warm-start key in two fresh interpreters (different hash seeds: no set or
+    dict order, no object address reaches a key); a program differing in a dtype, a shape or an
+    option gives other keys."""
+    runs = []
+    for seed in ("1", "2"):
+        env = child_env(tmp_path / f"cache-{seed}", FXWRAP_PROGRAM_CACHE="1", PYTHONHASHSEED=seed)
+        out = run_python([str(HERE / "cache_keys_child.py")], env)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first == second
+    base = first["base"]
+    assert len(base["program"]) == 1 and len(base["graph"]) == 1, base
+    assert first["base again"] == {"graph": base["graph"], "program": []}  # a warm-start hit: no ATen graph
+    for case in ("float64", "shape", "option"):
+        for cache in ("program", "graph"):
+            assert first[case][cache] and set(first[case][cache]).isdisjoint(base[cache]), (case, cache)
+
+
+def test_the_key_encoder_writes_plain_data_only():
+    """A value the encoder has no rule for is an error naming it, not a ``repr`` (which could
+    hold an address: a key that changes every process)."""
+    from fxwrap.cache_key import encode
+    assert encode((1, "1")) != encode(("1", 1)) and encode(("a", "b")) != encode(("a,b",))
+    assert encode({"b": 1, "a": frozenset({"x", "y"})}) == encode({"a": frozenset({"y", "x"}), "b": 1})
+    assert encode(1) != encode(1.0) != encode(True)
+    with pytest.raises(TypeError, match="cannot encode a .*object"):
+        encode(object())

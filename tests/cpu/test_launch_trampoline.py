@@ -76,3 +76,22 @@ def test_subclasses_and_parameters():
     slow(x, y, want, 6, 3)
     fast(x, y, got, 6, 3)
     assert torch.equal(got, want) and torch.equal(got, x.detach() + y.as_subclass(torch.Tensor) * 3)
+
+
+def test_every_python_extension_is_built_on_the_one_skeleton():
+    """fxwrap's C extensions (this trampoline, the CUDA launch binding) write their module
+    boilerplate through ``trampoline.extension_source``: no other file of the package spells
+    ``PyModuleDef`` or ``PyInit_``, and each source has the one module it names."""
+    from pathlib import Path
+
+    from fxwrap.targets.cuda_triton import native_launch
+    from fxwrap.targets.host import trampoline
+
+    package = Path(fxwrap.__file__).parent
+    spelled = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                     if "PyModuleDef" in p.read_text() or "PyInit_" in p.read_text())
+    assert spelled == ["targets/host/trampoline.py"]
+    for module in (trampoline, native_launch):
+        text = module.source()
+        assert text.count("PyMODINIT_FUNC PyInit_") == 1 and f"PyInit_{module._MODULE}(void)" in text
+        assert text.count("#include <Python.h>") == 1 and trampoline.TENSOR_READ in text

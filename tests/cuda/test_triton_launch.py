@@ -249,7 +249,7 @@ def test_driver_launcher_sends_unaligned_calls_to_a_variant_built_once():
         other.unaligned = unaligned
         other.aligned = tuple(i for i in range(2) if i not in unaligned)
         other.root = launcher
-        other.function = ctypes.c_void_p(0xDEF)  # the variant's own compiled function
+        other.driver.function = ctypes.c_void_p(0xDEF)  # the variant's own compiled function
         return other
 
     launcher._variant = variant
@@ -353,6 +353,66 @@ def test_driver_launcher_with_one_device_never_checks_the_current_one():
     launcher(a, o, 64)
     assert len(driver.launches) == 1
 
+
+
+def _fake_cubin_launcher():
+    """A saved program's ``CubinLauncher`` over a ``_FakeDriver`` (no cubin is loaded)."""
+    from fxwrap.runtime.launch import TritonLaunch
+    from fxwrap.targets.cuda_triton.launcher import grid_function
+    from fxwrap.targets.cuda_triton.saved import CubinLauncher
+
+    launch = TritonLaunch(symbol="k", pointers=2, size_symbols=("s0",), numels=(("x", "s0"),),
+                          config=(("XBLOCK", 128), ("num_warps", 4)))
+    launcher = CubinLauncher.__new__(CubinLauncher)
+    launcher.text, launcher.launch, launcher.npointers, launcher.aligned = "", launch, 2, (0, 1)
+    launcher.grid, launcher.device, launcher.other_devices = grid_function(launch), 0, True
+    launcher.current_device, launcher.stream = (lambda: 0), (lambda index: 0x5000 + index)
+    launcher.driver = _FakeDriver(["*u64", "*u64", "u32", "*u64"], 2, 1)
+    launcher.local, launcher.streams = threading.local(), {}
+    launcher.generic_calls = []
+    launcher.generic = lambda n, args: launcher.generic_calls.append(n)
+    return launcher
+
+
+def test_a_saved_cubin_launcher_runs_the_same_preamble_as_the_compiled_ones():
+    """``launch_preamble`` (device, grid, alignment) and ``driver_launch`` serve a saved
+    program's launcher as they do ``DriverLauncher``: an aligned call is packed and launched,
+    an empty grid launches nothing, an unaligned pointer or a grid past int32 goes to Triton's
+    generic launch, a call on another device is made again on the kernel's."""
+    launcher = _fake_cubin_launcher()
+    a, o = torch.randn(1001), torch.empty(1001)
+    launcher(a[:1000], o[:1000], 1000)
+    (rec,) = launcher.driver.launches
+    assert rec["grid"] == (8, 1, 1) and rec["values"] == [a.data_ptr(), o.data_ptr(), 1000, 0]
+    launcher(a, o, 0)                        # an empty grid
+    launcher(a[1:], o[1:], 1000)             # 4-byte offset
+    launcher(a, o, 1 << 40)                  # a grid past int32
+    assert launcher.generic_calls == [8, (1 << 40) // 128] and len(launcher.driver.launches) == 1
+    switched = []
+    launcher.on_own_device = lambda args: switched.append(len(args))
+    launcher.current_device = lambda: 1
+    launcher(a, o, 1000)
+    assert switched == [3] and len(launcher.driver.launches) == 1
+
+
+def test_the_triton_run_launcher_runs_the_same_preamble():
+    """``CompiledLauncher`` (Triton's ``CompiledKernel.run``): the same preamble; an unaligned
+    pointer, a grid or a size past int32 take the generic launch."""
+    from fxwrap.runtime.launch import TritonLaunch
+    from fxwrap.targets.cuda_triton.launcher import CompiledLauncher
+
+    launch = TritonLaunch(pointers=2, size_symbols=("s0",), numels=(("x", "s0"),),
+                          config=(("XBLOCK", 128), ("num_warps", 4)))
+    launcher = CompiledLauncher(fn=None, launch=launch, compiled=None, device_index=0, device_count=1)
+    runs, generic = [], []
+    launcher.triton_launch = lambda n, args: runs.append(n)
+    launcher.generic = lambda n, args: generic.append(n)
+    a, o = torch.randn(1001), torch.empty(1001)
+    launcher(a[:1000], o[:1000], 1000)
+    launcher(a, o, 0)
+    launcher(a[1:], o[1:], 1000)
+    launcher(a, o, 1 << 40)
+    assert runs == [8] and generic == [8, (1 << 40) // 128]
 
 _AUTOGRAD_THREAD_SCRIPT = """
 import os, torch, fxwrap

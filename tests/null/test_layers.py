@@ -38,7 +38,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                "fxwrap.wrapper_ir.build_user_kernels", "fxwrap.wrapper_ir.partitions", "fxwrap.wrapper_ir.build_provenance",
                "fxwrap.wrapper_ir.build_realize", "fxwrap.wrapper_ir.build_templates", "fxwrap.wrapper_ir.build_render")),
     ("fx", ("fxwrap.wrapper_ir.fx", "fxwrap.wrapper_ir.printer")),
-    ("hook specs", ("fxwrap.plugins.hookspecs",)),
     ("targets", ("fxwrap.targets",)),
     ("plugins", ("fxwrap.plugins",)),
     ("api", ("fxwrap.arguments", "fxwrap.dump", "fxwrap.api", "fxwrap.artifacts", "fxwrap.program", "fxwrap.program_cache",
@@ -48,7 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("command line", ("fxwrap.cli", "fxwrap.__main__")),
 ]
 # modules every target may import; anything else under fxwrap.targets belongs to one target
-SHARED_TARGET_MODULES = ("fxwrap.targets", "fxwrap.targets.base", "fxwrap.targets.cstyle",
+SHARED_TARGET_MODULES = ("fxwrap.targets", "fxwrap.targets.base", "fxwrap.targets.cstyle", "fxwrap.targets.marker",
                          "fxwrap.targets.index_printer", "fxwrap.targets.values", "fxwrap.targets.host")
 
 # modules that must never load with the runtime alone
@@ -217,9 +216,9 @@ def test_import_fxwrap_is_lazy_and_every_public_name_resolves():
 
 
 # the folders, lowest first: a module in one may import its own folder and those beneath it.
-# ``fxwrap.plugins.hookspecs`` (the hook markers) sits beneath the targets that use them.
-FOLDERS = ("fxwrap.runtime", "fxwrap.ir", "fxwrap.core", "fxwrap.wrapper_ir", "fxwrap.plugins.hookspecs",
-           "fxwrap.targets", "fxwrap.plugins", "fxwrap")
+# No exception: the hook-implementation marker the targets use is ``fxwrap.targets.marker``.
+FOLDERS = ("fxwrap.runtime", "fxwrap.ir", "fxwrap.core", "fxwrap.wrapper_ir", "fxwrap.targets", "fxwrap.plugins",
+           "fxwrap")
 
 
 def folder_of(module: str) -> int:
@@ -238,7 +237,19 @@ def test_folders_are_the_layers():
 def test_the_folder_check_catches_core_importing_wrapper_ir():
     assert folder_of("fxwrap.wrapper_ir.lines_x") > folder_of("fxwrap.core.lowering")
     assert folder_of("fxwrap.ir.lines") < folder_of("fxwrap.core.lowering")
-    assert folder_of("fxwrap.plugins.hookspecs") < folder_of("fxwrap.targets.cstyle") < folder_of("fxwrap.plugins.manager")
+    assert folder_of("fxwrap.targets.marker") < folder_of("fxwrap.plugins.hookspecs")
+    assert folder_of("fxwrap.targets.cstyle") < folder_of("fxwrap.plugins.manager")
+
+
+def test_targets_import_nothing_of_plugins_and_hookimpl_is_one_object():
+    """The built-in targets mark their hooks with ``fxwrap.targets.marker.hookimpl``, which
+    ``fxwrap.hookimpl`` and ``fxwrap.plugins.hookspecs.hookimpl`` are (one object: a plugin may
+    import it from any of the three)."""
+    up = [str(i) for i in all_imports() if _prefixed(i.source, "fxwrap.targets") and _prefixed(i.target, "fxwrap.plugins")]
+    assert not up, "targets importing plugins:\n  " + "\n  ".join(up)
+    from fxwrap.plugins import hookspecs
+    from fxwrap.targets import marker
+    assert fxwrap.hookimpl is marker.hookimpl is hookspecs.hookimpl
 
 
 def import_cycles(imports: list[Import]) -> list[list[str]]:

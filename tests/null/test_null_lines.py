@@ -198,12 +198,11 @@ def test_zero_fill_of_a_reused_workspace_zeroes_it():
 # (``getattr(self.<attr>, ...)`` is never a line's member read by a pass: not listed)
 _NOT_LINE_READS = {
     ("fxwrap/plugins/debug_modes.py", "getattr(launch, 'target', None)"),  # an FX node's target
-    ("fxwrap/program_cache.py", "getattr(value, 'name', value)"),
     ("fxwrap/wrapper_ir/guards.py", "getattr(guard, 'expr', guard)"),
     ("fxwrap/wrapper_ir/guards.py", "getattr(inp, 'name', str(inp))"),
     ("fxwrap/artifacts.py", "getattr(program, 'capture', None)"),  # a LoadedProgram's recording facts
     ("fxwrap/profiling.py", "getattr(backend, 'kwargs', None)"),  # dynamo's backend wrapper
-    ("fxwrap/graph_cache.py", "getattr(getattr(options, f.name), 'name', getattr(options, f.name))"),  # options
+    ("fxwrap/cache_key.py", "getattr(getattr(options, f.name), 'name', getattr(options, f.name))"),  # options
 }
 
 

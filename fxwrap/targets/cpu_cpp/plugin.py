@@ -1,7 +1,7 @@
 """Registers the built-in ``cpu`` target, its templates (few-row GEMM, GEMM, int8 weight-only
 GEMM) and its Wrapper-IR pass ``"cpu attention"`` (attention as one C++ kernel: ``cpu_cpp.attention``),
 through the ``fxwrap`` entry point."""
-from fxwrap.plugins.hookspecs import hookimpl
+from fxwrap.targets.marker import hookimpl
 from fxwrap.targets.base import Target
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.core.passes import MEMORY_PLAN

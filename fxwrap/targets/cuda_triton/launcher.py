@@ -201,6 +201,67 @@ def compile_kernel(fn, launch: TritonLaunch, pointer_dtypes, nsizes: int, unalig
     return fn.warmup(*warm, grid=(1,), **_constexprs(launch), **_options(launch))
 
 
+INT32_MAX = 2147483647
+
+
+def launch_preamble(launcher, args):
+    """The first steps of a call of every launcher of a compiled kernel (``CompiledLauncher``,
+    ``DriverLauncher``, a saved program's ``saved.CubinLauncher``), ``args`` being the kernel's
+    arguments (``launcher.npointers`` tensors, then the sizes):
+
+    * a call made while another device is current is made again with the kernel's device
+      current (``launcher.on_own_device(args)``): the call is done, None;
+    * the grid ``n`` from the sizes (``launcher.grid``); an empty grid launches nothing: None;
+    * else ``(n, pointers, sizes, fallback)``: ``pointers`` the tensors' addresses; ``fallback``
+      is None for a call the compiled kernel serves, ``"grid"`` where ``n`` exceeds int32, and
+      ``"alignment"`` where a pointer it assumes 16-byte aligned (an index in ``launcher.aligned``)
+      is not.
+
+    A launcher chooses its way out of a fallback (Triton's generic ``kernel[grid]``, or a variant
+    compiled for those pointers)."""
+    if launcher.other_devices and launcher.current_device() != launcher.device:
+        launcher.on_own_device(args)
+        return None
+    np_ = launcher.npointers
+    sizes = args[np_:]
+    n = launcher.grid(*sizes)
+    if n <= 0:
+        return None
+    pointers = [t.data_ptr() for t in args[:np_]]
+    if n > INT32_MAX:
+        return n, pointers, sizes, "grid"
+    if reduce(or_, pointers, 0) & 15 and any(pointers[i] & 15 for i in launcher.aligned):
+        return n, pointers, sizes, "alignment"
+    return n, pointers, sizes, None
+
+
+def driver_launch(launcher, driver, n: int, pointers, sizes) -> bool:
+    """Launch ``driver`` (a ``cuda_driver.DriverKernel``) over ``n`` programs on the current
+    stream, the arguments packed into the calling thread's own slots (another thread's may be
+    mid-launch; ``launcher.local``, ``launcher.streams`` hold them and the streams' ctypes
+    arguments).  False where a size does not fit its int32 parameter: nothing was launched."""
+    try:
+        slots, params = launcher.local.buffers
+    except AttributeError:
+        slots, params = launcher.local.buffers = driver.buffers()
+    try:
+        driver.pack(slots, 0, *pointers, *sizes)
+    except struct.error:  # a size beyond its int32 parameter
+        return False
+    raw = launcher.stream(launcher.device)
+    stream = launcher.streams.get(raw)
+    if stream is None:
+        stream = launcher.streams.setdefault(raw, ctypes.c_void_p(raw))
+    result = driver.cu_launch(driver.function, n, 1, 1, driver.threads, 1, 1, driver.shared, stream, params, None)
+    if result:
+        driver.recover(result)  # raises unless the thread lacked a context and has one now
+        result = driver.cu_launch(driver.function, n, 1, 1, driver.threads, 1, 1, driver.shared, stream, params,
+                                  None)
+        if result:
+            driver.check(result)
+    return True
+
+
 class CompiledLauncher:
     """A launcher that calls the compiled kernel's ``CompiledKernel.run`` directly (see
     module doc): for kernels the driver path does not take, or with
@@ -218,6 +279,7 @@ class CompiledLauncher:
         self.compiled = compiled
         self.trailing = tuple(self.constexprs.values())
         self.device = device_index
+        self.aligned = tuple(range(launch.pointers))  # warmup assumed every pointer 16-byte aligned
         self.current_device = _device_getter()
         # with one visible device (the target's DeviceInterface.device_count(), given by the
         # emitter) the current device is always the kernel's: no check per call
@@ -245,18 +307,14 @@ class CompiledLauncher:
             return self(*args)
 
     def __call__(self, *args):
-        if self.other_devices and self.current_device() != self.device:
-            return self.on_own_device(args)
-        np_ = self.npointers
-        sizes = args[np_:]
-        n = self.grid(*sizes)
-        if n <= 0:
+        call = launch_preamble(self, args)
+        if call is None:
             return
-        for t in args[:np_]:
-            if t.data_ptr() & 15:
-                return self.generic(n, args)
+        n, _pointers, sizes, fallback = call
+        if fallback is not None:
+            return self.generic(n, args)
         for s in sizes:
-            if not -2147483648 <= s <= 2147483647:
+            if not -2147483648 <= s <= INT32_MAX:
                 return self.generic(n, args)
         self.triton_launch(n, args)
 
@@ -296,9 +354,6 @@ class DriverLauncher(CompiledLauncher):
         self.variants: dict[frozenset, DriverLauncher | None] = {}
         self.root = self  # the launcher of the aligned variant, which holds the others
         self.driver = driver
-        self.cu_launch, self.function = driver.cu_launch, driver.function
-        self.threads, self.shared = driver.threads, driver.shared
-        self.pack = driver.pack
         self.local = threading.local()  # per calling thread: (slots, params) of driver.buffers()
         self.streams: dict[int, ctypes.c_void_p] = {}  # raw stream -> its ctypes argument
         # the plain case in C (native_launch: one binding for every kernel), declining to
@@ -320,17 +375,13 @@ class DriverLauncher(CompiledLauncher):
         return self.python_call(*args)
 
     def python_call(self, *args):
-        if self.other_devices and self.current_device() != self.device:
-            return self.on_own_device(args)
-        np_ = self.npointers
-        sizes = args[np_:]
-        n = self.grid(*sizes)
-        if n <= 0:
+        call = launch_preamble(self, args)
+        if call is None:
             return
-        pointers = [t.data_ptr() for t in args[:np_]]
-        if n > 2147483647:
+        n, pointers, sizes, fallback = call
+        if fallback == "grid":
             return self.generic(n, args)
-        if reduce(or_, pointers, 0) & 15 and (not self.unaligned or any(pointers[i] & 15 for i in self.aligned)):
+        if fallback == "alignment":
             return self.for_alignment(pointers)(*args)
         # hooked() inlined (this is the per-call path): a profiler's hook sees Triton's run
         if self.plain_hooks:
@@ -338,25 +389,8 @@ class DriverLauncher(CompiledLauncher):
         for chain in self.chains:
             if chain.calls:
                 return self.triton_launch(n, args)
-        try:  # each thread packs into its own slots: another's may be mid-launch
-            slots, params = self.local.buffers
-        except AttributeError:
-            slots, params = self.local.buffers = self.driver.buffers()
-        try:
-            self.pack(slots, 0, *pointers, *sizes)
-        except struct.error:  # a size beyond its int32 parameter
+        if not driver_launch(self, self.driver, n, pointers, sizes):
             return self.generic(n, args)
-        raw = self.stream(self.device)
-        stream = self.streams.get(raw)
-        if stream is None:
-            stream = self.streams.setdefault(raw, ctypes.c_void_p(raw))
-        result = self.cu_launch(self.function, n, 1, 1, self.threads, 1, 1, self.shared, stream, params, None)
-        if result:
-            self.driver.recover(result)  # raises unless the thread lacked a context and has one now
-            result = self.cu_launch(self.function, n, 1, 1, self.threads, 1, 1, self.shared, stream, params, None)
-            if result:
-                self.driver.check(result)
-
 
     def for_alignment(self, pointers):
         """The launcher for a call whose pointers are these: a variant compiled without

@@ -37,17 +37,13 @@ MAX_SLOTS = 64
 
 def source() -> str:
     """The binding's C++ source."""
-    return f"""// fxwrap CUDA launch binding (fxwrap/targets/cuda_triton/native_launch.py)
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stddef.h>
-#include <string.h>
-
-typedef int (*launch_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+    return trampoline.extension_source(
+        title="fxwrap CUDA launch binding (fxwrap/targets/cuda_triton/native_launch.py)",
+        module=_MODULE, includes=("string.h",),
+        declarations="""typedef int (*launch_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void*, void**, void**);
-{trampoline.TENSOR_READ}
-
+""",
+        functions=f"""
 typedef struct {{
     PyObject_HEAD
     launch_fn launch;
@@ -152,9 +148,12 @@ static void launch_dealloc(PyObject* self_obj) {{
     Py_TYPE(self_obj)->tp_free(self_obj);
 }}
 
-static PyTypeObject LaunchType = {{PyVarObject_HEAD_INIT(nullptr, 0)}};
-
-static PyObject* make(PyObject*, PyObject* args) {{
+""",
+        type_var="LaunchType", struct="Launch", type_name="fxwrap.CudaLaunch",
+        flags="Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC",
+        slots=(("tp_call", "launch_call"), ("tp_traverse", "launch_traverse"), ("tp_clear", "launch_clear"),
+               ("tp_dealloc", "launch_dealloc")),
+        make=f"""static PyObject* make(PyObject*, PyObject* args) {{
     unsigned long long launch, function;
     unsigned threads, shared;
     Py_ssize_t pointers, slots;
@@ -188,31 +187,12 @@ static PyObject* make(PyObject*, PyObject* args) {{
     return (PyObject*)self;
 }}
 
-static PyMethodDef methods[] = {{
-    {{"init", init, METH_VARARGS, "init(data_ptr function address, TensorBase, Tensor, Parameter)"}},
-    {{"make", make, METH_VARARGS, "make(cuLaunchKernel, CUfunction, threads, shared, pointers, slots, "
-                                 "size kinds, grid, grid_fn, stream_fn, device, fallback, hook chains)"}},
-    {{nullptr, nullptr, 0, nullptr}}}};
-
-static struct PyModuleDef module_def = {{PyModuleDef_HEAD_INIT, "{_MODULE}", nullptr, -1, methods}};
-
-extern "C" PyMODINIT_FUNC PyInit_{_MODULE}(void) {{
-    calls_name = PyUnicode_InternFromString("calls");
+""",
+        make_doc='''"make(cuLaunchKernel, CUfunction, threads, shared, pointers, slots, "
+                                 "size kinds, grid, grid_fn, stream_fn, device, fallback, hook chains)"''',
+        prologue='''    calls_name = PyUnicode_InternFromString("calls");
     if (calls_name == nullptr) return nullptr;
-    LaunchType.tp_name = "fxwrap.CudaLaunch";
-    LaunchType.tp_basicsize = sizeof(Launch);
-    LaunchType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-    LaunchType.tp_call = launch_call;
-    LaunchType.tp_traverse = launch_traverse;
-    LaunchType.tp_clear = launch_clear;
-    LaunchType.tp_dealloc = launch_dealloc;
-    LaunchType.tp_dictoffset = offsetof(Launch, dict);
-    LaunchType.tp_getattro = PyObject_GenericGetAttr;
-    LaunchType.tp_setattro = PyObject_GenericSetAttr;
-    if (PyType_Ready(&LaunchType) < 0) return nullptr;
-    return PyModule_Create(&module_def);
-}}
-"""
+''')
 
 
 def size_kinds(slot_format: str, npointers: int, nsizes: int) -> bytes | None:

@@ -13,7 +13,7 @@ where it is faster than cuBLAS (the ATen call) and a separate epilogue kernel, a
 products (batch-1 decoding; int8 weight-only ``_weight_int8pack_mm`` too) with the GEMV
 template (``gemv.TritonGemv``, in the default mode as well).
 """
-from fxwrap.plugins.hookspecs import hookimpl
+from fxwrap.targets.marker import hookimpl
 from fxwrap.targets.base import DirectCallWrapper, Target
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.cuda_triton.device import CudaDevice

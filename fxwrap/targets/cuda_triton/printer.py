@@ -5,6 +5,9 @@ everything else is integer arithmetic with C semantics on the GPU, so floor
 division and modulo use ``//`` / ``%`` only where both sides are known
 non-negative, and the ``_fx_ifloordiv`` / ``_fx_imod`` helpers otherwise::
 
+    >>> import sympy
+    >>> from torch.utils._sympy.functions import ModularIndexing
+    >>> x0, x1 = sympy.symbols("x0 x1", integer=True, nonnegative=True)
     >>> IndexPrinter().render(64*x0 + ModularIndexing(x1, 1, 8))
     '64*x0 + x1 % 8'
 

@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 import ctypes
-import struct
 import threading
 import warnings
 from collections.abc import Callable
@@ -32,8 +31,8 @@ from collections.abc import Callable
 from fxwrap.runtime.launch import TritonLaunch
 from fxwrap.targets.cuda_triton.cuda_driver import DriverKernel, _load_cubin, ptx_parameters, slot_format
 from fxwrap.targets.cuda_triton.launcher import (InterpretedLauncher, SequenceLauncher, SplitLauncher, _constexprs, _device_getter,
-                                                 _options, _raw_stream_getter, bind_compiled, grid_function,
-                                                 load_module, split_launches)
+                                                 _options, _raw_stream_getter, bind_compiled, driver_launch,
+                                                 grid_function, launch_preamble, load_module, split_launches)
 
 
 def _parts(launch: TritonLaunch) -> tuple[TritonLaunch, ...]:
@@ -156,6 +155,7 @@ class CubinLauncher:
     def __init__(self, text: str, launch: TritonLaunch, saved: dict, device_index: int, device_count: int):
         self.text, self.launch = text, launch
         self.npointers = launch.pointers
+        self.aligned = tuple(range(launch.pointers))  # the cubin assumes every pointer 16-byte aligned
         nsizes = len(launch.size_symbols)
         self.grid = grid_function(launch)
         self.device = device_index
@@ -170,39 +170,19 @@ class CubinLauncher:
         self.streams: dict[int, ctypes.c_void_p] = {}
         self.triton_fn = None
 
+    def on_own_device(self, args):
+        """Launch with the kernel's device current (the caller's is restored after)."""
+        import torch
+        with torch.cuda.device(self.device):
+            return self(*args)
+
     def __call__(self, *args):
-        if self.other_devices and self.current_device() != self.device:
-            import torch
-            with torch.cuda.device(self.device):
-                return self(*args)
-        np_ = self.npointers
-        sizes = args[np_:]
-        n = self.grid(*sizes)
-        if n <= 0:
+        call = launch_preamble(self, args)
+        if call is None:
             return
-        pointers = [t.data_ptr() for t in args[:np_]]
-        if n > 2147483647 or any(p & 15 for p in pointers):
+        n, pointers, sizes, fallback = call
+        if fallback is not None or not driver_launch(self, self.driver, n, pointers, sizes):
             return self.generic(n, args)
-        try:
-            slots, params = self.local.buffers
-        except AttributeError:
-            slots, params = self.local.buffers = self.driver.buffers()
-        try:
-            self.driver.pack(slots, 0, *pointers, *sizes)
-        except struct.error:  # a size beyond its int32 parameter
-            return self.generic(n, args)
-        raw = self.stream(self.device)
-        stream = self.streams.get(raw)
-        if stream is None:
-            stream = self.streams.setdefault(raw, ctypes.c_void_p(raw))
-        driver = self.driver
-        result = driver.cu_launch(driver.function, n, 1, 1, driver.threads, 1, 1, driver.shared, stream, params, None)
-        if result:
-            driver.recover(result)
-            result = driver.cu_launch(driver.function, n, 1, 1, driver.threads, 1, 1, driver.shared, stream,
-                                      params, None)
-            if result:
-                driver.check(result)
 
     def generic(self, n: int, args):
         """Triton's own launch (compiles the variant this call needs, once)."""

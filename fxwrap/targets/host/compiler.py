@@ -1,7 +1,7 @@
 """The C++ compiler driver: source text -> cached shared object.
 
-    >>> CppCompiler().compile(source_text)
-    PosixPath('/home/me/.cache/fxwrap/cpu_cpp/3f/3f2a...e1.so')
+    >>> CppCompiler().compile('extern "C" int fx_one(void) { return 1; }')
+    PosixPath('.../cpu_cpp/.../....so')
 
 The compiler is ``$CXX`` (default ``g++``; split as a shell would, so ``CXX="ccache g++"``
 works).  Every compiler process runs within ``$FXWRAP_COMPILE_TIMEOUT`` seconds (default

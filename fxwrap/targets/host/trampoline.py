@@ -68,6 +68,48 @@ static PyObject* init(PyObject*, PyObject* args) {
 """
 
 
+def extension_source(*, title: str, module: str, includes: tuple[str, ...] = (), declarations: str,
+                     functions: str, type_var: str, struct: str, type_name: str, flags: str, slots: tuple,
+                     make: str, make_doc: str, prologue: str = "") -> str:
+    """The C++ source of one of fxwrap's Python extensions (Python's C API only): the skeleton
+    every binding shares around its own parts.
+
+    In order: ``// title``, Python.h and the standard headers (``includes`` more), the binding's
+    ``declarations`` then ``TENSOR_READ`` (its ``init``), its ``functions``, the one type
+    ``type_var`` (C struct ``struct``, Python name ``type_name``), its ``make`` function, the
+    methods ``init`` and ``make`` (``make_doc``: the C string literal of make's docstring), the
+    module ``module`` and ``PyInit_<module>``, which runs ``prologue`` then readies the type:
+    ``tp_name``, ``tp_basicsize``, ``tp_flags``, the ``slots`` (``(("tp_call", "launch_call"),
+    ...)``), and an instance ``__dict__`` (``struct``'s ``dict`` member)."""
+    headers = "".join(f"#include <{h}>\n" for h in ("stdint.h", "stddef.h", *includes))
+    slot_lines = "".join(f"    {type_var}.{slot} = {value};\n" for slot, value in slots)
+    return f"""// {title}
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+{headers}
+{declarations}{TENSOR_READ}
+{functions}static PyTypeObject {type_var} = {{PyVarObject_HEAD_INIT(nullptr, 0)}};
+
+{make}static PyMethodDef methods[] = {{
+    {{"init", init, METH_VARARGS, "init(data_ptr function address, TensorBase, Tensor, Parameter)"}},
+    {{"make", make, METH_VARARGS, {make_doc}}},
+    {{nullptr, nullptr, 0, nullptr}}}};
+
+static struct PyModuleDef module_def = {{PyModuleDef_HEAD_INIT, "{module}", nullptr, -1, methods}};
+
+extern "C" PyMODINIT_FUNC PyInit_{module}(void) {{
+{prologue}    {type_var}.tp_name = "{type_name}";
+    {type_var}.tp_basicsize = sizeof({struct});
+    {type_var}.tp_flags = {flags};
+{slot_lines}    {type_var}.tp_dictoffset = offsetof({struct}, dict);
+    {type_var}.tp_getattro = PyObject_GenericGetAttr;
+    {type_var}.tp_setattro = PyObject_GenericSetAttr;
+    if (PyType_Ready(&{type_var}) < 0) return nullptr;
+    return PyModule_Create(&module_def);
+}}
+"""
+
+
 def _calls() -> str:
     """The ``switch`` over argument counts: ``case 2: ((void (*)(I, I))fn)(a[0], a[1]); break;``."""
     lines = []
@@ -80,15 +122,10 @@ def _calls() -> str:
 
 def source() -> str:
     """The binding's C++ source (Python's C API only)."""
-    return f"""// fxwrap launch trampoline: every C kernel's launcher (fxwrap/targets/host/trampoline.py)
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stddef.h>
-
-typedef int64_t I;
-{TENSOR_READ}
-
+    return extension_source(
+        title="fxwrap launch trampoline: every C kernel's launcher (fxwrap/targets/host/trampoline.py)",
+        module=_MODULE, declarations='typedef int64_t I;\n',
+        functions=f"""
 typedef struct {{
     PyObject_HEAD
     void* fn;
@@ -163,9 +200,10 @@ static PyObject* launcher_repr(PyObject* self_obj) {{
     return PyUnicode_FromFormat("<fxwrap launcher %U>", ((Launcher*)self_obj)->name);
 }}
 
-static PyTypeObject LauncherType = {{PyVarObject_HEAD_INIT(nullptr, 0)}};
-
-static PyObject* make(PyObject*, PyObject* args) {{
+""",
+        type_var="LauncherType", struct="Launcher", type_name="fxwrap.Launcher", flags="Py_TPFLAGS_DEFAULT",
+        slots=(("tp_call", "launcher_call"), ("tp_dealloc", "launcher_dealloc"), ("tp_repr", "launcher_repr")),
+        make=f"""static PyObject* make(PyObject*, PyObject* args) {{
     unsigned long long fn;
     Py_ssize_t pointers, sizes;
     PyObject* name;
@@ -185,27 +223,8 @@ static PyObject* make(PyObject*, PyObject* args) {{
     return (PyObject*)self;
 }}
 
-static PyMethodDef methods[] = {{
-    {{"init", init, METH_VARARGS, "init(data_ptr function address, TensorBase, Tensor, Parameter)"}},
-    {{"make", make, METH_VARARGS, "make(function address, pointers, sizes, name) -> launcher"}},
-    {{nullptr, nullptr, 0, nullptr}}}};
-
-static struct PyModuleDef module_def = {{PyModuleDef_HEAD_INIT, "{_MODULE}", nullptr, -1, methods}};
-
-extern "C" PyMODINIT_FUNC PyInit_{_MODULE}(void) {{
-    LauncherType.tp_name = "fxwrap.Launcher";
-    LauncherType.tp_basicsize = sizeof(Launcher);
-    LauncherType.tp_flags = Py_TPFLAGS_DEFAULT;
-    LauncherType.tp_call = launcher_call;
-    LauncherType.tp_dealloc = launcher_dealloc;
-    LauncherType.tp_repr = launcher_repr;
-    LauncherType.tp_dictoffset = offsetof(Launcher, dict);
-    LauncherType.tp_getattro = PyObject_GenericGetAttr;
-    LauncherType.tp_setattro = PyObject_GenericSetAttr;
-    if (PyType_Ready(&LauncherType) < 0) return nullptr;
-    return PyModule_Create(&module_def);
-}}
-"""
+""",
+        make_doc='"make(function address, pointers, sizes, name) -> launcher"')
 
 
 _LOCK = threading.Lock()

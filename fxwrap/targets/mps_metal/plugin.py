@@ -3,7 +3,7 @@ on CPU tensors through the C++ shim), through the ``fxwrap`` entry point.
 
 ``options={"target": "mps", "execute": "shim"}`` picks ``mps_shim``.
 """
-from fxwrap.plugins.hookspecs import hookimpl
+from fxwrap.targets.marker import hookimpl
 from fxwrap.targets.base import Target, WrapperCodegen
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.mps_metal.device import MpsDevice

@@ -1,5 +1,5 @@
 """Registers the ``reference`` target (CPU tensors, chosen by name only)."""
-from fxwrap.plugins.hookspecs import hookimpl
+from fxwrap.targets.marker import hookimpl
 from fxwrap.targets.base import Target, WrapperCodegen
 from fxwrap.targets.host.device import CpuDevice
 from fxwrap.targets.reference.emitter import ReferenceEmitter
