@@ -293,3 +293,23 @@ def test_a_concatenation_read_through_masked_loads_matches_eager(shape):
     torch.testing.assert_close(program.run(x), f(x))
     heads = [line for k in [line.kernel for line in program.lines if isinstance(line, CallKernel)] for line in k.source.splitlines() if line.startswith('extern "C"')]
     assert any("NO_IFCVT" in h for h in heads), heads
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seeds_920585_921802_any_of_bools_meets_a_bool(target):
+    """Fuzz seeds 920585 and 921802 (cpu, on the H200 machine's CPU): ``maximum(any(b), c)``
+    of bools; the C++ kernel's any-reduction state is a ``bool`` while bool values are byte
+    locals, and ``fx_max(bool&, const uint8_t&)`` did not compile."""
+    _needs(target)
+    torch._dynamo.reset()
+
+    def fn(b, c):
+        v = torch.stack([b, b], 1)
+        return ~torch.maximum(torch.any(v), c), torch.all(b, dim=1)
+
+    g = torch.Generator().manual_seed(5)
+    for c in (torch.tensor(False), torch.tensor(True)):
+        b = torch.rand(5, 8, generator=g) > 0.3
+        got = torch.compile(fn, backend=fxwrap.Backend(target))(b, c)
+        for x, y in zip(got, fn(b, c)):
+            assert torch.equal(x, y)

@@ -169,6 +169,12 @@ class CppEmitter(CStyleEmitter):
             return f"*(const uint8_t*)&{value}"
         return super().from_storage(value, dtype)
 
+    def value_acc(self, home, op):
+        # an any/all result is a ``bool`` state: read into a byte local like every bool
+        # value, so an op mixing it with one (``fx_max(acc, tmp)``) sees one type
+        expr, direct = super().value_acc(home, op)
+        return (expr, False) if op.dtype == torch.bool else (expr, direct)
+
     def value_declaration(self, name: str, dtype: torch.dtype, expr: str) -> str:
         if dtype == torch.bool:
             return f"const uint8_t {name} = {expr};"
