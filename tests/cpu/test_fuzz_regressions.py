@@ -313,3 +313,21 @@ def test_seeds_920585_921802_any_of_bools_meets_a_bool(target):
         got = torch.compile(fn, backend=fxwrap.Backend(target))(b, c)
         for x, y in zip(got, fn(b, c)):
             assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("shape", [(20, 3), (4, 5, 3), (7, 2)])
+def test_seed_920798_a_select_over_unrolled_lanes(target, shape):
+    """Fuzz seed 920798 (cpu, on the H200 machine's CPU and here): relu's backward, a select
+    ``where(relu(a) <= 0, 0, b)``, over a last dimension of 3 is unrolled into three lanes in
+    the vectorized loop; gcc (12.2, 13.3) if-converted it with masked moves that mixed the
+    lanes up (981 of 6000 elements wrong with AVX2).  Such kernels opt out of if-conversion."""
+    _needs(target)
+    torch._dynamo.reset()
+
+    def fn(a, b):
+        return torch.where(torch.relu(a) <= 0, 0.0, b)
+
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    torch.testing.assert_close(torch.compile(fn, backend=fxwrap.Backend(target))(a, b), fn(a, b))

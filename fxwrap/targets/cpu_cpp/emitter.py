@@ -138,6 +138,7 @@ class CppEmitter(CStyleEmitter):
         self._compiler = compiler
         self._unrolled = False
         self._masked_loads = False
+        self._selects = False
 
     # ------------------------------------------------------------------ naming
     def symbol_name(self, sym: sympy.Symbol) -> str:
@@ -183,11 +184,11 @@ class CppEmitter(CStyleEmitter):
     # ------------------------------------------------------------------ body
     def function_head(self, kernel: ScheduledKernel, cname: str) -> str:
         """``extern "C" void name(...)``; ``extern "C" FX_NO_SLP void ...`` for a kernel whose
-        loop body holds unrolled lanes, ``FX_NO_IFCVT`` for one with masked loads (the
-        prelude says why of each)."""
+        loop body holds unrolled lanes, ``FX_NO_IFCVT`` for one with masked loads, or with
+        unrolled lanes and a select (the prelude says why of each)."""
         head = super().function_head(kernel, cname)
         marks = {(True, False): "FX_NO_SLP", (False, True): "FX_NO_IFCVT", (True, True): "FX_NO_SLP_NO_IFCVT"}
-        mark = marks.get((self._unrolled, self._masked_loads))
+        mark = marks.get((self._unrolled, self._masked_loads or (self._unrolled and self._selects)))
         return head.replace(" void ", f" {mark} void ", 1) if mark else head
 
     def render_load(self, op, scope) -> str:
@@ -195,9 +196,14 @@ class CppEmitter(CStyleEmitter):
         self._masked_loads = self._masked_loads or masked
         return super().render_load(op, scope)
 
+    def render_op(self, op, args, arg_dtypes) -> str:
+        self._selects = self._selects or op.op == OpCode.WHERE
+        return super().render_op(op, args, arg_dtypes)
+
     def render_body(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
         self._unrolled = False  # set by unrolled_lanes; read by function_head after the body
         self._masked_loads = False  # set by render_load; read by function_head after the body
+        self._selects = False  # set by render_op; read by function_head after the body
         if kernel.is_scan:
             return self.scan(kernel, names)
         if kernel.reductions:
