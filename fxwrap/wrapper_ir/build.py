@@ -98,6 +98,9 @@ class _Builder:
         # stored at another offset (a lazy view of a larger tensor, stored on its own)
         self.traced_offsets: dict[str, sympy.Expr] = {}
         self.bound: set[sympy.Symbol] = set()  # symbols the program has a value for so far
+        # nodes that run as the ATen calls they are, nothing of them in kernels (the kernel
+        # builder's fallback for a kernel its target cannot render)
+        self.extern_nodes: frozenset[str] = frozenset()
         # a nested program (a cond branch, a loop body): one entry per result, the layout
         # (a Buffer) it must be returned in, or None (any layout); None: the top program
         self.output_layouts: tuple | None = None
@@ -471,7 +474,7 @@ class _Builder:
 
         False (nothing emitted) where the result's layout is not the program's to choose."""
         if not (isinstance(val, torch.Tensor) and self.layout_bound(val) and node.args
-                and isinstance(node.args[0], torch.fx.Node)):
+                and isinstance(node.args[0], torch.fx.Node)) or node.name in self.extern_nodes:
             return False
         dst = Buffer.from_fake("", val)
         if not _is_dense(dst, self.out.hints):

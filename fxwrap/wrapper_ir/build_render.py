@@ -61,6 +61,11 @@ class RenderMixin:
             except _RenderFailed as failed:
                 new = set(failed.nodes) - extern
                 if not new:
+                    # the kernel is named by nodes that are externs already: it copies one
+                    # for a node that writes into the copy (scatter_add of a zeros extern)
+                    new = {user.name for node in self.gm.graph.nodes if node.name in failed.nodes
+                           for user in node.users if user.op == "call_function"} - extern
+                if not new:
                     raise failed.error
                 what = "its compiler crashed on" if compiler_crashed(failed.error) else "cannot render"
                 (log.warning if compiler_crashed(failed.error) else logs.logger("schedule").info)(
@@ -179,7 +184,8 @@ class RenderMixin:
         try:
             source = render(sk)
         except EmitError as exc:
-            raise _RenderFailed(group.roots, exc) from exc
+            nodes = dict.fromkeys([*group.roots, *(o.node for o in group.origins if o.node)])
+            raise _RenderFailed(list(nodes), exc) from exc
         # an indexed store's buffer holds its values already (it writes only some elements)
         written = {st.buffer for st in sk.stores if st.indexed}
         new = [Allocate(out) for out in sk.outputs if out.name not in inputs and out.name not in written]

@@ -113,3 +113,24 @@ def test_a_saved_c99_program_names_the_c99_package(tmp_path):
     fxwrap.lower(lambda t: t.sin() + 1, x, target="c99").save(tmp_path / "p.fxwrap")
     header = json.loads(zipfile.ZipFile(tmp_path / "p.fxwrap").read("header.json"))
     assert header["target_package"] == {"module": "fxwrap_c99", "distribution": "fxwrap-c99"}
+
+
+def test_a_copy_the_dialect_cannot_render_falls_back_with_its_writer():
+    """Fuzz seeds 920044 and 70 more (c99, on the H200 machine's CPU): a bf16 gather's
+    backward is ``scatter_add(zeros, ...)``; C99 has no bf16, so the zeros became an ATen
+    call, but the kernel copying them into scatter_add's result (which it then writes in
+    place) named only the zeros' node, and the compile failed with "dtype torch.bfloat16
+    has no c type".  The writer now runs as the functional ATen call it is."""
+    torch._dynamo.reset()
+
+    def f(x, i):
+        return torch.gather(torch.flip(x, (0,)), 0, i)
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, generator=g).bfloat16().requires_grad_()
+    i = torch.randint(0, 6, (4,), generator=g)
+    ref = x.detach().clone().requires_grad_()
+    w = torch.randn(4, generator=g).bfloat16()
+    (torch.compile(f, backend=fxwrap.Backend("c99"))(x, i) * w).sum().backward()
+    (f(ref, i) * w).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
