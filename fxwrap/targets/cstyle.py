@@ -7,7 +7,8 @@ qualifiers, type names, prelude) and the one dict ``code_for_op`` of op renderin
 by ``c_ops``; the value walk (``targets/values.py``), the SSA locals, the sympy index
 printer, loads, stores, casts, 16-bit float handling, the accumulators of every reduction
 and scan kind and a serial ``render_body`` are shared.  ``HELPERS`` lists every helper the
-engine calls, which a dialect's prelude defines under its prefix.
+engine calls, which a dialect's prelude defines under its prefix; ``targets/c_helpers.py``
+defines each once, with PyTorch's semantics, and renders it in a dialect's spelling.
 
 A kernel over a contiguous ``(s0, 64)`` float tensor computing ``relu(x) * 2``::
 
