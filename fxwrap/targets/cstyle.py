@@ -7,7 +7,8 @@ qualifiers, type names, prelude) and the one dict ``code_for_op`` of op renderin
 by ``c_ops``; the value walk (``targets/values.py``), the SSA locals, the sympy index
 printer, loads, stores, casts, 16-bit float handling, the accumulators of every reduction
 and scan kind and a serial ``render_body`` are shared.  ``HELPERS`` lists every helper the
-engine calls, which a dialect's prelude defines under its prefix.
+engine calls, which a dialect's prelude defines under its prefix; ``targets/c_helpers.py``
+defines each once, with PyTorch's semantics, and renders it in a dialect's spelling.
 
 A kernel over a contiguous ``(s0, 64)`` float tensor computing ``relu(x) * 2``::
 
@@ -63,6 +64,7 @@ from fxwrap.runtime.kernel import KernelArg
 from fxwrap.runtime.launch import KernelLaunch
 from fxwrap.targets.base import (KernelEmitter, KernelSource, Workspace, kernel_function_name, kernel_header,
                                   kernel_signature)
+from fxwrap.targets.c_helpers import HelperPrelude
 from fxwrap.targets.index_printer import SympyIndexPrinter
 from fxwrap.targets.values import ValueWalker
 
@@ -101,12 +103,23 @@ LIBM_OPS = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "si
             "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "atan2", "copysign")
 
 
-def c_ops(prefix: str = "fx_", math: str = "", overload: str = "{f}",
-          type_name: Callable[[torch.dtype], str] = str) -> dict[str, Callable[..., str]]:
+#: the C99 types of each dtype (<stdint.h>, <stdbool.h>); C has no 16-bit float
+C_TYPES: dict[torch.dtype, str] = {
+    torch.float32: "float", torch.float64: "double",
+    torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
+    torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
+}
+
+
+def c_ops(prefix: str = "fx_", math: str = "", overload: str = "{f}_{t}",
+          type_name: Callable[[torch.dtype], str] = C_TYPES.__getitem__) -> dict[str, Callable[..., str]]:
     """One rendering per op of ``fxwrap.ir.loops``: argument strings (C locals, already of the
     op's compute type) -> a C expression.  A dialect builds its table with its spellings:
     helpers are ``overload.format(f=prefix + name, t=type_name(dtype))`` (``fx_abs`` in C++,
-    ``c99_abs_float`` in C), libm calls ``math + name``; then it copies and replaces entries."""
+    ``c99_abs_float`` in C), libm calls ``math + name``; then it copies and replaces entries.
+    The defaults are plain C's (no overloading, ``<tgmath.h>`` math); a dialect that changes
+    nothing but its spelling attributes gets its table from them (``DialectOps``)."""
 
     def helper(name: str) -> Callable[..., str]:
         return lambda *args, dtype: (f"{overload.format(f=prefix + name, t=type_name(dtype))}"
@@ -138,16 +151,18 @@ def c_ops(prefix: str = "fx_", math: str = "", overload: str = "{f}",
     return ops
 
 
-#: the C99 types of each dtype (<stdint.h>, <stdbool.h>); C has no 16-bit float
-C_TYPES: dict[torch.dtype, str] = {
-    torch.float32: "float", torch.float64: "double",
-    torch.int64: "int64_t", torch.int32: "int32_t", torch.int16: "int16_t",
-    torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
-    torch.uint16: "uint16_t", torch.uint32: "uint32_t", torch.uint64: "uint64_t",
-}
+class DialectOps:
+    """A dialect's ``code_for_op`` built from its own spelling attributes (``prefix``, ``math``,
+    ``overload``, ``type_names``): ``c_ops(cls.prefix, cls.math, cls.overload, ...)`` for the
+    class it is read on, so a dialect that only respells sets nothing here."""
 
-# The C++ spelling of the table (kept for plugins that extend it: ``{**CSTYLE_OPS, ...}``).
-CSTYLE_OPS: dict[str, Callable[..., str]] = c_ops("fx_", "std::")
+    def __init__(self):
+        self._tables: dict[type, dict[str, Callable[..., str]]] = {}
+
+    def __get__(self, obj, owner) -> dict[str, Callable[..., str]]:
+        if owner not in self._tables:
+            self._tables[owner] = c_ops(owner.prefix, owner.math, owner.overload, owner.type_names.__getitem__)
+        return self._tables[owner]
 
 
 class CStyleEmitter(KernelEmitter, ValueWalker):
@@ -164,19 +179,26 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
     time, the rows a loop or, where the dialect sets ``work_item_index``, one per work item:
     ``over_rows``).  C++/OpenMP (``cpu_cpp``) and Metal (``mps_metal``) replace ``render_body`` with
     their parallel schedules over the same accumulators; the C99 example
-    (``examples/fxwrap-c99``) keeps it.  The C99 dialect, ``c99_`` helpers, whole::
+    (``examples/fxwrap-c99``) keeps it.  What a dialect that sets nothing gets is C99 with
+    ``fx_`` helpers: the op table and the prelude follow the spelling attributes
+    (``DialectOps``; ``c_helpers.HelperPrelude``: the helpers with PyTorch's semantics, written
+    once in ``targets/c_helpers.py``), so the C99 dialect's spelling, whole, is::
 
         class C99Emitter(CStyleEmitter):
-            prefix = "c99_"
-            code_for_op = c_ops("c99_", "", "{f}_{t}", C_TYPES.__getitem__)
-            prelude = C99_PRELUDE
+            prefix = "c99_"             # c99_abs_float(x), c99_sum_upd_float(&acc, v), ...
     """
 
     language = "c"
     comment = "//"
     headers: tuple[str, ...] = ()
-    prelude: str = ""                       # defines every helper of HELPERS, as prefix + name
+    # defines every helper of HELPERS, as prefix + name: by default, c_helpers' definitions
+    # rendered in this class's spelling (a str, or HelperPrelude(head, overrides))
+    prelude: str = HelperPrelude("#include <stdbool.h>\n#include <stdint.h>\n#include <tgmath.h>")
     prefix = "fx_"                          # of every helper the engine calls (HELPERS)
+    math = ""                               # of math-library calls: C++ 'std::', Metal 'metal::'
+    helper_inline = "static inline"         # of the prelude's helpers; Metal, OpenCL C: 'inline'
+    out_param = "{t} *{x}"                  # a helper's in-out parameter; C++ '{t}& {x}'
+    helper_cast = "({t}){x}"                # a cast in the prelude's helpers; Metal '{t}({x})'
     kernel_qualifier = ""                   # 'extern "C"' (C++), 'kernel' (Metal)
     buffer_qualifier = ""                   # address space of buffers: Metal 'device '
     const_qualifier = "const "              # read-only buffers
@@ -213,7 +235,7 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
     # of them: ``EXACT_16BIT``) -> the function storing such a local without rounding it
     # again; a dtype not listed is stored through its rounding conversion (``half_types``)
     exact_half_stores: dict[torch.dtype, str] = {}
-    code_for_op: dict[str, Callable[..., str]] = c_ops("fx_", "", "{f}_{t}", C_TYPES.__getitem__)
+    code_for_op: dict[str, Callable[..., str]] = DialectOps()  # c_ops in this class's spelling
 
     def __init__(self, target=None):
         super().__init__(target)

@@ -184,8 +184,7 @@ class RenderMixin:
         try:
             source = render(sk)
         except EmitError as exc:
-            nodes = dict.fromkeys([*group.roots, *(o.node for o in group.origins if o.node)])
-            raise _RenderFailed(list(nodes), exc) from exc
+            raise _RenderFailed(group.roots, exc) from exc
         # an indexed store's buffer holds its values already (it writes only some elements)
         written = {st.buffer for st in sk.stores if st.indexed}
         new = [Allocate(out) for out in sk.outputs if out.name not in inputs and out.name not in written]

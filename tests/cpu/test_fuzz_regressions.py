@@ -158,7 +158,8 @@ def test_an_interpreter_that_cannot_call_triton_library_functions_is_named(monke
                 raise RuntimeError("Cannot call @triton.jit'd outside of the scope of a kernel")
             return run
 
-    launch = {"pointers": 1, "size_symbols": (), "numels": (("x", "8"),), "config": (("XBLOCK", 8),)}
+    from fxwrap.runtime.launch import TritonLaunch
+    launch = TritonLaunch(pointers=1, size_symbols=(), numels=(("x", "8"),), config=(("XBLOCK", 8),))
     launcher = InterpretedLauncher(Refusing(), launch)
     with pytest.raises(RuntimeError, match=r"fxwrap_reduction_0 \(target triton-interpret\).*TRITON_INTERPRET=1"):
         launcher(torch.zeros(8))

@@ -65,10 +65,11 @@ def test_unrenderable_kernel_is_rebuilt_as_externs(caplog):
 def test_mps_target_without_a_device_says_what_to_do():
     if torch.backends.mps.is_available():
         pytest.skip("this machine has MPS: the real launcher runs")
+    from fxwrap.runtime.launch import MetalLaunch
     from fxwrap.targets.mps_metal.launcher import mps_launcher
     with pytest.raises(RuntimeError, match="execute': 'shim'"):
-        mps_launcher("kernel void k() {}", {"symbol": "k", "pointers": 0, "size_symbols": (),
-                                             "grid": "1", "threadgroup_size": 1, "kind": "pointwise"})
+        mps_launcher("kernel void k() {}", MetalLaunch(symbol="k", pointers=0, size_symbols=(), grid="1",
+                                                       threadgroup_size=1, kind="pointwise"))
 
 
 def test_sources_are_metal_and_deterministic():

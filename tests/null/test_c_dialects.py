@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from fxwrap.ir.loops import Op, Reduction
+from fxwrap.targets.c_helpers import Helper, HelperPrelude, render_helpers
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
+from fxwrap.targets.cpu_cpp.prelude import CPP
 from fxwrap.targets.cstyle import HELPERS, CStyleEmitter, ReductionAccumulator, ScanState
 from fxwrap.targets.mps_metal.emitter import MetalEmitter
+from fxwrap.targets.mps_metal.prelude import METAL
 
 DIALECTS = [CppEmitter, MetalEmitter]
 
@@ -85,3 +88,49 @@ def test_integer_literal_suffixes_are_dialect_attributes():
     assert em.render_const(2 ** 35, torch.int64).endswith("34359738368L")
     assert em.render_index(sympy.Symbol("x0", integer=True) * 2 ** 33) == "8589934592L*x0"
     assert CStyleEmitter().int_literal(2 ** 40) == CppEmitter().int_literal(2 ** 40) == "1099511627776LL"
+
+
+@pytest.mark.parametrize("dialect, spelling", [(CppEmitter, CPP), (MetalEmitter, METAL)], ids=["cpp", "metal"])
+def test_a_prelude_renders_the_shared_helpers_in_its_emitters_spelling(dialect, spelling):
+    """cpu_cpp/prelude.py and mps_metal/prelude.py render c_helpers' definitions at import
+    (their PRELUDE is a plain string other modules read) with a spelling that must be the
+    emitter's own."""
+    names = [n for n in vars(spelling) if not n.startswith("__")]
+    assert names and {n: getattr(dialect, n) for n in names} == {n: getattr(spelling, n) for n in names}
+
+
+def test_the_shared_helpers_in_three_spellings():
+    """One definition (c_helpers.HELPER_DEFS), spelled by the C default (one function per
+    type through macros, pointers for in-out arguments), C++ (templates, references) and
+    Metal (thread references, functional casts)."""
+    c = render_helpers(CStyleEmitter, ["welford_upd", "cummax_upd"])
+    assert "static inline void fx_welford_upd_##T(T *mean, T *m2, int64_t *n, T v) { \\\n  *n += 1;" in c
+    assert "mean += d / (T)*n;" in c and "C99_" not in c and "#define FX_FLOAT(T)" in c
+    assert "FX_FLOAT(float) FX_ANY(float, -INFINITY, INFINITY)" in c
+    assert "FX_INT(int64_t) FX_ANY(int64_t, (-9223372036854775807LL - 1), 9223372036854775807LL)" in c
+    assert "if (fx_isnan_##T(v) || (!fx_isnan_##T(*va) && v >= *va)) { *va = v; *ia = i; }" in c
+    assert render_helpers(CppEmitter, ["sum_upd"]) == (
+        "template <typename T> static inline void fx_sum_upd(T& a, T v) { a = a + v; }\n")
+    assert "mean += d / T(n);" in render_helpers(MetalEmitter, ["welford_upd"])
+    assert "inline long fx_imin(long a, long b) { return b < a ? b : a; }" in render_helpers(MetalEmitter, ["imin"])
+
+
+def test_a_dialect_overrides_a_single_helper():
+    class Mine(CStyleEmitter):
+        prefix = "my_"
+        prelude = HelperPrelude("", {"round": Helper("round", "T (T x)", {"float": "return $round(x);",
+                                                                           "int": "return x;"}, "split")})
+
+    assert "static inline T my_round_##T(T x) { return round(x); }" in Mine.prelude
+    assert "my_round_##T(T x) { return rint(x); }" in CStyleEmitter.prelude.replace("fx_", "my_")
+    assert Mine.code_for_op["floordiv"]("a", "b", dtype=torch.float32) == "my_floordiv_float(a, b)"
+
+
+def test_the_engine_default_prelude_defines_every_engine_helper():
+    """A dialect that sets nothing gets C99 with every helper: the index helpers once, the
+    others once per type (``fx_<name>_##T`` in the macros, ``FX_ANY(float, ...)`` lines)."""
+    prelude = CStyleEmitter.prelude
+    missing = [name for names in HELPERS.values() for name in names
+               if not re.search(rf"\bfx_{name}(_##T)?\(", prelude)]
+    assert not missing and "FX_FLOAT(double) FX_ANY(double, -INFINITY, INFINITY)" in prelude
+

@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 # modules every target may import; anything else under fxwrap.targets belongs to one target
 SHARED_TARGET_MODULES = ("fxwrap.targets", "fxwrap.targets.base", "fxwrap.targets.cstyle", "fxwrap.targets.marker",
+                         "fxwrap.targets.c_helpers",
                          "fxwrap.targets.index_printer", "fxwrap.targets.values", "fxwrap.targets.host")
 
 # modules that must never load with the runtime alone

@@ -1,9 +1,10 @@
 """The C99 dialect of fxwrap's C-family renderer, with its own calling convention.
 
 The engine (``fxwrap.CStyleEmitter``) writes the kernel; this dialect only spells it: the
-``c99_`` helper prefix, the op table (``c_ops``: ``<tgmath.h>`` math, per-type helpers
-``c99_abs_float``), the prelude defining every helper the engine calls, and a calling
-convention of two arrays, the buffers' pointers and the sizes::
+``c99_`` helper prefix, from which fxwrap derives the op table (``<tgmath.h>`` math, per-type
+helpers ``c99_abs_float``) and the prelude (``fxwrap/targets/c_helpers.py``'s helpers, one
+function per C type), and a calling convention of two arrays, the buffers' pointers and the
+sizes::
 
     void fxwrap_pointwise_0(void *const *buffers, const int64_t *sizes)
     {
@@ -20,11 +21,9 @@ from __future__ import annotations
 import ctypes
 
 import fxwrap
-from fxwrap.targets.cstyle import C_TYPES, c_ops
+from fxwrap.targets.cstyle import C_TYPES
 from fxwrap.targets.host.compiler import CCompiler
 from fxwrap.targets.host.loader import load_library
-
-from fxwrap_c99.prelude import C99_PRELUDE
 
 FLAGS = ("-std=c99", "-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno")
 
@@ -34,9 +33,7 @@ class C99Emitter(fxwrap.CStyleEmitter):
     called as every fxwrap launcher is: ``launcher(in0, ..., out0, ..., s0, ...)``."""
 
     language = "c"
-    prefix = "c99_"
-    prelude = C99_PRELUDE
-    code_for_op = c_ops("c99_", "", "{f}_{t}", C_TYPES.__getitem__)
+    prefix = "c99_"  # the prelude and op table follow: c99_abs_float(x), c99_sum_upd_float(&acc, v)
     supported_dtypes = frozenset(C_TYPES)  # C has no 16-bit float: bf16/fp16 ops stay ATen externs
 
     def function_head(self, kernel, cname: str) -> str:

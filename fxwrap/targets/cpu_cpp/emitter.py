@@ -61,7 +61,7 @@ from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cpu_cpp.scan import ScanCode
 from fxwrap.targets.host.compiler import SharedPrelude
-from fxwrap.targets.cstyle import (C_TYPES, CSTYLE_OPS, LIBM_OPS, CStyleEmitter, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
+from fxwrap.targets.cstyle import (C_TYPES, LIBM_OPS, CStyleEmitter, c_ops, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
                                    reduction_passes,
                                    c_operand as _operand)
 
@@ -85,6 +85,8 @@ class CppEmitter(CStyleEmitter):
     generic = "{f}<{t}>"                    # fx_sum_upd<float>(...): the prelude's templates
     overload = "{f}"                        # fx_abs(x): overloads and deduced templates
     out_arg = "{x}"                         # T& parameters
+    out_param = "{t}& {x}"                  # of the prelude's helpers (cpu_cpp/prelude.py CPP)
+    math = "std::"
     type_names = {**C_TYPES, torch.bfloat16: "fx_bf16", torch.float16: "fx_half"}
     half_types = {
         torch.bfloat16: ("fx_bf16_to_float", "fx_float_to_bf16", "fx_bf16_round"),
@@ -106,7 +108,7 @@ class CppEmitter(CStyleEmitter):
     indexed_stores = {"set": frozenset(type_names), "add": frozenset(type_names) - {torch.bool}}
     # float exp, erf and tanh through the prelude's inline fx_expf / fx_erff / fx_tanhf
     # (they vectorize; libm calls vectorize only under -ffast-math)
-    code_for_op = {**CSTYLE_OPS, "exp": lambda x, dtype: f"fx_exp({x})",
+    code_for_op = {**c_ops("fx_", "std::", "{f}"), "exp": lambda x, dtype: f"fx_exp({x})",
                    "erf": lambda x, dtype: f"fx_erf({x})", "tanh": lambda x, dtype: f"fx_tanh({x})"}
     # the other math-library ops stay scalar libm calls in the vector loops: a shared value
     # with one is stored once (KernelEmitter.costly_ops), not computed again by each reader

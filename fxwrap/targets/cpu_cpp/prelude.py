@@ -6,6 +6,16 @@ helper gives PyTorch's eager semantics for one op of the loop IR (``fx_floordiv`
 ``torch.div(rounding_mode="floor")``, ``fx_max`` propagates NaN, ...).
 """
 
+from fxwrap.targets.c_helpers import render_helpers
+
+
+class CPP:
+    """The C++ dialect's helper spellings (``CppEmitter``'s attributes of the same names:
+    tests/null/test_c_dialects.py checks they agree)."""
+    prefix, overload, generic, out_arg, index_type = "fx_", "{f}", "{f}<{t}>", "{x}", "int64_t"
+    out_param, helper_inline, math, helper_cast = "{t}& {x}", "static inline", "std::", "({t}){x}"
+
+
 PRELUDE = r"""
 #include <cmath>
 #include <cstdint>
@@ -77,22 +87,7 @@ static inline fx_half fx_float_to_half(float f) {
 static inline float fx_half_round(float f) { return fx_half_to_float(fx_float_to_half(f)); }
 
 // ---- integer index helpers (python semantics for negative operands) ----
-static inline int64_t fx_ifloordiv(int64_t a, int64_t b) {
-  const int64_t q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-static inline int64_t fx_imod(int64_t a, int64_t b) {
-  const int64_t r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-static inline int64_t fx_imax(int64_t a, int64_t b) { return a < b ? b : a; }
-static inline int64_t fx_imin(int64_t a, int64_t b) { return b < a ? b : a; }
-static inline int64_t fx_ipow_index(int64_t b, int64_t e) {
-  int64_t r = 1;
-  for (; e > 0; e >>= 1, b *= b) if (e & 1) r *= b;
-  return r;
-}
-
+""" + render_helpers(CPP, ('ifloordiv', 'imod', 'imax', 'imin', 'ipow_index')) + r"""
 // A kernel whose vectorized loop stores interleaved lanes (CppEmitter.unrolled_lanes: RoPE's
 // x1 * cos - x2 * sin, x1 * sin + x2 * cos side by side) opts out of SLP: gcc 12's SLP
 // pattern for alternating sub/add lanes fuses the products into vfmaddsub even under
@@ -380,25 +375,7 @@ template <typename T> static inline T fx_rshift(T a, T b) {
 
 // erfinv: an initial guess good to ~2e-3 (Winitzki's closed form), then Halley steps on
 // erf(x) = y in double; near |y| = 1 the residual uses erfc so 1 - |y| stays exact.
-static inline double fx_erfinv_d(double y) {
-  const double a = std::fabs(y);
-  if (!(a < 1.0)) return a == 1.0 ? std::copysign(INFINITY, y) : NAN;
-  if (a == 0.0) return y;
-  const double k = 0.147;
-  const double pi = 3.14159265358979323846;
-  const double l = std::log((1.0 - a) * (1.0 + a));
-  const double t = 2.0 / (pi * k) + 0.5 * l;
-  double x = std::sqrt(std::sqrt(t * t - l / k) - t);
-  const double two_over_sqrt_pi = 1.12837916709551257390;
-  for (int i = 0; i < 3; ++i) {
-    const double f = a < 0.5 ? std::erf(x) - a : (1.0 - a) - std::erfc(x);
-    const double step = f / (two_over_sqrt_pi * std::exp(-x * x));
-    x -= step / (1.0 + x * step);
-  }
-  return std::copysign(x, y);
-}
-template <typename T> static inline T fx_erfinv(T y) { return (T)fx_erfinv_d((double)y); }
-
+""" + render_helpers(CPP, ('erfinv_d', 'erfinv')) + r"""
 // ---- reductions: update with one value, combine two partial states ----
 template <typename T> static inline T fx_lowest() {
   if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
@@ -408,11 +385,7 @@ template <typename T> static inline T fx_highest() {
   if constexpr (std::numeric_limits<T>::has_infinity) return std::numeric_limits<T>::infinity();
   else return std::numeric_limits<T>::max();
 }
-template <typename T> static inline void fx_sum_upd(T& a, T v) { a = a + v; }
-template <typename T> static inline void fx_prod_upd(T& a, T v) { a = a * v; }
-template <typename T> static inline void fx_max_upd(T& a, T v) { a = fx_max(a, v); }
-template <typename T> static inline void fx_min_upd(T& a, T v) { a = fx_min(a, v); }
-// any/all into a bool state or a byte lane (0 or 1: the row reductions' lane arrays, which
+""" + render_helpers(CPP, ('sum_upd', 'prod_upd', 'max_upd', 'min_upd')) + r"""// any/all into a bool state or a byte lane (0 or 1: the row reductions' lane arrays, which
 // g++ 12 vectorizes beside float math only as bytes); | and & rather than || and &&: no branch
 template <typename T, typename A> static inline void fx_any_upd(A& a, T v) { a = (A)(a | (A)(v != 0)); }
 template <typename T, typename A> static inline void fx_all_upd(A& a, T v) { a = (A)(a & (A)(v != 0)); }
@@ -435,19 +408,8 @@ template <typename T> static inline void fx_argmin_upd(T& va, int64_t& ia, T v, 
 }
 // ---- scans: the running state after one more element (eager's CPU kernels' rules) ----
 // logcumsumexp: log(exp(a) + exp(v)); NaN propagates, -inf/-inf and inf/inf stay as they are
-template <typename T> static inline void fx_logcumsumexp_upd(T& a, T v) {
-  const T mn = fx_isnan(v) ? v : (a < v ? a : v);
-  const T mx = fx_isnan(v) ? v : (a < v ? v : a);
-  if (mn != mx || std::isfinite(mn)) a = std::log1p(std::exp(mn - mx)) + mx;
-}
-// cummax/cummin: a NaN always takes over, ties go to the later index
-template <typename T> static inline void fx_cummax_upd(T& va, int64_t& ia, T v, int64_t i) {
-  if (fx_isnan(v) || (!fx_isnan(va) && v >= va)) { va = v; ia = i; }
-}
-template <typename T> static inline void fx_cummin_upd(T& va, int64_t& ia, T v, int64_t i) {
-  if (fx_isnan(v) || (!fx_isnan(va) && v <= va)) { va = v; ia = i; }
-}
-// cummax/cummin of two parts of a row in either order (a split scan's lanes): the state
+""" + render_helpers(CPP, ('logcumsumexp_upd',)) + r"""// cummax/cummin: a NaN always takes over, ties go to the later index
+""" + render_helpers(CPP, ('cummax_upd', 'cummin_upd')) + r"""// cummax/cummin of two parts of a row in either order (a split scan's lanes): the state
 // after both is a NaN if either has one, else the extreme; a tie (NaN or value) takes the
 // later index, as one pass over the row would
 template <bool IsMax, typename T>
@@ -457,21 +419,4 @@ static inline void fx_cumextreme_merge(T& va, int64_t& ia, T vb, int64_t ib) {
                                  : ((IsMax ? va < vb : vb < va) || (va == vb && ib > ia));
   if (b_wins) { va = vb; ia = ib; }
 }
-template <typename T> static inline void fx_welford_upd(T& mean, T& m2, int64_t& n, T v) {
-  n += 1;
-  const T d = v - mean;
-  mean += d / (T)n;
-  m2 += d * (v - mean);
-}
-template <typename T>
-static inline void fx_welford_cmb(T& mean, T& m2, int64_t& n, T mean_b, T m2_b, int64_t n_b) {
-  if (n_b == 0) return;
-  if (n == 0) { mean = mean_b; m2 = m2_b; n = n_b; return; }
-  const int64_t nn = n + n_b;
-  const T d = mean_b - mean;
-  const T wb = (T)n_b / (T)nn;
-  mean = mean + d * wb;
-  m2 = m2 + m2_b + d * d * (T)n * wb;
-  n = nn;
-}
-"""
+""" + render_helpers(CPP, ('welford_upd', 'welford_cmb'))

@@ -42,7 +42,7 @@ from fxwrap.runtime.provenance import describe
 
 
 def _metal_ops() -> dict:
-    ops = c_ops("fx_", "metal::")
+    ops = c_ops("fx_", "metal::", "{f}")
     for name in ("expm1", "log1p", "erf", "erfc"):  # the prelude's, where metal:: has none
         ops[name] = (lambda fn: lambda *args, dtype: f"{fn}({', '.join(args)})")(f"fx_{name}")
     return ops
@@ -72,6 +72,10 @@ class MetalEmitter(CStyleEmitter):
     generic = "{f}<{t}>"
     overload = "{f}"
     out_arg = "{x}"
+    out_param = "thread {t}& {x}"           # of the prelude's helpers (mps_metal/prelude.py METAL)
+    math = "metal::"
+    helper_inline = "inline"
+    helper_cast = "{t}({x})"
     kernel_qualifier = "kernel"
     buffer_qualifier = "device "
     restrict_qualifier = ""

@@ -10,6 +10,16 @@ NaN, ``fx_floordiv`` is ``torch.div(rounding_mode="floor")``, ...).  Metal has n
 ``erf``/``erfc``/``erfinv``/``expm1``/``log1p``: they are written out here.
 """
 
+from fxwrap.targets.c_helpers import render_helpers
+
+
+class METAL:
+    """The Metal dialect's helper spellings (``MetalEmitter``'s attributes of the same names:
+    tests/null/test_c_dialects.py checks they agree)."""
+    prefix, overload, generic, out_arg, index_type = "fx_", "{f}", "{f}<{t}>", "{x}", "long"
+    out_param, helper_inline, math, helper_cast = "thread {t}& {x}", "inline", "metal::", "{t}({x})"
+
+
 PRELUDE = r"""
 #include <metal_stdlib>
 using namespace metal;
@@ -25,22 +35,7 @@ inline float fx_bf16_round(float x) { return float(bfloat(x)); }
 inline float fx_round16(float x, int is_bf16) { return is_bf16 ? fx_bf16_round(x) : fx_half_round(x); }
 
 // ---- integer index helpers (python semantics for negative operands) ----------
-inline long fx_ifloordiv(long a, long b) {
-  const long q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-inline long fx_imod(long a, long b) {
-  const long r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-inline long fx_imax(long a, long b) { return a < b ? b : a; }
-inline long fx_imin(long a, long b) { return b < a ? b : a; }
-inline long fx_ipow_index(long b, long e) {
-  long r = 1;
-  for (; e > 0; e >>= 1, b *= b) if (e & 1) r *= b;
-  return r;
-}
-
+""" + render_helpers(METAL, ('ifloordiv', 'imod', 'imax', 'imin', 'ipow_index')) + r"""
 // ---- classification ----------------------------------------------------------
 template <typename T> inline bool fx_isnan(T x) { return false; }
 inline bool fx_isnan(float x) { return metal::isnan(x); }
@@ -226,56 +221,15 @@ template <> inline int fx_highest<int>() { return 2147483647; }
 template <> inline short fx_highest<short>() { return 32767; }
 template <> inline char fx_highest<char>() { return 127; }
 template <> inline uchar fx_highest<uchar>() { return 255; }
-template <typename T> inline void fx_sum_upd(thread T& a, T v) { a = a + v; }
-template <typename T> inline void fx_prod_upd(thread T& a, T v) { a = a * v; }
-template <typename T> inline void fx_max_upd(thread T& a, T v) { a = fx_max(a, v); }
-template <typename T> inline void fx_min_upd(thread T& a, T v) { a = fx_min(a, v); }
-template <typename T> inline void fx_any_upd(thread bool& a, T v) { a = a || (v != T(0)); }
+""" + render_helpers(METAL, ('sum_upd', 'prod_upd', 'max_upd', 'min_upd')) + r"""template <typename T> inline void fx_any_upd(thread bool& a, T v) { a = a || (v != T(0)); }
 template <typename T> inline void fx_all_upd(thread bool& a, T v) { a = a && (v != T(0)); }
 // argmax/argmin: does (vb, ib) beat (va, ia)?  The extreme wins, NaN is the most
 // extreme, ties go to the lower index, an empty state (index < 0) always loses.
-template <typename T> inline bool fx_arg_better(bool is_max, T va, long ia, T vb, long ib) {
-  if (ib < 0) return false;
-  if (ia < 0) return true;
-  const bool na = fx_isnan(va), nb = fx_isnan(vb);
-  if (na || nb) return (na && nb) ? ib < ia : nb;
-  if (is_max ? (va < vb) : (vb < va)) return true;
-  return va == vb && ib < ia;
-}
-template <typename T> inline void fx_argmax_upd(thread T& va, thread long& ia, T v, long i) {
-  if (fx_arg_better(true, va, ia, v, i)) { va = v; ia = i; }
-}
-template <typename T> inline void fx_argmin_upd(thread T& va, thread long& ia, T v, long i) {
-  if (fx_arg_better(false, va, ia, v, i)) { va = v; ia = i; }
-}
-// ---- scans: the running state after one more element (eager's CPU kernels' rules) ----
+""" + render_helpers(METAL, ('arg_better', 'argmax_upd', 'argmin_upd')) + r"""// ---- scans: the running state after one more element (eager's CPU kernels' rules) ----
 template <typename T> inline void fx_logcumsumexp_upd(thread T& a, T v) {
   const T mn = fx_isnan(v) ? v : (a < v ? a : v);
   const T mx = fx_isnan(v) ? v : (a < v ? v : a);
   if (mn != mx || !metal::isinf(mn)) a = fx_log1p(metal::exp(mn - mx)) + mx;  // equal: not NaN
 }
-template <typename T> inline void fx_cummax_upd(thread T& va, thread long& ia, T v, long i) {
-  if (fx_isnan(v) || (!fx_isnan(va) && v >= va)) { va = v; ia = i; }
-}
-template <typename T> inline void fx_cummin_upd(thread T& va, thread long& ia, T v, long i) {
-  if (fx_isnan(v) || (!fx_isnan(va) && v <= va)) { va = v; ia = i; }
-}
-template <typename T> inline void fx_welford_upd(thread T& mean, thread T& m2, thread long& n, T v) {
-  n += 1;
-  const T d = v - mean;
-  mean += d / T(n);
-  m2 += d * (v - mean);
-}
-// the parallel (Chan et al.) combination of two partial Welford states
-template <typename T>
-inline void fx_welford_cmb(thread T& mean, thread T& m2, thread long& n, T mean_b, T m2_b, long n_b) {
-  if (n_b == 0) return;
-  if (n == 0) { mean = mean_b; m2 = m2_b; n = n_b; return; }
-  const long nn = n + n_b;
-  const T d = mean_b - mean;
-  const T wb = T(n_b) / T(nn);
-  mean = mean + d * wb;
-  m2 = m2 + m2_b + d * d * T(n) * wb;
-  n = nn;
-}
-"""
+""" + render_helpers(METAL, ('cummax_upd', 'cummin_upd')) + render_helpers(METAL, ('welford_upd',)) + r"""// the parallel (Chan et al.) combination of two partial Welford states
+""" + render_helpers(METAL, ('welford_cmb',))
