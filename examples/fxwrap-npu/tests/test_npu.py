@@ -1,0 +1,180 @@
+"""The reference npu device (``fxwrap_npu.device``) and fxwrap's ``npu`` target on it.
+
+The device's memory is a range of handles the host cannot read, and its streams run work
+on worker threads: what fxwrap does on real accelerators is checked here on a CPU-only
+machine.  Parameters and inputs live on the device; results are compared with eager on
+the device and on the CPU.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import fxwrap
+
+device = pytest.importorskip("fxwrap_npu.device", reason="the npu device builds with g++ and torch's headers")
+NPU = torch.device("npu", 0)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8))
+
+
+# -- the device -------------------------------------------------------------------------
+
+def test_device_memory_is_not_host_memory():
+    """A tensor's data_ptr() is a device handle: reading it on the host faults, as on real
+    hardware; reading the tensor through a copy to the CPU gives its values."""
+    x = torch.randn(8)
+    y = x.to(NPU)
+    assert device.is_device_address(y.data_ptr()) and not device.is_device_address(x.data_ptr())
+    assert torch.equal(y.cpu(), x)
+    code = ("import ctypes, torch, fxwrap_npu.device\n"
+            "y = torch.randn(8).to('npu')\n"
+            "print(ctypes.string_at(y.data_ptr(), 4))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == -11, (result.returncode, result.stderr[-2000:])  # SIGSEGV
+
+
+def test_launches_return_before_the_work_and_host_reads_wait():
+    y = torch.randn(64).to(NPU)
+    start = time.perf_counter()
+    device.sleep_on_stream(300)
+    queued = time.perf_counter() - start
+    values = y.cpu()
+    waited = time.perf_counter() - start
+    assert queued < 0.1 and waited >= 0.3, (queued, waited)
+    assert values.shape == (64,)
+
+
+def test_an_event_orders_two_streams():
+    """Stream 1 writes a tensor late; stream 0 waits for its event before reading it.
+    Without the wait the read sees the old values (the test checks that too)."""
+    before, after = torch.zeros(256), torch.randn(256)
+    y = before.to(NPU)
+    side = torch.Stream(device="npu")
+    with torch.StreamContext(side) if hasattr(torch, "StreamContext") else side:
+        device.sleep_on_stream(200)
+        y.copy_(after)
+        done = torch.Event(device="npu")
+        done.record()
+    early = y.cpu()  # the default stream does not wait for the side stream
+    torch.npu.current_stream().wait_event(done)
+    assert torch.equal(y.cpu(), after) and torch.equal(early, before)
+
+
+# -- the fxwrap target ------------------------------------------------------------------
+
+def test_the_npu_target_is_chosen_for_npu_tensors():
+    programs = []
+    x = torch.randn(4, 16)
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: (t.sin() * 2).softmax(-1), backend="fxwrap",
+                        options={"on_program": programs.append})(x.to(NPU))
+    assert [p.target.name for p in programs] == ["npu"] and out.device == NPU
+    torch.testing.assert_close(out.cpu(), (x.sin() * 2).softmax(-1))
+
+
+@pytest.mark.parametrize("what", ["mlp", "softmax", "layernorm"])
+def test_inference_matches_eager_on_the_device(what):
+    x = torch.randn(6, 16)
+    if what == "mlp":
+        model = _mlp()
+    elif what == "softmax":
+        model = torch.nn.Softmax(-1)
+    else:
+        model = torch.nn.LayerNorm(16)
+    on_device = copy.deepcopy(model).to(NPU)
+    torch._dynamo.reset()
+    got = torch.compile(on_device, backend="fxwrap")(x.to(NPU))
+    torch.testing.assert_close(got.cpu(), on_device(x.to(NPU)).cpu())
+    torch.testing.assert_close(got.cpu(), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_training_step_matches_eager_on_the_device():
+    reference, model = _mlp(), _mlp().to(NPU)
+    compiled = torch.compile(model, backend="fxwrap")
+    x = torch.randn(6, 16)
+    torch._dynamo.reset()
+    for _ in range(2):
+        loss = compiled(x.to(NPU)).square().mean()
+        loss.backward()
+        expected = reference(x).square().mean()
+        expected.backward()
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), reference.parameters()):
+                p -= 0.1 * p.grad
+                q -= 0.1 * q.grad
+                p.grad = q.grad = None
+        torch.testing.assert_close(loss.cpu(), expected, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)
+
+
+def test_reduce_overhead_replays_a_launch_list_of_npu_tensors():
+    model = _mlp()
+    on_device = copy.deepcopy(model).to(NPU)
+    torch._dynamo.reset()
+    compiled = torch.compile(on_device, backend="fxwrap", mode="reduce-overhead")
+    for seed in range(3):  # record, then replays on new inputs
+        x = torch.randn(6, 16, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(compiled(x.to(NPU)).cpu(), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_call_adds_no_host_sync():
+    """Kernels are queued, never waited for: a program of kernels alone makes no host
+    wait; one with externs (which run through the device's CPU fallback, each a copy to
+    the host) waits no more often than eager does for the same model."""
+    x = torch.randn(32, 64).to(NPU)
+    torch._dynamo.reset()
+    kernels_only = torch.compile(lambda t: (t.sin() * t).softmax(-1) + t.mean(-1, keepdim=True), backend="fxwrap")
+    kernels_only(x)
+    before = device.host_syncs()
+    kernels_only(x)
+    assert device.host_syncs() == before
+    model = _mlp().to(NPU)
+    compiled = torch.compile(model, backend="fxwrap")
+    y = torch.randn(6, 16).to(NPU)
+    compiled(y)
+    s0 = device.host_syncs()
+    compiled(y)
+    s1 = device.host_syncs()
+    model(y)
+    s2 = device.host_syncs()
+    assert s1 - s0 <= s2 - s1, (s1 - s0, s2 - s1)
+
+
+def test_a_saved_program_runs_in_a_fresh_process(tmp_path):
+    model = _mlp().to(NPU)
+    x = torch.randn(6, 16)
+    program = fxwrap.lower(model, x.to(NPU))
+    path = tmp_path / "mlp.fxw"
+    program.save(str(path))
+    torch.save({"x": x, "expected": model(x.to(NPU)).cpu()}, tmp_path / "io.pt")
+    code = ("import sys, torch, fxwrap, fxwrap_npu.device\n"
+            "io = torch.load(sys.argv[2])\n"
+            "program = fxwrap.load(sys.argv[1])\n"
+            "got = program.run(io['x'].to('npu'))\n"
+            "got = got[0] if isinstance(got, (tuple, list)) else got\n"
+            "torch.testing.assert_close(got.cpu(), io['expected'])\n"
+            "print('OK', got.device)\n")
+    result = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "io.pt")],
+                            capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert result.returncode == 0 and "OK npu:0" in result.stdout, result.stderr[-3000:]
+
+
+def test_profile_times_kernels_with_the_devices_events():
+    x = torch.randn(64, 256).to(NPU)
+    report = fxwrap.profile(lambda t: (t.sin() * t).softmax(-1), x)
+    text = str(report)
+    assert "target npu" in text and "fxwrap_" in text, text
+    kernels = [row for row in report.rows if row.kind == "kernel"] if hasattr(report, "rows") else None
+    if kernels is not None:
+        assert kernels and all(r.total_ms > 0 for r in kernels)
