@@ -457,6 +457,28 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) { return at::cpu::set_(self, source); }
 at::Tensor& set_empty(at::Tensor& self) { return at::cpu::set_(self); }
 
+// convolution reaches backends through these two (no fallback): on the CPU, like the rest
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                       c10::IntArrayRef output_padding, int64_t groups) {
+  std::optional<at::Tensor> host_bias;
+  if (bias.has_value() && bias->defined()) host_bias = bias->cpu();
+  auto out = at::convolution(input.cpu(), weight.cpu(), host_bias, stride, padding, dilation, transposed,
+                             output_padding, groups);
+  return out.to(input.device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  auto [gi, gw, gb] = at::convolution_backward(grad_output.cpu(), input.cpu(), weight.cpu(), bias_sizes, stride,
+                                               padding, dilation, transposed, output_padding, groups, output_mask);
+  auto back = [&](const at::Tensor& t) { return t.defined() ? t.to(input.device()) : t; };
+  return {back(gi), back(gw), back(gb)};
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack);  // through _copy_from: inputs wait for the stream
 }
@@ -474,6 +496,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", set_source_storage);
   m.impl("set_.source_Tensor", set_source_tensor);
   m.impl("set_", set_empty);
+  m.impl("convolution_overrideable", convolution);
+  m.impl("convolution_backward_overrideable", convolution_backward);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
