@@ -230,3 +230,31 @@ def check_zero_signs(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
         at = tuple(int(v) for v in wrong.nonzero()[0])
         raise AssertionError(f"{what}: a zero has the wrong sign at {at}: got {float(got[at])!r}, eager "
                              f"{float(want[at])!r} ({int(wrong.sum())} of {int(zeros.sum())} zeros)")
+
+
+def check_stream_order(target, device: torch.device, delay_stream) -> None:
+    """A program's launches go to the current stream: on a side stream, ``delay_stream(ms)``
+    holds the stream, then the input is written on it and the program runs there; a
+    launcher that queues its kernels elsewhere reads the input before it is written.  The
+    result is read on the host after the side stream's work (an event the default stream
+    waits for).  ``target``: a name or a ``fxwrap.Target``."""
+    def fn(x):
+        return (x * 2 + 1).relu().softmax(-1)
+
+    fresh = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    x = torch.zeros(64, 256, device=device)
+    program = fxwrap.lower(fn, x, target=target)
+    side = torch.Stream(device=device)
+    with side:
+        delay_stream(200)
+        x.copy_(fresh)
+        out = program.run(x)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        done = torch.Event(device=device)
+        done.record()
+    torch.accelerator.current_stream(device).wait_event(done) if hasattr(torch, "accelerator") \
+        else done.synchronize()
+    got = out.cpu()
+    torch.testing.assert_close(got, fn(fresh), msg=lambda m: (
+        f"target {getattr(target, 'name', target)}: the program run on a side stream did not wait for the "
+        f"input written on that stream: its launches do not go to the current stream\n{m}"))

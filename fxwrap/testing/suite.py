@@ -182,6 +182,11 @@ class ConformanceSuite:
       check="all")``, which shows them as skips with the reason.
     * ``opinfo_samples``: OpInfo samples per op (default 1: the op cases cover dtypes and
       layouts; raise it for a wider net).
+
+    A method a subclass may define: ``delay_stream(self, ms)``, which queues ``ms``
+    milliseconds of work on the device's current stream (CUDA: ``torch.cuda._sleep``).
+    With it, ``test_stream_order`` checks that launches go to the current stream; without
+    it, that test is a skip saying so.
     """
 
     target: str | None = None
@@ -367,6 +372,18 @@ class ConformanceSuite:
         second = fxwrap.lower(fn, *inputs, target=target_name)
         checks.check_same_output([first], [second], f"function {determinism_function}")
 
+
+    delay_stream = None
+
+    def test_stream_order(self, target_name):
+        """Launches go to the current stream (``checks.check_stream_order``): a program run
+        on a side stream after work queued there sees that work's result."""
+        target = fxwrap.get_plugin_manager().target(target_name)
+        if target.device.current_stream() is None:
+            pytest.skip(f"target {target_name!r}: its device has no streams (current_stream() is None)")
+        if self.delay_stream is None:
+            pytest.skip(f"target {target_name!r}: the suite defines no delay_stream(ms) to hold a stream with")
+        checks.check_stream_order(target_name, self.device(target_name), self.delay_stream)
 
     def test_graph_capture(self, target_name, capture_check):
         """Graph capture's shared rules on a target whose device declares ``graph_capture()``

@@ -11,3 +11,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 class TestCudaConformance(ConformanceSuite):
     target = "cuda"
+
+    def delay_stream(self, ms):
+        torch.cuda._sleep(int(ms * 2_000_000))  # cycles: about ms milliseconds at 2 GHz

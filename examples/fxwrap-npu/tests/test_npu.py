@@ -178,3 +178,27 @@ def test_profile_times_kernels_with_the_devices_events():
     kernels = [row for row in report.rows if row.kind == "kernel"] if hasattr(report, "rows") else None
     if kernels is not None:
         assert kernels and all(r.total_ms > 0 for r in kernels)
+
+
+def test_the_kits_stream_check_fails_a_launcher_that_ignores_the_current_stream():
+    """The conformance kit's ``test_stream_order`` (``checks.check_stream_order``) passes on
+    the npu target and fails a planted one whose launcher queues on the default stream."""
+    import fxwrap_npu.target as target_module
+    from fxwrap.testing import checks
+
+    class DefaultStreamEmitter(target_module.NpuEmitter):
+        def load(self, source):
+            launch = super().load(source)
+            default = torch.Stream(stream_id=0, device_index=0, device_type=20)
+
+            def on_the_default_stream(*args):
+                with default:
+                    launch(*args)
+            return on_the_default_stream
+
+    checks.check_stream_order("npu", NPU, device.sleep_on_stream)
+    planted = fxwrap.Target("npu_default_stream", "npu", target_module.NpuDevice(), DefaultStreamEmitter,
+                            fxwrap.WrapperCodegen)
+    torch._dynamo.reset()
+    with pytest.raises(AssertionError, match="do not go to the current stream"):
+        checks.check_stream_order(planted, NPU, device.sleep_on_stream)

@@ -9,10 +9,13 @@ import torch
 
 from fxwrap.testing import ConformanceSuite, Unsupported
 
-pytest.importorskip("fxwrap_npu.device", reason="the npu device builds with g++ and torch's headers")
+device = pytest.importorskip("fxwrap_npu.device", reason="the npu device builds with g++ and torch's headers")
 
 
 class TestNpuConformance(ConformanceSuite):
     target = "npu"
     unsupported = [Unsupported("C99 kernels have no 16-bit float: bf16 runs as ATen externs", dtype=torch.bfloat16),
                    Unsupported("C99 kernels have no 16-bit float: fp16 runs as ATen externs", dtype=torch.float16)]
+
+    def delay_stream(self, ms):
+        device.sleep_on_stream(ms)
