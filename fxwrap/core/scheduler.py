@@ -140,11 +140,12 @@ class Group:
     row_stores: set = field(default_factory=set)  # buffers stored once per row
     template: object = None  # a template group: its TemplateCall (the first job's)
 
-    def refusal(self, job: Job) -> str | None:
-        """Why ``job`` may not join this group (None: it may), for the fusion log."""
+    def refusal(self, job: Job, roots: dict | None = None) -> str | None:
+        """Why ``job`` may not join this group (None: it may), for the fusion log;
+        ``roots``: a view's buffer name -> the buffer it views."""
         if indexed(job) or indexed(self):
             return "an indexed write (index_put, scatter) is a kernel of its own"
-        if self.writes_what_it_reads(job):
+        if self.writes_what_it_reads(job, roots):
             return "it writes a buffer the kernel reads"
         if job.template is not None:
             return "a template starts a kernel of its own"
@@ -209,12 +210,14 @@ class Group:
         rank, dims = self.dims_key if self.dims_key else (0, ())
         return tuple(dims) == tuple(range(rank - len(dims), rank))
 
-    def writes_what_it_reads(self, job: Job) -> bool:
-        """Whether ``job`` stores into a buffer this group reads (``copy_`` into a graph
-        input): in one kernel other iterations could read the value already written."""
+    def writes_what_it_reads(self, job: Job, roots: dict | None = None) -> bool:
+        """Whether ``job`` stores into a buffer this group reads, itself or through a view
+        (``copy_`` into a graph input): in one kernel other iterations could read the
+        value already written."""
+        root = (lambda name: roots.get(name, name)) if roots else (lambda name: name)  # noqa: E731
         ops = [r.value for r in self.reductions] + [s.value for s in self.stores]
-        read = {b for op in ops for b, _ in loads_of(op)} | template_reads(self)
-        return any(s.buffer in read for s in job.stores)
+        read = {root(b) for op in ops for b, _ in loads_of(op)} | {root(b) for b in template_reads(self)}
+        return any(root(s.buffer) in read for s in job.stores)
 
     def prologue_mapping(self, job: Job) -> dict | None:
         """How this pointwise group's vars map onto reduction ``job``'s ``(x..., r...)``.
@@ -420,7 +423,7 @@ def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
     otherwise why not (the fusion log)."""
     if group.template is not None and tuple(job.outer) != tuple(group.outer):
         job = _reshaped(job, tuple(group.outer)) or job  # a reshape of the template's output (3-D linear)
-    refused = group.refusal(job)
+    refused = group.refusal(job, roots)
     if refused is not None:
         return refused
     at = len(out) - 1 - next(i for i, x in enumerate(reversed(out)) if x is group)  # an open group is near the end

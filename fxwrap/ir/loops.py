@@ -507,6 +507,9 @@ class ScheduledKernel:
     #: a template kernel's op (``fxwrap.core.templates.TemplateCall``): its stores are the
     #: epilogue over ``template_out``; None for a generated kernel
     template: object = None
+    #: names of its buffers that share storage with another of its buffers (a view of an
+    #: output read as an input): their pointers may alias (C: no ``restrict``)
+    shared_storage: frozenset = frozenset()
 
     @property
     def is_reduction(self) -> bool:

@@ -4,6 +4,7 @@ candidate is chosen (``template_choice``) and the launchers are bound.  Mixed in
 ``build_kernels.KernelBuilder``."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 
@@ -181,6 +182,11 @@ class RenderMixin:
         sk = legalize(sk, self.session.numerics)  # explicit compute dtypes, casts and 16-bit rounding
         if not sk.stores:
             return None
+        root = {b.name: self.roots.get(b.name, b).name for b in (*sk.inputs, *sk.outputs)}
+        sharing = collections.Counter(root.values())
+        shared = frozenset(name for name, r in root.items() if sharing[r] > 1)
+        if shared:  # a view of a buffer it writes, read as an input: its pointers alias
+            sk = dataclasses.replace(sk, shared_storage=shared)
         try:
             source = render(sk)
         except EmitError as exc:

@@ -332,3 +332,30 @@ def test_seed_920798_a_select_over_unrolled_lanes(target, shape):
     g = torch.Generator().manual_seed(7)
     a, b = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
     torch.testing.assert_close(torch.compile(fn, backend=fxwrap.Backend(target))(a, b), fn(a, b))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("view", ["unsqueeze", "transpose"])
+def test_seed_931065_a_value_of_a_view_read_before_its_base_is_written(target, view):
+    """Fuzz seed 931065 (cpu, on the H200 machine's CPU): ``v = f(x.unsqueeze(0))`` then
+    ``x.add_(y)``.  The kernel computing ``v`` from the view took the write into ``x`` too
+    (the scheduler compared buffer names, not the storage a view reads), with the view and
+    ``x`` as two ``__restrict__`` pointers: ``v`` read values already written (0.98 off).
+    A transposed view would read other iterations' writes even without ``restrict``."""
+    _needs(target)
+    torch._dynamo.reset()
+
+    def fn(x, y):
+        v = x.unsqueeze(0) if view == "unsqueeze" else x.t()
+        out = v / (torch.abs(v ** 3) + 1)
+        x.add_(y)
+        return out, torch.logsumexp(x.unsqueeze(0), dim=(0, 1))
+
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(6, 6, generator=g), torch.randn(6, 6, generator=g)
+    xe, xc = x.clone(), x.clone()
+    expected = fn(xe, y)
+    got = torch.compile(fn, backend=fxwrap.Backend(target))(xc, y)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(xc, xe)
