@@ -70,6 +70,36 @@ def test_an_event_orders_two_streams():
     assert torch.equal(y.cpu(), after) and torch.equal(early, before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16, torch.bool])
+def test_round_trips_views_and_copies(dtype):
+    x = (torch.randn(7, 13) * 10).to(dtype)
+    d = x.to(NPU)
+    assert torch.equal(d.cpu(), x)
+    assert torch.equal(d[2:, 1::3].cpu(), x[2:, 1::3])  # a view: an interior handle
+    assert torch.equal(d.t().contiguous().cpu(), x.t().contiguous())
+    assert torch.equal(d.to("npu:1").cpu(), x)  # across devices
+    e = torch.empty(13, 7, dtype=dtype, device=NPU)
+    e.copy_(d.t())  # device to device, strided source
+    assert torch.equal(e.cpu(), x.t())
+    f = torch.empty(7, 13, dtype=dtype, device=NPU)[:, ::2]
+    f.copy_(x[:, ::2])  # host to device into a strided view
+    assert torch.equal(f.cpu(), x[:, ::2])
+    if dtype.is_floating_point:
+        assert d[3, 4].item() == x[3, 4].item()
+
+
+def test_convolution_forward_and_backward_on_the_device():
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    on_device = copy.deepcopy(conv).to(NPU)
+    x = torch.randn(2, 3, 8, 8)
+    xd = x.to(NPU).requires_grad_()
+    xc = x.clone().requires_grad_()
+    on_device(xd).square().sum().backward()
+    conv(xc).square().sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(on_device.weight.grad.cpu(), conv.weight.grad, rtol=1e-5, atol=1e-5)
+
+
 # -- the fxwrap target ------------------------------------------------------------------
 
 def test_the_npu_target_is_chosen_for_npu_tensors():
@@ -202,3 +232,46 @@ def test_the_kits_stream_check_fails_a_launcher_that_ignores_the_current_stream(
     torch._dynamo.reset()
     with pytest.raises(AssertionError, match="do not go to the current stream"):
         checks.check_stream_order(planted, NPU, device.sleep_on_stream)
+
+
+class Block(torch.nn.Module):
+    """A small pre-norm transformer block: RMSNorm, causal attention through
+    F.scaled_dot_product_attention, RMSNorm, SwiGLU MLP."""
+
+    def __init__(self, dim=32, heads=4, hidden=64):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.RMSNorm(dim, eps=1e-6), torch.nn.RMSNorm(dim, eps=1e-6)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim, bias=False), torch.nn.Linear(dim, dim, bias=False)
+        self.gate, self.up = torch.nn.Linear(dim, hidden, bias=False), torch.nn.Linear(dim, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def test_a_transformer_block_inference_and_training_step():
+    torch.manual_seed(0)
+    block = Block()
+    eager, on_device = copy.deepcopy(block).to(NPU), copy.deepcopy(block).to(NPU)
+    torch._dynamo.reset()
+    compiled = torch.compile(on_device, backend="fxwrap")
+    x, target = torch.randn(2, 10, 32), torch.randn(2, 10, 32)
+    with torch.no_grad():
+        out = compiled(x.to(NPU))
+        torch.testing.assert_close(out.cpu(), eager(x.to(NPU)).cpu(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.cpu(), block(x), rtol=1e-5, atol=1e-5)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, on_device)]
+    for run, opt in ((eager, opts[0]), (compiled, opts[1])):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(run(x.to(NPU)), target.to(NPU)).backward()
+        opt.step()
+    for p, q in zip(eager.parameters(), on_device.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad.cpu(), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(q.detach().cpu(), p.detach().cpu(), rtol=1e-5, atol=1e-5)
