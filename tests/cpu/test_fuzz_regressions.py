@@ -359,3 +359,29 @@ def test_seed_931065_a_value_of_a_view_read_before_its_base_is_written(target, v
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(xc, xe)
+
+
+PROD_OF_A_LOG_OVER_A_SIZE_1_DIM = '''SEED = 930216
+DYNAMIC = True
+BACKWARD = True
+INPUTS = [
+    ('x0', (2, 8, 6), torch.float32, 'randn', None, 'transposed', True),
+]
+BUFFERS = [
+]
+
+
+class Program(torch.nn.Module):
+    def forward(self, x0):
+        return (torch.prod(torch.log(x0).unsqueeze(3), 3, keepdim=True),)
+'''
+
+
+def test_seed_930216_a_difference_aot_eager_shares_is_torchs():
+    """Fuzz seed 930216 (cpu and c99, on the H200 machine's CPU): ``prod`` over a size-1
+    dimension of ``log(x)``.  Eager's backward is NaN where ``x < 0`` (``result / input``);
+    the traced backward, which ``aot_eager`` runs with eager kernels too, is finite there.
+    fxwrap matches ``aot_eager``: the harness calls it torch's difference, not a mismatch."""
+    from fxwrap.testing.fuzz.harness import check
+    status, message = check(load(PROD_OF_A_LOG_OVER_A_SIZE_1_DIM), "cpu")
+    assert status == "torch_error" and "aot_eager differs from eager as fxwrap does" in message, (status, message)

@@ -70,7 +70,7 @@ class Summary:
                  f"  compile errors  {self.counts['compile_error']}   (fxwrap raised while compiling)",
                  f"  bad inputs      {self.counts['bad_input']} failing of {self.bad_input_programs} programs, "
                  f"{self.bad_input_calls} calls (not eager's numbers and not an InputMismatchError)",
-                 f"  torch errors    {self.counts['torch_error']}   (torch.compile fails without fxwrap too: "
+                 f"  torch errors    {self.counts['torch_error']}   (torch.compile fails, or differs from eager, without fxwrap too: "
                  "not counted as failures)",
                  f"  generator errors {self.counts['generator_error']}"]
         for failure in sorted(self.failures, key=lambda f: (STATUSES.index(f.status), f.seed)):
