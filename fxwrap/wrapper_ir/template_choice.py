@@ -106,6 +106,9 @@ def candidates(builder, group: Group, keep: set, inputs: set, count: int, emitte
             continue
         made = builder.kernel_lines(group, f"{prefix}_template_{count}", keep, inputs,
                                     lambda sk, t=template: t.render(sk, emitter))
+        if made is None:  # the group's values are all kept by other lines: no kernel to time
+            reasons[template.name] = "its kernel would store nothing"
+            continue
         made_templates.append((template.name, made))
     extern_lines = list(builder.template_externs[call.output.name])
     epilogue = epilogue_group(group)
