@@ -101,7 +101,6 @@ class Program(torch.nn.Module):
 '''
 
 PROGRAMS = {"slice-of-a-size-1-dim-backward": SLICE_OF_A_SIZE_1_DIM_BACKWARD,
-            "linear-of-an-index-select": LINEAR_OF_AN_INDEX_SELECT,
             "gather-of-a-lazy-value-indexed": GATHER_OF_A_LAZY_VALUE_INDEXED}
 
 
@@ -414,3 +413,12 @@ def test_seed_930216_a_difference_aot_eager_shares_is_torchs():
     from fxwrap.testing.fuzz.harness import check
     status, message = check(load(PROD_OF_A_LOG_OVER_A_SIZE_1_DIM), "cpu")
     assert status == "torch_error" and "aot_eager differs from eager as fxwrap does" in message, (status, message)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_930737_a_template_that_stores_nothing_is_no_candidate(target, monkeypatch):
+    """Seed 930737 with GEMM templates timed (the fuzz default): see LINEAR_OF_AN_INDEX_SELECT."""
+    _needs(target)
+    monkeypatch.setenv("FXWRAP_TEMPLATES", "auto")
+    monkeypatch.setenv("FXWRAP_TEMPLATE_CACHE", "0")
+    assert check(load(LINEAR_OF_AN_INDEX_SELECT), target) == ("pass", "")
