@@ -256,5 +256,5 @@ def check_stream_order(target, device: torch.device, delay_stream) -> None:
         else done.synchronize()
     got = out.cpu()
     torch.testing.assert_close(got, fn(fresh), msg=lambda m: (
-        f"target {getattr(target, 'name', target)}: the program run on a side stream did not wait for the "
+        f"target {target.name if isinstance(target, fxwrap.Target) else target}: the program run on a side stream did not wait for the "
         f"input written on that stream: its launches do not go to the current stream\n{m}"))

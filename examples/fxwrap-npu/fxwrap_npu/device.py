@@ -92,7 +92,14 @@ def _module(lib) -> types.ModuleType:
     m._is_in_bad_fork = lambda: False
     m.set_device = lambda device: lib.npu_exchange_device(_index(device))
     m.device = _DeviceContext
-    m.manual_seed_all = lambda seed: None  # random ops run on the CPU generator (the fallback)
+    # random ops run on the CPU (the fallback), drawing from its default generator: the
+    # device's RNG state is that generator's (torch.random.fork_rng saves and restores it)
+    # (torch's own functions, not wrappers: dynamo knows them when a traced function saves
+    # and restores RNG state, as OpInfo's freeze_rng_state does on an accelerator)
+    m.get_rng_state, m.set_rng_state = torch.get_rng_state, torch.set_rng_state
+    m.manual_seed = lambda seed: torch.default_generator.manual_seed(seed) and None
+    m.manual_seed_all = lambda seed: None  # torch.manual_seed has seeded the CPU generator already
+    m.initial_seed = torch.initial_seed
     m.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     m.is_autocast_enabled = lambda: False
     return m

@@ -151,8 +151,9 @@ thread_local int t_device = 0;
 thread_local int64_t t_stream[kDevices] = {};
 std::atomic<int64_t> g_next_stream{1};
 
-// Frees wait for the work queued before them on every stream of their device.
-struct PendingFree { int device; uintptr_t handle; std::vector<uint64_t> tickets; };
+// A free waits for the work queued before it on every stream (of every device: a copy
+// between devices may read the block on the other one).
+struct PendingFree { uintptr_t handle; std::vector<uint64_t> tickets; };
 std::mutex g_free_mu;
 std::vector<PendingFree> g_frees;
 
@@ -163,7 +164,8 @@ void collect_frees() {
     auto it = g_frees.begin();
     while (it != g_frees.end()) {
       bool done = true;
-      for (int s = 0; s < kStreamsPerDevice && done; ++s) done = queue(it->device, s).done() >= it->tickets[s];
+      for (int q = 0; q < kDevices * kStreamsPerDevice && done; ++q)
+        done = queue(q / kStreamsPerDevice, q % kStreamsPerDevice).done() >= it->tickets[q];
       if (done) { ready.push_back(it->handle); it = g_frees.erase(it); } else ++it;
     }
   }
@@ -199,10 +201,9 @@ void wait_event(Event* e) {
 
 // ---------------------------------------------------------------- the allocator
 void free_handle(void* ctx) {
-  auto handle = reinterpret_cast<uintptr_t>(ctx);
-  int device = 0;  // every device shares the heap; wait for device 0's and 1's queues
-  PendingFree f{device, handle, std::vector<uint64_t>(kStreamsPerDevice)};
-  for (int s = 0; s < kStreamsPerDevice; ++s) f.tickets[s] = queue(device, s).queued();
+  PendingFree f{reinterpret_cast<uintptr_t>(ctx), std::vector<uint64_t>(kDevices * kStreamsPerDevice)};
+  for (int q = 0; q < kDevices * kStreamsPerDevice; ++q)
+    f.tickets[q] = queue(q / kStreamsPerDevice, q % kStreamsPerDevice).queued();
   {
     std::lock_guard<std::mutex> g(g_free_mu);
     g_frees.push_back(std::move(f));
