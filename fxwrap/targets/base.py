@@ -53,9 +53,10 @@ class DeviceInterface:
     * ``is_available()``: whether the device is there; autotuning runs only then.
     * ``time_calls(run, n, device)``: seconds per call of ``run()`` over ``n`` calls, how
       the template choice (``wrapper_ir/template_choice.py``) times its candidates.  The
-      default is the host clock between two ``synchronize`` calls; a device with a queue
-      times the device's own work instead (CUDA: events, behind a spin so the launches
-      are queued before the device starts; the CPU at one thread: the thread's CPU time).
+      default times the device's own work between two ``timing_event``s where the device
+      has them (after ``fill_queue(n)``: CUDA spins so the launches are queued before the
+      device starts), else the host clock between two ``synchronize`` calls (the CPU at one
+      thread overrides it: the thread's CPU time).
     * ``timing_clock()``: a name for what ``time_calls`` measures now (``"wall"`` by
       default); the template timings' on-disk cache keys by it, so times taken with
       another clock are never compared with these.
@@ -93,12 +94,29 @@ class DeviceInterface:
         return repr(self.capabilities())
 
     def time_calls(self, run, n: int, device=None) -> float:
+        """Seconds per call of ``run()`` over ``n`` calls: between two of the device's
+        ``timing_event``s where it has them (after ``fill_queue``), else on the host clock
+        between two ``synchronize`` calls."""
+        start, end = self.timing_event(device), self.timing_event(device)
         self.synchronize(device)
-        start = time.perf_counter()
+        if start is None:
+            begin = time.perf_counter()
+            for _ in range(n):
+                run()
+            self.synchronize(device)
+            return (time.perf_counter() - begin) / n
+        self.fill_queue(n, device)
+        start.record()
         for _ in range(n):
             run()
-        self.synchronize(device)
-        return (time.perf_counter() - start) / n
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / n
+
+    def fill_queue(self, n: int, device=None) -> None:
+        """Before ``n`` timed calls: queue device work so the launches are queued before the
+        device reaches them (CUDA: a spin kernel); by default nothing."""
+        return None
 
     def capabilities(self) -> Capabilities:
         return Capabilities()

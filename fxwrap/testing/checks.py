@@ -252,8 +252,7 @@ def check_stream_order(target, device: torch.device, delay_stream) -> None:
         out = out[0] if isinstance(out, (tuple, list)) else out
         done = torch.Event(device=device)
         done.record()
-    torch.accelerator.current_stream(device).wait_event(done) if hasattr(torch, "accelerator") \
-        else done.synchronize()
+    torch.accelerator.current_stream(device).wait_event(done)
     got = out.cpu()
     torch.testing.assert_close(got, fn(fresh), msg=lambda m: (
         f"target {target.name if isinstance(target, fxwrap.Target) else target}: the program run on a side stream did not wait for the "

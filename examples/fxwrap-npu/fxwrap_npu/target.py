@@ -49,15 +49,6 @@ class NpuDevice(fxwrap.DeviceInterface):
     def timing_event(self, device=None):
         return torch.Event(device="npu", enable_timing=True)
 
-    def time_calls(self, run, n: int, device=None) -> float:
-        start, end = self.timing_event(), self.timing_event()
-        start.record()
-        for _ in range(n):
-            run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / n
-
     def graph_capture(self):
         return fxwrap.LaunchListCapture("npu")
 

@@ -45,18 +45,8 @@ class CudaDevice(DeviceInterface):
     #: host's launch cost (how Triton's ``do_bench`` times too)
     SPIN_CYCLES_PER_CALL = 200_000
 
-    def time_calls(self, run, n: int, device=None) -> float:
-        if not self.is_available():
-            return super().time_calls(run, n, device)
-        torch.cuda.synchronize(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    def fill_queue(self, n: int, device=None) -> None:
         torch.cuda._sleep(min(n, 100) * self.SPIN_CYCLES_PER_CALL)
-        start.record()
-        for _ in range(n):
-            run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / n
 
     def capabilities(self, device=None) -> Capabilities:
         if not self.is_available():
