@@ -73,7 +73,7 @@ def _default_decompositions() -> dict:
 @functools.lru_cache(maxsize=1)
 def _kernel_decompositions() -> dict:
     from torch._decomp import get_decompositions
-    return get_decompositions([
+    table = get_decompositions([
         aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.silu,
         # batch norm: inference a pointwise epilogue (the first decomposes into the
         # second); training a Welford reduction over (N, H, W) plus pointwise math
@@ -87,6 +87,24 @@ def _kernel_decompositions() -> dict:
         aten.native_layer_norm_backward, aten.gelu_backward, aten.silu_backward,
         aten.sigmoid_backward, aten.tanh_backward, aten.threshold_backward,
     ])
+    table[aten.native_layer_norm.default] = functools.partial(
+        _layer_norm_with_eager_zeros, table[aten.native_layer_norm.default])
+    return table
+
+
+def _layer_norm_with_eager_zeros(decomposition, x, normalized_shape, weight, bias, eps):
+    """torch's ``native_layer_norm`` decomposition, whose exact zeros carry eager's sign.
+
+    Eager's kernels compute ``x * scale + shift``, so an element equal to its row's mean
+    (a constant row, a normalized size of 1) is ``+0.0``; the decomposition's
+    ``(x - mean) * rstd * weight`` makes it ``-0.0`` where the weight is negative, and a
+    sign-sensitive op after it (``atan2``, ``1 / x``, ``copysign``) then differs from eager
+    by 2*pi or an infinity's sign (fuzz seed 940753).  Adding ``+0.0`` turns ``-0.0`` into
+    ``+0.0`` and changes no other value."""
+    out, mean, rstd = decomposition(x, normalized_shape, weight, bias, eps)
+    if weight is not None and bias is None:
+        out = out + 0.0
+    return out, mean, rstd
 
 
 def aten_graph_text(gm: torch.fx.GraphModule) -> str:

@@ -216,6 +216,16 @@ def images_special(dtype):
     return (_with_special_values(torch.randn(2, 3, 10, 12).to(dtype)),)
 
 
+def constant_rows(dtype):
+    """An (8, 16) tensor whose even rows are one small nonzero integer each (their mean is
+    exact, so layer norm's result there is an exact zero) and a weight of mixed signs."""
+    x = torch.randn(8, 16)
+    x[::2] = torch.randint(1, 4, (4, 1)) * (torch.randint(0, 2, (4, 1)) * 2 - 1)
+    weight = torch.randn(16)
+    weight[:4] = -weight[:4].abs()
+    return x.to(dtype), weight.to(dtype)
+
+
 # -- the cases ------------------------------------------------------------------------
 
 def _python_function(fn: Callable) -> Callable:
@@ -461,6 +471,9 @@ OP_CASES += [
               [aten._log_softmax, aten.amax, aten.exp, aten.log, aten.sum], "reduction"),
     *_special("max_pool2d", lambda x: F.max_pool2d(x, 2), images_special,
               [aten.max_pool2d_with_indices, aten.max_pool2d], "pooling"),
+    # eager's exact zeros are +0.0 (x * scale + shift), whatever the weight's sign
+    *_special("layer_norm_constant_rows", lambda x, w: F.layer_norm(x, (16,), w), constant_rows,
+              [aten.native_layer_norm], "reduction", zero_signs=True),
 ]
 
 OP_CASES_BY_ID: dict[str, OpCase] = {case.id: case for case in OP_CASES}
