@@ -42,14 +42,15 @@ SIZES = ((1, 1, 1), (1, 37, 5), (7, 1, 9), (33, 65, 17), (64, 48, 96))
 LAYOUTS = ("nn", "nt", "tn", "tt", "sliced")
 
 
-def _operands(m, k, n, layout, dtype, batch=None):
+def _operands(m, k, n, layout, dtype, device, batch=None):
     lead = () if batch is None else (batch,)
+
+    def randn(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device)
     if layout == "sliced":
-        a = torch.randn(*lead, m, 2 * k, dtype=dtype)[..., ::2]
-        b = torch.randn(*lead, k + 3, n + 2, dtype=dtype)[..., 2:-1, 1:-1]
-        return a, b
-    a = torch.randn(*lead, m, k, dtype=dtype) if layout[0] == "n" else torch.randn(*lead, k, m, dtype=dtype).mT
-    b = torch.randn(*lead, k, n, dtype=dtype) if layout[1] == "n" else torch.randn(*lead, n, k, dtype=dtype).mT
+        return randn(*lead, m, 2 * k)[..., ::2], randn(*lead, k + 3, n + 2)[..., 2:-1, 1:-1]
+    a = randn(*lead, m, k) if layout[0] == "n" else randn(*lead, k, m).mT
+    b = randn(*lead, k, n) if layout[1] == "n" else randn(*lead, n, k).mT
     return a, b
 
 
@@ -69,6 +70,14 @@ class TemplateConformance:
         return dict(atol=3e-2, rtol=3e-2) if dtype in (torch.bfloat16, torch.float16) else dict(atol=1e-4, rtol=1e-4)
 
     # -- helpers -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The target's device: every input is made there, and eager runs there too."""
+        return torch.device(fxwrap.get_plugin_manager().target(self.target).device_type)
+
+    def randn(self, *shape, dtype) -> torch.Tensor:
+        return torch.randn(*shape, dtype=dtype, device=self.device)
+
     def compile(self, fn, dynamic=False):
         torch._dynamo.reset()  # every case a fresh compile (one code object, many closures)
         programs: list = []
@@ -100,8 +109,8 @@ class TemplateConformance:
             return ep(a @ w, b, r)
 
         c, programs = self.compile(fn)
-        a, w = _operands(29, 40, 51, "nn", dtype)
-        b, r = torch.randn(51, dtype=dtype), torch.randn(29, 51, dtype=dtype)
+        a, w = _operands(29, 40, 51, "nn", dtype, self.device)
+        b, r = self.randn(51, dtype=dtype), self.randn(29, 51, dtype=dtype)
         torch.testing.assert_close(c(a, w, b, r), fn(a, w, b, r), **self.tolerance(dtype))
         self.check_ran(programs)
 
@@ -114,7 +123,7 @@ class TemplateConformance:
             return torch.relu(F.linear(x, w, b))
 
         c, programs = self.compile(fn)
-        x, w, b = torch.randn(19, 45, dtype=dtype), torch.randn(38, 45, dtype=dtype), torch.randn(38, dtype=dtype)
+        x, w, b = self.randn(19, 45, dtype=dtype), self.randn(38, 45, dtype=dtype), self.randn(38, dtype=dtype)
         torch.testing.assert_close(c(x, w, b), fn(x, w, b), **self.tolerance(dtype))
         self.check_ran(programs)
 
@@ -125,7 +134,7 @@ class TemplateConformance:
             return torch.sigmoid(a @ w).to(torch.bfloat16)
 
         c, programs = self.compile(fn)
-        a, w = _operands(21, 33, 18, "nn", torch.float32)
+        a, w = _operands(21, 33, 18, "nn", torch.float32, self.device)
         torch.testing.assert_close(c(a, w), fn(a, w), atol=1e-2, rtol=1e-2)
         self.check_ran(programs)
 
@@ -138,7 +147,7 @@ class TemplateConformance:
             return torch.mm(a, w) - 1
 
         c, programs = self.compile(fn)
-        a, w = _operands(23, 31, 27, layout, dtype)
+        a, w = _operands(23, 31, 27, layout, dtype, self.device)
         torch.testing.assert_close(c(a, w), fn(a, w), **self.tolerance(dtype))
         self.check_ran(programs)
 
@@ -151,7 +160,7 @@ class TemplateConformance:
             return torch.tanh(a @ w)
 
         c, programs = self.compile(fn)
-        a, w = _operands(m, k, n, "nt", dtype)
+        a, w = _operands(m, k, n, "nt", dtype, self.device)
         torch.testing.assert_close(c(a, w), fn(a, w), **self.tolerance(dtype))
         self.check_ran(programs)
 
@@ -163,8 +172,8 @@ class TemplateConformance:
             return torch.bmm(a, w) + r
 
         c, programs = self.compile(fn)
-        a, w = _operands(13, 22, 17, "nt", dtype, batch=3)
-        r = torch.randn(3, 13, 17, dtype=dtype)
+        a, w = _operands(13, 22, 17, "nt", dtype, self.device, batch=3)
+        r = self.randn(3, 13, 17, dtype=dtype)
         torch.testing.assert_close(c(a, w, r), fn(a, w, r), **self.tolerance(dtype))
         self.check_ran(programs)
 
@@ -176,8 +185,8 @@ class TemplateConformance:
             return F.silu(F.linear(x, w, b))
 
         c, programs = self.compile(fn, dynamic=True)
-        w, b = torch.randn(24, 40, dtype=dtype), torch.randn(24, dtype=dtype)
+        w, b = self.randn(24, 40, dtype=dtype), self.randn(24, dtype=dtype)
         for rows in (5, 17, 64):
-            x = torch.randn(rows, 40, dtype=dtype)
+            x = self.randn(rows, 40, dtype=dtype)
             torch.testing.assert_close(c(x, w, b), fn(x, w, b), **self.tolerance(dtype))
         assert any(isinstance(ln, TemplateChoice) and ln.chosen == self.template for p in programs for ln in p.lines)

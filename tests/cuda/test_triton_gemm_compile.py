@@ -158,9 +158,9 @@ def test_auto_times_both_candidates_and_records_the_choice(tmp_path, monkeypatch
 from fxwrap.testing.templates import TemplateConformance  # noqa: E402
 
 
-@pytest.mark.skipif(GPU, reason="the conformance kit's inputs are CPU tensors: it runs on triton-interpret")
 class TestTritonGemmConformance(TemplateConformance):
-    target = "triton-interpret"
+    """The kit on the target's own tensors: CUDA tensors on a GPU, else the interpreter's CPU ones."""
+    target = TARGET
     template = "triton_gemm"
     shares_with = ("triton_gemv",)  # listed first: "always" gives it the one-row products
     dtypes = (f32, bf16)
