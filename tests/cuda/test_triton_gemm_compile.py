@@ -160,7 +160,7 @@ from fxwrap.testing.templates import TemplateConformance  # noqa: E402
 
 class TestTritonGemmConformance(TemplateConformance):
     """The kit on the target's own tensors: CUDA tensors on a GPU, else the interpreter's CPU ones."""
-    target = TARGET
+    target = "cuda" if GPU else "triton-interpret"
     template = "triton_gemm"
     shares_with = ("triton_gemv",)  # listed first: "always" gives it the one-row products
     dtypes = (f32, bf16)
