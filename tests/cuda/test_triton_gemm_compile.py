@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fxwrap
 from fxwrap.ir.lines import CallExtern, CallKernel, TemplateChoice
-from triton_helpers import DEVICE, GPU, TARGET
+from triton_helpers import DEVICE, GPU, TARGET, TARGET_NAME
 
 aten = torch.ops.aten
 GEMMS = {aten.mm.out, aten.addmm.out, aten.bmm.out, aten.mm.default, aten.addmm.default, aten.bmm.default}
@@ -160,7 +160,7 @@ from fxwrap.testing.templates import TemplateConformance  # noqa: E402
 
 class TestTritonGemmConformance(TemplateConformance):
     """The kit on the target's own tensors: CUDA tensors on a GPU, else the interpreter's CPU ones."""
-    target = "cuda" if GPU else "triton-interpret"
+    target = TARGET_NAME
     template = "triton_gemm"
     shares_with = ("triton_gemv",)  # listed first: "always" gives it the one-row products
     dtypes = (f32, bf16)
