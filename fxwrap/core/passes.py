@@ -233,7 +233,10 @@ def _matmul_padding(graph: AtenGraph) -> None:
     """Matrix products padded to the device's alignment (``Capabilities.matmul_alignment_bytes``)."""
     alignment = graph.session.capabilities.matmul_alignment_bytes
     if alignment and graph.kind in ("inference", "forward") and graph.makes_kernels:
-        pad_matmul_columns(graph.gm, alignment)
+        outputs = next(n for n in graph.gm.graph.nodes if n.op == "output").args[0]
+        count = len(outputs) if isinstance(outputs, (tuple, list)) else 1
+        keep = range(count) if graph.kind == "inference" else (graph.saved_outputs or ())
+        pad_matmul_columns(graph.gm, alignment, keep_outputs=keep)
 
 
 def _patterns(graph: AtenGraph) -> None:

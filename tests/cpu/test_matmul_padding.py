@@ -4,7 +4,8 @@ kernels want 16-byte leading dimensions).  Here the capability is switched on fo
 target: a language-model head (``F.linear`` with a transposed weight), an ``addmm`` with a
 bias, a product read by a softmax and a view, and one left alone (aligned), each with
 eager's numbers; structure: the padded product's result has rows of a multiple of 16
-bytes, a graph output comes back contiguous, a small product is not padded."""
+bytes, an inference output keeps them (no copy back), a training output comes back contiguous,
+a small product is not padded."""
 from __future__ import annotations
 
 import dataclasses
@@ -64,9 +65,29 @@ def test_odd_columns_are_computed_over_padded_rows(aligned, dtype):
     got, want = program.run(h, wte), head(h, wte)
     tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     torch.testing.assert_close(got, want, **tol)
-    assert got.is_contiguous()  # the model's output comes back as eager returns it
     step = 16 // got.element_size()
     assert _widths(program) and all(w % step == 0 and w >= 1001 for w in _widths(program))
+    # the output keeps the padded rows (as Inductor's pad_mm returns it): no copy back, so the
+    # program holds the product once, beside the padded weight (18 and 32 rows of that width)
+    padded = _widths(program)[0]
+    assert got.shape == want.shape and got.stride() == (9 * padded, padded, 1)
+    assert program.peak_bytes == (18 + 32) * padded * got.element_size()
+
+
+def test_an_output_of_a_training_forward_is_cloned_back(aligned):
+    """In a training graph the model's output keeps eager's layout (AOTAutograd hands it to
+    the user and to autograd as traced): the padded product's rows are copied back."""
+    gen = torch.Generator().manual_seed(12)
+    h = torch.randn(18, 32, generator=gen, requires_grad=True)
+    wte = torch.randn(1001, 32, generator=gen, requires_grad=True)
+    compiled = torch.compile(head, backend=fxwrap.Backend("cpu", EXTERN))
+    got = compiled(h, wte)
+    torch.testing.assert_close(got, head(h, wte))
+    assert got.is_contiguous()
+    got.sum().backward()
+    want_h, want_w = torch.autograd.grad(head(h, wte).sum(), (h, wte))
+    torch.testing.assert_close(h.grad, want_h)
+    torch.testing.assert_close(wte.grad, want_w)
 
 
 def test_a_bias_and_readers_of_the_padded_result(aligned):
