@@ -290,16 +290,6 @@ def save(obj, path: str | os.PathLike) -> None:
 
 
 # ------------------------------------------------------------------------------ loading
-def _device_present(device_type: str) -> bool:
-    if device_type == "cpu":
-        return True
-    if device_type == "mps":
-        return bool(torch.backends.mps.is_available())
-    module = getattr(torch, device_type, None)
-    available = getattr(module, "is_available", None)
-    return bool(available()) if callable(available) else False
-
-
 def check_header(header: dict, origin: str) -> None:
     """Raise ``ProgramFileError`` unless a program with ``header`` can run here."""
     if header.get("format") != FORMAT:
@@ -321,12 +311,26 @@ def check_header(header: dict, origin: str) -> None:
             raise ProgramFileError(f"{origin} holds {name} {version} kernels; this machine has {name} {current}: "
                                    "lower the function again here and save it")
     device_type = header.get("device_type", "cpu")
-    if not _device_present(device_type):
+    why = missing_device(device_type)
+    if why is not None:
         raise ProgramFileError(f"{origin} is a program for target {header.get('target')!r}, which runs on "
-                               f"{device_type} devices, and this machine has no {device_type} device "
-                               f"(torch.{device_type}.is_available() is False); run it on a machine with one, "
-                               "or lower the function again for a device this machine has (e.g. target='cpu') "
-                               "and save that")
+                               f"{device_type} devices: {why}. Run it on a machine with one, or lower the "
+                               "function again for a device this machine has (e.g. target='cpu') and save that")
+
+
+def missing_device(device_type: str) -> str | None:
+    """Why tensors of ``device_type`` cannot be made in this process, asked of torch's own
+    device module (``torch.get_device_module(device_type).is_available()``: ``torch.cpu``,
+    ``torch.cuda``, ``torch.mps``, a PrivateUse1 backend's registered module); None when
+    they can.  No fxwrap compiler module is imported: a loaded program needs none."""
+    try:
+        module = torch.get_device_module(device_type)
+    except (RuntimeError, AttributeError):
+        return (f"torch knows no {device_type!r} device in this process: import the package that registers "
+                "it (a PrivateUse1 backend and its torch module) before loading")
+    if not module.is_available():
+        return f"this machine has no {device_type} device (torch.get_device_module({device_type!r}).is_available() is False)"
+    return None
 
 
 def _build(record: dict) -> LoadedProgram:

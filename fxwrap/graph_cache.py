@@ -59,7 +59,7 @@ from fxwrap.targets.host.compiler import host_fingerprint
 
 log = logging.getLogger("fxwrap")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: entries and bundle headers name their target
 BUNDLE_FORMAT = "fxwrap-cache-bundle"
 #: what happened in this process: "hit", "miss", "stored", "uncacheable"
 stats: Counter = Counter()
@@ -103,7 +103,8 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs, session) -> str:
     key.add(tuple(describe(x) for x in example_inputs))
     key.add(shape_env_state(shape_env_of(gm, "example_value")))
     key.add(("grad", torch.is_grad_enabled()))
-    key.add({d: str(torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)})
+    key.add({d: str(torch.get_autocast_dtype(d)) for d in sorted({"cpu", session.target.device_type})
+             if torch.amp.is_autocast_available(d) and torch.is_autocast_enabled(d)})
     key.add_bytes(torch._functorch.config.save_config())
     key.add_session(session)
     return key.hexdigest()
@@ -309,7 +310,8 @@ class GraphCompile:
         # a hit checks them at the sizes it is asked for and installs them for dynamo
         added = [g.expr for g in self.env.guards[self.guards:]] if self.env is not None else []
         entry = {"key": self.key, "guards": added, "kind": "inference" if kind == "inference" else "training",
-                 "layout": self.layout, "mutated": self.mutated, "programs": keys, "device_type": self.session.target.device_type}
+                 "layout": self.layout, "mutated": self.mutated, "programs": keys, "device_type": self.session.target.device_type,
+                 "target": self.session.target.name}
         self.path().parent.mkdir(parents=True, exist_ok=True)
         try:
             data = pickle.dumps(entry)
@@ -323,13 +325,14 @@ class GraphCompile:
 
 
 # ------------------------------------------------------------------------------ bundles
-def environment_header(device_types) -> dict:
+def environment_header(device_types, targets=()) -> dict:
     """What a bundle's (or a precompiled function's) programs need of the process that runs
-    them: fxwrap's version and files, torch, Triton, Python, the host CPU, ``device_types``."""
+    them: fxwrap's version and files, torch, Triton, Python, the host CPU, ``device_types``,
+    and the ``targets`` that compiled them (their plugins and devices)."""
     return {"format": BUNDLE_FORMAT, "format_version": FORMAT_VERSION, "fxwrap_version": fxwrap_version(),
             "fxwrap_files": package_digest(), "torch_version": torch.__version__, "triton_version": triton_version(),
             "python": sys.version.split()[0], "host": hashlib.sha256(host_fingerprint().encode()).hexdigest(),
-            "device_types": sorted(device_types)}
+            "device_types": sorted(device_types), "targets": sorted(targets)}
 
 
 def save_cache_artifacts(path: str | os.PathLike) -> int:
@@ -339,7 +342,7 @@ def save_cache_artifacts(path: str | os.PathLike) -> int:
     directory, another machine with the same host CPU, devices and versions) makes those
     graphs compile with no AOTAutograd and no lowering.  A bundle is a pickle: load only
     bundles you trust."""
-    root, files, devices = cache_dir(), {}, set()
+    root, files, devices, targets = cache_dir(), {}, set(), set()
     for name in list(_touched):  # a copy: other threads' compiles add to it meanwhile
         try:
             files[name] = (root / name).read_bytes()
@@ -347,10 +350,12 @@ def save_cache_artifacts(path: str | os.PathLike) -> int:
             continue
     for name, data in files.items():
         if name.startswith("graphs"):
-            devices.add(pickle.loads(data)["device_type"])
+            entry = pickle.loads(data)
+            devices.add(entry["device_type"])
+            targets.add(entry["target"])
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("header.json", json.dumps(environment_header(devices), indent=1))
+        archive.writestr("header.json", json.dumps(environment_header(devices, targets), indent=1))
         for name in sorted(files):
             archive.writestr(name, files[name])
     write_atomically(Path(path), buffer.getvalue())
@@ -373,14 +378,6 @@ def _warn_if_partial(path, graphs: int) -> None:
         because = "; it lacks " + " and ".join(missing) if missing else \
             "; nothing compiled in this process was stored (is the cache off: FXWRAP_PROGRAM_CACHE=0 or options={'cache': False}?)"
         warnings.warn(f"fxwrap: cache bundle {os.fspath(path)!r} {what}{because}", stacklevel=3)
-
-
-def _device_present(device_type: str) -> bool:
-    if device_type == "cpu":
-        return True
-    module = getattr(torch, device_type, None)
-    available = getattr(module, "is_available", None)
-    return bool(available()) if callable(available) else False
 
 
 def load_cache_artifacts(path: str | os.PathLike) -> int:
@@ -424,7 +421,9 @@ def check_header(header: dict, origin: str) -> None:
                                    f"{here[field_name]!r}): its programs cannot run here. Compile the model "
                                    "in this environment (torch.compile(..., backend='fxwrap')) and save a "
                                    "bundle here")
-    for device_type in header.get("device_types", ()):
-        if not _device_present(device_type):
-            raise CacheBundleError(f"{origin} holds programs for {device_type} devices and this machine has "
-                                   f"none (torch.{device_type}.is_available() is False); load it where one is")
+    from fxwrap.plugins.manager import get_plugin_manager
+    for target in header.get("targets", ()):
+        why = get_plugin_manager().missing_device(target)
+        if why is not None:
+            raise CacheBundleError(f"{origin} holds programs of target {target!r}, which cannot run here: {why}. "
+                                   "Load it where the target's plugin and device are")

@@ -113,7 +113,7 @@ class PrecompiledGraph(SerializableCallable):
         programs = {key: cache.path(key).read_bytes() for key in entry["programs"].values()}
         target = warm.session.target
         binding = binding_file() if entry["device_type"] == "cpu" else None
-        state = {"header": environment_header({entry["device_type"]}), "target": target.name,
+        state = {"header": environment_header({entry["device_type"]}, {target.name}), "target": target.name,
                  "options": replace(options, on_program=None, target=target.name),
                  "graph": graph, "programs": programs,
                  # the C launch binding of the C++ kernels, built once per host and cache directory

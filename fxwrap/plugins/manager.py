@@ -295,6 +295,19 @@ class PluginManager:
             raise KeyError(f"no fxwrap target named {name!r}; registered: {sorted(self.targets)}. "
                            "Install the plugin that provides it (entry-point group 'fxwrap').") from None
 
+    def missing_device(self, name: str) -> str | None:
+        """Why programs compiled for target ``name`` cannot run in this process: no plugin
+        registers the target, or its device interface finds no device
+        (``DeviceInterface.is_available()``); None when they can."""
+        try:
+            target = self.target(name)
+        except KeyError as exc:
+            return str(exc.args[0])
+        if not target.device.is_available():
+            return (f"target {name!r} runs on {target.device_type} devices and this machine has none "
+                    f"({type(target.device).__name__}.is_available() is False)")
+        return None
+
     def target_for_device(self, device_type: str) -> Target:
         """The default target for ``device_type``: highest priority, then first name."""
         self.load()

@@ -235,8 +235,13 @@ def test_another_version_or_an_absent_device_is_a_clear_error(tmp_path):
         fxwrap.lower(mlp_block, *_inputs()).save(path)
         _rewrite_header(path, target="cuda", device_type="cuda")
         with pytest.raises(fxwrap.ProgramFileError,
-                           match=r"program for target 'cuda', which runs on cuda devices, and this machine has "
-                                 r"no cuda device \(torch.cuda.is_available\(\) is False\)"):
+                           match=r"program for target 'cuda', which runs on cuda devices: this machine has "
+                                 r"no cuda device \(torch.get_device_module\('cuda'\).is_available\(\) is False\)"):
+            fxwrap.load(path)
+        _rewrite_header(path, target="vpu", device_type="vpu")  # a PrivateUse1 device never registered here
+        with pytest.raises(fxwrap.ProgramFileError,
+                           match=r"which runs on vpu devices: torch knows no 'vpu' device in this process: import "
+                                 r"the package that registers it"):
             fxwrap.load(path)
     path.write_bytes(b"not a zip")
     with pytest.raises(fxwrap.ProgramFileError, match="is not an fxwrap program file"):

@@ -1,6 +1,7 @@
 """The warm-start cache (fxwrap/graph_cache.py): a second process with the same cache
 directory runs a model with no AOTAutograd and no lowering and gives eager's numbers;
 a bundle carries the cache to a process with an empty one; a bundle from elsewhere is refused."""
+import dataclasses
 import json
 import zipfile
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 
 import fxwrap
 from fxwrap import graph_cache
+from fxwrap.targets.host.device import CpuDevice
 from shared_helpers import run_child
 
 CHILD = Path(__file__).with_name("warm_start_child.py")
@@ -88,10 +90,17 @@ def _rewrite_header(bundle: Path, **changes) -> None:
     ({"torch_version": "2.0.0"}, "another torch version"),
     ({"fxwrap_files": "0" * 64}, "another fxwrap source files"),
     ({"host": "0" * 64}, "another host CPU"),
-    ({"device_types": ["cpu", "nodevice"]}, "holds programs for nodevice devices"),
+    ({"targets": ["cpu", "notarget"]}, "holds programs of target 'notarget', which cannot run here: no fxwrap "
+                                        "target named 'notarget'"),
+    ({"targets": ["cpu", "nodevice"]}, "holds programs of target 'nodevice', which cannot run here: target "
+                                       "'nodevice' runs on cuda devices and this machine has none"),
 ])
 def test_bundle_from_elsewhere_is_refused(tmp_path, monkeypatch, changes, message):
     monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "cache"))
+    manager = fxwrap.get_plugin_manager()
+    absent = dataclasses.replace(manager.target("cpu"), name="nodevice", device_type="cuda",
+                                 device=type("Absent", (CpuDevice,), {"is_available": lambda self: False})())
+    monkeypatch.setitem(manager.targets, "nodevice", absent)  # its device interface finds no device
     bundle = tmp_path / "b.fxcache"
     with pytest.warns(UserWarning, match="holds no graph"):  # an empty bundle: only its header is tested
         fxwrap.save_cache_artifacts(bundle)
@@ -179,6 +188,7 @@ def test_input_mutation_autograd_sees_is_not_cached_and_stays_correct(tmp_path, 
 OVERLAPPING_VIEWS = """
 import json, torch, fxwrap
 from fxwrap import graph_cache
+from fxwrap.targets.host.device import CpuDevice
 def f(x, y):
     x.mul_(2)
     return x + y
@@ -251,5 +261,5 @@ def test_bundle_saves_while_another_thread_compiles(tmp_path, monkeypatch):
         return read_bytes(path)
 
     monkeypatch.setattr(Path, "read_bytes", read_while_another_thread_stores)
-    monkeypatch.setattr(graph_cache.pickle, "loads", lambda data: {"device_type": "cpu"})
+    monkeypatch.setattr(graph_cache.pickle, "loads", lambda data: {"device_type": "cpu", "target": "cpu"})
     assert fxwrap.save_cache_artifacts(tmp_path / "b.fxcache") == 1
