@@ -287,6 +287,12 @@ class CompileSession:
             return shared.capabilities
 
     @property
+    def intrinsics(self) -> tuple:
+        """The target's own ops (``fxwrap.Intrinsic``s its emitter declares,
+        ``KernelEmitter.intrinsics``): the lowering table emits them, the caches key on them."""
+        return tuple(getattr(self.target.emitter, "intrinsics", ()))
+
+    @property
     def kernel_dtypes(self) -> frozenset:
         """The dtypes a generated kernel may read or write on this target: fxwrap's own,
         narrowed by the device's ``capabilities().dtypes`` (names such as
