@@ -20,6 +20,7 @@ from fxwrap.ir.intrinsics import Intrinsic
 from fxwrap.ir.loops import Op, format_ssa
 from fxwrap.plugins.manager import PluginManager, use_plugin_manager
 from fxwrap.testing import ConformanceSuite
+from fxwrap.testing.ops import OP_CASES
 
 aten = torch.ops.aten
 DOC = Path(__file__).resolve().parents[2] / "docs" / "adding-a-device.md"
@@ -188,8 +189,14 @@ def test_the_doc_shows_this_target():
     listing = source.split("# <!-- intrinsic-listing -->", 1)[1].split("# <!-- end intrinsic-listing -->")[0]
     shown = re.search(r"<!-- intrinsic-listing -->\n```python\n(.*?)```", DOC.read_text(), re.S).group(1)
     code = [line for line in listing.splitlines()[1:] if line.strip()]
-    assert code == [line for line in shown.splitlines() if line.strip()]
+    shown = [line for line in shown.splitlines() if line.strip()]
+    assert shown[0] == "# tests/cpu/test_intrinsics.py" and code == shown[1:]
 
 
 class TestGeluIntrinsicConformance(ConformanceSuite):
+    """The kit on the target: its kernels are the ``cpu`` target's but where gelu is
+    ``my_gelu``, so the op cases are the pointwise ones (gelu among them; the rest run on
+    ``cpu`` in tests/conformance) and the OpInfo is gelu's; the models (GELU MLPs) whole."""
     target = TARGET.name
+    op_cases = tuple(case for case in OP_CASES if case.group == "pointwise")
+    opinfo_ops = ("nn.functional.gelu",)

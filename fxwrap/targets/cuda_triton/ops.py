@@ -389,6 +389,10 @@ class OpRenderer:
         fn = TRITON_OPS.get(name)
         if fn is not None and (name not in BINARY or len(a) == 2):
             return fn(self, t, *a)
+        if name == "intrinsic":
+            raise OpError(f"a target-defined op (intrinsic, {t}) has no rendering on target {self.target_name}: "
+                          "the Triton emitter renders no intrinsics (the C-family engine does); leave it "
+                          "out of the emitter's intrinsics")
         if name in UNARY:
             raise OpError(f"op {name!r} ({t}) has no rendering on target {self.target_name}; "
                           "add it to fxwrap.targets.cuda_triton.ops or let the lowering fall back")
