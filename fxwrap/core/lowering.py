@@ -270,7 +270,7 @@ def call_operands(overload: torch._ops.OpOverload) -> tuple[str, ...]:
     ``Tensor`` and ``Scalar`` arguments, in schema order (``aten.gelu.default``: ``("self",)``;
     ``aten.add.Tensor``: ``("self", "other", "alpha")``)."""
     return tuple(a.name for a in overload._schema.arguments
-                 if isinstance(a.type, torch.TensorType) or str(a.type) == "Scalar")
+                 if isinstance(a.type, (torch.TensorType, torch.NumberType)))
 
 
 def bound_arguments(overload: torch._ops.OpOverload, args: Sequence, kwargs: dict) -> dict:
