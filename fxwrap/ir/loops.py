@@ -247,11 +247,11 @@ class Op:
         want = _OPERANDS[code]
         if code == OpCode.LOAD:
             arg = _load_arg(arg, src)
-        elif len(src) != want and code != OpCode.INTRINSIC:
-            raise TypeError(f"Op({code!r}) takes {want} operand(s), got {len(src)}")
-        elif code == OpCode.INTRINSIC:
+        elif code == OpCode.INTRINSIC:  # any number of operands: its declaration's
             if not isinstance(arg, str) or not arg.isidentifier():
                 raise TypeError(f"Op('intrinsic'): arg {arg!r} must be the intrinsic's name (an identifier)")
+        elif len(src) != want:
+            raise TypeError(f"Op({code!r}) takes {want} operand(s), got {len(src)}")
         elif code == OpCode.CONST:
             arg = _const_value(arg, dtype)
         elif code == OpCode.INDEX:
