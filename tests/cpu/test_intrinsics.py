@@ -97,6 +97,16 @@ def test_gelu_after_a_matrix_product_is_the_epilogue_kernel():
     torch.testing.assert_close(program.run(x, w, b), linear_gelu(x, w, b))
 
 
+def test_gelu_fuses_into_a_reduction_and_its_epilogue():
+    """softmax(gelu(x)): the intrinsic is computed inside the reduction kernel's passes."""
+    x = torch.randn(16, 300)
+    program = fxwrap.lower(lambda v: torch.softmax(F.gelu(v), -1), x, target=TARGET.name)
+    (kernel,) = _kernels(program)
+    assert "my_gelu(" in _function(kernel) and "erf" not in _function(kernel)
+    x = torch.randn(16, 300)
+    torch.testing.assert_close(program.run(x), torch.softmax(F.gelu(x), -1))
+
+
 def test_the_intrinsic_is_what_computes():
     """``my_gelu`` computes in double: its float32 results are the float64 GELU rounded once,
     where the erf decomposition of a target without it, in float32, differs in many elements."""
