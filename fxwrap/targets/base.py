@@ -246,9 +246,9 @@ class KernelEmitter:
     #: the target's own ops (``fxwrap.Intrinsic``, ``fxwrap/ir/intrinsics.py``): a native
     #: ``gelu``, a fast ``exp``, which lowerings emit inside fused kernels as loop-IR nodes of
     #: op ``intrinsic`` and this emitter renders through each one's ``spelling`` (the C-family
-    #: engine does); a call an intrinsic replaces lowers as on any other target where it
-    #: declares none: ``(Intrinsic("my_gelu", "my_gelu({0})", replaces=aten.gelu.default,
-    #: when={"approximate": "none"}),)``
+    #: engine and the Triton emitter do); a call an intrinsic does not cover lowers as on a
+    #: target that declares none: ``(Intrinsic("my_gelu", "my_gelu({0})",
+    #: replaces=aten.gelu.default, when={"approximate": "none"}),)``
     intrinsics: tuple = ()
 
     def __init__(self, target: "Target"):
