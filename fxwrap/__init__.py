@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "InputGuard": "fxwrap.runtime.guards", "InputMismatchError": "fxwrap.runtime.guards",
     "Kernel": "fxwrap.runtime.kernel", "KernelArg": "fxwrap.runtime.kernel", "free": "fxwrap.runtime.memory",
     "Capabilities": "fxwrap.ir.capabilities", "DECLINE": "fxwrap.core.lowering",
+    "Intrinsic": "fxwrap.ir.intrinsics",
     "DeviceInterface": "fxwrap.targets.base", "DirectCallWrapper": "fxwrap.targets.base",
     "KernelEmitter": "fxwrap.targets.base", "KernelSource": "fxwrap.targets.base",
     "Target": "fxwrap.targets.base", "WrapperCodegen": "fxwrap.targets.base",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.precompile import CompiledFunction, PrecompileError  # noqa: F401
     from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
     from fxwrap.ir.capabilities import Capabilities  # noqa: F401
+    from fxwrap.ir.intrinsics import Intrinsic  # noqa: F401
     from fxwrap.graph_cache import CacheBundleError, load_cache_artifacts, save_cache_artifacts  # noqa: F401
     from fxwrap.core.errors import EmitError, UnsupportedUserKernel  # noqa: F401
     from fxwrap.core.lowering import DECLINE  # noqa: F401

@@ -223,13 +223,16 @@ class KeyHasher:
 
     def add_session(self, session) -> None:
         """What a program compiled in ``session`` depends on besides its graph: the options,
-        the target (name, device type, options), the device's capabilities, the host CPU, the
-        plugins and their sources, the pass lists, deterministic algorithms, $CXX and FXWRAP_*
-        settings, the versions of Python, torch, Triton and fxwrap and fxwrap's files."""
+        the target (name, device type, options), the device's capabilities, the intrinsics its
+        emitter declares (``fxwrap.Intrinsic``: targets declaring other intrinsics never share
+        a program), the host CPU, the plugins and their sources, the pass lists, deterministic
+        algorithms, $CXX and FXWRAP_* settings, the versions of Python, torch, Triton and
+        fxwrap and fxwrap's files."""
         target = session.target
         self.add(options_state(session.options))
         self.add((target.name, target.device_type, dict(target.options)))
         self.add(session.capabilities)
+        self.add(session.intrinsics)
         self.add(host_fingerprint())
         self.add(tuple(session.plugins.plugins))
         self.add(plugin_digest(session.plugins.plugin_objects))

@@ -30,6 +30,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from fxwrap.ir.loops import Op, OpCode, load_mask, result_dtype, rewrite
 from fxwrap.core.building import RuleBuilder
 from fxwrap.ir.capabilities import Capabilities
+from fxwrap.ir.intrinsics import Intrinsic
 from fxwrap.core.numerics import compute_dtype  # bf16/fp16 compute in float32 (rules import it from here)
 from fxwrap.ir.symbolic import to_expr
 from fxwrap.ir.lines import Buffer
@@ -262,6 +263,88 @@ class DeclinableRule:
                 return result
             ctx.rollback()
         return None
+
+
+def call_operands(overload: torch._ops.OpOverload) -> tuple[str, ...]:
+    """The arguments of ``overload`` that an intrinsic replacing it takes as operands: its
+    ``Tensor`` and ``Scalar`` arguments, in schema order (``aten.gelu.default``: ``("self",)``;
+    ``aten.add.Tensor``: ``("self", "other", "alpha")``)."""
+    return tuple(a.name for a in overload._schema.arguments
+                 if isinstance(a.type, (torch.TensorType, torch.NumberType)))
+
+
+def bound_arguments(overload: torch._ops.OpOverload, args: Sequence, kwargs: dict) -> dict:
+    """``{name: value}`` of a call of ``overload``: positional ``args`` and ``kwargs`` by their
+    schema names, every argument left out at its default."""
+    bound = {}
+    for i, a in enumerate(overload._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            bound[a.name] = args[i]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+    return bound
+
+
+@dataclass(frozen=True)
+class IntrinsicRule:
+    """What lowers a call of an ATen overload that a target's intrinsics replace
+    (``fxwrap.ir.intrinsics``): the first of ``intrinsics`` matching the call's arguments
+    and compute dtype, elementwise over the call's operands; any other call ``DECLINE``s to
+    the rules beneath (gelu's own: its erf decomposition).  ``aten.gelu.default(x)`` of
+    float32 ``(s0,)`` where ``my_gelu`` replaces it, at index ``(x0,)``::
+
+        Op("intrinsic", f32, (Op.load("arg0", x0, f32),), "my_gelu")
+    """
+
+    intrinsics: tuple
+
+    def __call__(self, ctx, *args, **kwargs):
+        overload = ctx.node.target
+        compute = compute_dtype(ctx.out_dtype)
+        arguments = bound_arguments(overload, args, kwargs)
+        for intrinsic in self.intrinsics:
+            if intrinsic.matches(arguments, compute):
+                return ctx.map(intrinsic, *(arguments[n] for n in call_operands(overload)), compute=compute)
+        return DECLINE
+
+
+def intrinsic_rules(target: str, intrinsics: Sequence) -> dict:
+    """``{OpOverload: IntrinsicRule}`` for the ``intrinsics`` of ``target`` that replace an
+    ATen overload, checked: a declaration that cannot replace its overload (operand count,
+    ``when`` naming no argument, an op with several results) is a ``LoweringError`` naming
+    the intrinsic, the op and the target."""
+    from_op: dict = {}
+    names = set()
+    for intrinsic in intrinsics:
+        if not isinstance(intrinsic, Intrinsic):
+            raise LoweringError(f"target {target!r} declares {intrinsic!r} as an intrinsic; its emitter's "
+                                "intrinsics must be fxwrap.Intrinsic records")
+        if intrinsic.name in names:
+            raise LoweringError(f"target {target!r} declares two intrinsics named {intrinsic.name!r}; "
+                                "give each its own name")
+        names.add(intrinsic.name)
+        overload = intrinsic.overload
+        if overload is None:
+            continue
+        where = f"intrinsic {intrinsic.name!r} of target {target!r} replaces {intrinsic.replaces}"
+        operands = call_operands(overload)
+        if len(operands) != intrinsic.operands:
+            raise LoweringError(f"{where}, whose call has {len(operands)} operand(s) {list(operands)} (its "
+                                f"Tensor and Scalar arguments); the intrinsic takes {intrinsic.operands}. "
+                                "Declare operands to match, or replace another overload")
+        returns = overload._schema.returns
+        if len(returns) != 1 or not isinstance(returns[0].type, torch.TensorType):
+            raise LoweringError(f"{where}, which does not return one tensor; an intrinsic replaces "
+                                "elementwise ops only (a rule of your own may build its node)")
+        options = {a.name for a in overload._schema.arguments} - set(operands)
+        unknown = sorted(k for k, _ in intrinsic.when if k not in options)
+        if unknown:
+            raise LoweringError(f"{where}: when= names {unknown}, which are not its non-operand arguments "
+                                f"{sorted(options)}")
+        from_op.setdefault(overload, []).append(intrinsic)
+    return {op: IntrinsicRule(tuple(found)) for op, found in from_op.items()}
 
 
 class LoweringContext:

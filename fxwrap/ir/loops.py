@@ -45,6 +45,8 @@ exact in 16-bit floats):
 * unary (``src=(x,)``): see ``UNARY``; ``cast`` converts ``x`` to ``dtype``.
 * binary (``src=(a, b)``): see ``BINARY``; those in ``BOOL_RESULT`` give ``torch.bool``.
 * ``where``: ``src=(cond, a, b)``.
+* ``intrinsic``: a target's own op (``fxwrap.ir.intrinsics``), ``arg`` its name, ``src`` its
+  operands; pointwise like the others, printed ``%2 = intrinsic.f32 my_gelu(%1)``.
 
 Loads, ``Op.load(buffer, index, dtype, mask=None)``.  ``index`` is the element offset
 from the buffer's data pointer:
@@ -114,9 +116,9 @@ import torch
 @dataclass(frozen=True)
 class OpInfo:
     """What the compiler knows of one op code: how many operands (``src``) it takes
-    (``None``: a load, 0 to 2), whether its result is ``torch.bool`` whatever its
-    operands, and whether its bf16/fp16 result is exact when its operands are (so it
-    needs no re-rounding to the 16-bit type)."""
+    (``None``: a load, 0 to 2; an intrinsic, the number its declaration takes), whether
+    its result is ``torch.bool`` whatever its operands, and whether its bf16/fp16 result
+    is exact when its operands are (so it needs no re-rounding to the 16-bit type)."""
 
     operands: int | None
     bool_result: bool = False
@@ -146,6 +148,9 @@ OP_INFO: dict[str, OpInfo] = {
     # kernels (capabilities().index_checks == "in_kernel"): the kernel traps (a
     # device-side assert, as eager's own index kernels do) unless low <= v < high
     **_rows("index_check", 3),
+    # a target-defined op (``fxwrap.ir.intrinsics.Intrinsic``): ``arg`` is its name, ``src``
+    # its operands, computed and returned in ``dtype``; only a target declaring it sees it
+    **_rows("intrinsic", None),
 }
 
 
@@ -242,6 +247,9 @@ class Op:
         want = _OPERANDS[code]
         if code == OpCode.LOAD:
             arg = _load_arg(arg, src)
+        elif code == OpCode.INTRINSIC:  # any number of operands: its declaration's
+            if not isinstance(arg, str) or not arg.isidentifier():
+                raise TypeError(f"Op('intrinsic'): arg {arg!r} must be the intrinsic's name (an identifier)")
         elif len(src) != want:
             raise TypeError(f"Op({code!r}) takes {want} operand(s), got {len(src)}")
         elif code == OpCode.CONST:
@@ -373,7 +381,8 @@ def _nested(root: Op) -> str:
             text[node] = f"Op.{node.op}({node.arg!r}, {dt})"
         else:
             kids = ", ".join(text[c] for c in node.src)
-            text[node] = f'Op("{node.op}", {dt}, ({kids}{"," if len(node.src) == 1 else ""}))'
+            name = f", {node.arg!r}" if node.op == OpCode.INTRINSIC else ""
+            text[node] = f'Op("{node.op}", {dt}, ({kids}{"," if len(node.src) == 1 else ""}){name})'
     return text[root]
 
 
@@ -721,6 +730,8 @@ def format_ssa(roots: Sequence[Op], names: dict[Op, str] | None = None) -> list[
             lines.append(f"{head} {node.arg[0]}[{', '.join(map(str, node.arg[1]))}]")
         elif node.op in LEAVES:
             lines.append(f"{head} {node.arg}")
+        elif node.op == OpCode.INTRINSIC:
+            lines.append(f"{head} {node.arg}({', '.join(names[c] for c in node.src)})")
         else:
             lines.append(f"{head} {' '.join(names[c] for c in node.src)}")
     return lines

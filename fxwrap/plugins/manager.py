@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterable, Iterator
 import pluggy
 
 import fxwrap.core.rules  # noqa: F401  (registers fxwrap's default lowering rules)
-from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable
+from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable, intrinsic_rules
 from fxwrap.core.passes import Pipeline, default_pipeline
 from fxwrap.core.templates import check_template
 from fxwrap.plugins import hookspecs
@@ -403,14 +403,17 @@ class PluginManager:
 
     def lowering_table(self, target: Target) -> LoweringTable:
         """The lowering rules for ``target``: fxwrap's defaults, the target's own rules
-        (``REGISTRY.register(op, rule, target=target.name)``), then what every plugin's
+        (``REGISTRY.register(op, rule, target=target.name)``), the intrinsics its emitter
+        declares (``KernelEmitter.intrinsics``: each call one covers is its node, any other
+        declines to the rules beneath), then what every plugin's
         ``fxwrap_lowerings`` registers, in load order (a later rule for one op wins).
         A rule registered for a target name that no plugin registers is a ``PluginError``
         naming the plugin (or ``LoweringError`` for the process-wide registry)."""
         self.load()
         known = set(self.targets) | {target.name}
         REGISTRY.check_targets(known)
-        layers = [REGISTRY.default, REGISTRY.per_target.get(target.name, {})]
+        layers = [REGISTRY.default, REGISTRY.per_target.get(target.name, {}),
+                  intrinsic_rules(target.name, getattr(target.emitter, "intrinsics", ()))]
         for name, who in self.plugins:
             registry = LoweringRegistry(known_targets=known)
             self._results("fxwrap_lowerings", only=name, registry=registry, target=target)

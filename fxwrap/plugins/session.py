@@ -209,8 +209,8 @@ class CompileSession:
     ``lowerings`` (a ``LoweringTable``), ``decompositions(options)``, ``pipeline`` (the
     declared ATen-graph and Wrapper-IR passes, ``fxwrap.core.passes``), ``wrapper_passes``
     (the ``fxwrap_wrapper_passes`` hook's), ``capabilities`` (the device's, read once),
-    ``kernel_dtypes`` (what a generated kernel may hold on this target),
-    ``new_emitter(size_hints)`` and ``options``.
+    ``intrinsics`` (the target's own ops, ``fxwrap.Intrinsic``), ``kernel_dtypes`` (what a
+    generated kernel may hold on this target), ``new_emitter(size_hints)`` and ``options``.
     """
 
     def __init__(self, plugins: PluginFacts, target: Target, lowerings: LoweringTable,
@@ -285,6 +285,12 @@ class CompileSession:
                 device = self.target.device
                 shared.capabilities = as_capabilities(device.capabilities(), device)
             return shared.capabilities
+
+    @property
+    def intrinsics(self) -> tuple:
+        """The target's own ops (``fxwrap.Intrinsic``s its emitter declares,
+        ``KernelEmitter.intrinsics``): the lowering table emits them, the caches key on them."""
+        return tuple(getattr(self.target.emitter, "intrinsics", ()))
 
     @property
     def kernel_dtypes(self) -> frozenset:

@@ -243,6 +243,13 @@ class KernelEmitter:
     #: (``core.scheduler.worth_storing``: HF Llama's rotary ``cos`` / ``sin`` tables, read by
     #: every layer's q and k, each element then computed once per head and batch); none by default
     costly_ops: frozenset = frozenset()
+    #: the target's own ops (``fxwrap.Intrinsic``, ``fxwrap/ir/intrinsics.py``): a native
+    #: ``gelu``, a fast ``exp``, which lowerings emit inside fused kernels as loop-IR nodes of
+    #: op ``intrinsic`` and this emitter renders through each one's ``spelling`` (the C-family
+    #: engine and the Triton emitter do); a call an intrinsic does not cover lowers as on a
+    #: target that declares none: ``(Intrinsic("my_gelu", "my_gelu({0})",
+    #: replaces=aten.gelu.default, when={"approximate": "none"}),)``
+    intrinsics: tuple = ()
 
     def __init__(self, target: "Target"):
         self.target = target

@@ -736,6 +736,8 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
             if op.dtype in self.exact_half_stores and holds_exact(op.src[0], op.dtype):
                 return args[0]  # the rounding of a value it holds exactly: nothing to round
             return self.render_cast(args[0], arg_dtypes[0], op.dtype)
+        if name == OpCode.INTRINSIC:
+            return self.render_intrinsic(op, args, arg_dtypes)
         fn = self.code_for_op.get(name)
         if fn is None:
             raise EmitError(f"op {name!r} ({op.dtype}) has no rendering on target {self.target_name}; "
@@ -744,6 +746,20 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         if (why := illegal(name, op.dtype, arg_dtypes)) is not None:
             raise EmitError(f"{why} (target {self.target_name})")
         return fn(*args, dtype=dtype)
+
+    def render_intrinsic(self, op: Op, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        """A node of the target's own op (``fxwrap.ir.intrinsics``) through the spelling its
+        declaration in ``intrinsics`` gives: ``intrinsic.f32 my_gelu(%1)`` -> ``my_gelu(tmp1)``."""
+        declared = {i.name: i for i in self.intrinsics}.get(op.arg)
+        if declared is None:
+            raise EmitError(f"op intrinsic {op.arg!r} ({op.dtype}) is not declared by target {self.target_name}; "
+                            f"add an fxwrap.Intrinsic named {op.arg!r} to {type(self).__name__}.intrinsics")
+        if (why := illegal(OpCode.INTRINSIC, op.dtype, arg_dtypes)) is not None:
+            raise EmitError(f"{why} (target {self.target_name})")
+        if op.dtype not in declared.dtypes or len(args) != declared.operands:
+            raise EmitError(f"intrinsic {op.arg!r} of target {self.target_name} takes {declared.operands} "
+                            f"operand(s) of {[str(d) for d in declared.dtypes]}, got {len(args)} of {op.dtype}")
+        return declared.render(args, self.ctype(op.dtype))
 
     # ------------------------------------------------------------------ the value walk's hooks
     def value_home(self, scope: "Scope", op: Op) -> "Scope":

@@ -10,6 +10,8 @@ test of their own::
 """
 from __future__ import annotations
 
+import re
+import string
 from collections.abc import Iterable, Sequence
 
 import sympy
@@ -73,6 +75,28 @@ def check_ran_in_kernels(program, ops: Sequence, kernels: int, what: str) -> Non
             f"{what} on target {target!r}: {len(launched)} generated kernel launches {names}, the op needs "
             f"{kernels}. The op must run inside a kernel (a node whose target is an fxwrap.Kernel in "
             "program.graph_module); check that the target's emitter renders it.")
+
+
+def intrinsic_calls(text: str, intrinsic) -> int:
+    """How many times ``text`` (a kernel's source) writes a call of ``intrinsic`` (an
+    ``fxwrap.Intrinsic``) as its ``spelling`` gives it, any operands: ``my_gelu(tmp1)``."""
+    pattern = "".join(re.escape(literal) + ("" if field is None else r"[^\n]*?")
+                      for literal, field, _, _ in string.Formatter().parse(intrinsic.spelling))
+    return len(re.findall(pattern, text))
+
+
+def check_intrinsic_called(program, intrinsic, what: str) -> None:
+    """Some kernel of ``program`` calls ``intrinsic`` (beyond what the emitter's prelude
+    writes: its definition)."""
+    target = program.target
+    prelude = str(getattr(target.emitter, "prelude", ""))
+    sources = [n.target.source for n in kernel_nodes(program)]
+    if not any(intrinsic_calls(s, intrinsic) > intrinsic_calls(prelude, intrinsic) for s in sources):
+        raise AssertionError(
+            f"{what} on target {target.name!r}: no kernel calls the intrinsic {intrinsic.name!r} "
+            f"({intrinsic.spelling!r}) that the target declares for {intrinsic.replaces}; the call lowered "
+            "another way. Check the declaration's replaces, when and dtypes against the call, and that the "
+            "emitter renders op 'intrinsic' through the spelling.")
 
 
 def _evaluate(expr, hints) -> int:

@@ -275,6 +275,38 @@ class ConformanceSuite:
             f"{what} on target {target_name!r} ran inside generated kernels, but the suite declares it "
             f"unsupported ({declared.reason!r}): drop or narrow that Unsupported declaration")
 
+    def test_intrinsics(self, target_name):
+        """Each intrinsic the target's emitter declares for an ATen op (``fxwrap.Intrinsic``): a
+        call it covers, on random ``(8, 24)`` operands of its first dtype, gives eager's numbers
+        in one generated kernel that calls it (its spelling in the source), with no extern."""
+        self._skip_if_excluded(target_name, "intrinsics")
+        target = fxwrap.get_plugin_manager().target(target_name)
+        declared = [i for i in getattr(target.emitter, "intrinsics", ()) if i.replaces is not None]
+        if not declared:
+            pytest.skip(f"target {target_name!r} declares no intrinsic that replaces an ATen op")
+        device = self.device(target_name)
+        for intrinsic in declared:
+            overload, dtype = intrinsic.overload, intrinsic.dtypes[0]
+            scalars, tensors = {}, []
+            for arg in overload._schema.arguments:
+                if isinstance(arg.type, torch.TensorType):
+                    tensors.append(arg.name)
+                elif isinstance(arg.type, torch.NumberType):
+                    scalars[arg.name] = 0.75
+
+            def call(*values, overload=overload, names=tuple(tensors), fixed={**scalars, **dict(intrinsic.when)}):
+                return overload(**dict(zip(names, values)), **fixed)
+
+            what = f"intrinsic {intrinsic.name} ({intrinsic.replaces}, {dtype_name(dtype)})"
+            example = [torch.randn(8, 24, dtype=dtype, device=device) for _ in tensors]
+            program = fxwrap.lower(call, *example, target=target_name)
+            inputs = [torch.randn(8, 24, dtype=dtype) for _ in tensors]
+            torch.testing.assert_close(
+                program.run(*[t.to(device) for t in inputs]).cpu(), call(*inputs), equal_nan=True,
+                msg=lambda m: f"{what} on target {target_name!r} differs from eager: {m}")
+            checks.check_ran_in_kernels(program, [overload], 1, what)
+            checks.check_intrinsic_called(program, intrinsic, what)
+
     def test_opinfo(self, target_name, opinfo_name):
         """Every compared sample of one OpInfo (float32) gives eager's numbers through the target."""
         self._skip_if_excluded(target_name, opinfo_name)

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("fxwrap.runtime",)),
     ("logs", ("fxwrap.core.logs", "fxwrap.core.progress")),
     ("symbolic", ("fxwrap.ir", "fxwrap.ir.symbolic")),
-    ("loop IR", ("fxwrap.ir.loops",)),
+    ("loop IR", ("fxwrap.ir.loops", "fxwrap.ir.intrinsics")),
     ("lines", ("fxwrap.ir.lines", "fxwrap.ir.control_flow", "fxwrap.ir.user_kernels",
                "fxwrap.ir.collectives", "fxwrap.ir.partitions")),
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",

@@ -134,3 +134,30 @@ def test_a_copy_the_dialect_cannot_render_falls_back_with_its_writer():
     (torch.compile(f, backend=fxwrap.Backend("c99"))(x, i) * w).sum().backward()
     (f(ref, i) * w).sum().backward()
     torch.testing.assert_close(x.grad, ref.grad)
+
+
+class GeluC99Emitter(C99Emitter):
+    """The C99 dialect with an exact GELU of its own (an intrinsic, spelled with the C type)."""
+
+    prelude = C99Emitter.prelude + (
+        "\nstatic inline float my_gelu_float(float x)\n"
+        "{\n  const double v = x;\n  return (float)(0.5 * v * (1.0 + erf(v * 0.7071067811865476)));\n}\n")
+    intrinsics = (fxwrap.Intrinsic("my_gelu", "my_gelu_{t}({0})", replaces=torch.ops.aten.gelu.default,
+                                   when={"approximate": "none"}),)
+
+
+def test_an_intrinsic_of_the_c99_dialect(tmp_path):
+    """The engine renders a dialect's intrinsic through its spelling: ``gelu(sin(x)) * y`` is
+    one strict-C99 kernel calling ``my_gelu_float``; numbers as eager's."""
+    target = fxwrap.Target("c99-gelu", "cpu", fxwrap.CpuDevice(), GeluC99Emitter, priority=-20)
+    x, y = torch.randn(6, 11), torch.randn(6, 11)
+    program = fxwrap.lower(lambda a, b: torch.nn.functional.gelu(a.sin()) * b, x, y, target=target)
+    (kernel,) = _kernels(program)
+    body = kernel.source.split("\nvoid ", 1)[1]
+    assert re.search(r"= my_gelu_float\(tmp\d+\);", body) and "erf" not in body, body
+    torch.testing.assert_close(program.run(x, y), torch.nn.functional.gelu(x.sin()) * y)
+    path = tmp_path / "k.c"
+    path.write_text(kernel.source)
+    proc = subprocess.run(["cc", "-std=c99", "-pedantic-errors", "-c", str(path), "-o", str(tmp_path / "k.o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -97,12 +97,12 @@ class _Scope:
 class KernelWriter(ValueWalker):
     """``KernelWriter(kernel, plan).write() -> (function lines, helper names, params)``."""
 
-    def __init__(self, kernel: ScheduledKernel, plan: Plan, target_name: str = "triton"):
+    def __init__(self, kernel: ScheduledKernel, plan: Plan, target_name: str = "triton", intrinsics: tuple = ()):
         self.k = kernel
         self.plan = plan
         self.target_name = target_name
         self.printer = IndexPrinter(target_name)
-        self.ops = O.OpRenderer(target_name)
+        self.ops = O.OpRenderer(target_name, intrinsics)
         self.helpers: set[str] = set()
         self.count = 0
         self.zeros: dict[tuple, str] = {}
@@ -221,6 +221,8 @@ class KernelWriter(ValueWalker):
             lanes = self.mask_of(self.axes(self.deps(op)))
             args = [*args, lanes] if lanes else args
         try:
+            if op.op == "intrinsic":  # the target's own op (fxwrap/ir/intrinsics.py)
+                return self.ops.intrinsic(op.arg, op.dtype, args, arg_dtypes)
             return self._scalar_bool(op, self.ops.op(op.op, op.dtype, args, arg_dtypes))
         except O.OpError as e:
             raise CodegenError(f"{e} (kernel {self.k.name})") from None

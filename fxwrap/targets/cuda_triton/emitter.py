@@ -202,7 +202,7 @@ class TritonEmitter(KernelEmitter):
             O.tl_type(buf.dtype, self.target_name)
         plan = Planner(self.interpret, self.size_hints, self.max_autotune).plan(kernel)
         writer_class = LookbackScanWriter if plan.kind == "lookback-scan" else KernelWriter
-        writer = writer_class(kernel, plan, self.target_name)
+        writer = writer_class(kernel, plan, self.target_name, self.intrinsics)
         fname = self.function_name(kernel)
         ptrs = [f"in_ptr{i}" for i in range(len(kernel.inputs))]
         ptrs += [f"out_ptr{i}" for i in range(len(kernel.outputs))]

@@ -156,7 +156,7 @@ class GemmWriter:
     bound to the float32 accumulator ``acc``."""
 
     def __init__(self, kernel: ScheduledKernel, target_name: str = "triton", tf32: bool = False,
-                 interpret: bool = False):
+                 interpret: bool = False, intrinsics: tuple = ()):
         self.k = kernel
         self.call = call = kernel.template
         self.tf32 = tf32
@@ -174,7 +174,7 @@ class GemmWriter:
             groups["b"], ranges["b"] = [call.index[0]], [kernel.ranges[0]]
         self.plan = Plan("template", ("m", "n"), groups, ranges, index_dtype(kernel))
         self.int64 = self.plan.index_dtype == "tl.int64"
-        self.writer = KernelWriter(kernel, self.plan, target_name)
+        self.writer = KernelWriter(kernel, self.plan, target_name, intrinsics)
 
     def ptr(self, buf) -> str:
         try:
@@ -291,7 +291,8 @@ def render_gemm(emitter, kernel: ScheduledKernel, template_name: str = "triton_g
         raise CodegenError(f"template {template_name}: operands {a.dtype} x {b.dtype} of {call.node} "
                            f"(kernel {kernel.name}, target {emitter.target_name}); it takes "
                            f"{[str(d) for d in GEMM_DTYPES]}")
-    gw = GemmWriter(kernel, emitter.target_name, tf32=allow_tf32(), interpret=emitter.interpret)
+    gw = GemmWriter(kernel, emitter.target_name, tf32=allow_tf32(), interpret=emitter.interpret,
+                    intrinsics=emitter.intrinsics)
     k = sympy.sympify(call.size("k"))
     configs = [c.launch_config(int(k) if k.is_Integer else None) for c in gemm_configs(call, emitter.interpret)]
     tiles = "batch x " if gw.batched else ""

@@ -234,7 +234,7 @@ class TritonGemv(Template):
         call = kernel.template
         if call is None:
             raise CodegenError(f"kernel {kernel.name} has no template call (template {self.name})")
-        gw = GemvWriter(kernel, emitter.target_name, interpret=emitter.interpret)
+        gw = GemvWriter(kernel, emitter.target_name, interpret=emitter.interpret, intrinsics=emitter.intrinsics)
         k = sympy.sympify(call.size("k"))
         configs = [c.launch_config(int(k) if k.is_Integer else None)
                    for c in gemv_configs(call, emitter.interpret)]

@@ -100,8 +100,8 @@ class LookbackScanWriter(KernelWriter):
     ``LookbackScanWriter(kernel, plan).write() -> body lines``; ``workspace_numel(xnumel,
     nchunks)`` is the size of its ``int64`` status workspace (``ws_ptr0``)."""
 
-    def __init__(self, kernel, plan, target_name: str = "triton"):
-        super().__init__(kernel, plan, target_name)
+    def __init__(self, kernel, plan, target_name: str = "triton", intrinsics: tuple = ()):
+        super().__init__(kernel, plan, target_name, intrinsics)
         for red in kernel.reductions:
             if red.kind not in ("cumsum", "cumprod", "logcumsumexp") or self.state_bits(red) not in (32, 64):
                 raise CodegenError(f"kernel {kernel.name}: scan {red.kind} of {red.dtype} has no look-back "

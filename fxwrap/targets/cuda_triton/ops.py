@@ -365,9 +365,11 @@ TRITON_OPS: dict[str, Callable[..., str]] = {
 class OpRenderer:
     """Renders one op over already-rendered operands (``TRITON_OPS``); records the helpers it needs."""
 
-    def __init__(self, target_name: str = "triton"):
+    def __init__(self, target_name: str = "triton", intrinsics: tuple = ()):
         self.target_name = target_name
         self.helpers: set[str] = set()
+        #: the target's own ops by name (``fxwrap.Intrinsic``: the emitter's ``intrinsics``)
+        self.intrinsics = {i.name: i for i in intrinsics}
 
     def need(self, name: str) -> str:
         self.helpers.add(name)
@@ -382,6 +384,20 @@ class OpRenderer:
             raise OpError(f"{why} (target {self.target_name})")
         cdt = compute_dtype(arg_dtypes[-1] if name in BOOL_RESULT else dtype)
         return self._render(name, cdt, args)
+
+    def intrinsic(self, name: str, dtype: torch.dtype, args: list[str], arg_dtypes: list[torch.dtype]) -> str:
+        """A node of the target's own op ``name`` (``fxwrap/ir/intrinsics.py``) through its
+        declared spelling, ``{t}`` the Triton type: ``intrinsic.f32 my_gelu(%1)`` -> ``my_gelu(tmp1)``."""
+        declared = self.intrinsics.get(name)
+        if declared is None:
+            raise OpError(f"op intrinsic {name!r} ({dtype}) is not declared by target {self.target_name}; "
+                          f"add an fxwrap.Intrinsic named {name!r} to its emitter's intrinsics")
+        if (why := illegal("intrinsic", dtype, arg_dtypes)) is not None:
+            raise OpError(f"{why} (target {self.target_name})")
+        if dtype not in declared.dtypes or len(args) != declared.operands:
+            raise OpError(f"intrinsic {name!r} of target {self.target_name} takes {declared.operands} "
+                          f"operand(s) of {[str(d) for d in declared.dtypes]}, got {len(args)} of {dtype}")
+        return declared.render(args, TL_TYPES[dtype])
 
     def _render(self, name: str, t: torch.dtype, a: list[str]) -> str:
         if name in _FLOAT_UNARY and t.is_floating_point:

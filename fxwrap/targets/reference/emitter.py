@@ -242,6 +242,10 @@ class ReferenceLauncher:
                 vals[node] = _UNARY[node.op](torch.as_tensor(a[0]))
             elif node.op in _BINARY:
                 vals[node] = _BINARY[node.op](torch.as_tensor(a[0]), torch.as_tensor(a[1]))
+            elif node.op == OpCode.INTRINSIC:
+                raise NotImplementedError(f"reference target: op intrinsic {node.arg!r} is a target's own op; "
+                                          "the reference evaluates fxwrap's ops only (leave it out of the "
+                                          "emitter's intrinsics)")
             else:
                 raise NotImplementedError(f"reference target: op {node.op}")
             got = vals[node]
