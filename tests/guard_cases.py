@@ -194,7 +194,8 @@ def case_size_relation_the_kernels_rely_on(lower, device):
             wide_rows = torch.randint(0, 8, (2, 4), generator=gen).to(device)
             with pytest.raises(RuntimeError, match="cannot be broadcast"):
                 _scatter_rows(x, wide_rows, slots)  # eager refuses it
-            named = r"s\d+ = 4 \(the size s\d+ = rows\.shape\[1\] \(argument 1\)\).* == 3 \(aten\.index_put"
+            named = r"s\d+ = 4 \(the size s\d+ = rows\.shape\[1\] \(argument 1\)\): the program \(target .*" \
+                    r"== 3 \(aten\.index_put"
             with pytest.raises(refused, match=None if extern else named):
                 run(x, wide_rows, slots)
             wide_x = torch.randn(8, 9, generator=gen).to(device)

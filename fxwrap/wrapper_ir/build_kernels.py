@@ -232,8 +232,7 @@ class KernelBuilder(ProvenanceMixin, RealizationMixin, TemplateRecognitionMixin,
                 ctx.checkpoint.restore()  # the extern call below starts from the state before the rule
             if result is not None:
                 self.out.size_assumptions += [
-                    SizeAssumption(a.condition, f"{node.target} (node {node.name}) reads {a.what}")
-                    for a in assumed if a not in self.out.size_assumptions]
+                    SizeAssumption(a.condition, f"{node.target} (node {node.name}) reads {a.what}") for a in assumed]
                 self.env[node] = _unwrap(result)
                 self.lazy_origins[node] = self.computed_by(node)
                 source = node.args[0] if node.args else None

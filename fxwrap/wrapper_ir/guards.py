@@ -64,7 +64,10 @@ def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None =
         else:
             specs.append(OtherInputSpec(getattr(inp, "name", str(inp))))
     targets = sorted({line.kernel.target for line in lines or () if line.kernel is not None})
-    conditions = _conditions(shape_env, known, hints) + _assumed(size_assumptions, known, hints)
+    conditions = _conditions(shape_env, known, hints)
+    for condition in _assumed(size_assumptions, known, hints):  # each relation once: the first op's words
+        if all(c.code != condition.code for c in conditions):
+            conditions.append(condition)
     return InputGuard(specs, conditions, bindings,
                       target=", ".join(targets) if targets else None)
 
