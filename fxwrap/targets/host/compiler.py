@@ -510,7 +510,9 @@ def _header_intact(folder: Path, prelude: SharedPrelude) -> bool:
             return True
     except OSError as exc:
         reason = f"it cannot be read ({exc})"
-    if reason is not None:
+    if reason is None:  # written by an fxwrap that sealed none: not known to be good
+        _CACHE_LOG.debug("precompiled header %s has no seal: building it again", gch)
+    else:
         _CACHE_LOG.warning("fxwrap: precompiled header %s is damaged (%s): building it again; kernels compile "
                            "without it meanwhile", gch, reason)
     for path in (seal, gch):
