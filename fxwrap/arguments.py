@@ -132,8 +132,15 @@ class ArgumentMap:
         out = []
         for source in self.sources:
             kind = source[0]
-            if kind == "arg" or kind == "int":
+            if kind == "arg":
                 out.append(args[source[1]])
+            elif kind == "int":  # a size symbol: checked here, before any runner computes with it
+                value = args[source[1]]
+                if type(value) is not int:
+                    raise InputMismatchError(f"{self.describe(source[1])} is a size of the program (dynamo made "
+                                             f"the int a size symbol) and must be an int, got "
+                                             f"{type(value).__name__} {value!r}"[:300] + "; pass an int")
+                out.append(value)
             elif kind == "const":
                 out.append(source[1])
             elif kind == "float":

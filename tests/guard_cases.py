@@ -233,6 +233,23 @@ def case_scalar_for_a_tensor_whose_sizes_are_read(lower, device):
                 run(x2, y2[0])
 
 
+def _first_rows(x, n):
+    return x[:n] * 2
+
+
+def case_size_argument_of_another_type(lower, device):
+    """``dynamic=True`` makes an int argument a size symbol: any int runs, anything else is an
+    ``InputMismatchError`` naming it (never a size computed from a float or a tensor)."""
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(5)).to(device)
+    program = lower(_first_rows, x, 5, dynamic=True)
+    for rows in (3, 7):
+        _close(program.run(x, rows), _first_rows(x, rows))
+    for bad in (2.0, None, torch.tensor(3)):
+        with pytest.raises(fxwrap.InputMismatchError, match=r"n \(argument 1\) is a size .* must be an int"):
+            program.run(x, bad)
+
+
 CASES = [case_static_layouts, case_large_program_small_input, case_argument_count, case_baked_scalar,
          case_dynamic_layouts, case_graph_module_is_guarded, case_pytree_outputs,
-         case_size_relation_the_kernels_rely_on, case_scalar_for_a_tensor_whose_sizes_are_read]
+         case_size_relation_the_kernels_rely_on, case_scalar_for_a_tensor_whose_sizes_are_read,
+         case_size_argument_of_another_type]
