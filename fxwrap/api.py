@@ -100,7 +100,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
     if logs.enabled("memory"):
         logs.logger("memory").debug("%s program: %s", kind, describe_plan(plan, built.hints))
     with timer.phase("fx"):
-        graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values)
+        graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values,
+                                       size_assumptions=built.size_assumptions)
     with timer.phase("wrapper"):
         program = finish_program(Program(kind, target, built.inputs, lines, graph_module, plan, None,
                                          built.constants, built.hints, static_inputs=static_inputs), session)

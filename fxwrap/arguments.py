@@ -132,26 +132,48 @@ class ArgumentMap:
         out = []
         for source in self.sources:
             kind = source[0]
-            if kind == "arg" or kind == "int":
+            if kind == "arg":
                 out.append(args[source[1]])
+            elif kind == "int":  # a size symbol: checked here, before any runner computes with it
+                value = args[source[1]]
+                if type(value) is not int:
+                    raise InputMismatchError(f"{self.describe(source[1])} is a size of the program (dynamo made "
+                                             f"the int a size symbol) and must be an int, got "
+                                             f"{type(value).__name__} {value!r}"[:300] + "; pass an int")
+                out.append(value)
             elif kind == "const":
                 out.append(source[1])
             elif kind == "float":
                 out.append(self._wrapped_float(source, args[source[1]]))
             elif kind == "offset":
-                value = args[source[2]]
-                out.append(int(value.storage_offset()) if isinstance(value, torch.Tensor) else None)
+                value = self._tensor_read(args, source[2], 0, "storage_offset()", source[1])
+                out.append(int(value.storage_offset()))
             elif kind == "stride":
-                value, dim = args[source[2]], source[3]
-                out.append(int(value.stride(dim)) if isinstance(value, torch.Tensor) and value.dim() > dim
-                           else None)
+                value, dim = self._tensor_read(args, source[2], source[3] + 1, f"stride({source[3]})",
+                                               source[1]), source[3]
+                out.append(int(value.stride(dim)))
             else:
-                _, _, j, dim = source
-                value = args[j]
-                # a wrong value is left for the input guard to name (it checks tensors first)
-                out.append(int(value.shape[dim]) if isinstance(value, torch.Tensor) and value.dim() > dim
-                           else None)
+                _, symbol, j, dim = source
+                value = self._tensor_read(args, j, dim + 1, f"shape[{dim}]", symbol)
+                out.append(int(value.shape[dim]))
         return out
+
+    def _tensor_read(self, args: Sequence, j: int, rank: int, read: str, symbol) -> torch.Tensor:
+        """Argument ``j``, a tensor of at least ``rank`` dimensions that the program reads
+        size symbol ``symbol`` off (``read``: ``"shape[1]"``); anything else is an
+        ``InputMismatchError`` here, before any runner computes with the symbol (a target's
+        runner may plan its memory from the sizes before its GraphModule's input guard runs)."""
+        value = args[j]
+        if isinstance(value, torch.Tensor) and value.dim() >= rank:
+            return value
+        name = self.parameters[j] if j < len(self.parameters) else "argument"
+        reads = f"the program reads its size symbol {symbol} = {name}.{read}"
+        redo = "or lower the function again with an example like it"
+        if isinstance(value, torch.Tensor):
+            raise InputMismatchError(f"{self.describe(j)} has {value.dim()} dimensions (size {tuple(value.shape)}); "
+                                     f"{reads}: pass a tensor of the rank lowered for, {redo}")
+        raise InputMismatchError(f"{self.describe(j)} must be a tensor ({reads}), got "
+                                 f"{type(value).__name__} {value!r}"[:300] + f"; pass a tensor, {redo}")
 
     def check_call(self, args: Sequence) -> None:
         """Raise ``TypeError`` on a wrong number of arguments, ``InputMismatchError`` on None

@@ -10,6 +10,7 @@ under CI, ``cuda`` on a GPU).
 from __future__ import annotations
 
 import pickle
+import tempfile
 
 import pytest
 import torch
@@ -159,5 +160,96 @@ def case_pytree_outputs(lower, device):
         _close(got[2], want[2])
 
 
+def _scatter_rows(x, rows, slots):
+    # index_put's values (rows.shape[0], rows.shape[1], x.shape[1]) must broadcast to (2, 3, 7):
+    # torch's shape function does not check it, so dynamo records no guard for it
+    picked = x[rows] * 2
+    return torch.zeros(3, 3, 7, device=x.device).index_put((slots,), picked, accumulate=True)
+
+
+def case_size_relation_the_kernels_rely_on(lower, device):
+    """``dynamic=True``: a size that breaks a relation the program relies on and that no
+    guard of dynamo's states (here: ``rows.shape[1] == 3``, ``x.shape[1] == 7``, which
+    ``index_put`` needs for its values to broadcast) raises ``InputMismatchError`` naming the
+    input and dimension, in the program and in its saved-and-loaded copy, where eager raises
+    too; without the check the kernel read the values with the wrong strides and returned
+    numbers.  (An ATen ``index_put`` extern raises eager's own error.)"""
+    gen = torch.Generator().manual_seed(941330)
+    x = torch.randn(8, 7, generator=gen).to(device)
+    rows = torch.randint(0, 8, (2, 3), generator=gen).to(device)
+    slots = torch.randint(0, 3, (2,), generator=gen).to(device)
+    program = lower(_scatter_rows, x, rows, slots, dynamic=True)
+    # a kernel relies on the relation; the ATen index_put extern (no kernels) raises eager's own error
+    extern = any("index_put" in str(line.op) for line in program.lines if line.op is not None)
+    refused = (fxwrap.InputMismatchError, RuntimeError) if extern else fxwrap.InputMismatchError
+    with tempfile.TemporaryDirectory() as directory:
+        path = f"{directory}/program.fxwrap"
+        program.save(path)
+        loaded = fxwrap.load(path)
+        for run in (program.run, loaded.run):
+            x2 = torch.randn(5, 7, generator=gen).to(device)
+            rows2 = torch.randint(0, 5, (4, 3), generator=gen).to(device)
+            slots2 = torch.randint(0, 3, (4,), generator=gen).to(device)
+            _close(run(x2, rows2, slots2), _scatter_rows(x2, rows2, slots2))
+            wide_rows = torch.randint(0, 8, (2, 4), generator=gen).to(device)
+            with pytest.raises(RuntimeError, match="cannot be broadcast"):
+                _scatter_rows(x, wide_rows, slots)  # eager refuses it
+            named = r"s\d+ = 4 \(the size s\d+ = rows\.shape\[1\] \(argument 1\)\): the program \(target .*" \
+                    r"== 3 \(aten\.index_put"
+            with pytest.raises(refused, match=None if extern else named):
+                run(x, wide_rows, slots)
+            wide_x = torch.randn(8, 9, generator=gen).to(device)
+            with pytest.raises(refused, match=None if extern else r"x\.shape\[1\] \(argument 0\)\).* == 7"):
+                run(wide_x, rows, slots)
+
+
+def _add_rows_mean(x, y):
+    return torch.add(y, x, alpha=2).mean(1, keepdim=True)
+
+
+def case_scalar_for_a_tensor_whose_sizes_are_read(lower, device):
+    """``dynamic=True``: a Python scalar, None or a tensor of lower rank for an argument the
+    program reads size symbols off (its sizes, its storage offset) is an
+    ``InputMismatchError`` naming the argument, before any runner computes with the
+    symbols (the arena target's runner planned its arena from None sizes: TypeError)."""
+    gen = torch.Generator().manual_seed(940670)
+    x = torch.randn(4, 8, generator=gen).to(device)
+    y = torch.randn(40, generator=gen).to(device)[3:35].view(4, 8)  # a storage offset: a symbol too
+    program = lower(_add_rows_mean, x, y, dynamic=True)
+    with tempfile.TemporaryDirectory() as directory:
+        path = f"{directory}/program.fxwrap"
+        program.save(path)
+        for run in (program.run, fxwrap.load(path).run):
+            x2 = torch.randn(6, 8, generator=gen).to(device)
+            y2 = torch.randn(60, generator=gen).to(device)[5:53].view(6, 8)
+            _close(run(x2, y2), _add_rows_mean(x2, y2))
+            for bad, shown in ((1.5, "float 1.5"), (2, "int 2")):
+                reads = rf"y \(argument 1\) must be a tensor \(the program reads its size symbol s\d+ = y\.\S+\)"
+                with pytest.raises(fxwrap.InputMismatchError, match=rf"{reads}, got {shown}"):
+                    run(x2, bad)
+            with pytest.raises(fxwrap.InputMismatchError, match=r"y \(argument 1\) is None"):
+                run(x2, None)
+            with pytest.raises(fxwrap.InputMismatchError, match=r"y \(argument 1\) has 1 dimensions"):
+                run(x2, y2[0])
+
+
+def _first_rows(x, n):
+    return x[:n] * 2
+
+
+def case_size_argument_of_another_type(lower, device):
+    """``dynamic=True`` makes an int argument a size symbol: any int runs, anything else is an
+    ``InputMismatchError`` naming it (never a size computed from a float or a tensor)."""
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(5)).to(device)
+    program = lower(_first_rows, x, 5, dynamic=True)
+    for rows in (3, 7):
+        _close(program.run(x, rows), _first_rows(x, rows))
+    for bad in (2.0, None, torch.tensor(3)):
+        with pytest.raises(fxwrap.InputMismatchError, match=r"n \(argument 1\) is a size .* must be an int"):
+            program.run(x, bad)
+
+
 CASES = [case_static_layouts, case_large_program_small_input, case_argument_count, case_baked_scalar,
-         case_dynamic_layouts, case_graph_module_is_guarded, case_pytree_outputs]
+         case_dynamic_layouts, case_graph_module_is_guarded, case_pytree_outputs,
+         case_size_relation_the_kernels_rely_on, case_scalar_for_a_tensor_whose_sizes_are_read,
+         case_size_argument_of_another_type]

@@ -20,7 +20,9 @@ from __future__ import annotations
 import difflib
 import operator
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import sympy
@@ -96,16 +98,78 @@ def cast(op: Op, dtype: torch.dtype) -> Op:
     return Op(OpCode.CAST, dtype, (op,))
 
 
+@dataclass(frozen=True)
+class SizeAssumption:
+    """A relation between sizes that a lowered value relies on and that the traced graph's
+    shapes do not state.  ``broadcast`` reading a value of size ``(s5, s0, 7)`` as one of
+    size ``(s5, 3, 7)`` indexes dimension 1 as if ``s0 == 3``: dynamo's ShapeEnv holds that
+    guard where torch's shape function checks the broadcast (``add``), but ``index_put``'s
+    does not check its values, and an input with ``s0 = 4`` would run, reading the values
+    with the wrong strides, where eager raises.  The program's input guard checks every
+    assumption its lowering made (``wrapper_ir.guards``)::
+
+        SizeAssumption(Eq(s0, 3), "a value of size (s5, s0, 7) as one of size (s5, 3, 7)")
+    """
+
+    condition: sympy.Basic
+    what: str
+
+
+# where ``broadcast`` records its assumptions: the list of the rule being run (None: not recorded)
+_RECORDED_ASSUMPTIONS: ContextVar[list[SizeAssumption] | None] = ContextVar("fxwrap_size_assumptions",
+                                                                            default=None)
+
+
+@contextmanager
+def recording_size_assumptions(into: list[SizeAssumption]) -> Iterator[list[SizeAssumption]]:
+    """Within it (on this thread), the size relations lowering relies on append to ``into``
+    (the kernel builder runs each rule in one: a rule that gives up leaves none)."""
+    token = _RECORDED_ASSUMPTIONS.set(into)
+    try:
+        yield into
+    finally:
+        _RECORDED_ASSUMPTIONS.reset(token)
+
+
+def assume_equal_size(have: sympy.Expr, want: sympy.Expr, what: str) -> None:
+    """Record that the value being built is right only where ``have == want`` at run time
+    (see ``SizeAssumption``); nothing where sympy sees them equal or they are numbers."""
+    recorded = _RECORDED_ASSUMPTIONS.get()
+    if recorded is None:
+        return
+    have, want = sympy.sympify(have), sympy.sympify(want)
+    if have == want or not (have.free_symbols or want.free_symbols):
+        return
+    condition = sympy.Eq(have, want)
+    if condition is sympy.true or condition is sympy.false:
+        return
+    assumption = SizeAssumption(condition, what)
+    if assumption not in recorded:
+        recorded.append(assumption)
+
+
 def broadcast(loops: Loops, size: Sequence[sympy.Expr]) -> Loops:
+    """``loops`` read as a value of ``size`` (numpy's rules: leading dimensions added, a
+    dimension of size 1 read at 0).  Any other dimension is read as it is: its size must
+    equal ``size``'s, which is recorded as a ``SizeAssumption`` where it is a relation
+    between different symbols."""
     size = tuple(sympy.sympify(s) for s in size)
     if loops.size == size:
         return loops
     lead = len(size) - len(loops.size)
+    for k, n in enumerate(loops.size):
+        if n != 1:
+            assume_equal_size(n, size[lead + k], f"a value of size {_shown(loops.size)} as one of "
+                                                  f"size {_shown(size)}")
 
     def fn(index):
         inner = tuple(sympy.Integer(0) if n == 1 else index[lead + k] for k, n in enumerate(loops.size))
         return loops(inner)
     return Loops(size, loops.dtype, loops.device, fn)
+
+
+def _shown(size) -> str:
+    return f"({', '.join(str(n) for n in size)}{',' if len(size) == 1 else ''})"
 
 
 class Unsupported(Exception):

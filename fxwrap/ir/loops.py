@@ -517,8 +517,10 @@ class ScheduledKernel:
     #: epilogue over ``template_out``; None for a generated kernel
     template: object = None
     #: names of its buffers that share storage with another of its buffers (a view of an
-    #: output read as an input): their pointers may alias (C: no ``restrict``)
-    shared_storage: frozenset = frozenset()
+    #: output read as an input): their pointers may alias (C: no ``restrict``); sorted, so
+    #: that the kernel's repr (a saved kernel's digest covers it) is the same after unpickling
+    #: (a frozenset's order is its hashes' and insertions', which a pickle round trip may change)
+    shared_storage: tuple[str, ...] = ()
 
     @property
     def is_reduction(self) -> bool:

@@ -250,8 +250,10 @@ class InputGuard:
                 names = [k for k in sorted(env) if re.search(rf"\b{k}\b", condition.code)]
                 shown = ", ".join(f"{k} = {env[k]}" + (f" ({self.labels[k]})" if k in self.labels else "")
                                   for k in names)
-                self._fail(None, f"{shown}: the program was compiled under {condition.text} "
-                           f"({condition.origin})", "lower the function again with inputs of these sizes")
+                on_target = f" (target {self.target!r})" if self.target else ""
+                self._fail(None, f"{shown}: the program{on_target} was compiled under {condition.text} "
+                           f"({condition.origin})", "pass inputs of sizes that satisfy it, or lower the function "
+                           "again with inputs of these sizes")
         return None
 
     def _fail(self, name: str | None, what: str, remedy: str):

@@ -513,7 +513,7 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         out_names = [b.name for b in kernel.outputs]
         aliased = set(in_names) & set(out_names)
         aliased |= {name for pair in self.in_place_pairs(kernel) for name in pair}
-        aliased |= kernel.shared_storage
+        aliased.update(kernel.shared_storage)
         params = []
         for i, buf in enumerate(kernel.inputs):
             params.append(self.pointer_param(f"in_ptr{i}", buf.dtype, const=True,

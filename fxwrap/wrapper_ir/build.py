@@ -66,6 +66,9 @@ class BuiltProgram:
     kernels: list = field(default_factory=list)
     #: one ``core.templates.TemplateChoiceRecord`` per template group, in program order
     template_choices: list = field(default_factory=list)
+    #: the relations between size symbols its kernels rely on beyond what the traced shapes
+    #: state (``core.lowering.SizeAssumption``): the input guard checks them
+    size_assumptions: list = field(default_factory=list)
 
     @property
     def hints(self) -> dict[sympy.Symbol, int]:

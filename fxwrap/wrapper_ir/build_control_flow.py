@@ -68,6 +68,8 @@ def nested_program(builder, gm: torch.fx.GraphModule, name: str, output_layouts)
     the wrapper passes: a ``NestedProgram`` named ``name``."""
     sub = builder.nested_builder(gm, name, output_layouts)
     built = sub.run()
+    # what its kernels assume about sizes the top program's input guard checks
+    builder.out.size_assumptions += [a for a in built.size_assumptions if a not in builder.out.size_assumptions]
     lines, plan = run_wrapper_passes(builder.wrapper_passes, built.lines, WrapperProgram(built.hints, builder.reuse))
     return NestedProgram(name, tuple(built.inputs), tuple(lines), dict(built.constants),
                          dict(built.fake_values), plan.peak_bytes)

@@ -20,7 +20,9 @@ import torch
 import fxwrap.core.rules  # noqa: F401  (registers the rules)
 from fxwrap.core import extern, logs
 from fxwrap.ir.capabilities import Capabilities
-from fxwrap.core.lowering import LoweringContext, Loops, Stored, Unsupported, loads
+from fxwrap.core.lowering import (
+    LoweringContext, Loops, SizeAssumption, Stored, Unsupported, loads, recording_size_assumptions,
+)
 from fxwrap.ir.lines import Buffer, Line, buffers_defined
 from fxwrap.ir.loops import xvar
 from fxwrap.core.scheduler import worth_storing
@@ -219,14 +221,18 @@ class KernelBuilder(ProvenanceMixin, RealizationMixin, TemplateRecognitionMixin,
             ctx = _Ctx(node, self._device_of(node), self)
             args = self.rule_value(node.args)
             kwargs = {k: self.rule_value(v) for k, v in node.kwargs.items()}
+            assumed: list[SizeAssumption] = []
             try:
-                result = self._template_reshape(node)
-                result = rule(ctx, *args, **kwargs) if result is None else result
+                with recording_size_assumptions(assumed):
+                    result = self._template_reshape(node)
+                    result = rule(ctx, *args, **kwargs) if result is None else result
             except Unsupported:
                 result = None
             if result is None and ctx.checkpoint is not None:
                 ctx.checkpoint.restore()  # the extern call below starts from the state before the rule
             if result is not None:
+                self.out.size_assumptions += [
+                    SizeAssumption(a.condition, f"{node.target} (node {node.name}) reads {a.what}") for a in assumed]
                 self.env[node] = _unwrap(result)
                 self.lazy_origins[node] = self.computed_by(node)
                 source = node.args[0] if node.args else None

@@ -185,7 +185,7 @@ class RenderMixin:
         root = {b.name: self.roots.get(b.name, b).name for b in (*sk.inputs, *sk.outputs)}
         sharing = collections.Counter(root.values())
         written = {root[b.name] for b in sk.outputs}
-        shared = frozenset(name for name, r in root.items() if sharing[r] > 1 and r in written)
+        shared = tuple(sorted(name for name, r in root.items() if sharing[r] > 1 and r in written))
         if shared:  # a view of a buffer it writes, read as an input: its pointers alias
             sk = dataclasses.replace(sk, shared_storage=shared)
         try:

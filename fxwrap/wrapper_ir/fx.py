@@ -32,7 +32,7 @@ out= calls into such buffers) at load time and bake the results in as constants.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,8 +165,10 @@ class FxConverter:
     """Builds one GraphModule from ``inputs`` + ``lines`` (see module docstring)."""
 
     def __init__(self, inputs, lines: list[Line], constants: Mapping[str, torch.Tensor] | None = None,
-                 fake_values: Mapping[str, Any] | None = None, guard: bool = True):
+                 fake_values: Mapping[str, Any] | None = None, guard: bool = True,
+                 size_assumptions: Sequence = ()):
         self.guard = guard
+        self.size_assumptions = tuple(size_assumptions)  # ``core.lowering.SizeAssumption``s: checked by the guard
         self.inputs = list(inputs)
         self.lines = list(lines)
         self.constants = dict(constants or {})
@@ -230,7 +232,8 @@ class FxConverter:
         """``check_inputs(self._fxwrap_input_guard, *placeholders)`` as the first node."""
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         shape_env = self.symbolic.shape_env if self.symbolic.inherited else None
-        setattr(root, INPUT_GUARD_ATTR, build_input_guard(self.inputs, shape_env, self.lines))
+        setattr(root, INPUT_GUARD_ATTR, build_input_guard(self.inputs, shape_env, self.lines,
+                                                              self.size_assumptions))
         guard_node = self.graph.get_attr(INPUT_GUARD_ATTR)
         self.add(check_inputs, (guard_node, *placeholders), name="check_inputs")
 
@@ -386,10 +389,12 @@ class _FxSizeArithmetic(SizeArithmetic):
         return self._node(torch.sym_max, a, b)
 
 
-def to_graph_module(inputs, lines, constants=None, fake_values=None, guard: bool = True) -> torch.fx.GraphModule:
+def to_graph_module(inputs, lines, constants=None, fake_values=None, guard: bool = True,
+                    size_assumptions: Sequence = ()) -> torch.fx.GraphModule:
     """The GraphModule for a program (see ``FxConverter``); ``guard``: its first node checks
-    the inputs (``fxwrap.runtime.guards``)."""
-    return FxConverter(inputs, lines, constants, fake_values, guard).convert()
+    the inputs (``fxwrap.runtime.guards``), and the sizes against ``size_assumptions`` (what
+    its lowering relied on: ``BuiltProgram.size_assumptions``)."""
+    return FxConverter(inputs, lines, constants, fake_values, guard, size_assumptions).convert()
 
 
 def input_guard_of(gm: torch.fx.GraphModule):

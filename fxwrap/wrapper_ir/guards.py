@@ -29,10 +29,13 @@ _PRINTER = PythonPrinter()
 _EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "int": int}
 
 
-def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None = None) -> InputGuard:
+def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None = None,
+                      size_assumptions: Sequence = ()) -> InputGuard:
     """The guard for a program's ``inputs`` (``Buffer`` / ``SizeInput`` / other values),
     with the ranges and guards of ``shape_env`` (the ShapeEnv of the traced graph) over
-    the program's size symbols.  Given its ``lines``, an input no kernel reads also
+    the program's size symbols, and the ``size_assumptions`` its lowering made
+    (``core.lowering.SizeAssumption``: ``s0 == 3`` where ``index_put`` reads values of
+    size ``(s5, s0)`` as ``(s5, 3)``).  Given its ``lines``, an input no kernel reads also
     accepts a CPU scalar in place of its device (see ``fxwrap.runtime.guards``), and the errors name the target of the
     kernels they launch."""
     kernel_reads = read_by_kernels(lines) if lines is not None else None
@@ -61,7 +64,11 @@ def build_input_guard(inputs: Sequence, shape_env=None, lines: Sequence | None =
         else:
             specs.append(OtherInputSpec(getattr(inp, "name", str(inp))))
     targets = sorted({line.kernel.target for line in lines or () if line.kernel is not None})
-    return InputGuard(specs, _conditions(shape_env, known, hints), bindings,
+    conditions = _conditions(shape_env, known, hints)
+    for condition in _assumed(size_assumptions, known, hints):  # each relation once: the first op's words
+        if all(c.code != condition.code for c in conditions):
+            conditions.append(condition)
+    return InputGuard(specs, conditions, bindings,
                       target=", ".join(targets) if targets else None)
 
 
@@ -171,3 +178,20 @@ def _conditions(shape_env, known: set[str], hints: dict[str, int]) -> list[SizeC
     return list(conditions.values())
 
 
+
+
+def _assumed(size_assumptions: Sequence, known: set[str], hints: dict[str, int]) -> list[SizeCondition]:
+    """A condition per size assumption over symbols the guard knows at run time.  One that
+    does not print as Python faithfully would be left unchecked: an error, as a layout the
+    guard cannot check is (the kernels would read out of bounds)."""
+    conditions = []
+    for assumption in size_assumptions:
+        expr = assumption.condition
+        if {s.name for s in expr.free_symbols} - known:
+            continue  # a symbol the program computes (an unbacked size): no input sets it
+        code = python_source(expr, hints)
+        if code is None:
+            raise ValueError(f"fxwrap: the input guard cannot check the size relation {expr} "
+                             f"({assumption.what}) as Python")
+        conditions.append(SizeCondition(code, code, assumption.what))
+    return conditions

@@ -25,7 +25,8 @@ CHILD = Path(__file__).with_name("corruption_child.py")
 
 # (folder under the cache root, file suffix): every kind of file the CPU target's compile writes
 # (the precompiled prelude header, cpu_cpp/pch, is built in the background and is not
-# always there when a small compile ends: not in this list)
+# always there when a small compile ends: not in this list; tests/cpu/test_precompiled_header_damage.py
+# waits for it, damages it and checks that it is built again)
 KINDS = [("cpu_cpp", ".cpp"), ("cpu_cpp", ".so"), ("cpu_cpp", ".sha256"), ("launch", ".so"), ("launch", ".cpp"),
          ("programs", ".pkl"), ("graphs", ".pkl"), ("templates", ".json")]
 

@@ -113,11 +113,13 @@ def test_the_prelude_is_precompiled_once_and_used(tmp_path, monkeypatch):
     src = _pointwise_source(1.5)
     shared, _ = shared_source(src.text, src.launch.symbol)
     assert comp.cache.path(comp.key(shared), ".cpp").read_text() == shared
-    # a damaged precompiled header (or one of other flags) is ignored by g++, which reads
-    # prelude.h as text: still the right numbers
+    # a damaged precompiled header does not match its seal: not used, built again (meanwhile
+    # kernels compile whole), still the right numbers (tests/cpu/test_precompiled_header_damage.py)
     gch.write_bytes(b"not a precompiled header")
     other = CppCompiler(cache_dir=tmp_path)
-    assert other.precompiled_header(SHARED_PRELUDE) is not None  # found on disk: no build
+    assert other.precompiled_header(SHARED_PRELUDE) is None  # damaged: its build starts
+    assert other.precompiled_header(SHARED_PRELUDE, wait=True) == gch.with_suffix("")
+    assert gch.read_bytes() != b"not a precompiled header"
     src = _pointwise_source(3.5)
     launch = launcher_for(src.text, src.launch.symbol, 2, 1, compiler=other, prelude=SHARED_PRELUDE)
     x, y = torch.randn(9), torch.empty(9)

@@ -243,7 +243,7 @@ def test_a_template_after_a_kernel_with_workspaces():
 
 @pytest.mark.parametrize(("seed", "target"), [(269, "cpu"), (962, "triton-interpret"), (592, "triton-interpret"),
                                              (662, "triton-interpret"), (1970, "reference"), (232, "mps_shim"),
-                                             (232, "cpu")])
+                                             (232, "cpu"), (941330, "reference"), (941330, "cpu")])
 def test_bad_input_seeds(seed, target):
     """Seeds 269 (cpu) and 962 (triton-interpret), bad-input fuzzer: ``fxwrap.lower(module,
     ..., dynamic=True)`` gave a program with no argument map, so ``Program.run`` raised
@@ -258,7 +258,10 @@ def test_bad_input_seeds(seed, target):
     compare with the program's loosest dtype's tolerance, as its first run does.  Seed 232
     (mps_shim): a narrower input makes a dead ``index_select`` (no output reads it) go out of
     range; eager raises, the program rightly computes its live outputs, which the fuzzer now
-    compares with eager's outputs without dead lines (``aot_eager``)."""
+    compares with eager's outputs without dead lines (``aot_eager``).  Seed 941330: an
+    ``index_put`` whose values' size (``i3.shape[1]``) must equal the indexed shape's (3),
+    which no dynamo guard states: ``i3`` one wider ran the kernel where eager raises; the
+    input guard now checks the relation the lowering relied on."""
     _needs(target)
     from fxwrap.testing.fuzz import check_bad_inputs
     problems, calls = check_bad_inputs(load(generate(seed)), target)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 from fxwrap import WrapperCodegen, free, lines
+from fxwrap.runtime.guards import check_inputs
 
 _ARITH = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
           operator.mod, operator.pow, operator.neg, torch.sym_max, torch.sym_min}
@@ -91,12 +92,14 @@ class ArenaProgram:
         arena -= {root[n] for n in nodes if n.target is torch.as_strided and n not in shaped}
         self.arena_nodes = [n for n in nodes if root[n] in arena]  # allocations and their views
         self.read = {n: _reader(n.args, slot) for n in self.arena_nodes}
+        # the input guard runs first: the sizes below are read off inputs it has not checked yet
+        self.checks = [_reader(n.args, slot) for n in nodes if n.target is check_inputs]
         self.size_steps = [(n.target, _reader(n.args, slot), slot[n]) for n in nodes
                            if n in sizey and n.op != "placeholder"]
         self.steps = []  # (fn, args, kwargs, slot, slots to drop after it): all but sizes and arena views
         for i, n in enumerate(nodes):
-            if n.op == "call_function" and n not in sizey and root[n] not in arena and n.target is not free \
-                    and (n.users or n.target not in _PURE):
+            if n.op == "call_function" and n not in sizey and root[n] not in arena \
+                    and n.target not in (free, check_inputs) and (n.users or n.target not in _PURE):
                 self.steps.append((n.target, _reader(n.args, slot), _reader(dict(n.kwargs), slot), slot[n], []))
             if self.steps and n.op != "output":  # drop what dies here, as gm.forward would
                 self.steps[-1][4].extend(slot[x] for x in [*n.all_input_nodes, n]
@@ -108,6 +111,8 @@ class ArenaProgram:
     def __call__(self, *args):
         env = self.env0.copy()
         env[:len(args)] = args
+        for read in self.checks:
+            check_inputs(*read(env))
         for fn, read, i in self.size_steps:
             env[i] = fn(*read(env))
         key = tuple(env[i] for i in self.sizes.values())

@@ -7,6 +7,7 @@ import copy
 import itertools
 import random
 
+import pytest
 import sympy
 import torch
 
@@ -198,3 +199,36 @@ def test_first_fit_random_blocks():
         for (a, na, fa, la), (b, nb, fb, lb) in itertools.combinations(blocks, 2):
             if fa <= lb and fb <= la and na and nb:
                 assert offsets[a] + na <= offsets[b] or offsets[b] + nb <= offsets[a]
+
+
+def _add_rows_mean(x, y):
+    return torch.add(y, x, alpha=2).mean(1, keepdim=True)
+
+
+def test_wrong_inputs_are_named_before_the_arena_is_planned():
+    """The arena runner plans its arena from the size inputs before it runs the program; a
+    Python scalar (or None, or a tensor of lower rank) where the program reads a tensor's
+    sizes, given to ``run`` or the runner itself, is an ``InputMismatchError`` naming the
+    input, not a TypeError from the plan (fuzz seeds 940670, 940700, 940750, 940830)."""
+    gen = torch.Generator().manual_seed(940670)
+    x = torch.randn(4, 8, generator=gen).to(torch.bfloat16)
+    y = torch.randn(40, generator=gen).to(torch.bfloat16)[3:35].view(4, 8)
+    program = fxwrap.lower(_add_rows_mean, x, y, target="arena", dynamic=True)
+    assert isinstance(program.runner, ArenaProgram)
+    x2 = torch.randn(6, 8, generator=gen).to(torch.bfloat16)
+    y2 = torch.randn(60, generator=gen).to(torch.bfloat16)[5:53].view(6, 8)
+    torch.testing.assert_close(program.run(x2, y2), _add_rows_mean(x2, y2))
+    for bad, shown in ((1.5, "float 1.5"), (2, "int 2")):
+        reads = rf"y \(argument 1\) must be a tensor \(the program reads its size symbol s\d+ = y\.\S+\)"
+        with pytest.raises(fxwrap.InputMismatchError, match=rf"{reads}, got {shown}"):
+            program.run(x2, bad)
+    with pytest.raises(fxwrap.InputMismatchError, match=r"y \(argument 1\) has 1 dimensions"):
+        program.run(x2, y2[0])
+    graph_inputs = program.arguments((x2, y2))
+    sizes = [i for i, value in enumerate(graph_inputs) if not isinstance(value, torch.Tensor)]
+    for i in sizes:  # the graph's own inputs, a size wrong: the guard names it before the plan reads it
+        bad = list(graph_inputs)
+        bad[i] = None
+        with pytest.raises(fxwrap.InputMismatchError, match="must be an int, got None"):
+            program(*bad)
+    torch.testing.assert_close(program(*graph_inputs)[0], _add_rows_mean(x2, y2))

@@ -37,7 +37,8 @@ SEAL = ".sha256"
 log = logging.getLogger("fxwrap.cache")
 
 
-def _digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
+    """The sha256 of the file's bytes: a cache entry's seal."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -94,7 +95,7 @@ class KernelCache:
         binary, seal = self.path(key), self.path(key, SEAL)
         try:
             expected = seal.read_text().strip()
-            if _digest(binary) == expected:
+            if file_digest(binary) == expected:
                 return True
             reason = "its bytes do not match its seal"
         except FileNotFoundError:
@@ -115,7 +116,7 @@ class KernelCache:
         """Put ``built`` (a complete binary in this cache's directory tree) in place as
         ``key``'s entry, sealed: the seal first, then the binary's atomic rename."""
         final = self.path(key)
-        write_atomically(self.path(key, SEAL), _digest(built).encode())
+        write_atomically(self.path(key, SEAL), file_digest(built).encode())
         os.replace(built, final)  # the commit point
         return final
 

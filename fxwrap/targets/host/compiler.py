@@ -22,7 +22,10 @@ flags, compiler and host in the cache (``pch/``): the compiler then skips parsin
 
 The key and the cached ``.cpp`` are the full source's; the binary is the same code (a
 precompiled header that does not fit the flags is ignored by the compiler, which then
-reads ``prelude.h`` as text).
+reads ``prelude.h`` as text).  The header is sealed as a kernel binary is
+(``prelude.h.gch.sha256``): one whose bytes do not give its seal, or whose ``prelude.h`` is
+not the prelude, is a logged warning, removed and built again (a cut one made the compiler
+fail on every kernel, which then compiled again without it; a changed one it might read).
 
 A program's kernels, all known at once, compile in a few translation units rather than a
 process each (``compile_many``): each unit opens with the prelude, each kernel in a
@@ -45,10 +48,13 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from fxwrap.targets.host.cache import KernelCache, default_cache_dir, write_atomically
+from fxwrap.targets.host.cache import (
+    SEAL, STALE_SECONDS, KernelCache, default_cache_dir, file_digest, write_atomically,
+)
 
 # the ``cache`` stage's logger (``fxwrap.core.logs``), by name: a saved program loads this
 # module without the compiler's modules
@@ -404,6 +410,12 @@ class CppCompiler:
                 short.unlink(missing_ok=True)
         cmd = self.command(src, out, extra_flags)
         proc = run_compiler(cmd, self.language, self.remedy)
+        if header is not None and proc.returncode == 0:
+            # the kernel builds without the header and not with it: the next compile checks the
+            # header on disk again (damaged since this process checked it: built again)
+            with self._prelude_lock:
+                if self._preludes.get((prelude, tuple(extra_flags))) == header:
+                    del self._preludes[(prelude, tuple(extra_flags))]
         if proc.returncode != 0 or not out.is_file():
             what = "failed" if proc.returncode != 0 else f"exited 0 but wrote no {out.name}"
             if keep_failed:
@@ -431,8 +443,8 @@ class CppCompiler:
                     h.update(b"\0")
                 key = h.hexdigest()
                 folder = self.cache.dir / "pch" / key[:2] / key
-                header, gch = folder / "prelude.h", folder / "prelude.h.gch"
-                if gch.is_file() and header.is_file():
+                header = folder / "prelude.h"
+                if _header_intact(folder, prelude):
                     ready = self._preludes[wanted] = header
                     build = None
                 elif not start:
@@ -452,23 +464,71 @@ class CppCompiler:
 
     def _build_header(self, wanted, prelude: SharedPrelude, extra_flags, folder: Path) -> None:
         header, gch = folder / "prelude.h", folder / "prelude.h.gch"
+        tmp = folder / f".prelude.{os.getpid()}.{threading.get_ident()}.gch.tmp"
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            _sweep_stale(folder)
             write_atomically(header, prelude.header().encode())
-            tmp = folder / f".prelude.{os.getpid()}.{threading.get_ident()}.gch.tmp"
             flags = [f for f in (*self.flags, *extra_flags) if f != "-shared"]
             proc = run_compiler([*shlex.split(self.cxx), *flags, "-x", self.header_language, str(header), "-o", str(tmp)],
                                 self.language, self.remedy)
             if proc.returncode == 0 and tmp.is_file():
+                # sealed as a kernel binary is (its seal first, then the header: the commit point)
+                write_atomically(gch.with_name(gch.name + SEAL), file_digest(tmp).encode())
                 os.replace(tmp, gch)
             else:
-                tmp.unlink(missing_ok=True)
                 _CACHE_LOG.debug("no precompiled prelude (%s): %s", self.cxx, proc.stderr[-2000:])
         except (OSError, ValueError, CompileError) as exc:  # kernels compile without it
             _CACHE_LOG.debug("no precompiled prelude: %s", exc)
+        finally:
+            tmp.unlink(missing_ok=True)
         with self._prelude_lock:
             self._preludes[wanted] = header if gch.is_file() else None
             self._prelude_builds.pop(wanted, None)
+
+
+def _header_intact(folder: Path, prelude: SharedPrelude) -> bool:
+    """Whether ``folder`` holds the precompiled ``prelude`` whole: ``prelude.h`` with the
+    prelude's text and ``prelude.h.gch`` whose bytes give its seal.  A damaged one is removed
+    (a warning; one without a seal, from an fxwrap that sealed none, silently) so that it is
+    built again: the compiler fails on a cut header ("cannot read PCH file", and every kernel
+    then compiled twice, the second time without it), and a changed one it may read as code.
+    Costs a sha256 of the header (tens of MB) once per process and prelude."""
+    header, gch = folder / "prelude.h", folder / "prelude.h.gch"
+    seal = gch.with_name(gch.name + SEAL)
+    if not gch.is_file() or not header.is_file():
+        return False
+    try:
+        expected = seal.read_text().strip() if seal.is_file() else None
+        if expected is None:
+            reason = None
+        elif header.read_bytes() != prelude.header().encode():
+            reason = "its prelude.h is not the prelude's text"
+        elif file_digest(gch) != expected:
+            reason = "its bytes do not match its seal"
+        else:
+            return True
+    except OSError as exc:
+        reason = f"it cannot be read ({exc})"
+    if reason is None:  # written by an fxwrap that sealed none: not known to be good
+        _CACHE_LOG.debug("precompiled header %s has no seal: building it again", gch)
+    else:
+        _CACHE_LOG.warning("fxwrap: precompiled header %s is damaged (%s): building it again; kernels compile "
+                           "without it meanwhile", gch, reason)
+    for path in (seal, gch):
+        path.unlink(missing_ok=True)
+    return False
+
+
+def _sweep_stale(folder: Path) -> None:
+    """Remove temporaries of header builds that died (older than an hour)."""
+    now = time.time()
+    for tmp in folder.glob(".prelude.*.gch.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > STALE_SECONDS:
+                tmp.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def _balanced(items: list[tuple[str, str]], units: int) -> list[list[tuple[str, str]]]:
