@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.runtime.arena import (ALIGN, KEEP, ArenaPool, _pack, _place_in_order, arena_graph_module, arena_range,
+from fxwrap.runtime import arena as arena_module
+from fxwrap.runtime.arena import (ALIGN, IDLE_STORAGES, KEEP, ArenaPool, IdleStorages, _pack, _place_in_order, arena_graph_module, arena_range,
                                   plan_arena)
 from fxwrap.runtime.direct import empty_strided_cpu, storage_offset, view_of
 from fxwrap.runtime.graph_replay import replay_runners
@@ -143,18 +144,66 @@ def test_views_at_given_offsets_count_from_the_arena_range():
             torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def _ptr(arena):
+    return arena[0].untyped_storage().data_ptr()
+
+
 def test_pool_gives_overlapping_calls_their_own_arena():
-    pool = ArenaPool(256, (F32, torch.int64))
+    storages = IdleStorages()
+    pool = ArenaPool(256, (F32, torch.int64), storages)
     first, second = pool.take(), pool.take()
-    assert first[0].untyped_storage().data_ptr() != second[0].untyped_storage().data_ptr()
-    assert first[0].untyped_storage().data_ptr() == first[1].untyped_storage().data_ptr()
+    assert _ptr(first) != _ptr(second)
+    assert _ptr(first) == first[1].untyped_storage().data_ptr()
     assert (first[0].numel(), first[1].numel(), pool.made) == (64, 32, 2)
     pool.give_back(first)
-    again, other = pool.take(), pool.take()  # an idle arena goes to one call only
-    assert again is first and other is not first and pool.made == 3
-    for arena in (first, second, other):
+    again, other = pool.take(), pool.take()  # an idle storage goes to one call only
+    assert _ptr(again) == _ptr(first) and _ptr(other) not in (_ptr(first), _ptr(second)) and pool.made == 3
+    for arena in (again, second, other):
         pool.give_back(arena)
-    assert len(pool._idle) == KEEP
+    assert len(storages._idle) == KEEP
+
+
+def test_programs_run_one_after_another_share_one_storage_of_the_largest_arena():
+    """A forward's and a backward's arenas (or two graphs' of one model): one storage, the
+    larger one's size, stays allocated between calls; a smaller idle one is let go when a
+    larger arena is needed, and the larger serves the smaller after it."""
+    storages = IdleStorages()
+    small, large = ArenaPool(256, (F32,), storages), ArenaPool(1024, (F32,), storages)
+    arena = small.take()
+    small.give_back(arena)
+    assert storages.nbytes == 256
+    big = large.take()
+    large.give_back(big)
+    assert storages.nbytes == 1024 and len(storages._idle) == 1  # the small one let go
+    again = small.take()
+    assert _ptr(again) == _ptr(big) and again[0].numel() == 256 and small.made == 1 and large.made == 1
+    small.give_back(again)
+    assert storages.nbytes == 1024
+
+
+def test_a_training_step_holds_one_arena_between_calls(monkeypatch):
+    storages = IdleStorages()
+    monkeypatch.setattr(arena_module, "IDLE_STORAGES", storages)
+
+    def step(x, w1, w2):
+        h = torch.relu(x @ w1) @ w2
+        return (h.softmax(-1) * h.sum(1, keepdim=True).sigmoid()).sum() + (x @ w1).logsumexp(1).sum()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 32, generator=gen)
+    w1, w2 = (torch.randn(32, 48, generator=gen, requires_grad=True),
+              torch.randn(48, 40, generator=gen, requires_grad=True))
+    programs = []
+    compiled = torch.compile(step, backend=fxwrap.Backend("cpu", {"cache": False, "templates": "off",
+                                                                 "on_program": programs.append}))
+    for _ in range(2):
+        w1.grad = w2.grad = None
+        compiled(x, w1, w2).backward()
+    for got, want in zip((w1.grad, w2.grad), torch.autograd.grad(step(x, w1, w2), (w1, w2))):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    pools = [p.runner.arena_pool for p in programs if hasattr(p.runner, "arena_pool")]
+    assert [p.kind for p in programs] == ["forward", "backward"] and len(pools) == 2
+    # one storage, the larger arena's, between steps (each program kept its own before)
+    assert storages.nbytes == max(p.nbytes for p in pools) < sum(p.nbytes for p in pools)
 
 
 def _block(x, w1, w2):
@@ -189,7 +238,7 @@ def test_runner_takes_temporaries_from_the_arena_and_returns_fresh_outputs():
         kept.append((got, _block(*inputs)))
     arena = pool.take()
     pool.give_back(arena)
-    assert pool.made == 1, "sequential calls share one arena"
+    assert pool.made <= 1, "sequential calls share one storage"
     assert arena[0].untyped_storage().data_ptr() not in _storages(v for got, _ in kept for v in got)
     for got, want in kept:  # outputs kept alive are not written by later calls
         for g, w in zip(got, want):
