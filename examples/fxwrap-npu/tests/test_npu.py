@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fxwrap
+from fxwrap.ir.lines import CallKernel
 
 device = pytest.importorskip("fxwrap_npu.device", reason="the npu device builds with g++ and torch's headers")
 NPU = torch.device("npu", 0)
@@ -282,3 +283,34 @@ def test_template_timing_measures_the_devices_queued_work():
     from fxwrap_npu.target import NpuDevice
     seconds = NpuDevice().time_calls(lambda: device.sleep_on_stream(20), 3)
     assert 0.018 <= seconds < 0.2, seconds
+
+
+def test_a_two_layer_hf_llama_inference_and_training_step():
+    """transformers' ``LlamaForCausalLM`` (2 layers, grouped KV heads, SDPA, rotary
+    embeddings) with its parameters and tokens on the device: logits and a training step's
+    gradients are eager's on the device and on the CPU."""
+    transformers = pytest.importorskip("transformers", reason="the HF Llama needs transformers")
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128, vocab_size=300,
+                                      max_position_embeddings=64)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    eager, on_device = copy.deepcopy(model).to(NPU), copy.deepcopy(model).to(NPU)
+    tokens = torch.randint(0, 300, (2, 12))
+    torch._dynamo.reset()
+    programs = []
+    compiled = torch.compile(on_device, backend=fxwrap.Backend("npu", {"on_program": programs.append}))
+    with torch.no_grad():
+        got = compiled(tokens.to(NPU)).logits
+    assert programs and all(p.target.name == "npu" for p in programs)
+    assert sum(isinstance(ln, CallKernel) for p in programs for ln in p.lines) >= 10  # norms, rotary, SwiGLU
+    with torch.no_grad():
+        torch.testing.assert_close(got.cpu(), eager(tokens.to(NPU)).logits.cpu(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.cpu(), model(tokens).logits, rtol=1e-4, atol=1e-4)
+    eager.train(), on_device.train()
+    for run in (eager, compiled):
+        run(tokens.to(NPU), labels=tokens.to(NPU)).loss.backward()
+    assert {p.kind for p in programs} >= {"inference", "forward", "backward"}
+    for (name, p), q in zip(eager.named_parameters(), on_device.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad.cpu(), rtol=1e-3, atol=1e-5, msg=name)
