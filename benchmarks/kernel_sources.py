@@ -19,6 +19,8 @@ import os
 import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+# every program compiled now: a program cache entry would hold the sources of the compiler that stored it
+os.environ["FXWRAP_PROGRAM_CACHE"] = "0"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "models"))
 
 import torch  # noqa: E402
