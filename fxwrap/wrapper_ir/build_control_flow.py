@@ -8,8 +8,8 @@ Given the ATen graph::
     getitem = cond[0]
 
 the lowerer compiles each subgraph into a ``NestedProgram`` as it compiles its own
-program (the kernel builder on kernel targets: lowering rules, fusion, kernels; the
-extern builder elsewhere), plans its memory and runs the session's wrapper passes
+program (with the lowering rules, fusion and kernels on kernel targets; every node an
+extern call elsewhere), plans its memory and runs the session's wrapper passes
 over it, exactly as for the top program, and emits::
 
     # cond: cond
@@ -25,7 +25,7 @@ as a buffer of its own: never an input's or a constant's storage, which the op
 forbids (``output_value`` copies such a result).
 
 A node this cannot express (a non-tensor result, a Python-bool predicate, a carried
-int, a subgraph the builder rejects) stays what it was before: an extern call of the
+int, a subgraph the lowerer rejects) stays what it was before: an extern call of the
 higher-order op on its ATen subgraphs (logged), which gives eager's numbers.
 """
 from __future__ import annotations

@@ -295,7 +295,8 @@ class Lowerer:
                                       f"on target {self.target_name}")
         return LoweredProgram(self.settings, tuple(self.inputs), tuple(self.items), self.buffers, self.roots,
                               self.constants, self.fake_values, self.symbol_hints,
-                              self.rules.template_externs if self.rules is not None else {},
+                              {name: tuple(lines) for name, lines in
+                               (self.rules.template_externs if self.rules is not None else {}).items()},
                               self.origins.positions, self.names.value, tuple(self.size_assumptions))
 
     # -- results of nested programs ------------------------------------------
@@ -516,7 +517,7 @@ class Lowerer:
 
     def _writes_into_copy(self, node, op, val) -> bool:
         """A functional indexed write (``extern.in_place_write``) as eager runs it: ``self``
-        copied into a buffer of the program (the kernel builder computes a lazy ``self``
+        copied into a buffer of the program (with kernel rules a lazy ``self`` is computed
         straight into it), then the in-place op on that buffer::
 
             buf1 = empty_strided((1000, 64), (64, 1), ...)
@@ -666,8 +667,8 @@ class Lowerer:
         """A write is a barrier: every value made before ``node`` and used after it is
         materialized now, so it holds what it held at its place in the program.
 
-        Here every value already is a buffer; a builder that keeps values lazy (loop
-        IR inlined into later kernels) turns them into buffers through ``value``,
+        Here every value already is a buffer; with kernel rules, values kept lazy (loop
+        IR inlined into later kernels) become buffers through ``value``,
         so ``x.add_(1); return x * 2`` does not compute ``x * 2`` from the written x.
         """
         for earlier in node.graph.nodes:

@@ -80,7 +80,7 @@ class Realizer:
             self.lowerer.roots[buf.name] = buf
             self.lowerer.fake_values.pop(buf.name, None)
             if strides == buf.stride and fake.storage_offset() != 0:
-                self.lowerer.traced_offsets[buf.name] = to_expr(fake.storage_offset())  # views of it: build.view
+                self.lowerer.traced_offsets[buf.name] = to_expr(fake.storage_offset())  # views of it: Lowerer.view_buffer
         self.pointwise_job(buf, loops, [node.name])
         self.lowerer.define(node, buf)
         return buf

@@ -31,7 +31,7 @@ log = logging.getLogger("fxwrap.schedule")
 
 @dataclasses.dataclass(frozen=True)
 class KernelRecord:
-    """One kernel the builder made: its loop IR, its source, the ATen nodes whose values
+    """One kernel the renderer made: its loop IR, its source, the ATen nodes whose values
     it stores (``roots``) and why it did not join the kernel before it (``started_because``)."""
 
     scheduled: ScheduledKernel
