@@ -26,35 +26,32 @@ _MISSING = object()
 
 
 class Journal:
-    """The undo steps of the open transaction (a list), or None when none is open."""
+    """``steps``: the undo steps of the open transaction (a list), or None when none is open
+    (the containers read it before each change: nothing is recorded then)."""
 
     def __init__(self) -> None:
-        self._steps: list[Callable[[], None]] | None = None
-
-    @property
-    def is_open(self) -> bool:
-        return self._steps is not None
+        self.steps: list[Callable[[], None]] | None = None
 
     def open(self) -> None:
-        if self._steps is not None:
+        if self.steps is not None:
             raise RuntimeError("a journal transaction is open already")
-        self._steps = []
+        self.steps = []
 
     def close(self) -> None:
         """Keep every change (commit) and stop recording."""
-        self._steps = None
+        self.steps = None
 
     def mark(self) -> int:
         """A point to undo back to (``undo_to``)."""
-        return len(self._steps) if self._steps is not None else 0
+        return len(self.steps) if self.steps is not None else 0
 
     def record(self, undo: Callable[[], None]) -> None:
-        if self._steps is not None:
-            self._steps.append(undo)
+        if self.steps is not None:
+            self.steps.append(undo)
 
     def undo_to(self, mark: int) -> None:
         """Undo every change made after ``mark``, newest first."""
-        steps = self._steps
+        steps = self.steps
         if steps is None:
             return
         while len(steps) > mark:
@@ -73,7 +70,7 @@ class JournaledDict(dict):
         self._journal = journal
 
     def _record_key(self, key) -> None:
-        if not self._journal.is_open:
+        if not self._journal.steps is not None:
             return
         old = dict.get(self, key, _MISSING)
         if old is _MISSING:
@@ -82,7 +79,7 @@ class JournaledDict(dict):
             self._journal.record(lambda: dict.__setitem__(self, key, old))
 
     def _record_removal(self, key) -> None:
-        if not self._journal.is_open or not dict.__contains__(self, key):
+        if not self._journal.steps is not None or not dict.__contains__(self, key):
             return
         position, old = list(dict.keys(self)).index(key), dict.__getitem__(self, key)
 
@@ -130,12 +127,12 @@ class JournaledList(list):
         self._journal = journal
 
     def _record_length(self) -> None:
-        if self._journal.is_open:
+        if self._journal.steps is not None:
             length = len(self)
             self._journal.record(lambda: list.__delitem__(self, slice(length, None)))
 
     def _record_all(self) -> None:
-        if self._journal.is_open:
+        if self._journal.steps is not None:
             old = list(self)
             self._journal.record(lambda: list.__setitem__(self, slice(None), old))
 
@@ -184,12 +181,12 @@ class JournaledSet(set):
         self._journal = journal
 
     def add(self, item) -> None:
-        if self._journal.is_open and item not in self:
+        if self._journal.steps is not None and item not in self:
             self._journal.record(lambda: set.discard(self, item))
         super().add(item)
 
     def discard(self, item) -> None:
-        if self._journal.is_open and item in self:
+        if self._journal.steps is not None and item in self:
             self._journal.record(lambda: set.add(self, item))
         super().discard(item)
 
