@@ -174,3 +174,19 @@ def test_no_class_reads_state_another_class_of_its_hierarchy_sets():
     assert not new, new
     mixins = [name for (path, name) in _classes() if "Mixin" in name]
     assert not mixins, mixins
+
+
+def test_nested_programs_and_user_kernels_reach_the_lowerer_through_its_protocol_only():
+    """(``build_control_flow`` and ``build_user_kernels`` read ``builder.out``, ``builder.env``,
+    ``builder.roots``, ``builder.foreign``, ``builder.order``: the builder's raw members.)"""
+    from fxwrap.wrapper_ir.nesting import NestedLowering
+    declared = {name for name in vars(NestedLowering) if not name.startswith("_")} | \
+        set(NestedLowering.__annotations__)
+    for module in ("build_control_flow.py", "build_user_kernels.py"):
+        tree = ast.parse((PACKAGE / "wrapper_ir" / module).read_text())
+        used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name) and node.value.id == "builder"}
+        assert used and used <= declared, f"{module} reaches the lowerer's {sorted(used - declared)}"
+    from fxwrap.wrapper_ir.lowerer import Lowerer
+    lowerer = kernel_lowerer(_graph(lambda x: x.sin(), torch.randn(3)), _session())
+    assert isinstance(lowerer, Lowerer) and all(hasattr(lowerer, name) for name in declared)
