@@ -15,12 +15,21 @@ Given the ATen graph of ``lambda x, w: torch.relu(x @ w)``::
     buf0 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
     # mm (model.py:3 in f)
     aten.mm.out(arg0, arg1, out=buf0)
-    buf1 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
     # relu (model.py:3 in f)
-    aten.relu.out(buf0, out=buf1)
+    buf1 = aten.relu.default(buf0)
     return (buf1,)
 
-and ``build_kernel_program`` the ``aten.mm.out`` call and a kernel computing the relu.
+and ``build_kernel_program`` (target ``reference``)::
+
+    buf0 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
+    # mm (model.py:3 in f)
+    aten.mm.out(arg0, arg1, out=buf0)
+    buf1 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
+    # kernel fxwrap_pointwise_0 (reference): buf0:input, buf1:output
+    # relu (model.py:3 in f)
+    fxwrap_pointwise_0(buf0, buf1)
+    return (buf1,)
+
 Frees and reuse are added afterwards by ``core.memory``.
 """
 from __future__ import annotations

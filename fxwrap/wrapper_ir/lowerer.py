@@ -60,11 +60,11 @@ class Lowerer:
 
         buf0 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
         aten.mm.out(arg0, arg1, out=buf0)
-        buf1 = empty_strided((8, 16), (16, 1), dtype=torch.float32, device='cpu')
-        aten.relu.out(buf0, out=buf1)
+        buf1 = aten.relu.default(buf0)
         return (buf1,)
 
-    and with the kernel rules ``aten.mm.out`` and a job storing ``relu(load(buf0))``.
+    and with the kernel rules ``aten.mm.out`` and a job storing ``relu(load(buf0))`` into
+    ``buf1`` (a kernel once rendered).
 
     Its state is the program built so far, in journaled containers (``journal``): while a
     rule runs the journal is open, and a rule that declines is undone (``rules``).
