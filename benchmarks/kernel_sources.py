@@ -7,7 +7,11 @@ unless the change means them to)::
     PYTHONPATH=. python benchmarks/kernel_sources.py /tmp/after cpu,triton-interpret,mps_shim,reference
     diff -r /tmp/before /tmp/after
 
-Files are named ``<target>__<program>__<0 forward/inference, 1 backward>__<kernel>.src``.
+Files are named ``<target>__<program>__<0 forward/inference, 1 backward>__<kernel>.src``; each
+program's printed Wrapper IR (``Program.code()``, nested programs included) is
+``<target>__<program>__<0 or 1>.code``.  The programs: a few models and op families
+(``cases``), control flow (``torch.cond``, ``while_loop``) and the fuzzer's programs of seeds
+``FUZZ_SEEDS`` (``fxwrap.testing.fuzz``).
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import os
 import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+# every program compiled now: a program cache entry would hold the sources of the compiler that stored it
+os.environ["FXWRAP_PROGRAM_CACHE"] = "0"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "models"))
 
 import torch  # noqa: E402
@@ -25,6 +31,7 @@ import fxwrap  # noqa: E402
 from test_transformer import Block  # noqa: E402
 
 TARGETS = ["cpu", "triton-interpret", "mps_shim", "reference"]
+FUZZ_SEEDS = range(930000, 930040)
 
 
 class Mlp(nn.Module):
@@ -64,10 +71,51 @@ def cases():
            + float("nan") * (x > 100), (torch.randn(16),), {})
 
 
+def branchy(x, y):
+    z = torch.cond(x.sum() > 0, lambda a, b: a.sin() * b, lambda a, b: a.cos() + b, (x, y))
+    return z * 2 + y
+
+
+def tensor_loop(x, w):
+    def cond_fn(t, n):
+        return t.abs().max() > 0.05
+
+    def body_fn(t, n):
+        scaled = t * 0.6 - w.tanh() * 0.01
+        return scaled / (1 + scaled.square().mean()), n + 1
+    return torch._higher_order_ops.while_loop(cond_fn, body_fn, (x, torch.zeros((), dtype=torch.int64)))
+
+
+def control_flow_cases():
+    """``torch.cond`` (forward and backward) and ``while_loop``: nested programs."""
+    inputs = ((torch.rand(4, 3) + 0.1).requires_grad_(), torch.randn(4, 3, requires_grad=True))
+    yield "cond_train", branchy, inputs, {"training": True}
+    yield "while_loop", tensor_loop, (torch.randn(6), torch.randn(6)), {}
+
+
+def fuzz_cases():
+    """The fuzzer's programs of seeds ``FUZZ_SEEDS``, as its harness builds them."""
+    from fxwrap.testing.fuzz import harness
+    from fxwrap.testing.fuzz.generator import generate
+    for seed in FUZZ_SEEDS:
+        ns = {"torch": torch}
+        exec(generate(seed), ns)  # noqa: S102 - the generator's own code
+        options = {"training": bool(ns["BACKWARD"]), "dynamic": bool(ns["DYNAMIC"])}
+        if options["training"] and not any(t.requires_grad for t in harness.make_inputs(ns)):
+            options["training"] = False
+        yield f"fuzz{seed}", harness.make_module(ns), tuple(harness.make_inputs(ns)), options
+
+
+def all_cases():
+    yield from cases()
+    yield from control_flow_cases()
+    yield from fuzz_cases()
+
+
 def main(out_dir: str, targets: list[str]) -> None:
     os.makedirs(out_dir, exist_ok=True)
     for target in targets:
-        for name, fn, inputs, options in cases():
+        for name, fn, inputs, options in all_cases():
             try:
                 lowered = fxwrap.lower(fn, *inputs, target=target, **options)
             except Exception as exc:  # keep going: a failure shows as missing files
@@ -75,6 +123,8 @@ def main(out_dir: str, targets: list[str]) -> None:
                 continue
             programs = [lowered.forward, lowered.backward] if hasattr(lowered, "backward") else [lowered]
             for i, program in enumerate(programs):
+                with open(os.path.join(out_dir, f"{target}__{name}__{i}.code"), "w") as f:
+                    f.write(program.code())
                 for line in program.lines:
                     if type(line).__name__ == "DefineKernel":
                         path = os.path.join(out_dir, f"{target}__{name}__{i}__{line.kernel.name}.src")

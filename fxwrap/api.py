@@ -41,8 +41,7 @@ from fxwrap.program import Program, TrainingPrograms, finish_program, log_progra
 from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.boxed import ListCall
 from fxwrap.targets.base import Target
-from fxwrap.wrapper_ir.build import build_lines
-from fxwrap.wrapper_ir.build_kernels import KernelBuilder
+from fxwrap.wrapper_ir.build import build_kernel_program, build_lines
 from fxwrap.wrapper_ir.fx import to_graph_module
 
 log = logging.getLogger("fxwrap")
@@ -91,7 +90,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession
             return program
     dump = ProgramDump.start(options.debug_dir, gm, kind, graph_text)  # None unless a debug dump was asked for
     if session.generates_kernels and options.kernels:
-        built = KernelBuilder(gm, session, timer=timer, label=f"{kind} program").run()
+        built = build_kernel_program(gm, session, timer=timer, label=f"{kind} program")
     else:
         with timer.phase("lowering"):
             built = build_lines(gm, target.name, reuse=options.reuse, wrapper_passes=session.lines_passes)

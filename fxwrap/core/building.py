@@ -3,7 +3,7 @@
 A rule sees a ``core.lowering.LoweringContext``; the context's helpers that need more
 than lazy values (``stored``, ``realized``, ``realized_output``, ``emit``,
 ``write_barrier``, ``store_into``) call the builder through these methods only, so the
-kernel builder (``wrapper_ir.build_kernels.KernelBuilder``) may change behind them::
+lowerer (``wrapper_ir.realization.Realizer``, for ``wrapper_ir.lowerer.Lowerer``) may change behind them::
 
     ctx.stored(x)          -> builder.in_memory(ctx.node, x)     buf3
     ctx.realized(loops)    -> builder.realize(ctx.node, loops)   buf4 (a kernel job stores it)

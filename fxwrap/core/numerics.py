@@ -244,7 +244,7 @@ def illegal(code, dtype: torch.dtype, arg_dtypes) -> str | None:
     want = [torch.bool, compute, compute] if code == OpCode.WHERE else [compute] * len(arg_dtypes)
     if (compute in LOW_PRECISION and code not in EXACT_16BIT) or list(arg_dtypes) != want:
         return (f"op {code} ({dtype}) over {[str(d) for d in arg_dtypes]} is not legalized: run "
-                "fxwrap.core.numerics.legalize(kernel, numerics) before rendering (the kernel builder does)")
+                "fxwrap.core.numerics.legalize(kernel, numerics) before rendering (the renderer does)")
     return None
 
 

@@ -9,7 +9,7 @@ own (``default_pipeline``), as each target's plugins edit it (the ``cpu`` target
                    'matmul padding', 'convolution bias', 'patterns', 'grouped attention'],
              wrapper=['memory plan'])
 
-    ATen graph --aten passes (in place)--> [program cache] --> kernel builder --> lines
+    ATen graph --aten passes (in place)--> [program cache] --> lowerer, renderer --> lines
     lines --wrapper passes--> (the passes of ``fxwrap_wrapper_passes`` after them) --> FX
 
 Each pass decides for itself whether it applies (the channels-last pass only where the

@@ -25,7 +25,7 @@ ATen graph alone (in program order, as the builders lower it):
 
 What the storage is (an input of the program, a buffer the program allocated, or not its
 own to write: a view, a constant, an extern's result) is the builder's to check
-(``KernelBuilder.in_place_refusal``): this module sees only the graph.  This is the
+(``wrapper_ir.realization.Realizer.in_place_refusal``): this module sees only the graph.  This is the
 decision Inductor's ``reinplace`` pass makes over its graph; fxwrap makes it where a
 rule lowers the write (``core/rules/indexed_writes.py``).
 """

@@ -2,7 +2,7 @@
 pointwise work fused around them as an epilogue.
 
 A target (built-in or plugin) registers ``Template`` subclasses through the hook
-``fxwrap_templates(target)`` (``fxwrap.plugins.hookspecs``).  The kernel builder
+``fxwrap_templates(target)`` (``fxwrap.plugins.hookspecs``).  The lowerer
 turns an ATen node a template applies to (``Template.ops``, ``Template.refusal``)
 into a *template job*: one store of the op's result over the output's sizes, whose
 value is the leaf ``template_out`` ("the template's accumulator at (x0, x1)").  The

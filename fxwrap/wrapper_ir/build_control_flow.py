@@ -7,9 +7,9 @@ Given the ATen graph::
     cond = torch.ops.higher_order.cond(gt, true_graph_0, false_graph_0, (arg0_1, arg1_1))
     getitem = cond[0]
 
-the builder compiles each subgraph into a ``NestedProgram`` with a builder of its own
-kind (the kernel builder on kernel targets: lowering rules, fusion, kernels; the
-extern builder elsewhere), plans its memory and runs the session's wrapper passes
+the lowerer compiles each subgraph into a ``NestedProgram`` as it compiles its own
+program (with the lowering rules, fusion and kernels on kernel targets; every node an
+extern call elsewhere), plans its memory and runs the session's wrapper passes
 over it, exactly as for the top program, and emits::
 
     # cond: cond
@@ -25,7 +25,7 @@ as a buffer of its own: never an input's or a constant's storage, which the op
 forbids (``output_value`` copies such a result).
 
 A node this cannot express (a non-tensor result, a Python-bool predicate, a carried
-int, a subgraph the builder rejects) stays what it was before: an extern call of the
+int, a subgraph the lowerer rejects) stays what it was before: an extern call of the
 higher-order op on its ATen subgraphs (logged), which gives eager's numbers.
 """
 from __future__ import annotations
@@ -38,6 +38,7 @@ from fxwrap.core.passes import WrapperProgram, run_wrapper_passes
 from fxwrap.ir.symbolic import evaluate, is_non_overlapping_and_dense
 from fxwrap.ir.control_flow import Conditional, NestedProgram, WhileLoop
 from fxwrap.ir.lines import Buffer, Comment, SizeInput
+from fxwrap.wrapper_ir.nesting import NestedLowering
 
 log = logging.getLogger("fxwrap")
 
@@ -48,7 +49,7 @@ class NotExpressible(NotImplementedError):
     """A control-flow node that stays an extern call of the higher-order op."""
 
 
-def build(builder, node: torch.fx.Node) -> bool:
+def build(builder: NestedLowering, node: torch.fx.Node) -> bool:
     """Emit the line of control-flow ``node`` into ``builder``; False (nothing emitted)
     where it stays an extern call of the op."""
     try:
@@ -63,14 +64,13 @@ def build(builder, node: torch.fx.Node) -> bool:
         return False
 
 
-def nested_program(builder, gm: torch.fx.GraphModule, name: str, output_layouts) -> NestedProgram:
-    """Subgraph ``gm`` compiled by a builder of ``builder``'s kind, memory planned, through
-    the wrapper passes: a ``NestedProgram`` named ``name``."""
-    sub = builder.nested_builder(gm, name, output_layouts)
-    built = sub.run()
-    # what its kernels assume about sizes the top program's input guard checks
-    builder.out.size_assumptions += [a for a in built.size_assumptions if a not in builder.out.size_assumptions]
-    lines, plan = run_wrapper_passes(builder.wrapper_passes, built.lines, WrapperProgram(built.hints, builder.reuse))
+def nested_program(builder: NestedLowering, gm: torch.fx.GraphModule, name: str, output_layouts) -> NestedProgram:
+    """Subgraph ``gm`` compiled as ``builder``'s program is (``compile_nested``), memory
+    planned, through the wrapper passes: a ``NestedProgram`` named ``name``."""
+    built = builder.compile_nested(gm, name, output_layouts)
+    builder.assume_sizes(built.size_assumptions)  # what its kernels assume: the top program's guard checks it
+    settings = builder.settings
+    lines, plan = run_wrapper_passes(settings.wrapper_passes, built.lines, WrapperProgram(built.hints, settings.reuse))
     return NestedProgram(name, tuple(built.inputs), tuple(lines), dict(built.constants),
                          dict(built.fake_values), plan.peak_bytes)
 
@@ -78,7 +78,7 @@ def nested_program(builder, gm: torch.fx.GraphModule, name: str, output_layouts)
 def _subgraph(builder, attr) -> tuple[torch.fx.GraphModule, str]:
     if not (isinstance(attr, torch.fx.Node) and attr.op == "get_attr"):
         raise NotExpressible(f"subgraph argument {attr!r} is not a get_attr of a GraphModule")
-    gm = getattr(builder.gm, attr.target)
+    gm = builder.subgraph(attr.target)
     if not isinstance(gm, torch.fx.GraphModule):
         raise NotExpressible(f"{attr.target} is a {type(gm).__name__}, not a GraphModule")
     return gm, attr.target
@@ -97,7 +97,7 @@ def _result_layouts(builder, val) -> list[Buffer]:
 
 def _layout(builder, fake: torch.Tensor, name: str) -> Buffer:
     buf = Buffer.from_fake(name, fake)
-    hints = builder.out.hints
+    hints = builder.hints
     size = [evaluate(n, hints) for n in buf.size]
     stride = [evaluate(st, hints) for st in buf.stride]
     if not is_non_overlapping_and_dense(size, stride):
@@ -153,9 +153,7 @@ def _results(builder, fakes) -> tuple[Buffer, ...]:
     the real offset)."""
     outs = []
     for fake in fakes:
-        buf = builder.new_buffer(fake)
-        builder.foreign.add(buf.name)
-        outs.append(buf)
+        outs.append(builder.foreign_buffer(fake))
     return tuple(outs)
 
 
@@ -177,7 +175,7 @@ def _cond(builder, node: torch.fx.Node) -> None:
     builder.emit(Conditional(predicate, values, true_program, false_program, outputs))
     for buf in outputs:
         builder.bind_layout(buf)
-    builder.env[node] = outputs
+    builder.define(node, outputs)
 
 
 def _while_loop(builder, node: torch.fx.Node) -> None:
@@ -207,4 +205,4 @@ def _while_loop(builder, node: torch.fx.Node) -> None:
                            tuple(sorted(node.kwargs.items()))))
     for buf in outputs:
         builder.bind_layout(buf)
-    builder.env[node] = outputs
+    builder.define(node, outputs)

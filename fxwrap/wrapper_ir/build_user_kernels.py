@@ -49,6 +49,7 @@ from fxwrap.runtime.launch import UserTritonLaunch
 from fxwrap.runtime.user_kernels import importable_name, jit_function_of
 from fxwrap.ir.lines import Buffer, DefineKernel
 from fxwrap.ir.user_kernels import CallUserKernel
+from fxwrap.wrapper_ir.nesting import NestedLowering
 
 aten = torch.ops.aten
 
@@ -107,7 +108,7 @@ def _config_record(config) -> dict:
     return record
 
 
-def build(builder, node: torch.fx.Node) -> None:
+def build(builder: NestedLowering, node: torch.fx.Node) -> None:
     """Emit the lines of user-kernel launch ``node`` into ``builder`` (see the module doc)."""
     kw = node.kwargs
     table = _side_table()
@@ -169,7 +170,7 @@ def build(builder, node: torch.fx.Node) -> None:
     args = tuple(tensors[n] if n in tensors else scalars[n] for n in order)
     builder.emit(DefineKernel(compiled))
     builder.emit(CallUserKernel(compiled, args, grids))
-    builder.env[node] = {n: tensors[n] for n in written} if functional else None
+    builder.define(node, {n: tensors[n] for n in written} if functional else None)
 
 
 def _position(jit, name: str) -> tuple:
@@ -223,16 +224,15 @@ def _writable_in_place(builder, node, arg_name: str, arg) -> bool:
     others = [v for n, v in node.kwargs["kwargs"].items() if n != arg_name]
     if any(_shares(v, storage) for v in others):
         return False
-    value = builder.env.get(arg)
+    value = builder.value_of(arg)
     if arg.op != "placeholder":
-        buf = builder.value(arg)
-        if builder.roots.get(buf.name) != buf or buf.name in builder.out.constants:
+        if not builder.owns_storage(builder.value(arg)):
             return False  # a view of other storage, or a constant
-    elif not isinstance(value, Buffer) or builder.roots.get(value.name) != value:
+    elif not isinstance(value, Buffer) or not builder.owns_storage(value):
         return False
-    position = builder.order[node]
+    position = builder.position(node)
     for later in node.graph.nodes:
-        if builder.order[later] <= position:
+        if builder.position(later) <= position:
             continue
         if arg.op == "placeholder" and _copies_result_back(later, node, arg_name, arg):
             continue
@@ -253,7 +253,7 @@ def _copies_result_back(later, node, arg_name: str, arg) -> bool:
 def _clone(builder, value: Buffer, arg) -> Buffer:
     """A new buffer with ``value``'s strides (the kernel indexes its pointer itself) holding a
     copy of it, for a launch that writes a tensor still read afterwards."""
-    hints = builder.out.hints
+    hints = builder.hints
     size = [evaluate(n, hints) for n in value.size]
     stride = [evaluate(s, hints) for s in value.stride]
     if not is_non_overlapping_and_dense(size, stride):

@@ -1,7 +1,7 @@
 """Which candidate computes a template group: a template (with the epilogue fused) or
 the ATen extern (the op's call, then the epilogue as a pointwise kernel).
 
-``candidates(builder, group, ...)`` renders every candidate, and ``decide`` under
+``candidates(renderer, group, ...)`` renders every candidate, and ``decide`` under
 ``templates="auto"`` times them on the size hints with fresh random inputs, interleaved round by round
 (the order turning each round), each candidate's time its fastest round (``time_candidates``),
 with the group's times cached on disk together (``core.templates.TimingCache``; ``FXWRAP_RETUNE=1``
@@ -89,51 +89,51 @@ class Candidates:
         return [made for _, made in self.candidates] + [part for part in self.extern[1:]]
 
 
-def candidates(builder, group: Group, keep: set, inputs: set, count: int, emitter) -> Candidates:
+def candidates(renderer, group: Group, keep: set, inputs: set, count: int, emitter) -> Candidates:
     """Render every candidate of template group ``group`` (kernels named from ``count``);
-    nothing runs yet: the kernel builder compiles the kernels of every group's candidates
+    nothing runs yet: the renderer compiles the kernels of every group's candidates
     at once (``Candidates.kernels_to_time``) before any group is timed (``decide``)."""
     call = group.template
-    prefix = builder.kernel_prefix
+    prefix = renderer.kernel_prefix
     made_templates: list[tuple[str, object]] = []
     reasons: dict[str, str] = {}
-    for template in builder.session.active_templates:
+    for template in renderer.session.active_templates:
         if call.op not in template.ops:
             continue
         why = template.refusal(call)
         if why is not None:
             reasons[template.name] = why
             continue
-        made = builder.kernel_lines(group, f"{prefix}_template_{count}", keep, inputs,
+        made = renderer.kernel_lines(group, f"{prefix}_template_{count}", keep, inputs,
                                     lambda sk, t=template: t.render(sk, emitter))
         if made is None:  # the group's values are all kept by other lines: no kernel to time
             reasons[template.name] = "its kernel would store nothing"
             continue
         made_templates.append((template.name, made))
-    extern_lines = list(builder.template_externs[call.output.name])
+    extern_lines = list(renderer.template_externs[call.output.name])
     epilogue = epilogue_group(group)
-    views = _copies_as_views(builder, epilogue, call)  # a reshape of the result: a View, as without templates
+    views = _copies_as_views(renderer, epilogue, call)  # a reshape of the result: a View, as without templates
     if views:
         epilogue.stores = [st for st in epilogue.stores if st.buffer not in {v.buf.name for v in views}]
         extern_lines = [*extern_lines, *views]
     epi_keep = (keep | {call.output.name}) - {call.output.name}
-    epi = builder.kernel_lines(epilogue, f"{prefix}_pointwise_{count}", epi_keep, inputs, emitter.render) \
+    epi = renderer.kernel_lines(epilogue, f"{prefix}_pointwise_{count}", epi_keep, inputs, emitter.render) \
         if epilogue.stores else None
     extern = [extern_lines] + ([epi] if epi is not None else [])
     aten_call = next(ln for ln in extern_lines if isinstance(ln, CallExtern))
     extern_label = f"{EXTERN} {aten_call.op}" + (" + epilogue" if epi is not None else "")
-    unsafe = {t.name: why for t in builder.session.active_templates
+    unsafe = {t.name: why for t in renderer.session.active_templates
               if call.op in t.ops and t.name in dict(made_templates) and (why := t.extern_refusal(call)) is not None}
-    timed = made_templates and builder.template_mode != "always" and not unsafe
-    keys = timing_keys(builder, made_templates, extern) if timed else {}
+    timed = made_templates and renderer.template_mode != "always" and not unsafe
+    keys = timing_keys(renderer, made_templates, extern) if timed else {}
     return Candidates(group, count, made_templates, extern, extern_lines, extern_label, reasons, unsafe, keys)
 
 
-def decide(builder, choice: Candidates, emitter) -> list:
+def decide(renderer, choice: Candidates, emitter) -> list:
     """The lines (``KernelLines`` or plain line lists, in order) of ``choice``'s chosen
     candidate, preceded by a ``TemplateChoice`` comment: the fastest on the size hints where
     the candidates are timed (the extern wins ties), else the first template."""
-    call, prefix, count = choice.group.template, builder.kernel_prefix, choice.count
+    call, prefix, count = choice.group.template, renderer.kernel_prefix, choice.count
     candidates, extern, extern_lines = choice.candidates, choice.extern, choice.extern_lines
     times: dict[str, float] = {}
     if not candidates:
@@ -141,7 +141,7 @@ def decide(builder, choice: Candidates, emitter) -> list:
     elif not choice.timed:  # mode "always", or an extern that must not run: neither timed nor chosen
         chosen = candidates[0][0]
     else:
-        times = time_candidates(builder, emitter, candidates, extern)
+        times = time_candidates(renderer, emitter, candidates, extern)
         chosen = winner(times, [name for name, _ in candidates])
     parts = []
     for name, _ in candidates:
@@ -152,7 +152,7 @@ def decide(builder, choice: Candidates, emitter) -> list:
     parts.append(f"{choice.extern_label}{ms}" + (" (chosen)" if chosen == EXTERN else ""))
     note = TemplateChoice("; ".join(parts), chosen, tuple(sorted(times.items())))
     record = TemplateChoiceRecord(f"{prefix}_template_{count}", call, chosen, dict(times), choice.reasons)
-    builder.out.template_choices.append(record)
+    renderer.built.template_choices.append(record)
     logs.logger("autotune").info("fxwrap: %s: %s%s", call.describe(), note.text, _margin_text(times, candidates))
     if chosen == EXTERN:
         at = next(i for i, ln in enumerate(extern_lines) if isinstance(ln, CallExtern))
@@ -211,17 +211,17 @@ MIN_ROUNDS = 3
 CLEAR_MARGIN = 1.25
 
 
-def timing_keys(builder, candidates: list, extern: list) -> dict[str, str]:
+def timing_keys(renderer, candidates: list, extern: list) -> dict[str, str]:
     """``{candidate: key}`` of each template candidate and of the extern: what its time
     depends on (``_digest``: kernels without their names), the target, the device's model and
     features (``timing_identity``), the threads, the device's timing clock, torch's version
     (its ATen kernels are the extern) and the size hints."""
-    hints = builder.out.hints
+    hints = renderer.hints
     runs = {name: [made] for name, made in candidates}
     runs[EXTERN] = extern
-    device = builder.target.device
+    device = renderer.target.device
     clock, identity = device.timing_clock(), device.timing_identity()
-    return {name: TimingCache.key("fxwrap template timing", builder.target.name, torch.get_num_threads(), clock,
+    return {name: TimingCache.key("fxwrap template timing", renderer.target.name, torch.get_num_threads(), clock,
                                   [_digest(part, hints) for part in parts], sorted((str(k), v) for k, v in hints.items()),
                                   identity, torch.__version__)
             for name, parts in runs.items()}
@@ -232,19 +232,19 @@ def group_key(keys: dict[str, str]) -> str:
     return TimingCache.key("fxwrap template group", sorted(keys.items()))
 
 
-def time_candidates(builder, emitter, candidates: list, extern: list) -> dict[str, float]:
+def time_candidates(renderer, emitter, candidates: list, extern: list) -> dict[str, float]:
     """``{candidate: ms}`` (the fastest of ``ROUNDS`` rounds, ``MIN_ROUNDS`` when one is clearly fastest) of each
     template candidate and of the extern (``EXTERN``), on random inputs at the size hints,
     interleaved round by round, in ``1 + CONFIRM`` series where the first chose a template;
     the group's times are measured together and cached together, on disk and, for the
-    builder's program, in memory (a group equal to one timed before is not timed again,
+    renderer's program, in memory (a group equal to one timed before is not timed again,
     even with the disk cache off)."""
-    hints = builder.out.hints
+    hints = renderer.hints
     cache = TimingCache()
     runs = {name: [made] for name, made in candidates}
     runs[EXTERN] = extern
-    key = group_key(timing_keys(builder, candidates, extern))
-    seen = builder.template_timings  # this program's timings, by group key
+    key = group_key(timing_keys(renderer, candidates, extern))
+    seen = renderer.template_timings  # this program's timings, by group key
     times = seen.get(key)
     if times is None:
         times = cache.get(key)
@@ -254,8 +254,8 @@ def time_candidates(builder, emitter, candidates: list, extern: list) -> dict[st
     if times is None or set(times) != set(runs):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         with unset_fake_temporarily(), torch.no_grad():
-            load = getattr(builder, "load_kernel", emitter.load)  # the builder's: each kernel loaded once
-            times = measure_group(runs, load, hints, builder.target, [name for name, _ in candidates])
+            load = renderer.load_kernel  # each kernel loaded once per program
+            times = measure_group(runs, load, hints, renderer.target, [name for name, _ in candidates])
         cache.put(key, times)
     seen[key] = times
     return times
@@ -273,7 +273,7 @@ def measure_group(runs: dict, load, hints: dict, target, templates: list[str]) -
     return times
 
 
-def _copies_as_views(builder, epilogue: Group, call) -> list:
+def _copies_as_views(renderer, epilogue: Group, call) -> list:
     """``View`` lines for the epilogue's stores that only copy the op's result into a
     row-major buffer of the same elements (a reshape: the ``(B, T, N)`` view of a 3-D
     linear's ``(B*T, N)`` product) -- the extern candidate views the result there instead."""
@@ -285,7 +285,7 @@ def _copies_as_views(builder, epilogue: Group, call) -> list:
         v = st.value
         if not (v.op == OpCode.LOAD and v.arg[0] == out.name and not v.src and v.arg[1] == st.index):
             continue
-        buf = builder.buffers.get(st.buffer)
+        buf = renderer.buffers.get(st.buffer)
         if buf is None or tuple(buf.stride) != tuple(contiguous_strides(buf.size)) or buf.dtype != out.dtype:
             continue
         views.append(View(buf, out))

@@ -4,7 +4,7 @@
     python compile_twice.py CASE [DEVICE]    # CASE: inference | training | dynamic; DEVICE: cpu (default), cuda
 
 Prints one JSON line: {"kernel_builds": n, "programs": [kinds]} -- kernel_builds counts
-``KernelBuilder.run`` calls (0 when every program came from the program cache).
+``Renderer.render`` calls (0 when every program came from the program cache).
 """
 import json
 import sys
@@ -12,10 +12,10 @@ import sys
 import torch
 
 import fxwrap  # noqa: F401  (registers nothing; the backend is found by name)
-from fxwrap.wrapper_ir import build_kernels
+from fxwrap.wrapper_ir import render
 
 builds = []
-original = build_kernels.KernelBuilder.run
+original = render.Renderer.render
 
 
 def counting(self):
@@ -23,7 +23,7 @@ def counting(self):
     return original(self)
 
 
-build_kernels.KernelBuilder.run = counting
+render.Renderer.render = counting
 case = sys.argv[1]
 device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
 g = torch.Generator().manual_seed(0)

@@ -58,14 +58,14 @@ def test_off_by_option_and_by_environment(tmp_path, monkeypatch):
 
 
 def _count_builds(monkeypatch):
-    from fxwrap.wrapper_ir import build_kernels
+    from fxwrap.wrapper_ir import render
     builds = []
-    original = build_kernels.KernelBuilder.run
+    original = render.Renderer.render
 
     def counting(self):
         builds.append(1)
         return original(self)
-    monkeypatch.setattr(build_kernels.KernelBuilder, "run", counting)
+    monkeypatch.setattr(render.Renderer, "render", counting)
     return builds
 
 

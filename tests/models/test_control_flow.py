@@ -168,14 +168,14 @@ def test_branch_returning_its_input_gets_a_copy():
 
     from fxwrap.plugins.manager import get_plugin_manager
     from fxwrap.wrapper_ir.build_control_flow import nested_program
-    from fxwrap.wrapper_ir.build_kernels import KernelBuilder
+    from fxwrap.wrapper_ir.build import kernel_lowerer
     from fxwrap.wrapper_ir.fx import to_graph_module
     from fxwrap.ir.lines import Buffer, CallKernel, Return
 
     gm = make_fx(lambda a, b: (a, b.sin()), tracing_mode="fake")(torch.randn(4, 3), torch.randn(4, 3))
     manager = get_plugin_manager()
-    parent = KernelBuilder(gm, manager.session(manager.target("cpu")))
-    parent.run()
+    parent = kernel_lowerer(gm, manager.session(manager.target("cpu")))
+    parent.lower()
     layouts = [Buffer.from_fake("r", n.meta["val"]) for n in gm.graph.nodes if n.op == "placeholder"]
     program = nested_program(parent, gm, "branch", layouts)
     returned = program.lines[-1]

@@ -8,7 +8,7 @@ import torch
 
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.targets.base import KernelEmitter, KernelSource
-from fxwrap.wrapper_ir.build_render import _load_all
+from fxwrap.wrapper_ir.render import _load_all
 
 
 class _SlowEmitter(KernelEmitter):

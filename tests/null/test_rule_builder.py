@@ -1,5 +1,6 @@
-"""A lowering rule reaches the kernel builder through a declared interface only
-(``fxwrap.core.building.RuleBuilder``), and the kernel builder is split by concern."""
+"""A lowering rule reaches the lowerer through a declared interface only
+(``fxwrap.core.building.RuleBuilder``), and the lowerer is split by concern into classes
+composed into it."""
 import ast
 import re
 from pathlib import Path
@@ -9,7 +10,12 @@ import torch
 import fxwrap
 from fxwrap.core.building import RuleBuilder
 from fxwrap.core.lowering import LoweringContext, Loops, Stored
-from fxwrap.wrapper_ir.build_kernels import KernelBuilder
+from fxwrap.wrapper_ir.lowerer import Lowerer
+from fxwrap.wrapper_ir.origins import Origins
+from fxwrap.wrapper_ir.realization import Realizer
+from fxwrap.wrapper_ir.render import Renderer
+from fxwrap.wrapper_ir.rule_lowering import RuleLowering
+from fxwrap.wrapper_ir.template_recognition import TemplateRecognizer
 
 PACKAGE = Path(fxwrap.__file__).parent
 PROTOCOL = {name for name in vars(RuleBuilder) if not name.startswith("_")}
@@ -39,8 +45,8 @@ def test_core_reaches_the_builder_through_the_protocol_only():
 
 
 # the builder's own modules (a builder may call its own kind's private members)
-BUILDER_MODULES = {"build.py", "build_kernels.py", "build_realize.py", "build_render.py", "build_templates.py",
-                   "build_provenance.py"}
+BUILDER_MODULES = {"build.py", "lowerer.py", "rule_lowering.py", "realization.py", "render.py",
+                   "template_recognition.py", "origins.py"}
 
 
 def test_no_module_calls_a_private_member_of_the_builder():
@@ -53,15 +59,19 @@ def test_no_module_calls_a_private_member_of_the_builder():
     assert not bad, bad
 
 
-def test_the_kernel_builder_implements_the_protocol_and_is_split_by_concern():
+def test_the_realizer_implements_the_protocol_and_each_concern_is_a_class_of_its_own():
     for name in PROTOCOL:
-        assert callable(getattr(KernelBuilder, name)), name
-    homes = {"realize": "build_realize", "pointwise_job": "build_realize", "in_memory": "build_realize",
-             "reduction": "build_realize", "computed_by": "build_provenance", "job_origins": "build_provenance",
-             "_template_or_extern": "build_templates", "run": "build_render", "kernel_lines": "build_render",
-             "call_function": "build_kernels"}
-    for name, module in homes.items():
-        assert getattr(KernelBuilder, name).__module__ == f"fxwrap.wrapper_ir.{module}", name
+        assert callable(getattr(Realizer, name)), name
+    homes = {(Realizer, "realize"): "realization", (Realizer, "pointwise_job"): "realization",
+             (Realizer, "in_memory"): "realization", (Realizer, "reduction"): "realization",
+             (Origins, "computed_by"): "origins", (Origins, "job_origins"): "origins",
+             (TemplateRecognizer, "lower"): "template_recognition", (Renderer, "render"): "render",
+             (Renderer, "kernel_lines"): "render", (RuleLowering, "lower"): "rule_lowering",
+             (Lowerer, "call_function"): "lowerer"}
+    for (cls, name), module in homes.items():
+        assert getattr(cls, name).__module__ == f"fxwrap.wrapper_ir.{module}", name
+    for cls in (Lowerer, RuleLowering, Realizer, TemplateRecognizer, Origins, Renderer):
+        assert cls.__bases__ == (object,), f"{cls.__name__} is composed, not mixed: bases {cls.__bases__}"
 
 
 class _StubBuilder:

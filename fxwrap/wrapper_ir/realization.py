@@ -1,6 +1,11 @@
-"""Realization in the kernel builder: lazy loop IR (``Loops``) stored into buffers by jobs
-(pointwise, reduction, scan) that the scheduler fuses into kernels.  Mixed into
-``build_kernels.KernelBuilder``; ``core.building.RuleBuilder`` is what of it a lowering rule sees."""
+"""Realization: lazy loop IR (``Loops``) stored into buffers by jobs (pointwise, reduction,
+scan) that the scheduler fuses into kernels.  ``Realizer`` is what a lowering rule's context
+reaches (``core.building.RuleBuilder``)::
+
+    ctx.realized(loops)   -> Realizer.realize(node, loops)    buf4
+    items += Job((64, 128), stores=[Store('buf4', 128*x0 + x1, exp(load(arg0, 128*x0 + x1)))],
+                 origins=[exp], roots=['exp'])
+"""
 from __future__ import annotations
 
 import sympy
@@ -13,23 +18,54 @@ from fxwrap.core.scheduler import Job
 from fxwrap.ir.lines import Buffer, View
 from fxwrap.ir.loops import Op, Reduction, Store, load_buffer, rvar, walk, xvar
 from fxwrap.ir.symbolic import contiguous_strides, evaluate, is_non_overlapping_and_dense, to_expr, to_exprs
-from fxwrap.wrapper_ir import build
+from fxwrap.wrapper_ir.journal import JournaledCount, JournaledDict
+from fxwrap.wrapper_ir.layouts import is_dense, non_overlapping as _non_overlapping
 
 
-class RealizationMixin:
-    """Lazy values put in memory: a value realized into a buffer of its traced layout (or a
-    ``View`` of its source's), pointwise, reduction and scan jobs.  The part of
-    ``KernelBuilder`` a lowering rule reaches through its context (``core.building.RuleBuilder``)."""
+class Realizer:
+    """Lazy values put in memory for one lowerer (``lowerer.Lowerer``: its buffers, items and
+    values): a value realized into a buffer of its traced layout (or a ``View`` of its
+    source's), pointwise, reduction and scan jobs, the indexed writes' targets.  It keeps
+    which lazy values are views of which (``view_of``) and numbers the accumulators, in the
+    lowerer's journal.  Implements ``core.building.RuleBuilder``."""
+
+    def __init__(self, lowerer, emitter):
+        self.lowerer = lowerer
+        self.origins = lowerer.origins
+        self.emitter = emitter  # the target's KernelEmitter class (its indexed_stores)
+        self.view_of: dict[torch.fx.Node, torch.fx.Node] = JournaledDict(lowerer.journal)  # lazy view -> lazy source
+        self.acc_counter = JournaledCount(lowerer.journal)
+
+    def job_origins(self, names) -> dict:
+        """A job's ``origins`` and ``roots`` (``origins.Origins.job_origins``)."""
+        return self.origins.job_origins(names, self.lowerer.env)
+
+    def note_lazy_view(self, node: torch.fx.Node, source: torch.fx.Node) -> None:
+        """Lazy ``node`` is a view of lazy ``source`` (``realize`` stores the source and views it)."""
+        self.view_of[node] = source
+
+    def is_lazy_view(self, node: torch.fx.Node) -> bool:
+        return node in self.view_of
+
+    # RuleBuilder: what the lowerer does itself
+    def new_buffer(self, fake: torch.Tensor) -> Buffer:
+        return self.lowerer.new_buffer(fake)
+
+    def emit(self, line) -> None:
+        self.lowerer.emit(line)
+
+    def write_barrier(self, node: torch.fx.Node) -> None:
+        self.lowerer.write_barrier(node)
 
     def realize(self, node: torch.fx.Node, loops: Loops) -> Buffer:
         view = self._realize_as_view(node)
         if view is not None:
             return view
         fake = node.meta["val"]
-        hints = self.out.hints
+        hints = self.lowerer.hints
         size = [evaluate(n, hints) for n in to_exprs(fake.shape)]
         stride = [evaluate(s, hints) for s in to_exprs(fake.stride())]
-        buf = self.new_buffer(fake)
+        buf = self.lowerer.new_buffer(fake)
         if fake.storage_offset() == 0 and not is_non_overlapping_and_dense(size, stride):
             view = self._realize_expanded(node, loops, buf, size, stride)
             if view is not None:
@@ -40,13 +76,13 @@ class RealizationMixin:
             # saved activation) views the buffer through exactly those strides.
             strides = buf.stride if _non_overlapping(size, stride) else contiguous_strides(buf.size)
             buf = Buffer(buf.name, buf.size, strides, buf.dtype, buf.device)
-            self.buffers[buf.name] = buf
-            self.roots[buf.name] = buf
-            self.out.fake_values.pop(buf.name, None)
+            self.lowerer.buffers[buf.name] = buf
+            self.lowerer.roots[buf.name] = buf
+            self.lowerer.fake_values.pop(buf.name, None)
             if strides == buf.stride and fake.storage_offset() != 0:
-                self.traced_offsets[buf.name] = to_expr(fake.storage_offset())  # views of it: build.view
+                self.lowerer.traced_offsets[buf.name] = to_expr(fake.storage_offset())  # views of it: Lowerer.view_buffer
         self.pointwise_job(buf, loops, [node.name])
-        self.env[node] = buf
+        self.lowerer.define(node, buf)
         return buf
 
     def _realize_as_view(self, node: torch.fx.Node) -> Buffer | None:
@@ -62,25 +98,25 @@ class RealizationMixin:
             return None
         if StorageWeakRef(fake.untyped_storage()) != StorageWeakRef(src_fake.untyped_storage()):
             return None
-        hints = self.out.hints
+        hints = self.lowerer.hints
         size = [evaluate(n, hints) for n in to_exprs(src_fake.shape)]
         stride = [evaluate(st, hints) for st in to_exprs(src_fake.stride())]
         if src_fake.storage_offset() != 0 or not is_non_overlapping_and_dense(size, stride):
             return None
-        base = self.value(source)
+        base = self.lowerer.value(source)
         # ``base`` may itself be a view (a chain ``stack -> flatten -> transpose``): what
         # must hold is that the chain's root buffer holds its traced node's elements in
         # the traced layout at offset 0, so every view of that storage is ``as_strided``
         # of it with its own traced strides and offset.
-        root = self.roots.get(base.name)
-        root_fake = self.out.fake_values.get(root.name) if root is not None else None
+        root = self.lowerer.roots.get(base.name)
+        root_fake = self.lowerer.fake_values.get(root.name) if root is not None else None
         if (not isinstance(root_fake, torch.Tensor) or root_fake.storage_offset() != 0
                 or StorageWeakRef(root_fake.untyped_storage()) != StorageWeakRef(fake.untyped_storage())
-                or root.name in self.traced_offsets or tuple(root.stride) != to_exprs(root_fake.stride())
-                or not self._as_strided_view((base,), fake)):
+                or root.name in self.lowerer.traced_offsets or tuple(root.stride) != to_exprs(root_fake.stride())
+                or not self.lowerer._as_strided_view((base,), fake)):
             return None
-        self.view(node, (base,), fake)
-        return self.env[node]
+        self.lowerer.view(node, (base,), fake)
+        return self.lowerer.value_of(node)
 
     def _realize_expanded(self, node, loops: Loops, buf: Buffer, size, stride) -> Buffer | None:
         """An expanded layout (stride 0 over dims of size > 1, the rest dense): a kernel
@@ -92,33 +128,33 @@ class RealizationMixin:
             return None
         base = Buffer(buf.name, tuple(sympy.Integer(1) if i in bcast else n for i, n in enumerate(buf.size)),
                       buf.stride, buf.dtype, buf.device)
-        self.buffers[base.name] = base
-        self.roots[base.name] = base
-        fake = self.out.fake_values.pop(base.name)
+        self.lowerer.buffers[base.name] = base
+        self.lowerer.roots[base.name] = base
+        fake = self.lowerer.fake_values.pop(base.name)
         xs = tuple(sympy.Integer(0) if i in bcast else xvar(i) for i in range(len(size)))
         index = sympy.expand(sum((x * st for x, st, n in zip(xs, base.stride, base.size) if n != 1),
                                  sympy.Integer(0)))
-        self.items.append(Job(tuple(base.size), stores=[Store(base.name, index, cast(loops(xs), base.dtype))],
+        self.lowerer.items.append(Job(tuple(base.size), stores=[Store(base.name, index, cast(loops(xs), base.dtype))],
                               **self.job_origins([node.name])))
-        view = Buffer(self.fresh(), buf.size, buf.stride, buf.dtype, buf.device)
-        self.buffers[view.name] = view
-        self.roots[view.name] = base
-        self.out.fake_values[view.name] = fake
-        self.emit(View(view, base))
-        self.env[node] = view
+        view = Buffer(self.lowerer.fresh(), buf.size, buf.stride, buf.dtype, buf.device)
+        self.lowerer.buffers[view.name] = view
+        self.lowerer.roots[view.name] = base
+        self.lowerer.fake_values[view.name] = fake
+        self.lowerer.emit(View(view, base))
+        self.lowerer.define(node, view)
         return view
 
     def pointwise_job(self, buf: Buffer, loops: Loops, origins) -> None:
         xs = tuple(xvar(i) for i in range(len(buf.size)))
         index = sympy.expand(sum((x * s for x, s, n in zip(xs, buf.stride, buf.size) if n != 1), sympy.Integer(0)))
-        self.items.append(Job(tuple(buf.size), stores=[Store(buf.name, index, cast(loops(xs), buf.dtype))],
+        self.lowerer.items.append(Job(tuple(buf.size), stores=[Store(buf.name, index, cast(loops(xs), buf.dtype))],
                               **self.job_origins(origins)))
 
     # -- indexed writes (core/rules/indexed_writes.py) ---------------------------
     def indexed_stores(self, mode: str | None, dtype: torch.dtype) -> bool:
         """Whether the target's emitter renders an indexed store of ``mode`` (None: a plain
         write, ``"add"``) into a ``dtype`` buffer (``KernelEmitter.indexed_stores``)."""
-        table = getattr(self.target.emitter, "indexed_stores", None) or {}
+        table = getattr(self.emitter, "indexed_stores", None) or {}
         return dtype in table.get(mode or "set", ())
 
     def in_place_refusal(self, node: torch.fx.Node) -> str | None:
@@ -127,18 +163,18 @@ class RealizationMixin:
         may write -- an input written back anyway, or a buffer the program allocated --, and
         nothing reads its old value after ``node`` (``core.reinplace.refusal``)."""
         arg = node.args[0] if node.args else None
-        value = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        value = self.lowerer.value_of(arg) if isinstance(arg, torch.fx.Node) else None
         if not isinstance(value, Buffer):
             return "its self is not in memory"
-        root = self.roots.get(value.name)
+        root = self.lowerer.roots.get(value.name)
         if root is None or root.name != value.name or value.offset != root.offset:
             return f"{value.name} is a view of {root.name if root is not None else 'another tensor'}"
-        inputs = {b.name for b in self.out.inputs if isinstance(b, Buffer)}
-        if value.name in self.out.constants:
+        inputs = {b.name for b in self.lowerer.inputs if isinstance(b, Buffer)}
+        if value.name in self.lowerer.constants:
             return f"{value.name} is a constant of the program"
-        if value.name in self.foreign and value.name not in inputs:
+        if value.name in self.lowerer.foreign and value.name not in inputs:
             return f"{value.name} is storage an extern op chose"
-        return reinplace.refusal(node, self.order)
+        return reinplace.refusal(node, self.lowerer.order)
 
     def indexed_write_target(self, node: torch.fx.Node) -> tuple[Buffer, bool]:
         """The buffer indexed write ``node`` stores into, and whether it is ``self``'s own
@@ -148,39 +184,39 @@ class RealizationMixin:
         copying path, as eager's clone."""
         refused = self.in_place_refusal(node)
         arg = node.args[0]
-        value = self.env.get(arg)
+        value = self.lowerer.value_of(arg)
         if refused is None:
             self._realize_readers_before_write(node, value)
             return value, True
         logs.logger("schedule").info("fxwrap: %s writes a copy of its self: %s", node.name, refused)
         val = node.meta.get("val")
-        if not (isinstance(val, torch.Tensor) and self.layout_bound(val)):
+        if not (isinstance(val, torch.Tensor) and self.lowerer.layout_bound(val)):
             raise Unsupported(f"{node.target}: a result whose layout uses sizes the program has no value for")
         dst = Buffer.from_fake("", val)
-        if not build._is_dense(dst, self.out.hints):
+        if not is_dense(dst, self.lowerer.hints):
             raise Unsupported(f"{node.target}: a result that is not dense")
-        dst = self.fresh_buffer_like(dst)
-        self.out.fake_values[dst.name] = val
+        dst = self.lowerer.fresh_buffer_like(dst)
+        self.lowerer.fake_values[dst.name] = val
         if isinstance(value, Loops):
             self.pointwise_job(dst, value, [arg.name])
         else:
-            self.copy_into(dst, self.value(arg), arg)
+            self.lowerer.copy_into(dst, self.lowerer.value(arg), arg)
         return dst, False
 
     def reads_storage(self, loops: Loops, buf: Buffer) -> bool:
         """Whether lazy ``loops`` loads ``buf``'s storage (``buf`` or a view of it)."""
         value = loops(tuple(xvar(i) for i in range(len(loops.size))))
-        root = self.roots.get(buf.name, buf).name
-        return any(n.op == "load" and self.roots.get(load_buffer(n), buf).name == root
+        root = self.lowerer.roots.get(buf.name, buf).name
+        return any(n.op == "load" and self.lowerer.roots.get(load_buffer(n), buf).name == root
                    for n in walk(value) if n.op == "load")
 
     def same_storage(self, a: Buffer, b: Buffer) -> bool:
         """Whether ``a`` and ``b`` are views of one storage (the same root buffer)."""
-        return self.roots.get(a.name, a).name == self.roots.get(b.name, b).name
+        return self.lowerer.roots.get(a.name, a).name == self.lowerer.roots.get(b.name, b).name
 
     def value_of(self, node: torch.fx.Node):
         """What ``node`` computed so far: a ``Buffer`` in memory or a lazy ``Loops``."""
-        return self.env.get(node)
+        return self.lowerer.value_of(node)
 
     def _realize_readers_before_write(self, node: torch.fx.Node, buf: Buffer) -> None:
         """Every lazy value made before ``node``, used after it and reading ``buf``'s storage,
@@ -189,14 +225,14 @@ class RealizationMixin:
         for earlier in node.graph.nodes:
             if earlier is node:
                 break
-            value = self.env.get(earlier)
-            if (isinstance(value, Loops) and any(self.order[u] > self.order[node] for u in earlier.users)
+            value = self.lowerer.value_of(earlier)
+            if (isinstance(value, Loops) and any(self.lowerer.order[u] > self.lowerer.order[node] for u in earlier.users)
                     and self.reads_storage(value, buf)):
-                self.value(earlier)
+                self.lowerer.value(earlier)
 
     def indexed_job(self, ranges, store: Store, origins) -> None:
         """A kernel job of one indexed store over ``ranges`` (a kernel of its own)."""
-        self.items.append(Job(tuple(ranges), stores=[store], **self.job_origins(origins)))
+        self.lowerer.items.append(Job(tuple(ranges), stores=[store], **self.job_origins(origins)))
 
     def reduction(self, ctx, loops, dims, keepdim, kind, acc_dtype, finish, field):
         rank = len(loops.size)
@@ -214,10 +250,9 @@ class RealizationMixin:
             index[d] = rs[k]
         value = loops(tuple(index))
         value = cast(value, acc_dtype) if kind not in ("argmax", "argmin") else value
-        name = f"acc{self.acc_counter}"
-        self.acc_counter += 1
+        name = f"acc{self.acc_counter.take()}"
         vals = ctx.val if isinstance(ctx.val, (tuple, list)) else [ctx.val]
-        out = self.new_buffer(vals[ctx.outputs_made])
+        out = self.lowerer.new_buffer(vals[ctx.outputs_made])
         ctx.outputs_made += 1
         numel = sympy.Integer(1)
         for n in reduced:
@@ -232,7 +267,7 @@ class RealizationMixin:
             out_vars = xs
         store_index = sympy.expand(sum((v * s for v, s, n in zip(out_vars, out.stride, out.size) if n != 1),
                                        sympy.Integer(0)))
-        self.items.append(Job(outer, reduced, (rank, tuple(dims)),
+        self.lowerer.items.append(Job(outer, reduced, (rank, tuple(dims)),
                               reductions=[Reduction(name, kind, value, acc_dtype)],
                               stores=[Store(out.name, store_index, cast(result, out.dtype))],
                               **self.job_origins([ctx.node.name])))
@@ -252,19 +287,18 @@ class RealizationMixin:
         index[dim] = rvar(0)
         value = loops(tuple(index))
         value = cast(value, acc_dtype)
-        name = f"acc{self.acc_counter}"
-        self.acc_counter += 1
+        name = f"acc{self.acc_counter.take()}"
         vals = ctx.val if isinstance(ctx.val, (tuple, list)) else [ctx.val]
         stores, results = [], []
         for out_index, field in enumerate(fields):
-            out = self.new_buffer(vals[out_index])
+            out = self.lowerer.new_buffer(vals[out_index])
             acc = Op.acc(name, field, torch.int64 if kind in ("cummax", "cummin") and field == 0 else acc_dtype)
             # the scanned dim's term stays even at size 1: a scan's stores are indexed by r
             store_index = sympy.expand(sum((v * s for d, (v, s, n) in enumerate(zip(index, out.stride, out.size))
                                             if n != 1 or d == dim), sympy.Integer(0)))
             stores.append(Store(out.name, store_index, cast(acc, out.dtype)))
             results.append(Stored(out))
-        self.items.append(Job(tuple(loops.size[d] for d in kept), (loops.size[dim],), (rank, (dim,)),
+        self.lowerer.items.append(Job(tuple(loops.size[d] for d in kept), (loops.size[dim],), (rank, (dim,)),
                               reductions=[Reduction(name, kind, value, acc_dtype)], stores=stores,
                               **self.job_origins([ctx.node.name])))
         return results[0] if len(results) == 1 else tuple(results)
@@ -273,20 +307,6 @@ class RealizationMixin:
         """The buffer holding ``value`` when it is the value of an argument node of ``node``
         (realized now if lazy), else None."""
         for arg in node.all_input_nodes:
-            if self.env.get(arg) is value:
-                return self.value(arg)
+            if self.lowerer.value_of(arg) is value:
+                return self.lowerer.value(arg)
         return None
-
-
-
-def _non_overlapping(size, stride) -> bool:
-    """No two in-bounds indices share an element (gaps allowed): concrete sizes."""
-    dims = sorted((abs(st), n) for n, st in zip(size, stride) if n != 1)
-    if any(n == 0 for n in size):
-        return True
-    reach = 1
-    for st, n in dims:
-        if st < reach:
-            return False
-        reach = st * n
-    return True

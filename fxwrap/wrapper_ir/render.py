@@ -1,11 +1,12 @@
-"""Render, compile and choose in the kernel builder: the fused groups become kernels
-(``KernelLines``), every kernel of the program is compiled at once, each template group's
-candidate is chosen (``template_choice``) and the launchers are bound.  Mixed into
-``build_kernels.KernelBuilder``."""
+"""The renderer: a ``LoweredProgram`` (``lowered.py``) -> the program's lines.  The fused
+groups become kernels (``KernelLines``), every kernel of the program is compiled at once,
+each template group's candidate is chosen (``template_choice``), the launchers are bound
+and the collectives overlapped (``core.overlap``)."""
 from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 
 import sympy
@@ -21,13 +22,16 @@ from fxwrap.ir.loops import ScheduledKernel, format_kernel
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.provenance import describe
 from fxwrap.wrapper_ir import template_choice
+from fxwrap.wrapper_ir.built import BuiltProgram
+from fxwrap.wrapper_ir.lowered import LoweredProgram
+from fxwrap.wrapper_ir.origins import in_program_order
 
 log = logging.getLogger("fxwrap.schedule")
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelRecord:
-    """One kernel the builder made: its loop IR, its source, the ATen nodes whose values
+    """One kernel the renderer made: its loop IR, its source, the ATen nodes whose values
     it stores (``roots``) and why it did not join the kernel before it (``started_because``)."""
 
     scheduled: ScheduledKernel
@@ -47,42 +51,58 @@ class KernelLines:
     roots: tuple = ()  # the ATen nodes whose values it stores (extern calls if it cannot be built)
 
 
-class RenderMixin:
-    """Scheduled groups -> kernels: render each (``KernelLines``), compile every kernel
-    at once, choose each template group's candidate, bind the launchers."""
+class Renderer:
+    """A ``LoweredProgram`` -> the program's lines, through the stages fuse -> kernels ->
+    legalize -> emit -> compile -> choose -> overlap.  Given the items::
 
-    def run(self):
-        """Build the lines; a kernel the emitter cannot render (``EmitError``) is rebuilt
-        with its source nodes as ATen extern calls (logged), until every kernel renders."""
-        extern = set(self.extern_nodes)
-        builder = self
-        while True:
-            try:
-                return builder._run_once()
-            except _RenderFailed as failed:
-                new = set(failed.nodes) - extern
-                if not new:
-                    # the kernel is named by nodes that are externs already: it copies one
-                    # for a node that writes into the copy (scatter_add of a zeros extern)
-                    new = {user.name for node in self.gm.graph.nodes if node.name in failed.nodes
-                           for user in node.users if user.op == "call_function"} - extern
-                if not new:
-                    raise failed.error
-                what = "its compiler crashed on" if compiler_crashed(failed.error) else "cannot render"
-                (log.warning if compiler_crashed(failed.error) else logs.logger("schedule").info)(
-                    "fxwrap: target %s %s the kernel of %s (%s); they run as ATen extern calls",
-                    self.target.name, what, ", ".join(sorted(new)), str(failed.error).splitlines()[0])
-                extern |= new
-                builder = type(self)(self.gm, self.session, extern_nodes=extern, timer=self.timer,
-                                     label=self.label)
-                builder.output_layouts, builder.kernel_prefix = self.output_layouts, self.kernel_prefix
-                builder.reuse, builder.wrapper_passes = self.reuse, self.wrapper_passes
+        Job((64, 128), stores=[Store('buf2', 128*x0 + x1, ...)], reductions=[...], roots=['softmax'])
+        return (buf2,)
 
-    def _run_once(self):
-        with self.timer.phase("lowering"):
-            built = super().run()
+    ``render()`` returns a ``BuiltProgram`` whose lines are::
+
+        buf2 = empty_strided((64, 128), (128, 1), dtype=torch.float32, device='cpu')
+        # kernel fxwrap_reduction_0 (cpu): in_ptr0:input, out_ptr0:output
+        fxwrap_reduction_0(arg0, buf2)
+        return (buf2,)
+
+    A kernel the emitter rejects (or the host compiler crashes on) raises ``RenderFailed``
+    naming its ATen nodes; ``build.build_kernel_program`` lowers the graph again with them as
+    extern calls.  Template choice (``template_choice``) reads the renderer's ``kernel_prefix``,
+    ``session``, ``target``, ``hints``, ``buffers``, ``template_externs``, ``template_mode`` and
+    ``template_timings`` and calls its ``kernel_lines`` and ``load_kernel``.
+    """
+
+    def __init__(self, lowered: LoweredProgram, session, timer: logs.PhaseTimer, label: str = "program"):
+        self.lowered = lowered
+        self.session = session
+        self.target = session.target
+        self.timer = timer
+        self.label = label
+        self.kernel_prefix = lowered.settings.kernel_prefix
+        self.template_mode = session.template_mode
+        self.template_externs = lowered.template_externs
+        self.hints = lowered.hints
+        self.buffers = dict(lowered.buffers)  # and the workspaces the kernels declare
+        self._names = itertools.count(lowered.next_name)
+        # template groups' candidate times of this program, by group key (template_choice.time_candidates)
+        self.template_timings: dict[str, dict[str, float]] = {}
+        self._launchers: dict[int, object] = {}  # id(KernelSource) -> its launcher, loaded once
+        self._emitter = session.new_emitter(self.hints)  # example sizes (autotuning of symbolic kernels)
+        self.built = BuiltProgram(list(lowered.inputs), [], dict(lowered.constants), dict(lowered.fake_values),
+                                  dict(lowered.symbol_hints), size_assumptions=list(lowered.size_assumptions))
+
+    def fresh(self, prefix: str) -> str:
+        """A buffer name the lowerer did not give (it numbers on from the lowerer's)."""
+        return f"{prefix}{next(self._names)}"
+
+    def in_program_order(self, origins):
+        return in_program_order(origins, self.lowered.positions)
+
+    def render(self) -> BuiltProgram:
+        """The program's lines and kernels (``BuiltProgram``)."""
+        built = self.built
         with self.timer.phase("schedule"):
-            items = fuse(self.items)
+            items = fuse(list(self.lowered.items))
             needed = referenced_outside(items, buffers_read)
         with self.timer.phase("render"):
             rendered = self._render(items, needed, built)
@@ -106,8 +126,7 @@ class RenderMixin:
         KernelLines or None when it stores nothing)``, a template group as its
         ``template_choice.Candidates``."""
         inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
-        emitter = self.session.new_emitter(self.out.hints)  # example sizes (autotuning of symbolic kernels)
-        self._emitter = emitter
+        emitter = self._emitter
         rendered: list = []
         count = 0
         for item in items:
@@ -168,7 +187,7 @@ class RenderMixin:
                     self._emitter.load(made.source)
                 except Exception as error:  # noqa: BLE001
                     if compiler_crashed(error):
-                        raise _RenderFailed(made.roots, error) from crash
+                        raise RenderFailed(made.roots, error) from crash
                     raise
             raise
         for source, launcher in zip(todo, launchers):
@@ -182,7 +201,8 @@ class RenderMixin:
         sk = legalize(sk, self.session.numerics)  # explicit compute dtypes, casts and 16-bit rounding
         if not sk.stores:
             return None
-        root = {b.name: self.roots.get(b.name, b).name for b in (*sk.inputs, *sk.outputs)}
+        roots = self.lowered.roots
+        root = {b.name: roots.get(b.name, b).name for b in (*sk.inputs, *sk.outputs)}
         sharing = collections.Counter(root.values())
         written = {root[b.name] for b in sk.outputs}
         shared = tuple(sorted(name for name, r in root.items() if sharing[r] > 1 and r in written))
@@ -191,7 +211,7 @@ class RenderMixin:
         try:
             source = render(sk)
         except EmitError as exc:
-            raise _RenderFailed(group.roots, exc) from exc
+            raise RenderFailed(group.roots, exc) from exc
         # an indexed store's buffer holds its values already (it writes only some elements)
         written = {st.buffer for st in sk.stores if st.indexed}
         new = [Allocate(out) for out in sk.outputs if out.name not in inputs and out.name not in written]
@@ -272,8 +292,9 @@ def _load_all(emitter, sources: list, label: str = "program") -> list:
         return [load(source) for source in sources]
 
 
-class _RenderFailed(Exception):
-    """The emitter rejected the kernel fused from ``nodes`` (ATen node names)."""
+class RenderFailed(Exception):
+    """The emitter rejected (or the host compiler crashed on) the kernel fused from ``nodes``
+    (ATen node names)."""
 
     def __init__(self, nodes, error):
         super().__init__(str(error))
