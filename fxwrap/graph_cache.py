@@ -95,6 +95,15 @@ def _refusal(gm: torch.fx.GraphModule) -> str | None:
     return None
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (False where torch has no autocast for it, or
+    does not know the type: a PrivateUse1 backend not registered in this process)."""
+    try:
+        return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
+
 def graph_key(gm: torch.fx.GraphModule, example_inputs, session) -> str:
     """The warm-start key of dynamo graph ``gm`` compiled in ``session`` (module docstring;
     ``fxwrap.cache_key`` encodes it)."""
@@ -104,7 +113,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs, session) -> str:
     key.add(shape_env_state(shape_env_of(gm, "example_value")))
     key.add(("grad", torch.is_grad_enabled()))
     key.add({d: str(torch.get_autocast_dtype(d)) for d in sorted({"cpu", session.target.device_type})
-             if torch.amp.is_autocast_available(d) and torch.is_autocast_enabled(d)})
+             if _autocast_on(d)})
     key.add_bytes(torch._functorch.config.save_config())
     key.add_session(session)
     return key.hexdigest()
