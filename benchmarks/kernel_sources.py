@@ -28,6 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import fxwrap  # noqa: E402
+from test_control_flow import branchy, tensor_loop  # noqa: E402
 from test_transformer import Block  # noqa: E402
 
 TARGETS = ["cpu", "triton-interpret", "mps_shim", "reference"]
@@ -69,21 +70,6 @@ def cases():
     yield "chain8", silu_chain, (torch.randn(64),), {}
     yield ("consts", lambda x: (x + 0.0) * (x - -0.0) + (x * 2) + (x * 2.0) + x.clamp(-1, 1)
            + float("nan") * (x > 100), (torch.randn(16),), {})
-
-
-def branchy(x, y):
-    z = torch.cond(x.sum() > 0, lambda a, b: a.sin() * b, lambda a, b: a.cos() + b, (x, y))
-    return z * 2 + y
-
-
-def tensor_loop(x, w):
-    def cond_fn(t, n):
-        return t.abs().max() > 0.05
-
-    def body_fn(t, n):
-        scaled = t * 0.6 - w.tanh() * 0.01
-        return scaled / (1 + scaled.square().mean()), n + 1
-    return torch._higher_order_ops.while_loop(cond_fn, body_fn, (x, torch.zeros((), dtype=torch.int64)))
 
 
 def control_flow_cases():

@@ -7,6 +7,7 @@ Importable by name (``import shared_helpers``) from any test: ``tests/`` is on
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -42,6 +43,22 @@ def random_input(layout: str, dtype=torch.float32, shape=(37, 65), scale=1.0, de
     else:  # broadcast: stride 0 along dim 0
         t = torch.randn(1, m).expand(n, m)
     return (t * scale).to(device=device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def target_registered(target):
+    """A plugin manager with the registered targets and ``target`` besides, in use inside the
+    block (a test's own target, defined in the test file)."""
+    from fxwrap.plugins.manager import PluginManager, use_plugin_manager
+    manager = PluginManager().load()
+    manager.targets[target.name] = target
+    with use_plugin_manager(manager):
+        yield manager
+
+
+def defined_kernels(program) -> list:
+    """The ``KernelSource`` of each kernel ``program`` defines, in its lines' order."""
+    return [line.kernel for line in program.lines if type(line).__name__ == "DefineKernel"]
 
 
 def kernels(programs) -> list:

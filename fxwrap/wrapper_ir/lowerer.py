@@ -645,23 +645,24 @@ class Lowerer:
                 results = [buf]
             else:
                 self.emit(CallExtern(op, args, kwargs, name))
-                results = []
-                for i, (index, v) in enumerate(zip(aliased, vals)):
-                    if index is not None:
-                        results.append(self._argument(op, node, index))
-                    elif isinstance(v, torch.Tensor):
-                        buf = self.foreign_buffer(v)
-                        self.emit(GetItem(buf, name, i))
-                        self.bind_layout(buf)
-                        results.append(buf)
-                    else:
-                        results.append(None if v is None else self._scalar_item(name, i, v))
+                results = [self._argument(op, node, index) if index is not None else self._result_item(name, i, v)
+                           for i, (index, v) in enumerate(zip(aliased, vals))]
         if not schema.returns:
             self.env[node] = None
         elif len(schema.returns) == 1 and not isinstance(val, (tuple, list)):
             self.env[node] = results[0]
         else:
             self.env[node] = tuple(results)
+
+    def _result_item(self, name: str, i: int, value):
+        """Item ``i`` of the tuple an extern call returned as ``name``: a tensor read out into a
+        buffer of its own (``GetItem``), a number as a scalar, None as None."""
+        if isinstance(value, torch.Tensor):
+            buf = self.foreign_buffer(value)
+            self.emit(GetItem(buf, name, i))
+            self.bind_layout(buf)
+            return buf
+        return None if value is None else self._scalar_item(name, i, value)
 
     def write_barrier(self, node: torch.fx.Node) -> None:
         """A write is a barrier: every value made before ``node`` and used after it is
@@ -703,16 +704,7 @@ class Lowerer:
         elif isinstance(val, (tuple, list)):
             name = self.fresh("tuple")
             self.emit(CallExtern(op, args, kwargs, name))
-            items = []
-            for i, r in enumerate(val):
-                if isinstance(r, torch.Tensor):
-                    buf = self.foreign_buffer(r)
-                    self.emit(GetItem(buf, name, i))
-                    self.bind_layout(buf)
-                    items.append(buf)
-                else:
-                    items.append(None if r is None else self._scalar_item(name, i, r))
-            self.env[node] = tuple(items)
+            self.env[node] = tuple(self._result_item(name, i, r) for i, r in enumerate(val))
         else:
             name = self._scalar_name(val)
             self.emit(CallExtern(op, args, kwargs, name))

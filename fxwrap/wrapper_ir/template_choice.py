@@ -50,6 +50,7 @@ from fxwrap.core.scheduler import Group
 from fxwrap.ir.symbolic import contiguous_strides, evaluate, storage_elements
 from fxwrap.core.templates import TemplateChoiceRecord, TimingCache
 from fxwrap.ir.lines import Buffer, CallExtern, TemplateChoice, View
+from fxwrap.wrapper_ir.layouts import buffers_in_values, flatten
 
 log = logging.getLogger("fxwrap")
 
@@ -302,22 +303,10 @@ def _digest(part, hints) -> tuple:
     for line in part:
         if isinstance(line, CallExtern):
             layouts = [(tuple(map(str, b.size)), tuple(map(str, b.stride)), str(b.dtype))
-                       for b in _buffers((line.args, line.kwargs))]
-            out.append((str(line.op), layouts, repr([v for v in _flat((line.args, line.kwargs))
+                       for b in buffers_in_values(line.args, line.kwargs)]
+            out.append((str(line.op), layouts, repr([v for v in flatten((line.args, line.kwargs))
                                                        if not isinstance(v, Buffer)])))
     return ("extern", tuple(out))
-
-
-def _flat(value):
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _flat(v)
-    else:
-        yield value
-
-
-def _buffers(value) -> list[Buffer]:
-    return [v for v in _flat(value) if isinstance(v, Buffer)]
 
 
 def _clear_winner(samples: dict[str, list[float]]) -> bool:

@@ -18,7 +18,8 @@ from fxwrap.cache_key import KeyHasher
 from fxwrap.core.lowering import LoweringError, intrinsic_rules
 from fxwrap.ir.intrinsics import Intrinsic
 from fxwrap.ir.loops import Op, format_ssa
-from fxwrap.plugins.manager import PluginManager, use_plugin_manager
+from fxwrap.plugins.manager import PluginManager
+from shared_helpers import defined_kernels, target_registered
 from fxwrap.testing import ConformanceSuite
 from fxwrap.testing.ops import OP_CASES
 
@@ -48,14 +49,8 @@ TARGET = fxwrap.Target("cpu-gelu", "cpu", fxwrap.CpuDevice(), GeluIntrinsicEmitt
 
 @pytest.fixture(autouse=True, scope="module")
 def gelu_target():
-    manager = PluginManager().load()
-    manager.targets[TARGET.name] = TARGET
-    with use_plugin_manager(manager):
+    with target_registered(TARGET):
         yield
-
-
-def _kernels(program):
-    return [line.kernel for line in program.lines if type(line).__name__ == "DefineKernel"]
 
 
 def _externs(program):
@@ -79,7 +74,7 @@ def linear_gelu(x, w, b):
 def test_gelu_is_the_targets_own_instruction_inside_one_fused_kernel():
     x, y = torch.randn(37, 65), torch.randn(37, 65)
     program = fxwrap.lower(sin_gelu_mul, x, y, target=TARGET.name)
-    (kernel,) = _kernels(program)
+    (kernel,) = defined_kernels(program)
     assert _externs(program) == [], _externs(program)
     body = _function(kernel)
     assert re.search(r"= my_gelu\(tmp\d+\);", body), body
@@ -91,7 +86,7 @@ def test_gelu_is_the_targets_own_instruction_inside_one_fused_kernel():
 def test_gelu_after_a_matrix_product_is_the_epilogue_kernel():
     x, w, b = torch.randn(9, 16), torch.randn(16, 33), torch.randn(33)
     program = fxwrap.lower(linear_gelu, x, w, b, target=TARGET.name)
-    (kernel,) = _kernels(program)
+    (kernel,) = defined_kernels(program)
     assert re.search(r"my_gelu\(", _function(kernel)) and "erf" not in _function(kernel)
     x, w, b = torch.randn(9, 16), torch.randn(16, 33), torch.randn(33)
     torch.testing.assert_close(program.run(x, w, b), linear_gelu(x, w, b))
@@ -101,7 +96,7 @@ def test_gelu_fuses_into_a_reduction_and_its_epilogue():
     """softmax(gelu(x)): the intrinsic is computed inside the reduction kernel's passes."""
     x = torch.randn(16, 300)
     program = fxwrap.lower(lambda v: torch.softmax(F.gelu(v), -1), x, target=TARGET.name)
-    (kernel,) = _kernels(program)
+    (kernel,) = defined_kernels(program)
     assert "my_gelu(" in _function(kernel) and "erf" not in _function(kernel)
     x = torch.randn(16, 300)
     torch.testing.assert_close(program.run(x), torch.softmax(F.gelu(x), -1))
@@ -123,7 +118,7 @@ def test_the_intrinsic_is_what_computes():
 def test_a_target_without_the_intrinsic_never_sees_it():
     x, y = torch.randn(37, 65), torch.randn(37, 65)
     program = fxwrap.lower(sin_gelu_mul, x, y, target="cpu")
-    (kernel,) = _kernels(program)
+    (kernel,) = defined_kernels(program)
     assert "my_gelu" not in kernel.source and "erf" in _function(kernel)
     torch.testing.assert_close(program.run(x, y), sin_gelu_mul(x, y))
 
@@ -136,15 +131,15 @@ def test_calls_the_declaration_does_not_cover_keep_their_lowering():
     tanh = fxwrap.lower(lambda v: F.gelu(v, approximate="tanh"), x, target=TARGET.name)
     double = fxwrap.lower(F.gelu, x.double(), target=TARGET.name)
     half = fxwrap.lower(F.gelu, x.bfloat16(), target=TARGET.name)
-    assert all("my_gelu(" not in _function(k) for k in _kernels(tanh) + _kernels(double))
-    assert all("my_gelu(" in _function(k) for k in _kernels(half))
+    assert all("my_gelu(" not in _function(k) for k in defined_kernels(tanh) + defined_kernels(double))
+    assert all("my_gelu(" in _function(k) for k in defined_kernels(half))
     torch.testing.assert_close(tanh.run(x), F.gelu(x, approximate="tanh"))
     torch.testing.assert_close(double.run(x.double()), F.gelu(x.double()))
     torch.testing.assert_close(half.run(x.bfloat16()), F.gelu(x.bfloat16()))
 
     model = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
     programs = fxwrap.lower(model, x, training=True, target=TARGET.name)
-    assert any("my_gelu(" in _function(k) for k in _kernels(programs.forward))
+    assert any("my_gelu(" in _function(k) for k in defined_kernels(programs.forward))
     xs = torch.randn(8, 24, requires_grad=True)
     compiled = fxwrap.compile(model, target=TARGET.name)
     compiled(xs).square().sum().backward()

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 import fxwrap
-from fxwrap.plugins.manager import PluginManager, use_plugin_manager
+from shared_helpers import defined_kernels, target_registered
 from fxwrap.targets.host.compiler import CCompiler
 from fxwrap.targets.host.loader import load_library
 from fxwrap.testing import ConformanceSuite, Unsupported
@@ -63,14 +63,8 @@ TARGET = fxwrap.Target("opencl-shim", "cpu", fxwrap.CpuDevice(), ShimOpenCLEmitt
 
 @pytest.fixture(autouse=True, scope="module")
 def opencl_target():
-    manager = PluginManager().load()
-    manager.targets[TARGET.name] = TARGET
-    with use_plugin_manager(manager):
+    with target_registered(TARGET):
         yield
-
-
-def _kernels(program):
-    return [line.kernel for line in program.lines if type(line).__name__ == "DefineKernel"]
 
 
 def test_kernels_are_opencl_c_and_give_eagers_numbers():
@@ -84,7 +78,7 @@ def test_kernels_are_opencl_c_and_give_eagers_numbers():
     for got, expected in zip(torch.utils._pytree.tree_leaves(program(x, i)),
                              torch.utils._pytree.tree_leaves(f(x, i)), strict=True):
         torch.testing.assert_close(got, expected, equal_nan=True)
-    kernels = _kernels(program)
+    kernels = defined_kernels(program)
     assert len(kernels) >= 2  # a reduction kernel (sum, softmax, argmin, var_mean, floor/mod) and a scan
     for k in kernels:
         head = re.search(r"\n__kernel void \w+\((.*)\)\n\{\n", k.source)
