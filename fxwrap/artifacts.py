@@ -311,14 +311,14 @@ def check_header(header: dict, origin: str) -> None:
             raise ProgramFileError(f"{origin} holds {name} {version} kernels; this machine has {name} {current}: "
                                    "lower the function again here and save it")
     device_type = header.get("device_type", "cpu")
-    why = missing_device(device_type)
+    why = _device_type_missing(device_type)
     if why is not None:
         raise ProgramFileError(f"{origin} is a program for target {header.get('target')!r}, which runs on "
                                f"{device_type} devices: {why}. Run it on a machine with one, or lower the "
                                "function again for a device this machine has (e.g. target='cpu') and save that")
 
 
-def missing_device(device_type: str) -> str | None:
+def _device_type_missing(device_type: str) -> str | None:
     """Why tensors of ``device_type`` cannot be made in this process, asked of torch's own
     device module (``torch.get_device_module(device_type).is_available()``: ``torch.cpu``,
     ``torch.cuda``, ``torch.mps``, a PrivateUse1 backend's registered module); None when
