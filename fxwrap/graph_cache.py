@@ -69,6 +69,9 @@ misses: Counter = Counter()
 # cache files (relative to the cache directory) this process stored or loaded: a bundle's contents
 _touched: dict[str, None] = {}
 # what a bundle saved now would lack, for its warning: graph key -> why it is not stored yet
+#: the programs an entry of each kind holds (a graph's or a program's kind: the step's whole set)
+_WHOLE = {"inference": {"inference"}, "training": {"forward", "backward"},
+          "forward": {"forward", "backward"}, "backward": {"forward", "backward"}}
 _awaiting_backward: dict[str, str] = {}  # training graphs whose forward compiled, their backward not yet
 _not_stored: dict[str, str] = {}  # graphs the cache refused
 # modules whose functions a cacheable dynamo graph may call (anything else: user code, unkeyed)
@@ -230,6 +233,8 @@ class GraphCompile:
             return self._miss("unreadable entry")
         if not self._guards_hold(entry.get("guards", ())):
             return self._miss("shape guards fail")
+        if not isinstance(entry.get("programs"), dict) or not _WHOLE.get(entry.get("kind"), {None}) <= entry["programs"].keys():
+            return self._miss("an entry without every program of its kind")
         cache = ProgramCache()
         programs = {kind: cache.load(key, self.session) for kind, key in entry["programs"].items()}
         if any(p is None for p in programs.values()):
@@ -304,9 +309,10 @@ class GraphCompile:
             # inputs the program writes that autograd sees: their version counters go up a call
             self.mutated = tuple(meta.mutated_graph_handled_indices_seen_by_autograd)
         self.programs[kind] = program
-        if kind == "forward":
+        if kind == "forward" and "backward" not in self.programs:
             _awaiting_backward[self.key] = "its forward compiled, its backward has not run yet"
-            return  # stored with the backward, when it compiles
+        if not _WHOLE[kind] <= self.programs.keys():
+            return  # stored once the step's other program compiles (a backward alone replays nothing)
         cache, keys = ProgramCache(), {}
         for name, prog in self.programs.items():
             keys[name] = prog.cache_key  # the program cache holds it already: no second copy
