@@ -332,10 +332,10 @@ def eager_cases(op, sample_list, grad: bool = False):
             dropped.append("sparse input")
             continue
         recorder = _RecordOps()
-        inputs = case.fresh_inputs()
+        inputs, recorded_inputs = case.fresh_inputs(), case.fresh_inputs()
         try:
-            with recorder, torch.no_grad():
-                case.function()(*case.fresh_inputs())
+            with recorder, torch.no_grad():  # the inputs' copies made outside: only the op's ATen calls
+                case.function()(*recorded_inputs)
             expected = case.run(case.function(), inputs)
         except Exception as exc:  # noqa: BLE001 - not a valid sample for eager on the CPU
             dropped.append(f"eager raised {_short_error(exc)}")
