@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -189,22 +190,56 @@ class _Recording:
         """The outputs as fresh tensors on storages of their own that do not own the memory
         (so autograd, views and the caller keep those alive, never the recording's)."""
         if self.layouts is None:  # each output's memory and layout, read once
-            self.layouts = [None if not isinstance(o, torch.Tensor) else
-                            (o.untyped_storage().data_ptr(), o.untyped_storage().nbytes(), o.dtype, o.device,
-                             o.storage_offset(), o.size(), o.stride()) for o in self.outputs]
+            self.layouts = [None if not isinstance(o, torch.Tensor) else _OutputLayout.of(o) for o in self.outputs]
         storages: dict[int, torch.UntypedStorage] = {}
         outs = []
         for o, layout in zip(self.outputs, self.layouts):
             if layout is None:
                 outs.append(o)
                 continue
-            ptr, nbytes, dtype, device, offset, size, stride = layout
-            storage = storages.get(ptr)
+            storage = storages.get(layout.data_ptr)
             if storage is None:
-                storage = storages[ptr] = torch._C._construct_storage_from_data_pointer(ptr, device, nbytes)
-            outs.append(torch.empty(0, dtype=dtype, device=device).set_(storage, offset, size, stride))
+                storage = storages[layout.data_ptr] = torch._C._construct_storage_from_data_pointer(
+                    layout.data_ptr, layout.device, layout.nbytes)
+            outs.append(layout.tensor(storage))
         self.handed_out = [StorageWeakRef(st) for st in storages.values()]
         return tuple(outs) if self.tuple_output else outs[0]
+
+
+# torch's CUDA builds make a tensor over a storage from a layout in one C++ call (what
+# Inductor's CUDA-graph trees hand their outputs out with); a plain ``set_`` elsewhere.
+_CUDA_TENSOR_OVER = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+@dataclass(frozen=True)
+class _OutputLayout:
+    """Where a recorded output lives and how it is laid out: read once per recording, each
+    replay makes a tensor of it over a storage that does not own the memory.  Handing out
+    ~80 outputs of a captured training step with ``torch.empty(0).set_`` cost 0.83 ms of
+    host time a call on the H200 host; the CUDA path is one C++ call an output."""
+
+    data_ptr: int
+    nbytes: int
+    dtype: torch.dtype
+    device: torch.device
+    storage_offset: int
+    size: tuple
+    stride: tuple
+    metadata: dict | None  # the layout as the CUDA constructor reads it (CUDA outputs only)
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "_OutputLayout":
+        storage = t.untyped_storage()
+        layout = dict(data_ptr=storage.data_ptr(), nbytes=storage.nbytes(), dtype=t.dtype, device=t.device,
+                      storage_offset=t.storage_offset(), size=tuple(t.size()), stride=tuple(t.stride()))
+        fast = _CUDA_TENSOR_OVER is not None and t.device.type == "cuda"
+        return cls(**layout, metadata=dict(layout) if fast else None)
+
+    def tensor(self, storage: torch.UntypedStorage) -> torch.Tensor:
+        if self.metadata is not None:
+            return _CUDA_TENSOR_OVER(self.metadata, storage)
+        return torch.empty(0, dtype=self.dtype, device=self.device).set_(storage, self.storage_offset, self.size,
+                                                                         self.stride)
 
 
 class GraphReplayRunner:
