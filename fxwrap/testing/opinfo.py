@@ -211,10 +211,13 @@ def closer_to_float64(actual, expected, reference, what: str = "output", multipl
 
 def float64_reference(case: "Case", grad: bool = False):
     """Eager's result on the case's inputs with low-precision floating tensors upcast to
-    float64 (None where eager cannot run so): ``(outputs, input grads)`` as ``Case.run``."""
+    float64, and a low-precision dtype argument with them (``_softmax_backward_data``'s
+    ``input_dtype``), None where eager cannot run so: ``(outputs, input grads)`` as ``Case.run``."""
     inputs = [t.detach().double().requires_grad_(case.grad and t.requires_grad) if t.dtype in LOW_PRECISION
               else t for t in case.fresh_inputs()]
-    upcast = Case(case.op, inputs, case.spec, case.leaves, case.tensor_slots, case.grad,
+    leaves = [torch.float64 if isinstance(leaf, torch.dtype) and leaf in LOW_PRECISION else leaf
+              for leaf in case.leaves]
+    upcast = Case(case.op, inputs, case.spec, leaves, case.tensor_slots, case.grad,
                   [w.double() if w.dtype in LOW_PRECISION else w for w in case.weights]
                   if case.weights is not None else None)
     try:

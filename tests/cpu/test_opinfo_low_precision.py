@@ -62,3 +62,29 @@ def test_the_ops_eager_ran_exclude_the_copies_of_the_inputs():
     assert why is None and sample_list
     cases, _, seen = eager_cases(op, sample_list)
     assert cases and returns_uninitialised(seen), sorted(str(o) for o in seen)
+
+
+def test_the_float64_reference_upcasts_a_dtype_argument_too():
+    """``_softmax_backward_data(grad, out, dim, input_dtype=bf16)`` on float64 inputs raises
+    on CUDA ("expected input and grad types to match"), so the bf16 sample had no float64
+    reference and fxwrap's result, closer to float64 than eager's (RMSE 9.5e-4 against 1.4e-3
+    on the H200), was judged a mismatch.  The CPU kernel does not check; the op here does."""
+    import copy
+    from fxwrap.testing.opinfo import Case, float64_reference, samples, select_ops
+    info = select_ops(["_softmax_backward_data"])[0]
+    sample_list, why = samples(info, 3, False, "cpu", torch.bfloat16)
+    assert why is None and sample_list
+
+    def strict(grad, out, dim, input_dtype):  # CUDA's check
+        if grad.dtype != input_dtype:
+            raise RuntimeError("expected input and grad types to match")
+        return torch.ops.aten._softmax_backward_data(grad, out, dim, input_dtype)
+
+    op = copy.copy(info)
+    op.op = strict
+    for sample in sample_list:
+        reference = float64_reference(Case.from_sample(op, sample))
+        assert reference is not None
+        (out, _), _ = reference
+        g, y, dim = sample.input.double(), sample.args[0].double(), sample.args[1]
+        torch.testing.assert_close(out, y * (g - (g * y).sum(dim, keepdim=True)))
