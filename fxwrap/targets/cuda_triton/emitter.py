@@ -159,24 +159,20 @@ class TritonEmitter(KernelEmitter):
 
     # ------------------------------------------------------------------ options
     @property
-    def target_name(self) -> str:
-        return getattr(self.target, "name", None) or "triton"
-
-    @property
     def device_interface(self) -> DeviceInterface:
         """The target's ``DeviceInterface`` (a ``CudaDevice`` for an emitter made without a
         target): what autotuning synchronizes and times on, and the device count."""
-        device = getattr(self.target, "device", None)
+        device = self.target_device
         if isinstance(device, DeviceInterface) and device.device_type == "cuda":
             return device
         return _DEFAULT_DEVICE
 
     @property
     def interpret(self) -> bool:
-        opts = getattr(self.target, "options", None) or {}
+        opts = self.target_options
         if "interpret" in opts:
             return bool(opts["interpret"])
-        if getattr(self.target, "device_type", "cuda") != "cuda":
+        if (self.target_device_type or "cuda") != "cuda":
             return True
         from fxwrap.targets.cuda_triton.libm import interpreting
         return interpreting()
@@ -184,7 +180,7 @@ class TritonEmitter(KernelEmitter):
     @property
     def autotune(self) -> bool:
         import os
-        opts = getattr(self.target, "options", None) or {}
+        opts = self.target_options
         if os.environ.get("FXWRAP_TRITON_AUTOTUNE", "1") == "0":
             return False
         return bool(opts.get("autotune", True)) and not self.interpret
