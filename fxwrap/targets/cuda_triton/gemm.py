@@ -76,7 +76,7 @@ from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.runtime.launch import TritonLaunch
 from fxwrap.core.templates import Template, TemplateCall, accumulators
 from fxwrap.targets.cuda_triton import ops as O
-from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, Scope
+from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
 from fxwrap.targets.cuda_triton.tiling import Plan, index_dtype, next_pow2
 
 aten = torch.ops.aten

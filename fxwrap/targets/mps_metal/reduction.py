@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sympy
 
-from fxwrap.ir.loops import REDUCTIONS, Reduction, ScheduledKernel, split_stores
+from fxwrap.ir.loops import REDUCTIONS, ScheduledKernel, split_stores
 from fxwrap.targets.cstyle import EmitError, LocalNames, ReductionAccumulator, Scope, append_block, reduction_passes
 
 
