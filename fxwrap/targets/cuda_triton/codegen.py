@@ -288,7 +288,6 @@ class KernelWriter(ValueWalker):
                            else f"tl.store({ptr} + ({off}), {v})")
 
     # ------------------------------------------------------------------ structure
-    # ------------------------------------------------------------------ structure
     def numel(self, ranges) -> str:
         if not ranges:
             return "1"
