@@ -330,8 +330,9 @@ class KernelWriter(ValueWalker):
         """The size arguments widened to int64 where the plan's indices are (first lines of a body)."""
         return [f"{s.name} = {s.name}.to(tl.int64)" for s in self.kernel.size_symbols] if self.int64 else []
 
-    def rbase(self) -> str:
-        return "tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.int64 else "")
+    def block_lanes(self, block: str = "RBLOCK") -> str:
+        """The lane offsets ``[1, block]`` of an inner block (``rbase``), in the plan's index dtype."""
+        return f"tl.arange(0, {block})[None, :]" + (".to(tl.int64)" if self.int64 else "")
 
     def row_loop(self, loop: Scope, tail: list[str], start: str = "0", end: str = "rnumel") -> list[str]:
         """The ``for roffset`` loop over a row's ``RBLOCK`` steps from ``start`` to ``end``: the

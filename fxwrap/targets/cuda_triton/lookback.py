@@ -191,7 +191,7 @@ class LookbackScanWriter:
                  "xoffset = ticket // nchunks",
                  "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
                  "xmask = xindex < xnumel",
-                 f"rbase = {w.rbase()}",
+                 f"rbase = {w.block_lanes()}",
                  "rindex = chunk * RBLOCK + rbase",
                  "rmask = rindex < rnumel",
                  "xrmask = xmask & rmask",

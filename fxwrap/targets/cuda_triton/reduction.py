@@ -105,7 +105,7 @@ class ReductionWriter:
                f"xoffset = {w.pid()} * XBLOCK",
                "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
                "xmask = xindex < xnumel",
-               f"rbase = {w.rbase()}",
+               f"rbase = {w.block_lanes()}",
                *w.decompose("xindex", p.groups["x"], p.ranges["x"])]
         rnames = {v.name for v in p.groups["r"]}
         r_stores, x_stores = split_stores(self.kernel.stores, p.groups["r"])
@@ -329,7 +329,7 @@ class ReductionWriter:
              "rend = tl.minimum(rstart + rchunk, rnumel)",
              "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
              "xmask = xindex < xnumel",
-             f"rbase = {w.rbase()}",
+             f"rbase = {w.block_lanes()}",
              *w.decompose("xindex", p.groups["x"], p.ranges["x"])]
         loop = Scope(top, provides=rnames)
         init, update, finish = [], [], []

@@ -72,7 +72,7 @@ class ScanWriter:
         else:
             out.append(f"xoffset = {w.pid()} * XBLOCK")
         out += ["xindex = xoffset + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
-                f"rbase = {w.rbase()}", *w.decompose("xindex", p.groups["x"], p.ranges["x"])]
+                f"rbase = {w.block_lanes()}", *w.decompose("xindex", p.groups["x"], p.ranges["x"])]
         return out
 
     def carry_init(self, red: Reduction) -> list[str]:
@@ -170,7 +170,7 @@ class ScanWriter:
         # 2. each chunk's carry from the totals before it, then its scan and the stores
         top = w.function_scope(("x",))
         body_b = casts + self.setup(split=True)
-        body_b.append("cbase = tl.arange(0, CBLOCK)[None, :]" + (".to(tl.int64)" if w.int64 else ""))
+        body_b.append(f"cbase = {w.block_lanes('CBLOCK')}")
         carry: list[str] = []
         for k, red in enumerate(self.kernel.reductions):
             base = self.local(red)
