@@ -67,7 +67,7 @@ from fxwrap.core.patterns import INT8_MM
 from fxwrap.core.templates import Template, TemplateCall
 from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.targets.cuda_triton.codegen import CodegenError
-from fxwrap.targets.cuda_triton.gemm import GEMM_DTYPES, GemmWriter, template_source
+from fxwrap.targets.cuda_triton.gemm import GEMM_DTYPES, ProductKernel, template_source
 from fxwrap.targets.cuda_triton.tiling import next_pow2
 
 aten = torch.ops.aten
@@ -132,30 +132,27 @@ def gemv_configs(call: TemplateCall, interpret: bool) -> list[GemvConfig]:
     return out
 
 
-class GemvWriter(GemmWriter):
+class GemvWriter:
     """``GemvWriter(kernel, target_name).write() -> body lines`` of a one-row template
     kernel: the ``K`` loop over a ``[NBLOCK, KBLOCK]`` float32 partial sum, its reduction
     to ``acc`` ``[1, NBLOCK]``, then the kernel's stores (the epilogue) with
-    ``template_out`` bound to ``acc`` (the same ``KernelWriter`` as ``GemmWriter``'s)."""
+    ``template_out`` bound to ``acc`` (``ProductKernel.epilogue``, as ``GemmWriter``'s)."""
+
+    def __init__(self, kernel: ScheduledKernel, target_name: str = "triton", intrinsics: tuple = ()):
+        self.product = ProductKernel(kernel, target_name, intrinsics)
 
     def write(self) -> list[str]:
-        call, w = self.call, self.writer
-        body: list[str] = []
-        if self.int64:
-            body += [f"{s.name} = {s.name}.to(tl.int64)" for s in self.k.size_symbols]
-        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
-        body += [f"M = {self.idx(call.size('m'))}", f"N = {self.idx(call.size('n'))}",
-                 f"K = {self.idx(call.size('k'))}",
-                 f"pid = {pid}",
-                 "ntiles = (N + NBLOCK - 1) // NBLOCK"]
-        if self.batched:
+        p = self.product
+        body = p.sizes()
+        body.append("ntiles = (N + NBLOCK - 1) // NBLOCK")
+        if p.batched:
             body.append("zindex = pid // ntiles")
         body += ["ntile = pid % ntiles",
                  "rn = ntile * NBLOCK + tl.arange(0, NBLOCK)",
                  "rk = tl.arange(0, KBLOCK)",
-                 f"rbn = {self._wrapped('rn', 'N', self.b, -1)}",
-                 f"a_ptrs = {self._operand(self.a, '0', 'rk[None, :]')}",
-                 f"b_ptrs = {self._operand(self.b, 'rk[None, :]', 'rbn[:, None]')}",
+                 f"rbn = {p.wrapped('rn', 'N', p.b, -1)}",
+                 f"a_ptrs = {p.operand(p.a, '0', 'rk[None, :]')}",
+                 f"b_ptrs = {p.operand(p.b, 'rk[None, :]', 'rbn[:, None]')}",
                  "partial = tl.zeros([NBLOCK, KBLOCK], dtype=tl.float32)",
                  "for kstep in range(0, (K + KBLOCK - 1) // KBLOCK):",
                  "    if EVEN_K:",
@@ -166,12 +163,12 @@ class GemvWriter(GemmWriter):
                  '        a = tl.load(a_ptrs, mask=rk[None, :] < kleft, other=0.0, eviction_policy="evict_last")',
                  '        b = tl.load(b_ptrs, mask=rk[None, :] < kleft, other=0.0, eviction_policy="evict_first")',
                  "    partial += b.to(tl.float32) * a.to(tl.float32)",
-                 f"    a_ptrs += KBLOCK * ({self.idx(self.a.stride[-1])})",
-                 f"    b_ptrs += KBLOCK * ({self.idx(self.b.stride[-2])})",
+                 f"    a_ptrs += KBLOCK * ({p.idx(p.a.stride[-1])})",
+                 f"    b_ptrs += KBLOCK * ({p.idx(p.b.stride[-2])})",
                  "acc = tl.sum(partial, axis=1)[None, :]",
                  "rm = tl.arange(0, MBLOCK)",
                  "mindex = rm[:, None]", "mmask = mindex < M", "nindex = rn[None, :]", "nmask = nindex < N"]
-        return self.epilogue(w, body)
+        return p.epilogue(body)
 
 
 def one_row(call: TemplateCall) -> bool:
@@ -234,11 +231,11 @@ class TritonGemv(Template):
         call = kernel.template
         if call is None:
             raise CodegenError(f"kernel {kernel.name} has no template call (template {self.name})")
-        gw = GemvWriter(kernel, emitter.target_name, interpret=emitter.interpret, intrinsics=emitter.intrinsics)
+        gw = GemvWriter(kernel, emitter.target_name, intrinsics=emitter.intrinsics)
         k = sympy.sympify(call.size("k"))
         configs = [c.launch_config(int(k) if k.is_Integer else None)
                    for c in gemv_configs(call, emitter.interpret)]
         along = "N" if reads_along_n(call) else "K"
-        batch = "batch x " if gw.batched else ""
+        batch = "batch x " if gw.product.batched else ""
         return template_source(emitter, kernel, self.name, gw, ("MBLOCK", "NBLOCK", "KBLOCK", "EVEN_K"), configs,
                                f"{batch}NBLOCK outputs per program, the weight read along {along}")
