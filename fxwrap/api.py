@@ -1,4 +1,4 @@
-"""The user-facing entry points: ``compile``, ``lower``, ``Backend`` (``Program`` is in ``fxwrap.program``).
+"""The user-facing entry points: ``compile``, ``lower``, ``Backend`` (``Program`` is in ``fxwrap.programs.program``).
 
     model = torch.compile(model, backend="fxwrap")           # registered by entry point
     model = fxwrap.compile(model, target="cpu")               # same, explicit target
@@ -26,19 +26,19 @@ import torch
 from torch._dynamo.source import LocalSource, TensorPropertySource
 from torch.utils import _pytree as pytree
 
-from fxwrap.arguments import ArgumentMap, OutputMap
+from fxwrap.programs.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
 from fxwrap.core.capture import capture_backend, report_output_strides, saved_activation_outputs, static_input_indices
 from fxwrap.core.memory import describe_plan
 from fxwrap.core.passes import AtenGraph, WrapperProgram, run_wrapper_passes
-from fxwrap.dump import ProgramDump, aten_graph_text, debug_dir
-from fxwrap.graph_cache import GraphCompile
+from fxwrap.programs.dump import ProgramDump, aten_graph_text, debug_dir
+from fxwrap.programs.graph_cache import GraphCompile
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
-from fxwrap.precompile import (CompiledFunction, PrecompiledGraph, PrecompileError, calling, has_aot_precompile,
+from fxwrap.programs.precompile import (CompiledFunction, PrecompiledGraph, PrecompileError, calling, has_aot_precompile,
                                module_references, plain_aot_autograd, precompiling)
-from fxwrap.program import Program, TrainingPrograms, finish_program, log_program
-from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
+from fxwrap.programs.program import Program, TrainingPrograms, finish_program, log_program
+from fxwrap.programs.program_cache import ProgramCache, cache_enabled, program_key
 from fxwrap.runtime.boxed import ListCall
 from fxwrap.targets.base import Target
 from fxwrap.wrapper_ir.build import build_kernel_program, build_lines
@@ -217,7 +217,7 @@ class Backend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         if not precompiling():
             return self._compile(gm, example_inputs)[0]
-        # torch's AOT precompile (fxwrap.precompile): a result it can serialize
+        # torch's AOT precompile (fxwrap.programs.precompile): a result it can serialize
         with plain_aot_autograd():
             runner, warm, options = self._compile(gm, example_inputs)
         if warm is None:  # the precompiled form is the warm-start cache's entry
@@ -241,7 +241,7 @@ class Backend:
                              f"programs (DeviceInterface.graph_capture()); target {target.name!r} (device type "
                              f"{target.device_type!r}) has none: drop the mode or compile for such a device (cuda)")
         session = get_plugin_manager().session(target).configured(options)
-        # the warm-start cache (fxwrap/graph_cache.py): a hit skips AOTAutograd and lowering
+        # the warm-start cache (fxwrap/programs/graph_cache.py): a hit skips AOTAutograd and lowering
         warm = None if lowering else GraphCompile.start(gm, example_inputs, session)
         if warm is not None and (runner := warm.load(options.on_program)) is not None:
             return runner, warm, options
@@ -314,7 +314,7 @@ def aot_compile(fn, example_inputs: Sequence[Any], kwargs: dict | None = None, *
                 dynamic: bool | None = None) -> CompiledFunction:
     """Trace ``fn`` (a function, or an ``nn.Module``: its ``forward``) for ``example_inputs``
     with dynamo, as one graph (``fullgraph``), and compile it with fxwrap now, through torch's
-    AOT precompile (``fxwrap.precompile``).  The result runs it (training too: its outputs
+    AOT precompile (``fxwrap.programs.precompile``).  The result runs it (training too: its outputs
     carry the compiled backward) and ``.save(path)``s it for ``load_compiled``, which runs
     it in another process with no dynamo trace, no AOTAutograd and no lowering::
 

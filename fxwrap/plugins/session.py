@@ -72,12 +72,12 @@ class CompileOptions:
     GPT-style one 1054 -> 802 MiB, with less GPU time, BENCHMARKS.md; ``"save_all"``,
     AOTAutograd's default partition, saves every value the backward reads), ``on_program``
     (a callable receiving every compiled ``Program``), ``cache`` (the whole-program cache across
-    processes, ``fxwrap.program_cache``; also off with ``FXWRAP_PROGRAM_CACHE=0``), the debug modes
+    processes, ``fxwrap.programs.program_cache``; also off with ``FXWRAP_PROGRAM_CACHE=0``), the debug modes
     (``fxwrap.plugins.debug_modes``, docs/debugging.md): ``check_nan`` (True: raise at the first
     kernel or extern that writes NaN or Inf; ``"nan"``: NaN only) and ``print_values`` (True:
     print a summary of every buffer a launch writes; a list of buffer, kernel or ATen op
     names: of those), ``debug_dir`` (write a debug dump of
-    every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``), ``templates``
+    every program there, ``fxwrap.programs.dump``; default ``$FXWRAP_DEBUG_DIR``), ``templates``
     (GEMM templates with fused epilogues, ``fxwrap.core.templates``: ``"auto"`` uses a
     template where it is timed faster than the ATen call plus the epilogue kernel;
     ``"default"``, the default, does so with the templates marked ``in_default_mode`` (the

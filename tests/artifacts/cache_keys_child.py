@@ -13,7 +13,7 @@ import json
 import torch
 
 import fxwrap.api
-from fxwrap import graph_cache
+from fxwrap.programs import graph_cache
 
 keys: dict = {}
 case = None
