@@ -1,5 +1,6 @@
 """The program's life after compilation: one layer, above the compiler and its plugins.
 
+    assembly.py       ProgramAssembly: the pipeline's "program cache" and "program" stages ask it
     program.py        Program, TrainingPrograms: lines, GraphModule, memory plan, runner
     arguments.py      ArgumentMap, OutputMap: a lowered function's arguments and return value
     artifacts.py      program.save(path) / fxwrap.load(path): a program as a file
@@ -9,7 +10,7 @@
     precompile.py     fxwrap.aot_compile / load_compiled: torch's AOT precompile of a graph
     dump.py           ProgramDump: the debug dump of every program (options.debug_dir)
 
-``fxwrap.api`` compiles a graph into a ``Program`` and hands it to these; nothing here is
-imported by the compiler (``fxwrap.core``, ``fxwrap.wrapper_ir``, ``fxwrap.targets``,
-``fxwrap.plugins``).
+``fxwrap.api`` runs the session's pipeline on a graph with a ``ProgramAssembly`` handed
+down in the ``Compilation`` (``fxwrap.core.pipeline``); nothing here is imported by the
+compiler (``fxwrap.core``, ``fxwrap.wrapper_ir``, ``fxwrap.targets``, ``fxwrap.plugins``).
 """

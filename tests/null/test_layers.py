@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",
                   "fxwrap.core.lowering", "fxwrap.core.numerics", "fxwrap.core.rules")),
     ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.memory", "fxwrap.core.overlap")),
-    ("pass lists", ("fxwrap.core.passes",)),
+    ("pass lists", ("fxwrap.core.passes", "fxwrap.core.pipeline")),
     ("build", ("fxwrap.wrapper_ir", "fxwrap.wrapper_ir.build", "fxwrap.wrapper_ir.built", "fxwrap.wrapper_ir.lowered",
                "fxwrap.wrapper_ir.lowerer", "fxwrap.wrapper_ir.journal", "fxwrap.wrapper_ir.layouts",
                "fxwrap.wrapper_ir.nesting", "fxwrap.wrapper_ir.origins", "fxwrap.wrapper_ir.rule_lowering",
@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                "fxwrap.wrapper_ir.guards", "fxwrap.wrapper_ir.build_control_flow",
                "fxwrap.wrapper_ir.build_user_kernels", "fxwrap.wrapper_ir.partitions")),
     ("fx", ("fxwrap.wrapper_ir.fx", "fxwrap.wrapper_ir.printer")),
+    ("stages", ("fxwrap.wrapper_ir.stages",)),
     ("targets", ("fxwrap.targets",)),
     ("plugins", ("fxwrap.plugins",)),
     # the program's life after compilation: its runner, files, caches, precompile, debug dump
