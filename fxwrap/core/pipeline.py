@@ -30,9 +30,9 @@ replaces or removes a stage or a pass at a named point::
         pipeline.insert_before("memory plan", LinesPass("my pass", my_pass))
         pipeline.insert_after("render", Stage("count kernels", count, ("built",), ("built",)))
 
-A stage may end the run (it gives ``program``: the program cache's hit) or run it again
-from an earlier stage (it raises ``RunAgain``: a kernel the target cannot render is lowered
-again as extern calls).
+A stage may give the program early (the program cache's hit: the stages up to ``program``
+are skipped) or run the pipeline again from an earlier stage (it raises ``RunAgain``: a
+kernel the target cannot render is lowered again as extern calls).
 """
 from __future__ import annotations
 
@@ -238,10 +238,12 @@ class Pipeline:
 
     def run(self, compilation: Compilation, first: str | None = None, last: str | None = None) -> Compilation:
         """Run the stages from ``first`` (default: the one after ``capture``) through ``last``
-        (default: the end) on ``compilation``; a stage that gives ``program`` ends the run."""
+        (default: the end) on ``compilation``.  A stage before ``program`` that gives the
+        program (the program cache's hit) skips the stages up to ``program``; those after it run."""
         names = [s.name for s in self.stages]
         start = names.index(first) if first is not None else names.index(CAPTURE) + 1
         stop = names.index(last) + 1 if last is not None else len(names)
+        made = names.index(PROGRAM) if PROGRAM in names else len(names) - 1
         at = start
         while at < stop:
             stage = self.stages[at]
@@ -253,9 +255,7 @@ class Pipeline:
             values = given if len(stage.gives) > 1 else (given,)
             for name, value in zip(stage.gives, values, strict=True):
                 setattr(compilation, name, value)
-            if compilation.program is not None:
-                break
-            at += 1
+            at = made + 1 if compilation.program is not None and at < made else at + 1
         return compilation
 
     def __repr__(self) -> str:

@@ -69,7 +69,7 @@ def test_a_plugin_extends_the_pipeline_at_named_points_and_each_runs_there():
     from fxwrap_plugin_fixtures import stage_at_named_points as plugin
     manager = PluginManager([*installed_entry_points(), ep("stage_at_named_points")])
     pipeline = manager.session(manager.target("cpu")).pipeline
-    assert [s.name for s in pipeline.stages] == [*STAGES[:5], "count kernels", *STAGES[5:]]
+    assert [s.name for s in pipeline.stages] == [*STAGES[:5], "count kernels", *STAGES[5:], "after program"]
     assert pipeline.aten.names().index("after padding") == pipeline.aten.names().index("matmul padding") + 1
     assert pipeline.wrapper.names()[-2:] == ["before plan", "memory plan"]
     plugin.seen.clear()
@@ -82,7 +82,8 @@ def test_a_plugin_extends_the_pipeline_at_named_points_and_each_runs_there():
     assert plugin.seen == [("after padding", "inference"),
                            ("count kernels", True, True, True),
                            ("before plan", 0, True),
-                           ("fx replaced", True)], plugin.seen
+                           ("fx replaced", True),
+                           ("after program", "inference")], plugin.seen
 
 
 def test_a_broken_pipeline_names_the_stage_and_the_plugin_edit():

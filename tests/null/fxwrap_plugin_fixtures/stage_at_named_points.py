@@ -1,6 +1,7 @@
 """Extends target ``cpu``'s pipeline at named points through the one hook
 (``fxwrap_pipeline``): a stage after ``render``, a stage replacing ``fx`` (it calls fxwrap's),
-an ATen-graph pass after ``matmul padding`` and a Wrapper-IR pass before ``memory plan``.
+a stage after ``program``, an ATen-graph pass after ``matmul padding`` and a Wrapper-IR pass
+before ``memory plan``.
 Each records, when it runs, what the stages before it gave."""
 from fxwrap import hookimpl
 from fxwrap.core.passes import GraphPass, LinesPass
@@ -14,6 +15,11 @@ def after_render(compilation, stage):
     seen.append((stage.name, compilation.lowered is not None, compilation.built is not None,
                  compilation.lines is None))
     return compilation.built
+
+
+def after_program(compilation, stage):
+    seen.append((stage.name, compilation.program.kind))
+    return compilation.program
 
 
 def after_padding(graph):
@@ -37,5 +43,6 @@ def fxwrap_pipeline(pipeline, target, options):
         return fxwrap_fx.run(compilation, stage)
 
     pipeline.replace("fx", Stage("fx", fx_recorded, fxwrap_fx.takes, fxwrap_fx.gives, steps=("recorded",)))
+    pipeline.insert_after("program", Stage("after program", after_program, ("program",), ("program",)))
     pipeline.insert_after("matmul padding", GraphPass("after padding", after_padding))
     pipeline.insert_before("memory plan", LinesPass("before plan", before_plan))
