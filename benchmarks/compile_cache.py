@@ -9,7 +9,7 @@ Per model and variant, three fresh processes share one empty ``FXWRAP_CACHE_DIR`
 * ``cold``: nothing cached: dynamo, AOTAutograd, fxwrap's lowering, every kernel compile;
 * ``kernels``: the program cache off (``FXWRAP_PROGRAM_CACHE=0``), the kernel binaries
   cached (what a second process got before the program cache);
-* ``warm``: the graphs come from the warm-start cache (``fxwrap/graph_cache.py``: no
+* ``warm``: the graphs come from the warm-start cache (``fxwrap/programs/graph_cache.py``: no
   AOTAutograd, no lowering), or, for a graph it does not keep, the programs from the
   program cache.
 
@@ -25,7 +25,7 @@ and their ratio: the same comparison without the waits of a loaded machine;
 ``dyn%`` is dynamo's share of the warm first call; ``hits`` the warm-start cache's hits
 over its lookups (a graph it cannot key, e.g. one calling user code, is not looked up).
 ``--precompile`` adds two processes per model and variant, on torch's AOT precompile
-(``fxwrap.aot_compile`` / ``fxwrap.load_compiled``, fxwrap/precompile.py):
+(``fxwrap.aot_compile`` / ``fxwrap.load_compiled``, fxwrap/programs/precompile.py):
 
 * ``pre s``: a fresh process precompiles the model (dynamo, AOTAutograd, lowering; its own
   empty cache directory) and saves it to a file: the time of ``aot_compile`` and the first call;
@@ -65,8 +65,8 @@ def child(model_name: str, variant: str) -> dict:
     import suite_models
 
     import fxwrap.api as api
-    from fxwrap import graph_cache
-    from fxwrap.program_cache import package_digest
+    from fxwrap.programs import graph_cache
+    from fxwrap.programs.program_cache import package_digest
 
     spent = {"fxwrap": 0.0, "backend": 0.0}
     compile_aten_graph, backend_call = api.compile_aten_graph, api.Backend.__call__

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "Backend": "fxwrap.api", "Program": "fxwrap.program", "TrainingPrograms": "fxwrap.program",
+    "Backend": "fxwrap.api", "Program": "fxwrap.programs.program", "TrainingPrograms": "fxwrap.programs.program",
     "compile": "fxwrap.api", "lower": "fxwrap.api",
-    "aot_compile": "fxwrap.api", "load_compiled": "fxwrap.api", "CompiledFunction": "fxwrap.precompile",
-    "PrecompileError": "fxwrap.precompile",
-    "load": "fxwrap.artifacts", "LoadedProgram": "fxwrap.artifacts",
-    "LoadedTrainingPrograms": "fxwrap.artifacts", "ProgramFileError": "fxwrap.artifacts",
+    "aot_compile": "fxwrap.api", "load_compiled": "fxwrap.api", "CompiledFunction": "fxwrap.programs.precompile",
+    "PrecompileError": "fxwrap.programs.precompile",
+    "load": "fxwrap.programs.artifacts", "LoadedProgram": "fxwrap.programs.artifacts",
+    "LoadedTrainingPrograms": "fxwrap.programs.artifacts", "ProgramFileError": "fxwrap.programs.artifacts",
     "MemoryPlan": "fxwrap.core.memory",
-    "save_cache_artifacts": "fxwrap.graph_cache", "load_cache_artifacts": "fxwrap.graph_cache",
-    "CacheBundleError": "fxwrap.graph_cache",
+    "save_cache_artifacts": "fxwrap.programs.graph_cache", "load_cache_artifacts": "fxwrap.programs.graph_cache",
+    "CacheBundleError": "fxwrap.programs.graph_cache",
     "ProfileReport": "fxwrap.profiling", "profile": "fxwrap.profiling",
     "EmitError": "fxwrap.core.errors", "UnsupportedUserKernel": "fxwrap.core.errors",
     "hookimpl": "fxwrap.targets.marker", "hookspec": "fxwrap.plugins.hookspecs",
@@ -73,18 +73,18 @@ _registration.install()  # backend="fxwrap" registered race-free (fxwrap/registr
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from fxwrap.api import Backend, aot_compile, compile, load_compiled, lower  # noqa: F401
-    from fxwrap.precompile import CompiledFunction, PrecompileError  # noqa: F401
-    from fxwrap.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
+    from fxwrap.programs.precompile import CompiledFunction, PrecompileError  # noqa: F401
+    from fxwrap.programs.artifacts import LoadedProgram, LoadedTrainingPrograms, ProgramFileError, load  # noqa: F401
     from fxwrap.ir.capabilities import Capabilities  # noqa: F401
     from fxwrap.ir.intrinsics import Intrinsic  # noqa: F401
-    from fxwrap.graph_cache import CacheBundleError, load_cache_artifacts, save_cache_artifacts  # noqa: F401
+    from fxwrap.programs.graph_cache import CacheBundleError, load_cache_artifacts, save_cache_artifacts  # noqa: F401
     from fxwrap.core.errors import EmitError, UnsupportedUserKernel  # noqa: F401
     from fxwrap.core.lowering import DECLINE  # noqa: F401
     from fxwrap.core.memory import MemoryPlan  # noqa: F401
     from fxwrap.core.templates import Template, TemplateCall  # noqa: F401
     from fxwrap.plugins.hookspecs import hookspec  # noqa: F401
     from fxwrap.profiling import ProfileReport, profile  # noqa: F401
-    from fxwrap.program import Program, TrainingPrograms  # noqa: F401
+    from fxwrap.programs.program import Program, TrainingPrograms  # noqa: F401
     from fxwrap.plugins.manager import (  # noqa: F401
         PluginError, PluginManager, get_plugin_manager, installed_entry_points, use_plugin_manager,
     )

@@ -1,4 +1,4 @@
-"""The user-facing entry points: ``compile``, ``lower``, ``Backend`` (``Program`` is in ``fxwrap.program``).
+"""The user-facing entry points: ``compile``, ``lower``, ``Backend`` (``Program`` is in ``fxwrap.programs.program``).
 
     model = torch.compile(model, backend="fxwrap")           # registered by entry point
     model = fxwrap.compile(model, target="cpu")               # same, explicit target
@@ -26,23 +26,20 @@ import torch
 from torch._dynamo.source import LocalSource, TensorPropertySource
 from torch.utils import _pytree as pytree
 
-from fxwrap.arguments import ArgumentMap, OutputMap
 from fxwrap.core import logs
-from fxwrap.core.capture import capture_backend, report_output_strides, saved_activation_outputs, static_input_indices
-from fxwrap.core.memory import describe_plan
-from fxwrap.core.passes import AtenGraph, WrapperProgram, run_wrapper_passes
-from fxwrap.dump import ProgramDump, aten_graph_text, debug_dir
-from fxwrap.graph_cache import GraphCompile
+from fxwrap.core.capture import report_output_strides
+from fxwrap.core.passes import AtenGraph
+from fxwrap.core.pipeline import Compilation
 from fxwrap.plugins.manager import get_plugin_manager
 from fxwrap.plugins.session import MODES, CompileOptions, CompileSession
-from fxwrap.precompile import (CompiledFunction, PrecompiledGraph, PrecompileError, calling, has_aot_precompile,
-                               module_references, plain_aot_autograd, precompiling)
-from fxwrap.program import Program, TrainingPrograms, finish_program, log_program
-from fxwrap.program_cache import ProgramCache, cache_enabled, program_key
+from fxwrap.programs.arguments import ArgumentMap, OutputMap
+from fxwrap.programs.assembly import ProgramAssembly
+from fxwrap.programs.graph_cache import GraphCompile
+from fxwrap.programs.precompile import (CompiledFunction, PrecompiledGraph, PrecompileError, calling,
+                                        has_aot_precompile, module_references, plain_aot_autograd, precompiling)
+from fxwrap.programs.program import Program, TrainingPrograms
 from fxwrap.runtime.boxed import ListCall
 from fxwrap.targets.base import Target
-from fxwrap.wrapper_ir.build import build_kernel_program, build_lines
-from fxwrap.wrapper_ir.fx import to_graph_module
 
 log = logging.getLogger("fxwrap")
 
@@ -59,60 +56,24 @@ def compile_session(target: Target, options: CompileOptions | dict | None = None
 def compile_aten_graph(gm: torch.fx.GraphModule, target: Target | CompileSession, kind: str = "inference",
                        options: CompileOptions | dict | None = None,
                        example_inputs: Sequence[Any] | None = None) -> Program:
-    """ATen graph -> the session's pipeline (``fxwrap.core.passes``): its ATen-graph passes
-    -> kernel builder (Wrapper IR) -> its Wrapper-IR passes (the memory plan among them)
-    -> GraphModule -> the target's runner.
+    """ATen graph -> ``Program``: the session's pipeline (``session.pipeline``,
+    ``fxwrap.core.pipeline``) run on it, from its ATen-graph passes through the program
+    cache, the lowerer, the renderer, the Wrapper-IR passes and the GraphModule to the
+    ``Program`` (``fxwrap.programs.assembly``).
 
     ``target``: a ``Target`` (compiled with the process-wide plugin manager's session
     for it, and ``options``) or a ``CompileSession`` (with its own options).  With the
     whole-program cache on (``options.cache``), a program saved by an earlier process
-    for the same graph (after the ATen passes), options, target, pass lists and versions
+    for the same graph (after the ATen passes), options, target, pipeline and versions
     is loaded instead.  ``example_inputs``: AOTAutograd's example inputs; a backward graph
     is compiled for their strides (those the compiled forward returns its saved
     activations in)."""
     logs.configure()
     session = target if isinstance(target, CompileSession) else compile_session(target, options)
-    target, options = session.target, session.options
-    timer = logs.PhaseTimer(f"{kind} program")
-    saved_outputs = saved_activation_outputs(gm) if kind == "forward" else None
-    static_inputs = static_input_indices(gm, kind)
-    graph_text = aten_graph_text(gm) if debug_dir(options.debug_dir) is not None else None
-    session.pipeline.run_aten(AtenGraph(gm, kind, session, example_inputs, saved_outputs), timer)
-    cache = key = None
-    if cache_enabled(options):
-        # which forward outputs keep the channels-last layout is no part of the graph's text
-        key_kind = kind if saved_outputs is None else f"{kind} saving {saved_outputs.start}:{saved_outputs.stop}"
-        cache, key = ProgramCache(), program_key(gm, session, key_kind)
-        program = cache.load(key, session, static_inputs)
-        if program is not None:
-            program.cache_key = key
-            log_program(program, f" (from the program cache, entry {cache.path(key)})")
-            return program
-    dump = ProgramDump.start(options.debug_dir, gm, kind, graph_text)  # None unless a debug dump was asked for
-    if session.generates_kernels and options.kernels:
-        built = build_kernel_program(gm, session, timer=timer, label=f"{kind} program")
-    else:
-        with timer.phase("lowering"):
-            built = build_lines(gm, target.name, reuse=options.reuse, wrapper_passes=session.lines_passes)
-    lines, plan = run_wrapper_passes(session.lines_passes, built.lines,
-                                     WrapperProgram(built.hints, options.reuse), timer)
-    if logs.enabled("memory"):
-        logs.logger("memory").debug("%s program: %s", kind, describe_plan(plan, built.hints))
-    with timer.phase("fx"):
-        graph_module = to_graph_module(built.inputs, lines, built.constants, built.fake_values,
-                                       size_assumptions=built.size_assumptions)
-    with timer.phase("wrapper"):
-        program = finish_program(Program(kind, target, built.inputs, lines, graph_module, plan, None,
-                                         built.constants, built.hints, static_inputs=static_inputs), session)
-    log_program(program, "")
-    if logs.enabled("timing"):
-        logs.logger("timing").debug("%s", timer.summary())
-    if dump is not None:
-        dump.write(program, built, timer)
-    if cache is not None:
-        cache.store(key, program)
-        program.cache_key = key
-    return program
+    graph = AtenGraph.of(gm, kind, session, example_inputs)
+    label = f"{kind} program"
+    compilation = Compilation(graph, logs.PhaseTimer(label), label, ProgramAssembly(graph))
+    return session.pipeline.run(compilation).program
 
 
 def _tensor_leaves(example_inputs: Sequence[Any]) -> list[torch.Tensor]:
@@ -217,7 +178,7 @@ class Backend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         if not precompiling():
             return self._compile(gm, example_inputs)[0]
-        # torch's AOT precompile (fxwrap.precompile): a result it can serialize
+        # torch's AOT precompile (fxwrap.programs.precompile): a result it can serialize
         with plain_aot_autograd():
             runner, warm, options = self._compile(gm, example_inputs)
         if warm is None:  # the precompiled form is the warm-start cache's entry
@@ -241,7 +202,7 @@ class Backend:
                              f"programs (DeviceInterface.graph_capture()); target {target.name!r} (device type "
                              f"{target.device_type!r}) has none: drop the mode or compile for such a device (cuda)")
         session = get_plugin_manager().session(target).configured(options)
-        # the warm-start cache (fxwrap/graph_cache.py): a hit skips AOTAutograd and lowering
+        # the warm-start cache (fxwrap/programs/graph_cache.py): a hit skips AOTAutograd and lowering
         warm = None if lowering else GraphCompile.start(gm, example_inputs, session)
         if warm is not None and (runner := warm.load(options.on_program)) is not None:
             return runner, warm, options
@@ -266,7 +227,7 @@ class Backend:
                 return outputs
             return recording
 
-        runner = capture_backend(compile_graph, session.decompositions(), options.partition)(gm, example_inputs)
+        runner = session.pipeline.capture(compile_graph, session)(gm, example_inputs)
         return runner, warm, options
 
 
@@ -314,7 +275,7 @@ def aot_compile(fn, example_inputs: Sequence[Any], kwargs: dict | None = None, *
                 dynamic: bool | None = None) -> CompiledFunction:
     """Trace ``fn`` (a function, or an ``nn.Module``: its ``forward``) for ``example_inputs``
     with dynamo, as one graph (``fullgraph``), and compile it with fxwrap now, through torch's
-    AOT precompile (``fxwrap.precompile``).  The result runs it (training too: its outputs
+    AOT precompile (``fxwrap.programs.precompile``).  The result runs it (training too: its outputs
     carry the compiled backward) and ``.save(path)``s it for ``load_compiled``, which runs
     it in another process with no dynamo trace, no AOTAutograd and no lowering::
 

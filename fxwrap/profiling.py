@@ -42,7 +42,7 @@ import torch.fx
 
 from fxwrap import registration
 from fxwrap.api import Backend, dynamo_backend, lower
-from fxwrap.program import Program
+from fxwrap.programs.program import Program
 from fxwrap.plugins.debug_modes import provenance
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.targets.base import DeviceInterface

@@ -1,5 +1,5 @@
 """Loaded before any test module: on a machine without CUDA, Triton runs in its CPU
-interpreter for the whole session; the whole-program cache (``fxwrap.program_cache``)
+interpreter for the whole session; the whole-program cache (``fxwrap.programs.program_cache``)
 is off, so that every test compiles what it checks (``tests/artifacts`` turns it on
 where it tests it).
 

@@ -1,44 +1,37 @@
-"""The compile pipeline as data: the declared ATen-graph passes and Wrapper-IR passes.
+"""The declared passes: fxwrap's ATen-graph passes and Wrapper-IR passes, as data.
 
-``api.compile_aten_graph`` runs, for every graph, the session's ``Pipeline``: fxwrap's
-own (``default_pipeline``), as each target's plugins edit it (the ``cpu`` target adds
-``'cpu attention'`` before the memory plan)::
+Two stages of the pipeline (``fxwrap.core.pipeline``) run passes: ``aten passes`` rewrites
+the ATen graph in place before the program cache is asked (the key is the rewritten graph,
+and the pass names are part of it); ``wrapper passes`` rewrites the rendered lines before
+they become a GraphModule.  fxwrap's own lists::
 
-    >>> default_pipeline()  # doctest: +NORMALIZE_WHITESPACE
-    Pipeline(aten=['follow input layouts', 'constant folding', 'channels-last convolutions',
-                   'matmul padding', 'convolution bias', 'patterns', 'grouped attention'],
-             wrapper=['memory plan'])
-
-    ATen graph --aten passes (in place)--> [program cache] --> lowerer, renderer --> lines
-    lines --wrapper passes--> (the passes of ``fxwrap_wrapper_passes`` after them) --> FX
+    >>> default_aten_passes().names()  # doctest: +NORMALIZE_WHITESPACE
+    ['follow input layouts', 'constant folding', 'channels-last convolutions', 'matmul padding',
+     'convolution bias', 'patterns', 'grouped attention']
+    >>> default_wrapper_passes().names()
+    ['overlap collectives', 'memory plan']
 
 Each pass decides for itself whether it applies (the channels-last pass only where the
 device asks for it, the matmul padding only on inference and forward graphs ...).  A plugin
-edits a target's pipeline through the ``fxwrap_pipeline(pipeline, target)`` hook, once per
-target when the compile session is built: ``pipeline.aten`` and ``pipeline.wrapper`` are
-lists it may add to, remove from or reorder (``insert_after``, ``insert_before``,
-``move_before``, ``remove`` find passes by name)::
-
-    @fxwrap.hookimpl
-    def fxwrap_pipeline(pipeline, target):
-        pipeline.aten.insert_after("matmul padding", GraphPass("fold my ops", fold_my_ops))
-
-The ATen passes all run before the program cache is asked (the key is the rewritten graph,
-and the pipeline's pass names are part of it).  The Wrapper-IR list must keep ``"memory
-plan"`` (it gives the program its ``MemoryPlan``); a pass before it sees lines without
-``Free`` / ``Reuse``, a pass after it must keep the plan valid.  Nested programs
+edits them through the ``fxwrap_pipeline(pipeline, target, options)`` hook
+(``pipeline.insert_after("matmul padding", GraphPass(...))``; ``pipeline.aten`` and
+``pipeline.wrapper`` are ``PassList``s with ``insert_after``, ``insert_before``,
+``move_before``, ``move_after`` and ``remove_named``).  The Wrapper-IR list must keep
+``"memory plan"`` (it gives the program its ``MemoryPlan``); a pass before it sees lines
+without ``Free`` / ``Reuse``, a pass after it must keep the plan valid.  Nested programs
 (``torch.cond`` branches, loop bodies) go through the same Wrapper-IR list.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fxwrap.core import patterns
+from fxwrap.core.capture import saved_activation_outputs
 from fxwrap.core.grouped_attention import grouped_decode_attention
 from fxwrap.core.constant_folding import fold_constants
 from fxwrap.core.convolution_bias import bias_as_epilogue
@@ -46,6 +39,7 @@ from fxwrap.core.layout import (channels_last_convolutions, follow_input_layouts
                                  has_channels_last_convolution)
 from fxwrap.core.matmul_padding import pad_matmul_columns
 from fxwrap.core.memory import MemoryPlan, plan_memory
+from fxwrap.core.overlap import overlap_collectives
 
 log = logging.getLogger("fxwrap")
 
@@ -65,6 +59,11 @@ class AtenGraph:
     session: Any
     example_inputs: Sequence[Any] | None = None
     saved_outputs: range | None = None
+
+    @classmethod
+    def of(cls, gm: torch.fx.GraphModule, kind: str, session, example_inputs: Sequence[Any] | None = None) -> "AtenGraph":
+        """The graph AOTAutograd gave (a forward graph's saved activations read from it)."""
+        return cls(gm, kind, session, example_inputs, saved_activation_outputs(gm) if kind == "forward" else None)
 
     @property
     def makes_kernels(self) -> bool:
@@ -101,9 +100,10 @@ class LinesPass:
     phase: str = "wrapper passes"
 
     @classmethod
-    def of(cls, fn: Callable[[list], list]) -> "LinesPass":
-        """A ``fxwrap_wrapper_passes`` callable ``pass(lines) -> lines`` as a ``LinesPass``."""
-        name = fn.__name__ if hasattr(fn, "__name__") else type(fn).__name__
+    def of(cls, fn: Callable[[list], list], name: str | None = None) -> "LinesPass":
+        """A callable ``pass(lines) -> lines`` as a ``LinesPass`` (named after it by default)."""
+        if name is None:
+            name = fn.__name__ if hasattr(fn, "__name__") else type(fn).__name__
         return cls(name, lambda lines, program: fn(lines))
 
 
@@ -136,43 +136,6 @@ class PassList(list):
     def move_after(self, name: str, after: str) -> None:
         moved = self.remove_named(name)
         self.insert_after(after, moved)
-
-
-@dataclass
-class Pipeline:
-    """The declared pass lists of one target (see the module docstring)."""
-
-    aten: PassList = field(default_factory=PassList)
-    wrapper: PassList = field(default_factory=PassList)
-
-    def __post_init__(self):
-        self.aten, self.wrapper = PassList(self.aten), PassList(self.wrapper)
-
-    def names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The pass names in order (what the program cache keys on)."""
-        return tuple(self.aten.names()), tuple(self.wrapper.names())
-
-    def copy(self) -> "Pipeline":
-        return Pipeline(PassList(self.aten), PassList(self.wrapper))
-
-    def check(self, target_name: str) -> None:
-        """Every entry a pass of the right kind; the Wrapper-IR list keeps the memory plan."""
-        for kind, passes, cls in (("aten", self.aten, GraphPass), ("wrapper", self.wrapper, LinesPass)):
-            for p in passes:
-                if not isinstance(p, cls):
-                    raise TypeError(f"target {target_name!r}: pipeline.{kind} holds {p!r}, not a "
-                                    f"fxwrap.core.passes.{cls.__name__}")
-        if MEMORY_PLAN not in self.wrapper.names():
-            raise ValueError(f"target {target_name!r}: the Wrapper-IR pass list {self.wrapper.names()} lacks "
-                             f"{MEMORY_PLAN!r} (it gives every program its memory plan; move it, do not remove it)")
-
-    def run_aten(self, graph: AtenGraph, timer) -> None:
-        for p in self.aten:
-            with timer.phase(p.phase):
-                p.run(graph)
-
-    def __repr__(self) -> str:
-        return f"Pipeline(aten={self.aten.names()}, wrapper={self.wrapper.names()})"
 
 
 def run_wrapper_passes(passes: Sequence[LinesPass], lines: list, program: WrapperProgram,
@@ -323,19 +286,27 @@ def _memory_plan(lines: list, program: WrapperProgram) -> list:
 MEMORY_PLAN = "memory plan"
 
 
-def default_pipeline() -> Pipeline:
-    """fxwrap's pass lists, before any plugin edits them."""
-    return Pipeline(
-        aten=[
-            GraphPass("follow input layouts", _follow_input_layouts, "layout"),
-            GraphPass("constant folding", _constant_folding, "constant folding"),
-            GraphPass("channels-last convolutions", _channels_last, "layout"),
-            GraphPass("matmul padding", _matmul_padding, "layout"),
-            GraphPass("convolution bias", _convolution_bias, "layout"),
-            GraphPass("patterns", _patterns, "patterns"),
-            GraphPass("grouped attention", _grouped_attention, "patterns"),
-        ],
-        wrapper=[
-            LinesPass(MEMORY_PLAN, _memory_plan, "memory plan"),
-        ],
-    )
+def _overlap_collectives(lines: list, program: WrapperProgram) -> list:
+    """Each collective raised to its inputs, each wait sunk to its first reader (``core.overlap``)."""
+    return overlap_collectives(lines)
+
+
+def default_aten_passes() -> PassList:
+    """fxwrap's ATen-graph passes, in order, before any plugin edits them."""
+    return PassList([
+        GraphPass("follow input layouts", _follow_input_layouts, "layout"),
+        GraphPass("constant folding", _constant_folding, "constant folding"),
+        GraphPass("channels-last convolutions", _channels_last, "layout"),
+        GraphPass("matmul padding", _matmul_padding, "layout"),
+        GraphPass("convolution bias", _convolution_bias, "layout"),
+        GraphPass("patterns", _patterns, "patterns"),
+        GraphPass("grouped attention", _grouped_attention, "patterns"),
+    ])
+
+
+def default_wrapper_passes() -> PassList:
+    """fxwrap's Wrapper-IR passes, in order, before any plugin edits them."""
+    return PassList([
+        LinesPass("overlap collectives", _overlap_collectives, "wrapper passes"),
+        LinesPass(MEMORY_PLAN, _memory_plan, "memory plan"),
+    ])

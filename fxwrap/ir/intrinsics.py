@@ -25,7 +25,7 @@ gelu) and every call on a target that declares nothing lower as before (gelu: it
 decomposition), so no other target ever sees the op.
 
 The record is data (names, dtypes, strings): the program and warm-start caches key on a
-session's intrinsics (``fxwrap.cache_key``), so two targets declaring different intrinsics
+session's intrinsics (``fxwrap.programs.cache_key``), so two targets declaring different intrinsics
 never share a cached program; kernel binaries are keyed on their source, which holds the
 spelling and the prelude defining it.
 """

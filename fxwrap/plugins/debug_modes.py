@@ -1,5 +1,5 @@
 """The debug modes ``check_nan`` and ``print_values``: a plugin built on the public
-``fxwrap_wrapper_passes`` hook, the way a vendor would write one.
+``fxwrap_pipeline`` hook, the way a vendor would write one.
 
     >>> prog = fxwrap.lower(torch.log1p, torch.zeros(8, 16), options={"check_nan": True})
     >>> print(prog.code())
@@ -23,13 +23,14 @@ modes on, the values are printed before the check raises.
 
 The ``PluginManager`` registers this module after every installed plugin, so its passes
 see the program the other plugins' passes made.  Options absent or false: the hook
-returns no pass and the program is what it would be without this module.
+adds no pass and the program is what it would be without this module.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+from fxwrap.core.passes import LinesPass
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.runtime.provenance import describe
@@ -191,13 +192,13 @@ class PrintValuesPass:
 
 
 @hookimpl
-def fxwrap_wrapper_passes(target, options):
-    """The debug modes ``options`` turns on, for ``target``: none when both are off."""
-    passes = []
+def fxwrap_pipeline(pipeline, target, options):
+    """The debug modes ``options`` turns on, for ``target``, at the end of the Wrapper-IR
+    passes: none when both are off."""
     check_nan = getattr(options, "check_nan", False)
     if check_nan:
-        passes.append(CheckNanPass(target.name, check_inf=check_nan != "nan"))
+        pipeline.wrapper.append(LinesPass.of(CheckNanPass(target.name, check_inf=check_nan != "nan"), "check nan"))
     print_values = getattr(options, "print_values", False)
     if print_values:  # after check_nan's pass: it inserts right after the launch, so it prints first
-        passes.append(PrintValuesPass(None if print_values is True else tuple(print_values)))
-    return passes
+        pipeline.wrapper.append(LinesPass.of(PrintValuesPass(None if print_values is True else tuple(print_values)),
+                                             "print values"))

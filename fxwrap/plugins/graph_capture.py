@@ -1,4 +1,4 @@
-"""Graph capture's partition pass: a built-in plugin on the public ``fxwrap_wrapper_passes``
+"""Graph capture's partition pass: a built-in plugin on the public ``fxwrap_pipeline``
 hook, the way a vendor would write one.
 
 When the options ask for graph capture (``mode="reduce-overhead"``, ``"max-autotune"`` or
@@ -10,6 +10,7 @@ plugin's passes and the debug modes'.  ``api.finish_program`` then gives the pro
 """
 from __future__ import annotations
 
+from fxwrap.core.passes import LinesPass
 from fxwrap.plugins.hookspecs import hookimpl
 from fxwrap.wrapper_ir.partitions import partition_for_capture
 
@@ -17,8 +18,8 @@ PLUGIN_NAME = "fxwrap-graph-capture"
 
 
 @hookimpl
-def fxwrap_wrapper_passes(target, options):
-    """The partition pass when ``options`` ask for graphs and ``target``'s device records them."""
-    if not getattr(options, "cuda_graphs", False) or target.device.graph_capture() is None:
-        return []
-    return [partition_for_capture(target.device_type, target.name)]
+def fxwrap_pipeline(pipeline, target, options):
+    """The partition pass, last, when ``options`` ask for graphs and ``target``'s device records them."""
+    if getattr(options, "cuda_graphs", False) and target.device.graph_capture() is not None:
+        pipeline.wrapper.append(LinesPass.of(partition_for_capture(target.device_type, target.name),
+                                             "graph capture partitions"))

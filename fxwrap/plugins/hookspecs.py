@@ -112,60 +112,63 @@ def fxwrap_decompositions(target):
 
 @hookspec
 def fxwrap_wrapper_passes(target, options):
-    """Passes over the Wrapper IR line list of every program compiled for ``target``.
+    """Deprecated (goes in the next release): passes over the Wrapper IR line list of every
+    program compiled for ``target``.  A thin adapter onto ``fxwrap_pipeline``: the manager
+    appends each returned callable, as ``LinesPass.of(fn)``, to the ``wrapper passes`` stage
+    after every installed plugin's ``fxwrap_pipeline`` edits, and warns
+    (``DeprecationWarning``) once per plugin.
 
-    When: called once per target and set of options per plugin manager, when fxwrap
-    builds the compile session for them (``PluginManager.session(target)``, then
-    ``session.configured(options)`` for each other set of options); the passes then run
-    on every compiled graph (inference, forward, backward), after memory planning and
-    before the lines become a GraphModule.
+    When: as ``fxwrap_pipeline``, once per target and set of options per plugin manager; the
+    passes then run on every compiled graph, after the memory plan and before the lines
+    become a GraphModule.
     Arguments: ``target``, the ``Target`` being compiled for; ``options``, the
-    ``CompileOptions`` of the compile (a pass that an option turns on, such as fxwrap's
-    own ``check_nan``, reads it here).  An implementation may leave ``options`` out of
-    its signature.
-    Returns: a list of callables ``pass(lines: list[Line]) -> list[Line]`` (empty
-    or None for none).  A pass must return a valid program: every buffer it uses
-    defined before, ``Free`` after the last use, the ``Return`` last.
-    firstresult: no, passes of all plugins run, in plugin load order, each
-    plugin's in its list's order; fxwrap's debug modes (``fxwrap.plugins.debug_modes``,
-    written on this hook) run after every installed plugin's.
+    ``CompileOptions`` (an implementation may leave it out of its signature).
+    Returns: a list of callables ``pass(lines: list[Line]) -> list[Line]`` (empty or None
+    for none).  A pass must return a valid program: every buffer it uses defined before,
+    ``Free`` after the last use, the ``Return`` last.
+    firstresult: no, passes of all plugins run, in plugin load order, each plugin's in its
+    list's order.
 
-    Example::
-
-        def drop_comments(lines):
-            return [line for line in lines if not isinstance(line, fxwrap.lines.Comment)]
+    The same pass on the old hook and on ``fxwrap_pipeline``. Example::
 
         @hookimpl
         def fxwrap_wrapper_passes(target):
             return [drop_comments]
 
-        # a pass one option turns on: fxwrap.plugins.debug_modes
         @hookimpl
-        def fxwrap_wrapper_passes(target, options):
-            return [CheckNanPass(target.name)] if options.check_nan else []
+        def fxwrap_pipeline(pipeline, target, options):
+            pipeline.wrapper.append(LinesPass.of(drop_comments))
     """
 
 
 @hookspec
-def fxwrap_pipeline(pipeline, target):
-    """Add, remove or reorder the compile passes of ``target``.
+def fxwrap_pipeline(pipeline, target, options):
+    """Insert, replace or remove the stages and passes ``target`` compiles with, at named points.
 
-    When: once per target per plugin manager, when fxwrap builds the compile session for
-    ``target`` (``PluginManager.session(target)``); every graph for ``target`` then runs
-    the edited lists (``api.compile_aten_graph``).
-    Arguments: ``pipeline``, a ``fxwrap.core.passes.Pipeline`` holding the pass lists as
-    the plugins before this one left them: ``pipeline.aten``, the ATen-graph passes
-    (``GraphPass(name, run, phase)``, ``run(graph: AtenGraph)`` rewrites ``graph.gm`` in
-    place; fxwrap's: ``"follow input layouts"``, ``"channels-last convolutions"``,
-    ``"matmul padding"``, ``"patterns"``), and ``pipeline.wrapper``, the Wrapper-IR
-    passes (``LinesPass(name, run, phase)``, ``run(lines, program: WrapperProgram) ->
-    lines``; fxwrap's: ``"memory plan"``, which must stay); ``target``, the ``Target``.
-    Both are lists with ``insert_after(name, p)``, ``insert_before``, ``move_before(name,
-    other)``, ``move_after`` and ``remove_named(name)``.
-    Returns: nothing; edit ``pipeline`` in place.  A list left with an entry that is not
-    a pass, or without ``"memory plan"``, is a ``PluginError`` naming this plugin.
-    firstresult: no, every plugin edits the lists in turn, in load order.  The passes of
-    ``fxwrap_wrapper_passes`` run after the whole Wrapper-IR list.
+    When: once per target and set of options per plugin manager, when fxwrap builds the
+    compile session for them (``PluginManager.session(target)``, then
+    ``session.configured(options)`` for each other set of options); every graph then runs
+    the edited pipeline (``api.compile_aten_graph``, ``session.pipeline``).
+    Arguments: ``pipeline``, a ``fxwrap.core.pipeline.Pipeline`` as the plugins before
+    this one left it: its stages (``Stage(name, run, takes, gives, passes, steps)``;
+    fxwrap's: ``"capture"``, ``"aten passes"``, ``"program cache"``, ``"lowering"``,
+    ``"render"``, ``"wrapper passes"``, ``"fx"``, ``"program"``; ``print(pipeline)`` lists
+    them with their passes); ``pipeline.insert_before(name, new)``, ``insert_after``,
+    ``replace(name, new)`` and ``remove(name)`` find a stage or a pass by name (a ``Stage``
+    goes next to a stage, a pass next to a pass); ``pipeline.aten`` (``GraphPass(name,
+    run, phase)``, ``run(graph: AtenGraph)`` rewrites ``graph.gm`` in place) and
+    ``pipeline.wrapper`` (``LinesPass(name, run, phase)``, ``run(lines, program:
+    WrapperProgram) -> lines``; fxwrap's: ``"overlap collectives"``, ``"memory plan"``,
+    which must stay) are the two pass lists, with ``append``, ``insert_after(name, p)``,
+    ``move_before(name, other)``, ``move_after`` and ``remove_named(name)``.  ``target``,
+    the ``Target``; ``options``, the ``CompileOptions`` (a pass that an option turns on,
+    such as fxwrap's own ``check_nan``, reads it here).  An implementation may leave
+    ``options`` (or ``target``) out of its signature.
+    Returns: nothing; edit ``pipeline`` in place.  A pipeline left broken (a stage taking
+    what no stage before it gives, a pass of the wrong kind, a name twice, no ``"memory
+    plan"``) is a ``PluginError`` naming this plugin.
+    firstresult: no, every plugin edits the pipeline in turn, in load order; fxwrap's
+    built-in plugins (the debug modes, graph capture's partitions) edit it last.
 
     Example::
 
@@ -173,10 +176,12 @@ def fxwrap_pipeline(pipeline, target):
             ...
 
         @hookimpl
-        def fxwrap_pipeline(pipeline, target):
+        def fxwrap_pipeline(pipeline, target, options):
             if target.name == "arena":
-                pipeline.aten.insert_before("patterns", GraphPass("drop clones", drop_clones))
+                pipeline.insert_before("patterns", GraphPass("drop clones", drop_clones))
                 pipeline.aten.move_before("matmul padding", "channels-last convolutions")
+            if options.check_nan:
+                pipeline.wrapper.append(LinesPass("my check", my_check))
     """
 
 

@@ -31,8 +31,11 @@ never depend on the order in which plugins load):
 * **Decompositions** (``fxwrap_decompositions``) for a target are merged from every
   plugin.  When two plugins map one op to different callables, the plugin that
   registered the target wins; if neither did, that is a ``PluginError``.
-* **Wrapper passes** (``fxwrap_wrapper_passes``) run in load order, each plugin's
-  in the order it lists them.  **Lowerings** (``fxwrap_lowerings``): each plugin, in
+* **The pipeline** (``fxwrap_pipeline(pipeline, target, options)``): each plugin, in
+  load order, inserts, replaces or removes stages and passes at named points; the
+  deprecated ``fxwrap_wrapper_passes`` hook's passes are appended to the ``wrapper
+  passes`` stage after every installed plugin's edits, in load order, each plugin's in
+  the order it lists them.  **Lowerings** (``fxwrap_lowerings``): each plugin, in
   load order, registers into a registry of its own; a later plugin's rule for an op
   wins over an earlier one's, and every plugin's over fxwrap's defaults.  A rule for
   a target name no plugin registered is an error naming the plugin (with the closest
@@ -40,7 +43,8 @@ never depend on the order in which plugins load):
   overloads.
 * **Compile sessions.**  ``session(target)`` builds, once per target per manager, the
   ``CompileSession`` that every graph for that target compiles with: the lowering
-  table, the decompositions and the wrapper passes are collected from the hooks then,
+  table, the decompositions and the pipeline are collected from the hooks then (the
+  pipeline again for each other set of options),
   not for every graph.  Every hook is called through pluggy's hook relay, one
   plugin at a time (``pluggy.PluginManager.subset_hook_caller``).
 
@@ -50,24 +54,28 @@ naming the plugin too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import difflib
 import importlib.metadata
 import inspect
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 
 import pluggy
 
 import fxwrap.core.rules  # noqa: F401  (registers fxwrap's default lowering rules)
 from fxwrap.core.lowering import REGISTRY, LoweringRegistry, LoweringTable, intrinsic_rules
-from fxwrap.core.passes import Pipeline, default_pipeline
+from fxwrap.core.passes import LinesPass
+from fxwrap.core.pipeline import Pipeline
 from fxwrap.core.templates import check_template
 from fxwrap.plugins import hookspecs
 from fxwrap.plugins import debug_modes, graph_capture
 from fxwrap.plugins.session import CompileOptions, CompileSession, PluginFacts
 from fxwrap.runtime.kernel import Kernel
 from fxwrap.targets.base import DeviceInterface, KernelEmitter, KernelSource, Target, WrapperCodegen
+from fxwrap.wrapper_ir.stages import default_pipeline
 
 GROUP = "fxwrap"
 HOOKS = tuple(sorted(name for name in vars(hookspecs) if name.startswith("fxwrap_")))
@@ -149,6 +157,7 @@ class PluginManager:
         self.builtin_targets: set[str] = set()  # names of the targets fxwrap's own plugins registered
         self.plugins: list[tuple[str, str]] = []  # (plugin name, description), load order
         self.builtin_plugins: list[tuple[str, str]] = []  # fxwrap's own, after every installed one
+        self._warned_legacy: set[str] = set()  # plugins warned that fxwrap_wrapper_passes is deprecated
         self._loaded = False
         self._error: PluginError | None = None
         self._sessions: dict[Target, CompileSession] = {}
@@ -347,8 +356,9 @@ class PluginManager:
         return table
 
     def wrapper_passes(self, target: Target, options: CompileOptions | None = None) -> list[Callable]:
-        """Every plugin's passes for ``target`` compiled with ``options`` (default: the
-        default ``CompileOptions``), in load order, then fxwrap's debug modes'."""
+        """The passes of the deprecated ``fxwrap_wrapper_passes`` hook for ``target`` compiled
+        with ``options`` (default: the default ``CompileOptions``), every plugin's, in load
+        order; ``pipeline`` appends them to the ``wrapper passes`` stage."""
         self.load()
         passes: list[Callable] = []
         options = CompileOptions() if options is None else options
@@ -383,23 +393,51 @@ class PluginManager:
             (own if who == owner else others).extend(found)
         return tuple(own + others)
 
-    def pipeline(self, target: Target) -> Pipeline:
-        """The declared pass lists for ``target`` (``fxwrap.core.passes``): fxwrap's, then
-        each plugin's ``fxwrap_pipeline(pipeline, target)`` edits, in load order.  A pass
-        list that is broken afterwards (an entry of the wrong kind, no memory plan) is a
-        ``PluginError`` naming the last plugin that edited it."""
+    def pipeline(self, target: Target, options: CompileOptions | None = None) -> Pipeline:
+        """The stages for ``target`` compiled with ``options`` (default: the default
+        ``CompileOptions``): fxwrap's (``wrapper_ir.stages.default_pipeline``), edited by each
+        installed plugin's ``fxwrap_pipeline(pipeline, target, options)`` in load order; then
+        the passes of the deprecated ``fxwrap_wrapper_passes`` hook appended to the ``wrapper
+        passes`` stage (a ``DeprecationWarning`` names each plugin still on it); then fxwrap's
+        built-in plugins' edits (the debug modes, graph capture's partitions: last).  A
+        pipeline broken by an edit (a stage reading what no stage before it gives, a pass of
+        the wrong kind, a name twice, no memory plan) is a ``PluginError`` naming the plugin."""
         self.load()
+        options = CompileOptions() if options is None else options
         pipeline = default_pipeline()
-        implementers = {impl.plugin_name for impl in self.pm.hook.fxwrap_pipeline.get_hookimpls()}
-        for name, who in [*self.plugins, *self.builtin_plugins]:
-            if name not in implementers:
-                continue
-            self._results("fxwrap_pipeline", only=name, pipeline=pipeline, target=target)
-            try:
-                pipeline.check(target.name)
-            except (TypeError, ValueError) as exc:
-                raise PluginError(f"{who}: its fxwrap_pipeline() left a broken pass list: {exc}") from exc
+        for name, who in self.plugins:
+            self._edit_pipeline(pipeline, name, who, target, options)
+        legacy = {impl.plugin_name for impl in self.pm.hook.fxwrap_wrapper_passes.get_hookimpls()}
+        for name, who in self.plugins:
+            if name in legacy and name not in self._warned_legacy:
+                self._warned_legacy.add(name)
+                warnings.warn(f"{who}: the hook fxwrap_wrapper_passes is deprecated and goes in the next release; "
+                              "implement fxwrap_pipeline(pipeline, target, options) and append a "
+                              "fxwrap.core.passes.LinesPass to pipeline.wrapper (docs/adding-a-device.md)",
+                              DeprecationWarning, stacklevel=2)
+        names = set(pipeline.wrapper.names())
+        for fn in self.wrapper_passes(target, options):
+            named = LinesPass.of(fn)
+            name, count = named.name, 1
+            while name in names:  # two plugins' passes of one name: the pipeline names each once
+                count += 1
+                name = f"{named.name} {count}"
+            names.add(name)
+            pipeline.wrapper.append(dataclasses.replace(named, name=name))
+        for name, who in self.builtin_plugins:
+            self._edit_pipeline(pipeline, name, who, target, options)
         return pipeline
+
+    def _edit_pipeline(self, pipeline: Pipeline, name: str, who: str, target: Target,
+                       options: CompileOptions) -> None:
+        """Plugin ``name``'s ``fxwrap_pipeline`` edits of ``pipeline`` (if it has the hook), checked."""
+        if name not in {impl.plugin_name for impl in self.pm.hook.fxwrap_pipeline.get_hookimpls()}:
+            return
+        self._results("fxwrap_pipeline", only=name, pipeline=pipeline, target=target, options=options)
+        try:
+            pipeline.check(target.name)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise PluginError(f"{who}: its fxwrap_pipeline() left a broken pipeline: {exc}") from exc
 
     def lowering_table(self, target: Target) -> LoweringTable:
         """The lowering rules for ``target``: fxwrap's defaults, the target's own rules
@@ -428,11 +466,10 @@ class PluginManager:
         with self._session_lock:
             session = self._sessions.get(target)
             if session is None:
-                facts = PluginFacts(self.kernel_loader, functools.partial(self.wrapper_passes, target),
+                facts = PluginFacts(self.kernel_loader, functools.partial(self.pipeline, target),
                                     tuple(self.plugins), tuple(self.pm.get_plugins()))
                 session = CompileSession(facts, target, self.lowering_table(target),
-                                         self.decompositions(target), self.wrapper_passes(target),
-                                         templates=self.templates(target), pipeline=self.pipeline(target))
+                                         self.decompositions(target), templates=self.templates(target))
                 self._sessions[target] = session
             return session
 

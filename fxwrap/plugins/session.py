@@ -13,9 +13,10 @@ plugin manager, and the typed options a ``Backend`` accepts.
 A session holds what does not change from one graph to the next: the lowering
 table (fxwrap's default rules, the target's own rules in ``fxwrap.core.lowering.REGISTRY``,
 then every plugin's ``fxwrap_lowerings``, in load order, each overriding the ones
-before), every plugin's decompositions and wrapper passes for the target, the
-device's capabilities and the dtypes kernels may use.  ``configured(options)``
-gives a session with other options that shares all of that.
+before), every plugin's decompositions for the target, the
+device's capabilities and the dtypes kernels may use, and the pipeline (the stages,
+``fxwrap.core.pipeline``, as every plugin's ``fxwrap_pipeline`` edits them for the options).
+``configured(options)`` gives a session with other options that shares all of that.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from fxwrap.ir.capabilities import Capabilities, as_capabilities
 from fxwrap.core.capture import default_decompositions, kernel_decompositions
 from fxwrap.core.lowering import LoweringTable
 from fxwrap.core.numerics import Numerics, numerics_for
-from fxwrap.core.passes import LinesPass, Pipeline, default_pipeline
+from fxwrap.core.passes import LinesPass
+from fxwrap.core.pipeline import Pipeline
 from fxwrap.core.templates import TEMPLATE_MODES
 from fxwrap.targets.base import KernelEmitter, Target
 
@@ -72,12 +74,12 @@ class CompileOptions:
     GPT-style one 1054 -> 802 MiB, with less GPU time, BENCHMARKS.md; ``"save_all"``,
     AOTAutograd's default partition, saves every value the backward reads), ``on_program``
     (a callable receiving every compiled ``Program``), ``cache`` (the whole-program cache across
-    processes, ``fxwrap.program_cache``; also off with ``FXWRAP_PROGRAM_CACHE=0``), the debug modes
+    processes, ``fxwrap.programs.program_cache``; also off with ``FXWRAP_PROGRAM_CACHE=0``), the debug modes
     (``fxwrap.plugins.debug_modes``, docs/debugging.md): ``check_nan`` (True: raise at the first
     kernel or extern that writes NaN or Inf; ``"nan"``: NaN only) and ``print_values`` (True:
     print a summary of every buffer a launch writes; a list of buffer, kernel or ATen op
     names: of those), ``debug_dir`` (write a debug dump of
-    every program there, ``fxwrap.dump``; default ``$FXWRAP_DEBUG_DIR``), ``templates``
+    every program there, ``fxwrap.programs.dump``; default ``$FXWRAP_DEBUG_DIR``), ``templates``
     (GEMM templates with fused epilogues, ``fxwrap.core.templates``: ``"auto"`` uses a
     template where it is timed faster than the ATen call plus the epilogue kernel;
     ``"default"``, the default, does so with the templates marked ``in_default_mode`` (the
@@ -191,13 +193,13 @@ class PluginFacts:
     session never calls back into the plugin manager).
 
     ``kernel_loader``: what a ``Kernel`` built in the session loads its launcher with after
-    unpickling; ``wrapper_passes(options)``: the ``fxwrap_wrapper_passes`` of every plugin for
-    the session's target under other options; ``plugins``: ``(name, description)`` of every
+    unpickling; ``pipeline(options)``: the session's target's pipeline under other options
+    (every plugin's ``fxwrap_pipeline`` edits); ``plugins``: ``(name, description)`` of every
     loaded plugin, in load order, and ``plugin_objects`` the registered plugin objects (the
     program cache keys on both)."""
 
     kernel_loader: Callable
-    wrapper_passes: Callable[[CompileOptions], list]
+    pipeline: Callable[[CompileOptions], Pipeline]
     plugins: tuple = ()
     plugin_objects: tuple = ()
 
@@ -207,26 +209,24 @@ class CompileSession:
     ``PluginManager.session(target)`` once per target and shared by every graph.
 
     ``lowerings`` (a ``LoweringTable``), ``decompositions(options)``, ``pipeline`` (the
-    declared ATen-graph and Wrapper-IR passes, ``fxwrap.core.passes``), ``wrapper_passes``
-    (the ``fxwrap_wrapper_passes`` hook's), ``capabilities`` (the device's, read once),
+    stages and their passes for the session's options, ``fxwrap.core.pipeline``;
+    ``repr(session.pipeline)`` lists them), ``capabilities`` (the device's, read once),
     ``intrinsics`` (the target's own ops, ``fxwrap.Intrinsic``), ``kernel_dtypes`` (what a
     generated kernel may hold on this target), ``new_emitter(size_hints)`` and ``options``.
     """
 
     def __init__(self, plugins: PluginFacts, target: Target, lowerings: LoweringTable,
-                 plugin_decompositions: dict, wrapper_passes: list[Callable],
-                 options: CompileOptions | None = None, templates: tuple = (),
+                 plugin_decompositions: dict, options: CompileOptions | None = None, templates: tuple = (),
                  pipeline: Pipeline | None = None):
         self.plugins = plugins
-        #: the declared pass lists (fxwrap's, edited by every plugin's ``fxwrap_pipeline``)
-        self.pipeline = default_pipeline() if pipeline is None else pipeline
+        self.options = options or CompileOptions()
+        #: the stages (fxwrap's, edited by every plugin's ``fxwrap_pipeline`` for ``options``)
+        self.pipeline = plugins.pipeline(self.options) if pipeline is None else pipeline
         #: the target's templates, then every other plugin's (``fxwrap_templates``)
         self.templates = tuple(templates)
         self.target = target
         self.lowerings = lowerings
         self.plugin_decompositions = plugin_decompositions
-        self.wrapper_passes = list(wrapper_passes)
-        self.options = options or CompileOptions()
         self._shared = _SharedState()
 
     @property
@@ -251,27 +251,26 @@ class CompileSession:
 
     @property
     def lines_passes(self) -> tuple[LinesPass, ...]:
-        """Every Wrapper-IR pass a program goes through: the pipeline's, then the
-        ``fxwrap_wrapper_passes`` hook's (``LinesPass.of``)."""
-        return (*self.pipeline.wrapper, *(LinesPass.of(p) for p in self.wrapper_passes))
+        """Every Wrapper-IR pass a program goes through (the ``wrapper passes`` stage's)."""
+        return tuple(self.pipeline.wrapper)
 
     @property
     def generates_kernels(self) -> bool:
         return generates_kernels(self.target)
 
     def configured(self, options: CompileOptions) -> "CompileSession":
-        """This session with ``options``: the same lowering table, passes and caches."""
+        """This session with ``options``: the same lowering table and caches, the pipeline
+        for ``options``."""
         if options == self.options and options.on_program is self.options.on_program:
             return self
         shared = self._shared
         with shared.lock:
-            passes = shared.wrapper_passes.get(options)
-            if passes is None:  # the hook, once per set of options (check_nan adds a pass)
-                passes = self.wrapper_passes if options == self.options else \
-                    self.plugins.wrapper_passes(options)
-                shared.wrapper_passes[options] = passes
+            pipeline = shared.pipelines.get(options)
+            if pipeline is None:  # the hook, once per set of options (check_nan adds a pass)
+                pipeline = self.pipeline if options == self.options else self.plugins.pipeline(options)
+                shared.pipelines[options] = pipeline
         other = CompileSession(self.plugins, self.target, self.lowerings, self.plugin_decompositions,
-                               passes, options, self.templates, self.pipeline)
+                               options, self.templates, pipeline)
         other._shared = shared
         return other
 
@@ -345,7 +344,7 @@ class CompileSession:
     def __repr__(self) -> str:
         return (f"CompileSession(target={self.target.name!r}, {len(self.lowerings)} lowerings, "
                 f"{len(self.plugin_decompositions)} plugin decompositions, "
-                f"{len(self.wrapper_passes)} wrapper passes, {len(self.templates)} templates, {self.pipeline})")
+                f"{len(self.templates)} templates, {len(self.pipeline.stages)} stages)")
 
 
 class _SharedState:
@@ -355,4 +354,4 @@ class _SharedState:
         self.lock = threading.Lock()
         self.capabilities: Capabilities | None = None
         self.decompositions: dict = {}
-        self.wrapper_passes: dict[CompileOptions, list] = {}  # options -> the hook's passes
+        self.pipelines: dict[CompileOptions, Pipeline] = {}  # options -> the hook's pipeline

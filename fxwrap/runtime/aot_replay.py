@@ -2,7 +2,7 @@
 
 AOTAutograd wraps the programs it compiles in runtime wrappers (input mutations written
 back, aliased outputs regenerated, an ``autograd.Function`` joining forward and backward).
-The warm-start cache (``fxwrap.graph_cache``) stores only graphs whose wrappers are plain --
+The warm-start cache (``fxwrap.programs.graph_cache``) stores only graphs whose wrappers are plain --
 input mutations only those the program makes itself (data, of inputs autograd does not
 differentiate: batch norm's running statistics), no output aliasing an input or another
 output, no tensor subclass, no effect tokens, no functionalized RNG -- and replays them

@@ -185,8 +185,8 @@ def check_memory_plan(program, what: str = "") -> None:
       than the largest storage, and never above the plan without reuse
       (``memory.peak_bytes_frees_only``).
 
-    Wrapper passes (``fxwrap_wrapper_passes``) run after the planner, so this also
-    checks that a target's passes keep the plan's promises.
+    A target's Wrapper-IR passes after the memory plan (``fxwrap_pipeline``) run after the
+    planner, so this also checks that they keep the plan's promises.
     """
     name = f"{what or program.kind + ' program'} on target {program.target.name!r}"
     created, root_of, freed, returned, problems = _storage_walk(program)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from fxwrap.api import Backend
-from fxwrap.program import Program
+from fxwrap.programs.program import Program
 from fxwrap.targets.base import DirectCallWrapper, Target
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
 from fxwrap.targets.host.device import CpuDevice

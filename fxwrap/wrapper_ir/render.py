@@ -1,7 +1,7 @@
 """The renderer: a ``LoweredProgram`` (``lowered.py``) -> the program's lines.  The fused
 groups become kernels (``KernelLines``), every kernel of the program is compiled at once,
-each template group's candidate is chosen (``template_choice``), the launchers are bound
-and the collectives overlapped (``core.overlap``)."""
+each template group's candidate is chosen (``template_choice``) and the launchers are bound.
+The pipeline's ``render`` stage (``stages.py``) runs it; the Wrapper-IR passes follow."""
 from __future__ import annotations
 
 import collections
@@ -14,7 +14,6 @@ import sympy
 from fxwrap.core import logs
 from fxwrap.core.errors import EmitError, compiler_crashed
 from fxwrap.core.numerics import legalize
-from fxwrap.core.overlap import overlap_collectives
 from fxwrap.core.progress import Progress
 from fxwrap.core.scheduler import Group, fuse, referenced_outside, to_kernel
 from fxwrap.ir.lines import Allocate, Buffer, CallKernel, DefineKernel, Line, ZeroFill, buffers_read
@@ -52,8 +51,8 @@ class KernelLines:
 
 
 class Renderer:
-    """A ``LoweredProgram`` -> the program's lines, through the stages fuse -> kernels ->
-    legalize -> emit -> compile -> choose -> overlap.  Given the items::
+    """A ``LoweredProgram`` -> the program's lines, through the steps fuse -> kernels ->
+    legalize -> emit -> compile -> choose.  Given the items::
 
         Job((64, 128), stores=[Store('buf2', 128*x0 + x1, ...)], reductions=[...], roots=['softmax'])
         return (buf2,)
@@ -118,7 +117,7 @@ class Renderer:
             self._load_each([made for made, _ in loads])
             for made, _ in loads:
                 made.kernel.bind(self._launchers[id(made.source)])
-        built.lines = overlap_collectives(lines)
+        built.lines = lines
         return built
 
     def _render(self, items, needed, built) -> list:

@@ -17,7 +17,7 @@ ROOT = Path(fxwrap.__file__).resolve().parent.parent
 # what loading a program must never import
 COMPILER_MODULES = ("torch._dynamo", "torch._functorch.aot_autograd", "torch._inductor", "sympy",
                     "fxwrap.core", "fxwrap.wrapper_ir", "fxwrap.plugins", "fxwrap.api",
-                    "fxwrap.program_cache", "fxwrap.targets.cpu_cpp.emitter", "fxwrap.targets.cuda_triton.emitter",
+                    "fxwrap.programs.program_cache", "fxwrap.targets.cpu_cpp.emitter", "fxwrap.targets.cuda_triton.emitter",
                     "fxwrap.targets.mps_metal.emitter", "fxwrap.targets.reference.emitter")
 # a C++ compiler that does not exist: any kernel compile in the child process fails
 NO_COMPILER = "fxwrap-test-no-such-compiler"

@@ -12,8 +12,7 @@ import json
 
 import torch
 
-import fxwrap.api
-from fxwrap import graph_cache
+from fxwrap.programs import assembly, graph_cache
 
 keys: dict = {}
 case = None
@@ -29,7 +28,7 @@ def recording(module, name, kind):
     setattr(module, name, record)
 
 
-recording(fxwrap.api, "program_key", "program")
+recording(assembly, "program_key", "program")
 recording(graph_cache, "graph_key", "graph")
 
 

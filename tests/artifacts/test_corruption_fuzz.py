@@ -95,7 +95,7 @@ def test_a_damaged_saved_program_is_a_program_file_error_or_right(tmp_path):
         damaged.append((f"flip@{at}", bytes(flipped)))
     for what, blob in damaged:
         try:
-            loaded = fxwrap.artifacts.loads(blob, origin=f"model.fxwrap ({what})")
+            loaded = fxwrap.programs.artifacts.loads(blob, origin=f"model.fxwrap ({what})")
             torch.testing.assert_close(loaded.run(x), expected)
         except fxwrap.ProgramFileError:
             pass
@@ -120,4 +120,4 @@ def test_a_changed_kernel_source_inside_a_valid_file_is_named(tmp_path):
         for name, blob in members.items():
             archive.writestr(name, blob)
     with pytest.raises(fxwrap.ProgramFileError, match=r"program.pkl is damaged: kernel fxwrap_\w+ .*is damaged"):
-        fxwrap.artifacts.loads(buffer.getvalue(), origin="model.fxwrap")
+        fxwrap.programs.artifacts.loads(buffer.getvalue(), origin="model.fxwrap")

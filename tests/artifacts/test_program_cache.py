@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap import program_cache
+from fxwrap.programs import program_cache
 
 from artifact_helpers import HERE, child_env, run_python
 
@@ -236,7 +236,7 @@ def test_fxwrap_log_cache_shows_program_cache_misses_and_hits(tmp_path):
 
 
 def test_keys_are_the_same_in_two_processes_and_differ_by_dtype_shape_and_option(tmp_path):
-    """Both caches' keys (``fxwrap.cache_key``, one encoder): the same program gives the same
+    """Both caches' keys (``fxwrap.programs.cache_key``, one encoder): the same program gives the same
     program key and warm-start key in two fresh interpreters (different hash seeds: no set or
     dict order, no object address reaches a key); a program differing in a dtype, a shape or an
     option gives other keys."""
@@ -258,7 +258,7 @@ def test_keys_are_the_same_in_two_processes_and_differ_by_dtype_shape_and_option
 def test_the_key_encoder_writes_plain_data_only():
     """A value the encoder has no rule for is an error naming it, not a ``repr`` (which could
     hold an address: a key that changes every process)."""
-    from fxwrap.cache_key import encode
+    from fxwrap.programs.cache_key import encode
     assert encode((1, "1")) != encode(("1", 1)) and encode(("a", "b")) != encode(("a,b",))
     assert encode({"b": 1, "a": frozenset({"x", "y"})}) == encode({"a": frozenset({"y", "x"}), "b": 1})
     assert encode(1) != encode(1.0) != encode(True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.artifacts import HEADER
+from fxwrap.programs.artifacts import HEADER
 
 from shared_helpers import in_two_processes
 
@@ -269,7 +269,7 @@ def test_a_binary_built_for_another_cpu_is_compiled_again_with_a_warning(tmp_pat
     loaded = pickle.loads(data)
     for kernel in loaded.kernels:  # as if another machine had saved it
         kernel.loader.host = "another cpu"
-    from fxwrap.artifacts import dumps, loads
+    from fxwrap.programs.artifacts import dumps, loads
     with pytest.warns(UserWarning, match="built for another CPU"):
         again = loads(dumps(loaded))
     torch.testing.assert_close(again.run(x, w), mlp_block(x, w))
@@ -282,14 +282,24 @@ def test_a_file_saved_with_one_launch_record_for_every_target_is_refused_clearly
     """Format 1 kept one ``KernelLaunch`` of every target's fields; format 2 keeps a record per
     target (``runtime/launch.py``).  A format-1 file fails at its header, naming the versions and
     what to do; its pickled launch records, unpickled anyway, fail naming the cause."""
-    with pytest.raises(fxwrap.ProgramFileError, match=r"format version 1; this fxwrap reads version 2: lower "
+    with pytest.raises(fxwrap.ProgramFileError, match=r"format version 1; this fxwrap reads version 3: lower "
                                                       r"the function again and save it"):
         fxwrap.load(SAVED_BY_FORMAT_1)
     with zipfile.ZipFile(SAVED_BY_FORMAT_1) as archive:
         payload = archive.read("program.pkl")
     with pytest.raises(TypeError, match=r"launch metadata of a KernelLaunch holds fields it does not declare "
                                         r"\['autotune_reused'.*saved by an older fxwrap.*lower the function again"):
-        pickle.loads(payload)
+        _FormerModules(io.BytesIO(payload)).load()
+
+
+class _FormerModules(pickle.Unpickler):
+    """Reads a pickle written before format 3 moved ``fxwrap.arguments`` and ``fxwrap.artifacts``
+    into ``fxwrap/programs/`` (``fxwrap.load`` refuses such a file at its header)."""
+
+    def find_class(self, module, name):
+        if module in ("fxwrap.arguments", "fxwrap.artifacts"):
+            module = "fxwrap.programs." + module.partition(".")[2]
+        return super().find_class(module, name)
 
 
 # fuzz seed 941408's program: a kernel that reads a view of a buffer it writes (``i9[2].mul_(2)``

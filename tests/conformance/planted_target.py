@@ -22,6 +22,7 @@ import torch
 
 import fxwrap
 from fxwrap.core.lowering import Unsupported, const
+from fxwrap.core.passes import LinesPass
 from fxwrap.ir.loops import Op
 from fxwrap.ir.lines import Comment, Free
 
@@ -80,5 +81,7 @@ def fxwrap_lowerings(registry, target):
 
 
 @fxwrap.hookimpl
-def fxwrap_wrapper_passes(target):
-    return [drop_first_free, number_the_program] if target.name == NAME else []
+def fxwrap_pipeline(pipeline, target):
+    if target.name == NAME:
+        pipeline.wrapper.append(LinesPass.of(drop_first_free))
+        pipeline.wrapper.append(LinesPass.of(number_the_program))

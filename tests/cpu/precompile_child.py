@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 
 import fxwrap
 import fxwrap.api as api
-from fxwrap import graph_cache, precompile
+from fxwrap.programs import graph_cache, precompile
 
 parser = argparse.ArgumentParser()
 parser.add_argument("action", choices=("save", "load"))

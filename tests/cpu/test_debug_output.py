@@ -211,7 +211,7 @@ def test_memory_svg_never_draws_a_storage_above_the_peak(monkeypatch):
     """A layout of fixed offsets (first fit) can need more height than the peak: a and b
     live together, a dies, c (twice their size) comes while b lives -- first fit puts c
     above b, at 20..40 B, over a peak of 30 B.  Every band stays at or under the peak."""
-    from fxwrap import dump
+    from fxwrap.programs import dump
     from fxwrap.core.memory import Lifetime
 
     lives = [Lifetime(("a",), 0, 1, 10, False), Lifetime(("b",), 0, 3, 10, False),

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import fxwrap
-from fxwrap.cache_key import KeyHasher
+from fxwrap.programs.cache_key import KeyHasher
 from fxwrap.core.lowering import LoweringError, intrinsic_rules
 from fxwrap.ir.intrinsics import Intrinsic
 from fxwrap.ir.loops import Op, format_ssa

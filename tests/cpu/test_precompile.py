@@ -1,4 +1,4 @@
-"""Precompiled functions (fxwrap/precompile.py, ``fxwrap.aot_compile`` / ``load_compiled``):
+"""Precompiled functions (fxwrap/programs/precompile.py, ``fxwrap.aot_compile`` / ``load_compiled``):
 a process with an empty cache directory loads a saved function and runs it with no dynamo
 trace, no AOTAutograd and no lowering, with eager's numbers; inputs the saved guards exclude,
 an artifact from elsewhere and a graph the warm-start cache cannot store are clear errors."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.precompile import PrecompiledGraph, has_aot_precompile
+from fxwrap.programs.precompile import PrecompiledGraph, has_aot_precompile
 from shared_helpers import run_child
 
 needs_precompile = pytest.mark.skipif(not has_aot_precompile(), reason=f"torch {torch.__version__}: torch.compile's "

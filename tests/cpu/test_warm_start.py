@@ -1,4 +1,4 @@
-"""The warm-start cache (fxwrap/graph_cache.py): a second process with the same cache
+"""The warm-start cache (fxwrap/programs/graph_cache.py): a second process with the same cache
 directory runs a model with no AOTAutograd and no lowering and gives eager's numbers;
 a bundle carries the cache to a process with an empty one; a bundle from elsewhere is refused."""
 import dataclasses
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap import graph_cache
+from fxwrap.programs import graph_cache
 from fxwrap.targets.host.device import CpuDevice
 from shared_helpers import run_child
 
@@ -209,7 +209,7 @@ def test_input_mutation_autograd_sees_is_not_cached_and_stays_correct(tmp_path, 
 
 OVERLAPPING_VIEWS = """
 import json, torch, fxwrap
-from fxwrap import graph_cache
+from fxwrap.programs import graph_cache
 from fxwrap.targets.host.device import CpuDevice
 def f(x, y):
     x.mul_(2)

@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 
 import fxwrap
 import fxwrap.api as api
-from fxwrap import graph_cache
+from fxwrap.programs import graph_cache
 
 parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=("inference", "training"))

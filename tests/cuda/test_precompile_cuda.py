@@ -1,4 +1,4 @@
-"""Precompiled functions on the GPU (the Triton target, fxwrap/precompile.py): a process with
+"""Precompiled functions on the GPU (the Triton target, fxwrap/programs/precompile.py): a process with
 an empty cache directory loads a saved function (its cubins inside) and runs it with no
 dynamo trace, no AOTAutograd and no lowering, with eager's numbers (the child:
 tests/cpu/precompile_child.py)."""
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fxwrap.precompile import has_aot_precompile
+from fxwrap.programs.precompile import has_aot_precompile
 from shared_helpers import run_child
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),

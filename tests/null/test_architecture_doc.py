@@ -81,14 +81,18 @@ def test_the_path_check_catches_a_missing_file():
     assert not _exists("fxwrap/no_such_module.py") and not _exists("core/nothing/")
 
 
-def test_the_pass_list_docstring_shows_the_passes_of_the_code():
-    """``fxwrap/core/passes.py``'s docstring prints ``default_pipeline()`` as a doctest: it
-    fails when a pass is added, removed or renamed and the text is not."""
+def test_the_pipeline_docstrings_show_the_stages_and_passes_of_the_code():
+    """``fxwrap/core/pipeline.py``'s docstring prints ``default_pipeline()`` and
+    ``fxwrap/core/passes.py``'s the pass lists, as doctests: they fail when a stage or a pass
+    is added, removed or renamed and the text is not."""
     import doctest
 
-    from fxwrap.core import passes
+    from fxwrap.core import passes, pipeline
+    from fxwrap.wrapper_ir.stages import default_pipeline
 
-    names = passes.default_pipeline().aten.names()
-    assert names and all(repr(n) in passes.__doc__ for n in names)
-    result = doctest.testmod(passes, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 1 and result.failed == 0
+    stages = default_pipeline()
+    names = [s.name for s in stages.stages] + stages.aten.names() + stages.wrapper.names()
+    assert len(names) == 17 and all(n in pipeline.__doc__ for n in names)
+    for module in (pipeline, passes):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        assert result.attempted >= 1 and result.failed == 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fxwrap
-from fxwrap.cache_key import encode
+from fxwrap.programs.cache_key import encode
 from fxwrap.core.lowering import DeclinableRule, IntrinsicRule, bound_arguments, call_operands
 from fxwrap.ir.intrinsics import Intrinsic
 from fxwrap.ir.loops import Op

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",
                   "fxwrap.core.lowering", "fxwrap.core.numerics", "fxwrap.core.rules")),
     ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.memory", "fxwrap.core.overlap")),
-    ("pass lists", ("fxwrap.core.passes",)),
+    ("pass lists", ("fxwrap.core.passes", "fxwrap.core.pipeline")),
     ("build", ("fxwrap.wrapper_ir", "fxwrap.wrapper_ir.build", "fxwrap.wrapper_ir.built", "fxwrap.wrapper_ir.lowered",
                "fxwrap.wrapper_ir.lowerer", "fxwrap.wrapper_ir.journal", "fxwrap.wrapper_ir.layouts",
                "fxwrap.wrapper_ir.nesting", "fxwrap.wrapper_ir.origins", "fxwrap.wrapper_ir.rule_lowering",
@@ -41,10 +41,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                "fxwrap.wrapper_ir.guards", "fxwrap.wrapper_ir.build_control_flow",
                "fxwrap.wrapper_ir.build_user_kernels", "fxwrap.wrapper_ir.partitions")),
     ("fx", ("fxwrap.wrapper_ir.fx", "fxwrap.wrapper_ir.printer")),
+    ("stages", ("fxwrap.wrapper_ir.stages",)),
     ("targets", ("fxwrap.targets",)),
     ("plugins", ("fxwrap.plugins",)),
-    ("api", ("fxwrap.arguments", "fxwrap.dump", "fxwrap.api", "fxwrap.artifacts", "fxwrap.program", "fxwrap.program_cache",
-             "fxwrap.profiling", "fxwrap")),
+    # the program's life after compilation: its runner, files, caches, precompile, debug dump
+    ("programs", ("fxwrap.programs",)),
+    ("api", ("fxwrap.api", "fxwrap.profiling", "fxwrap")),
     ("testing", ("fxwrap.testing",)),
     # the command line runs everything, the fuzzer of fxwrap.testing included
     ("command line", ("fxwrap.cli", "fxwrap.__main__")),
@@ -56,7 +58,7 @@ SHARED_TARGET_MODULES = ("fxwrap.targets", "fxwrap.targets.base", "fxwrap.target
 
 # modules that must never load with the runtime alone
 COMPILER_MODULES = ("fxwrap.core", "fxwrap.ir", "fxwrap.wrapper_ir", "fxwrap.plugins", "fxwrap.targets", "fxwrap.api",
-                    "fxwrap.arguments", "torch._dynamo", "torch._functorch.aot_autograd",
+                    "fxwrap.programs.arguments", "torch._dynamo", "torch._functorch.aot_autograd",
                     "torch._inductor", "sympy")
 
 
@@ -222,7 +224,7 @@ def test_import_fxwrap_is_lazy_and_every_public_name_resolves():
 # the folders, lowest first: a module in one may import its own folder and those beneath it.
 # No exception: the hook-implementation marker the targets use is ``fxwrap.targets.marker``.
 FOLDERS = ("fxwrap.runtime", "fxwrap.ir", "fxwrap.core", "fxwrap.wrapper_ir", "fxwrap.targets", "fxwrap.plugins",
-           "fxwrap")
+           "fxwrap.programs", "fxwrap")
 
 
 def folder_of(module: str) -> int:
@@ -297,14 +299,14 @@ def import_cycles(imports: list[Import]) -> list[list[str]]:
 def test_no_two_modules_import_each_other():
     """No import circle, function-local imports included (``api`` <-> ``program_cache``
     and ``plugins.manager`` <-> ``plugins.session`` were two: the program cache builds a
-    ``Program`` from ``fxwrap.program``, the session is handed ``PluginFacts``)."""
+    ``Program`` from ``fxwrap.programs.program``, the session is handed ``PluginFacts``)."""
     cycles = import_cycles(all_imports())
     assert not cycles, "modules importing each other:\n  " + "\n  ".join(" <-> ".join(c) for c in cycles)
 
 
 def test_the_cycle_check_sees_a_function_local_circle():
-    found = [Import("fxwrap.api", "fxwrap.program_cache", 30),
-             Import("fxwrap.program_cache", "fxwrap.api", 235),  # inside a function
+    found = [Import("fxwrap.api", "fxwrap.programs.program_cache", 30),
+             Import("fxwrap.programs.program_cache", "fxwrap.api", 235),  # inside a function
              Import("fxwrap.a", "fxwrap.b", 1), Import("fxwrap.b", "fxwrap.c", 1), Import("fxwrap.c", "fxwrap.a", 1),
              Import("fxwrap.c", "fxwrap.d", 1)]
-    assert import_cycles(found) == [["fxwrap.a", "fxwrap.b", "fxwrap.c"], ["fxwrap.api", "fxwrap.program_cache"]]
+    assert import_cycles(found) == [["fxwrap.a", "fxwrap.b", "fxwrap.c"], ["fxwrap.api", "fxwrap.programs.program_cache"]]

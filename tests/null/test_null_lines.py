@@ -200,9 +200,9 @@ _NOT_LINE_READS = {
     ("fxwrap/plugins/debug_modes.py", "getattr(launch, 'target', None)"),  # an FX node's target
     ("fxwrap/wrapper_ir/guards.py", "getattr(guard, 'expr', guard)"),
     ("fxwrap/wrapper_ir/guards.py", "getattr(inp, 'name', str(inp))"),
-    ("fxwrap/artifacts.py", "getattr(program, 'capture', None)"),  # a LoadedProgram's recording facts
+    ("fxwrap/programs/artifacts.py", "getattr(program, 'capture', None)"),  # a LoadedProgram's recording facts
     ("fxwrap/profiling.py", "getattr(backend, 'kwargs', None)"),  # dynamo's backend wrapper
-    ("fxwrap/cache_key.py", "getattr(getattr(options, f.name), 'name', getattr(options, f.name))"),  # options
+    ("fxwrap/programs/cache_key.py", "getattr(getattr(options, f.name), 'name', getattr(options, f.name))"),  # options
 }
 
 

@@ -163,7 +163,10 @@ def test_plugin_decompositions_reach_capture():
     torch.testing.assert_close(out, torch.tanh(x) * 3)
 
 
+@pytest.mark.filterwarnings("ignore:.*fxwrap_wrapper_passes is deprecated:DeprecationWarning")
 def test_wrapper_passes_are_applied_in_load_order():
+    """The deprecated ``fxwrap_wrapper_passes`` (an adapter onto ``fxwrap_pipeline``; its
+    warning: tests/null/test_pipeline.py) still runs every plugin's passes in load order."""
     from fxwrap_plugin_fixtures import drop_comments, tag_passes
 
     def matmul_relu(a, b):
@@ -308,7 +311,7 @@ def test_every_hook_is_specified_and_documented():
                      "fxwrap_templates", "fxwrap_wrapper_passes")
     params = {name: list(inspect.signature(getattr(hookspecs, name)).parameters) for name in HOOKS}
     assert params == {"fxwrap_decompositions": ["target"], "fxwrap_lowerings": ["registry", "target"],
-                      "fxwrap_pipeline": ["pipeline", "target"],
+                      "fxwrap_pipeline": ["pipeline", "target", "options"],
                       "fxwrap_targets": [], "fxwrap_templates": ["target"],
                       "fxwrap_wrapper_passes": ["target", "options"]}
     for name in HOOKS:
@@ -403,13 +406,15 @@ def test_a_plugin_adds_and_reorders_passes():
     a, b = torch.randn(12, 7), torch.randn(7, 9)
     manager = PluginManager([*installed_entry_points(), ep("reorders_passes")])
     pipeline = manager.session(manager.target("cpu")).pipeline
-    assert pipeline.names() == (
-        ("patterns", "follow input layouts", "constant folding", "channels-last convolutions", "matmul padding",
-         "convolution bias", "grouped attention", "sin to cos", "after the rewrite"),
-        ("cpu attention", "before the plan", "memory plan", "after the plan"))
-    assert manager.session(manager.target("reference")).pipeline.names() == (
-        ("follow input layouts", "constant folding", "channels-last convolutions", "matmul padding",
-         "convolution bias", "patterns", "grouped attention"), ("memory plan",))
+    assert pipeline.aten.names() == [
+        "patterns", "follow input layouts", "constant folding", "channels-last convolutions", "matmul padding",
+        "convolution bias", "grouped attention", "sin to cos", "after the rewrite"]
+    assert pipeline.wrapper.names() == ["overlap collectives", "cpu attention", "before the plan", "memory plan",
+                                        "after the plan"]
+    reference = manager.session(manager.target("reference")).pipeline
+    assert reference.aten.names() == ["follow input layouts", "constant folding", "channels-last convolutions",
+                                      "matmul padding", "convolution bias", "patterns", "grouped attention"]
+    assert reference.wrapper.names() == ["overlap collectives", "memory plan"]
     plugin.ran.clear()
     plugin.frees.clear()
     with use_plugin_manager(manager):
@@ -423,7 +428,7 @@ def test_a_plugin_adds_and_reorders_passes():
 
 def test_a_pass_list_without_the_memory_plan_names_the_plugin():
     manager = PluginManager([*installed_entry_points(), ep("drops_memory_plan")])
-    with pytest.raises(PluginError, match=r"drops_memory_plan.*fxwrap_pipeline\(\) left a broken pass list.*"
+    with pytest.raises(PluginError, match=r"drops_memory_plan.*fxwrap_pipeline\(\) left a broken pipeline.*"
                                           r"lacks 'memory plan'"):
         manager.session(manager.target("cpu"))
 

@@ -252,7 +252,7 @@ def _include_flags() -> tuple[str, ...]:
 
 def binding_file(compiler: CppCompiler | None = None) -> Path:
     """Where the binding built with ``compiler``'s command (default: the host compiler) lives
-    in the cache, built or not: a precompiled function (fxwrap/precompile.py) carries it to a
+    in the cache, built or not: a precompiled function (fxwrap/programs/precompile.py) carries it to a
     process whose cache directory is empty, which then builds nothing."""
     binding = _binding_compiler(compiler or default_compiler())
     return binding.cache.path(binding.key(source(), _include_flags()))

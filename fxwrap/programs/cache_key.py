@@ -1,7 +1,7 @@
 """Cache keys: the one encoder of values into key bytes, and the parts every key covers.
 
-Both caches key with it: the program cache (``fxwrap.program_cache``: an ATen graph,
-``node.meta["val"]``) and the warm-start cache (``fxwrap.graph_cache``: dynamo's graph,
+Both caches key with it: the program cache (``fxwrap.programs.program_cache``: an ATen graph,
+``node.meta["val"]``) and the warm-start cache (``fxwrap.programs.graph_cache``: dynamo's graph,
 ``node.meta["example_value"]``)::
 
     key = KeyHasher("fxwrap program cache", kind)      # KEY_VERSION is written first
@@ -38,14 +38,14 @@ from pathlib import Path
 import torch
 from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
 
-from fxwrap.artifacts import fxwrap_version, triton_version
+from fxwrap.programs.artifacts import fxwrap_version, triton_version
 from fxwrap.core.templates import RETUNE_ENV
 from fxwrap.targets.host.compiler import host_fingerprint
 from fxwrap.wrapper_ir.build_user_kernels import user_kernel_key
 
 #: the encoding; 2: one encoder for both caches (1: ``repr`` of each part, an encoder in each cache)
 KEY_VERSION = 2
-#: the program cache's on/off switch (``fxwrap.program_cache.cache_enabled``)
+#: the program cache's on/off switch (``fxwrap.programs.program_cache.cache_enabled``)
 ENV_SWITCH = "FXWRAP_PROGRAM_CACHE"
 # settings that change where files go or what is printed, not what is compiled; FXWRAP_RETUNE
 # (measure the template choices again) compiles what the key names, and its programs replace
@@ -157,7 +157,7 @@ def options_state(options) -> list:
 @functools.lru_cache(maxsize=None)
 def package_digest() -> str:
     """sha256 of every file of the fxwrap package (sources, the Metal shim headers)."""
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent.parent  # fxwrap/, this file being fxwrap/programs/cache_key.py
     h = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         h.update(str(path.relative_to(root)).encode())

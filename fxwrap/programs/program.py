@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from fxwrap.arguments import ArgumentMap, OutputMap
-from fxwrap.artifacts import dumps, loads, save
+from fxwrap.programs.arguments import ArgumentMap, OutputMap
+from fxwrap.programs.artifacts import dumps, loads, save
 from fxwrap.core import logs
 from fxwrap.core.memory import MemoryPlan
 from fxwrap.ir.lines import Buffer, Line, Return, SizeInput
@@ -86,7 +86,7 @@ class Program:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the program to ``path``: one file that ``fxwrap.load(path)`` runs without
-        the compiler (``fxwrap.artifacts``)."""
+        the compiler (``fxwrap.programs.artifacts``)."""
         save(self, path)
 
     def __reduce__(self):

@@ -37,13 +37,13 @@ from pathlib import Path
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from fxwrap.artifacts import FORMAT_VERSION, SavingPickler, pickled
-from fxwrap.cache_key import (  # noqa: F401  (package_digest, plugin_digest: read here by older callers)
+from fxwrap.programs.artifacts import FORMAT_VERSION, SavingPickler, pickled
+from fxwrap.programs.cache_key import (  # noqa: F401  (package_digest, plugin_digest: read here by older callers)
     ENV_SWITCH, KeyHasher, package_digest, plugin_digest, shape_env_of, shape_env_state,
 )
 from fxwrap.core import logs
 from fxwrap.core.templates import retune_requested
-from fxwrap.program import Program, finish_program
+from fxwrap.programs.program import Program, finish_program
 from fxwrap.runtime.graph_records import kernels_of
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 
@@ -64,7 +64,7 @@ def cache_dir() -> Path:
 
 def program_key(gm: torch.fx.GraphModule, session, kind: str) -> str:
     """The cache key of compiling ``gm`` (an ATen graph) as a ``kind`` program in ``session``
-    (see the module docstring for what it covers; ``fxwrap.cache_key`` encodes it)."""
+    (see the module docstring for what it covers; ``fxwrap.programs.cache_key`` encodes it)."""
     key = KeyHasher("fxwrap program cache", FORMAT_VERSION, kind)
     key.add_graph(gm, "val")
     key.add(shape_env_state(shape_env_of(gm, "val")))

@@ -1,6 +1,6 @@
 """The warm-start cache: a dynamo graph compiled once skips AOTAutograd and lowering next time.
 
-The program cache (``fxwrap.program_cache``) is keyed by the ATen graph, so a warm
+The program cache (``fxwrap.programs.program_cache``) is keyed by the ATen graph, so a warm
 process still runs AOTAutograd to make that graph.  This cache sits one level up, in
 the backend dynamo calls: it is keyed by dynamo's graph and answers with the programs,
 the shape guards their compile added (checked and installed again on a hit) and the little
@@ -48,18 +48,18 @@ from torch._functorch._aot_autograd.schemas import MutationType, OutputType, Sub
 from torch._guards import TracingContext
 from torch.fx.experimental.sym_node import SymNode
 
-from fxwrap.artifacts import fxwrap_version, triton_version
-from fxwrap.cache_key import KeyHasher, describe, package_digest, shape_env_of, shape_env_state
+from fxwrap.programs.artifacts import fxwrap_version, triton_version
+from fxwrap.programs.cache_key import KeyHasher, describe, package_digest, shape_env_of, shape_env_state
 from fxwrap.core.templates import retune_requested
-from fxwrap.program import log_program
-from fxwrap.program_cache import ProgramCache, cache_enabled
+from fxwrap.programs.program import log_program
+from fxwrap.programs.program_cache import ProgramCache, cache_enabled
 from fxwrap.runtime.aot_replay import InferenceReplay, ReplayLayout, TrainingReplay
 from fxwrap.targets.host.cache import default_cache_dir, write_atomically
 from fxwrap.targets.host.compiler import host_fingerprint
 
 log = logging.getLogger("fxwrap")
 
-FORMAT_VERSION = 2  # 2: entries and bundle headers name their target
+FORMAT_VERSION = 3  # 3: its pickles name fxwrap.programs.* (the modules moved there); 2: entries and bundle headers name their target
 BUNDLE_FORMAT = "fxwrap-cache-bundle"
 #: what happened in this process: "hit", "miss", "stored", "uncacheable"
 stats: Counter = Counter()
@@ -109,7 +109,7 @@ def _autocast_on(device_type: str) -> bool:
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs, session) -> str:
     """The warm-start key of dynamo graph ``gm`` compiled in ``session`` (module docstring;
-    ``fxwrap.cache_key`` encodes it)."""
+    ``fxwrap.programs.cache_key`` encodes it)."""
     key = KeyHasher("fxwrap graph cache", FORMAT_VERSION)
     key.add_graph(gm, "example_value")
     key.add(tuple(describe(x) for x in example_inputs))

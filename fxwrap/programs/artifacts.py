@@ -10,7 +10,7 @@
 
 A file is a zip archive of two members::
 
-    header.json   {"format": "fxwrap-program", "format_version": 1, "fxwrap_version": "0.1.0",
+    header.json   {"format": "fxwrap-program", "format_version": 3, "fxwrap_version": "0.1.0",
                    "torch_version": "2.13.0+cpu", "target": "cpu", "device_type": "cpu",
                    "contents": "program", "runtime_versions": {"triton": "3.9.0"}}
     program.pkl   the pickled program (below)
@@ -55,7 +55,7 @@ from fxwrap.runtime.kernel import DamagedKernelError, Kernel, _rebuild, kernel_k
 from fxwrap.targets.host.cache import write_atomically
 
 FORMAT = "fxwrap-program"
-FORMAT_VERSION = 2  # 2: per-target launch records (runtime/launch.py); 1: one KernelLaunch for every target
+FORMAT_VERSION = 3  # 3: the pickle names fxwrap.programs.* (the modules moved there); 2: per-target launch records (runtime/launch.py); 1: one KernelLaunch for every target
 HEADER, PAYLOAD = "header.json", "program.pkl"
 
 

@@ -18,7 +18,7 @@ torch's precompile stores dynamo's side (the guards, serialized; the transformed
 and asks the backend's result for its own bytes (``SerializableCallable``).  fxwrap's
 result is a ``PrecompiledGraph``: the warm-start cache's entry for the graph (the AOTAutograd
 metadata the replay needs) and its programs, kernels' binaries inside (each emitter's
-``saved_loader``), under the header a cache bundle carries (``fxwrap.graph_cache``)::
+``saved_loader``), under the header a cache bundle carries (``fxwrap.programs.graph_cache``)::
 
     PrecompiledGraph bytes = pickle({"header": {fxwrap version and files, torch, Triton, Python,
                                                 host CPU, device types},
@@ -44,9 +44,9 @@ from typing import Any
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from fxwrap.graph_cache import GraphCompile, check_header, environment_header, replay
+from fxwrap.programs.graph_cache import GraphCompile, check_header, environment_header, replay
 from fxwrap.plugins.manager import get_plugin_manager
-from fxwrap.program_cache import ProgramCache, decode
+from fxwrap.programs.program_cache import ProgramCache, decode
 from fxwrap.targets.host.cache import write_sealed
 from fxwrap.targets.host.trampoline import binding_file
 
