@@ -442,3 +442,31 @@ def test_few_row_tilings_by_band():
         assert all(min(c.block_n, c.block_k) >= 16 for c in small if c.form == gemv.FORM_DOT)
     one_row = gemv.gemv_configs(call(1, 4096, 14336, bf16), interpret=False)
     assert {c.form for c in one_row} == {gemv.FORM_PARTIAL} and "FORM" not in dict(one_row[0].launch_config(4096))
+
+
+def test_benchmark_times_every_candidate_tiling(monkeypatch):
+    """``benchmarks/gemv.py``'s per-tiling times (the data ``GEMV_BANDS`` is retuned from):
+    every candidate of the compiled GEMV bound into the program in turn and timed, one row
+    each naming its tiling and form, the autotuner's pick marked and bound again after (the
+    program still gives eager's numbers)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "benchmarks" / "gemv.py"
+    spec = importlib.util.spec_from_file_location("gemv_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tilings = [gemv.GemvConfig(16, 32, 1, 1, form) for form in sorted(FORMS.values())]
+    monkeypatch.setattr(gemv, "gemv_configs", lambda call, interpret: tilings)
+    c, programs = compiled(bench.int8_linear)
+    w, s = int8_weight(37, 64)
+    x, s = rand(4, 64, dtype=bf16), s.to(bf16)
+    want = bench.int8_linear(x, w, s)
+    torch.testing.assert_close(c(x, w, s), want, atol=5e-2, rtol=2e-2)
+    kernel = bench.gemv_kernel(programs)
+    picked = kernel.launcher()
+    rows = bench.candidate_times(kernel, c, [(x, w, s)], 2, TARGET.name, DEVICE.type)
+    assert [r["config"] for r in rows] == ["4x16x32/w1/s1/form0", "4x16x32/w1/s1/form1", "16x16x32/w1/s1/form2"]
+    assert all(r["us"] > 0 for r in rows) and sum(r["picked"] for r in rows) == 1
+    assert kernel.launcher() is picked
+    torch.testing.assert_close(c(x, w, s), want, atol=5e-2, rtol=2e-2)
