@@ -410,7 +410,7 @@ def test_template_serves_up_to_max_rows(rows):
 
 
 def test_few_row_tilings_by_band():
-    """``gemv_configs`` for 2-8 rows: the band's table (``GEMV_BANDS``: up to 4 rows, up to 8),
+    """``gemv_configs`` for 2-8 rows: the band's table (``GEMV_BANDS``: up to 2, 4, 8 rows),
     every form offered for bf16 activations, ``FORM_DOT`` never for float32 ones nor with a
     block under 16; ``FORM_PARTIAL``'s float32 partial sums at most 64 registers a thread
     (rows padded to a power of two); MBLOCK 16 for ``FORM_DOT``, the padded rows otherwise."""
@@ -426,14 +426,15 @@ def test_few_row_tilings_by_band():
         sizes = (("batch", sympy.Integer(1)), ("m", sympy.Integer(m)), ("n", sympy.Integer(n)), ("k", sympy.Integer(k)))
         return TemplateCall(INT8_MM, "mm", (x, w), out, sizes, tuple((d, int(v)) for d, v in sizes))
 
-    assert [band.rows for band in gemv.GEMV_BANDS] == [1, 4, 8] and gemv.MAX_ROWS == 8
+    assert [band.rows for band in gemv.GEMV_BANDS] == [1, 2, 4, 8] and gemv.MAX_ROWS == 8
     for rows in range(2, 9):
-        assert gemv.row_band(rows).rows == (4 if rows <= 4 else 8)
+        assert gemv.row_band(rows).rows == next_pow2(rows)
         configs = gemv.gemv_configs(call(rows, 4096, 14336, bf16), interpret=False)
         assert {c.form for c in configs} == set(FORMS.values()) and len(set(configs)) == len(configs)
         for c in configs:
             if c.form == gemv.FORM_PARTIAL:
                 assert next_pow2(rows) * c.block_n * c.block_k <= 64 * 32 * c.num_warps
+            assert c.num_stages == 1 or c.form == gemv.FORM_DOT  # only a dot's loads are pipelined
             block_m = dict(c.launch_config(4096, rows))["MBLOCK"]
             assert block_m == (16 if c.form == gemv.FORM_DOT else next_pow2(rows))
         fp32 = gemv.gemv_configs(call(rows, 4096, 14336, f32), interpret=False)

@@ -148,27 +148,33 @@ _ONE_ROW = RowBand(
              (256, 64, 4, 1, 0)))
 # Two rows and more: FORM_PARTIAL holds rows x NBLOCK x KBLOCK float32 partial sums, at most
 # 64 a thread (rows padded to a power of two; tests/cuda/test_triton_gemv.py checks it), so
-# its tiles shrink as the rows grow; FORM_STEP_SUM's registers do not grow with the rows;
-# FORM_DOT reads 16-32 KiB of weights a step through a pipeline of 3-4 stages.  Each row
-# of activations is re-read (from L1/L2) for every program: more outputs per program read
-# it fewer times.  Retune from `python benchmarks/gemv.py --rows 1,2,4,8` (each candidate's time).
+# its tiles shrink as the rows grow; FORM_STEP_SUM keeps each thread's activations of every
+# row, so its tiles shrink too (16 outputs x 512 of K for 8 rows took all 255 registers on
+# sm_90).  Their loads are not pipelined (Triton pipelines loads that feed a tl.dot), so
+# they take one stage: the bytes in flight are the tile's.  FORM_DOT reads 8-32 KiB of
+# weights a step through 3-4 stages.  Each row of activations is re-read (from L1/L2) by
+# every program: more outputs per program read it fewer times.  Every tiling below compiles
+# for sm_90 in 64-128 registers without spilling (triton 3.9).  Retune from
+# `python benchmarks/gemv.py --dtypes int8 --rows 1,2,4,8` (each candidate's time).
+_DOT = ((32, 256, 4, 3, 2), (64, 128, 4, 4, 2), (64, 256, 4, 3, 2), (128, 128, 8, 3, 2))
+_DOT_ALONG_N = ((128, 64, 4, 3, 2), (256, 32, 4, 3, 2))
+_TWO_ROWS = RowBand(
+    2,
+    along_k=((4, 2048, 8, 1, 0), (2, 2048, 4, 1, 0), (4, 1024, 4, 1, 0), (8, 1024, 8, 1, 0), (8, 512, 4, 1, 0),
+             (8, 1024, 4, 1, 1), (4, 2048, 4, 1, 1), (8, 2048, 8, 1, 1), (16, 1024, 8, 1, 1), *_DOT),
+    along_n=((512, 16, 4, 1, 0), (512, 32, 4, 1, 1), (1024, 16, 4, 1, 1), (2048, 16, 8, 1, 1), *_DOT_ALONG_N))
 _FOUR_ROWS = RowBand(
     4,
-    along_k=((2, 1024, 4, 3, 0), (1, 2048, 4, 1, 0), (2, 1024, 4, 1, 0), (4, 512, 4, 1, 0), (2, 2048, 8, 1, 0),
-             (4, 1024, 8, 1, 0),
-             (4, 1024, 4, 1, 1), (8, 1024, 8, 1, 1), (8, 512, 4, 3, 1), (16, 512, 8, 1, 1),
-             (32, 256, 4, 3, 2), (64, 128, 4, 4, 2), (64, 256, 4, 3, 2), (128, 128, 8, 3, 2)),
-    along_n=((256, 16, 4, 1, 0), (512, 32, 4, 1, 1), (1024, 16, 4, 1, 1), (2048, 16, 8, 1, 1),
-             (128, 64, 4, 3, 2), (256, 32, 4, 3, 2)))
+    along_k=((2, 2048, 8, 1, 0), (1, 2048, 4, 1, 0), (2, 1024, 4, 1, 0), (4, 512, 4, 1, 0), (4, 1024, 8, 1, 0),
+             (4, 1024, 4, 1, 1), (8, 1024, 8, 1, 1), (8, 512, 4, 1, 1), (16, 512, 8, 1, 1), *_DOT),
+    along_n=((256, 16, 4, 1, 0), (512, 32, 4, 1, 1), (1024, 16, 4, 1, 1), (2048, 16, 8, 1, 1), *_DOT_ALONG_N))
 _EIGHT_ROWS = RowBand(
     8,
-    along_k=((2, 512, 4, 3, 0), (1, 1024, 4, 1, 0), (2, 512, 4, 1, 0), (2, 1024, 8, 1, 0), (4, 512, 8, 1, 0),
-             (4, 512, 4, 1, 1), (8, 512, 8, 1, 1), (4, 1024, 8, 1, 1), (2, 1024, 4, 3, 1),
-             (32, 256, 4, 3, 2), (64, 128, 4, 4, 2), (64, 256, 4, 3, 2), (128, 128, 8, 3, 2)),
-    along_n=((128, 16, 4, 1, 0), (512, 32, 4, 1, 1), (1024, 16, 4, 1, 1), (2048, 16, 8, 1, 1),
-             (128, 64, 4, 3, 2), (256, 32, 4, 3, 2)))
+    along_k=((2, 1024, 8, 1, 0), (1, 1024, 4, 1, 0), (2, 512, 4, 1, 0), (4, 512, 8, 1, 0),
+             (4, 512, 4, 1, 1), (8, 512, 8, 1, 1), (4, 1024, 8, 1, 1), (2, 1024, 4, 1, 1), *_DOT),
+    along_n=((128, 16, 4, 1, 0), (512, 32, 4, 1, 1), (1024, 16, 4, 1, 1), (2048, 16, 8, 1, 1), *_DOT_ALONG_N))
 #: the candidate tilings by row count: the first band whose ``rows`` is at least the call's
-GEMV_BANDS = (_ONE_ROW, _FOUR_ROWS, _EIGHT_ROWS)
+GEMV_BANDS = (_ONE_ROW, _TWO_ROWS, _FOUR_ROWS, _EIGHT_ROWS)
 #: the most rows the template computes (more: triton_gemm, cuBLAS)
 MAX_ROWS = GEMV_BANDS[-1].rows
 #: the form the interpreter runs for two rows or more (one tiling there; tests set the others)
