@@ -359,10 +359,11 @@ def test_int8_weight_only_few_rows(rows, dtype, form, monkeypatch):
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
-@pytest.mark.parametrize("dtype", [bf16, f32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", [bf16, f32, f16], ids=["bfloat16", "float32", "float16"])
 def test_float_linear_few_rows(dtype, form, monkeypatch):
-    """``gelu(linear(x, w, b))`` (addmm, the bias in the epilogue) of 3 rows and ``x @ w`` of
-    6 rows with ``w`` read along N: the GEMV in each form, eager's numbers."""
+    """``gelu(linear(x, w, b))`` (addmm, the bias in the epilogue) of 3 rows, ``x @ w`` of 6
+    rows with ``w`` read along N, and of 5 transposed rows (``x`` contiguous along M): the
+    GEMV in each form, eager's numbers."""
     only_form(monkeypatch, FORMS[form])
 
     def linear(x, w, b):
@@ -372,7 +373,8 @@ def test_float_linear_few_rows(dtype, form, monkeypatch):
         return torch.tanh(x @ w)
 
     for fn, args in ((linear, (rand(3, 45, dtype=dtype), rand(37, 45, dtype=dtype), rand(37, dtype=dtype))),
-                     (along_n, (rand(6, 50, dtype=dtype), rand(50, 70, dtype=dtype)))):
+                     (along_n, (rand(6, 50, dtype=dtype), rand(50, 70, dtype=dtype))),
+                     (along_n, (rand(50, 5, dtype=dtype).t(), rand(50, 37, dtype=dtype)))):
         c, programs = compiled(fn)
         torch.testing.assert_close(c(*args), fn(*args), **tol(dtype, 50))
         check_forced_gemv(programs)
@@ -471,3 +473,22 @@ def test_benchmark_times_every_candidate_tiling(monkeypatch):
     assert all(r["us"] > 0 for r in rows) and sum(r["picked"] for r in rows) == 1
     assert kernel.launcher() is picked
     torch.testing.assert_close(c(x, w, s), want, atol=5e-2, rtol=2e-2)
+
+
+def test_few_rows_with_symbolic_k_and_n():
+    """A static row count (4) with K and N size symbols (``mark_dynamic``): the GEMV takes
+    them as arguments, masks the K tail and wraps N, eager's numbers at every size."""
+    def fn(x, w, b):
+        return F.relu(F.linear(x, w, b))
+
+    c, programs = compiled(fn, templates="always", dynamic=None)
+    for k, n in ((40, 24), (56, 33), (72, 17)):
+        x, w, b = rand(4, k), rand(n, k), rand(n)
+        torch._dynamo.mark_dynamic(x, 1)
+        torch._dynamo.mark_dynamic(w, 0)
+        torch._dynamo.mark_dynamic(w, 1)
+        torch._dynamo.mark_dynamic(b, 0)
+        torch.testing.assert_close(c(x, w, b), fn(x, w, b), **tol(f32, k))
+    [launch] = gemv_kernels(programs)
+    assert "M = 4" in launch.kernel.source and [a.role for a in launch.kernel.signature][-2:] == ["size", "size"]
+    assert chosen(programs) == ["triton_gemv"]
