@@ -60,8 +60,10 @@ loads its ``[NBLOCK, KBLOCK]`` weight tile once a step, and every row reads it. 
 use it is the config's ``FORM`` constexpr (one source, Triton compiles only the branch of
 the config): ``FORM_PARTIAL`` keeps a partial sum per row (``part0`` .. ``part<M-1>``, the
 one-row kernel's loop unrolled over the rows), ``FORM_STEP_SUM`` reduces each row's products
-every step, ``FORM_DOT`` runs one ``tl.dot`` a step with the rows padded to 16 and read at
-``rm % M``.  The first two gather the row sums into ``acc`` ``[MBLOCK, NBLOCK]``::
+every step, ``FORM_DOT`` runs one ``tl.dot`` a step with the rows padded to 16 (those past
+``M`` masked: not read); in the first two the next step's weight tile is loaded before
+each step's work (two in flight: Triton pipelines only loads that feed a ``tl.dot``).  The
+first two gather the row sums into ``acc`` ``[MBLOCK, NBLOCK]``::
 
     acc = tl.where(rm[:, None] == 0, sum0[None, :], 0.0)
     acc = tl.where(rm[:, None] == 1, sum1[None, :], acc)
@@ -265,20 +267,36 @@ class GemvWriter(GemmWriter):
                  "mindex = rm[:, None]", "mmask = mindex < M", "nindex = rn[None, :]", "nmask = nindex < N"]
         return self.epilogue(w, body)
 
-    def _k_loop(self, loads: list[str], update: list[str]) -> list[str]:
+    def _k_loop(self, loads: list[str], update: list[str], rows_masked: bool = False,
+                prefetch: bool = False) -> list[str]:
         """The ``K`` loop: each step loads ``loads`` (``a`` the activations at ``a_ptrs``, kept
-        in L2; ``a<r>`` row ``r`` of them; ``b`` the weight tile, read once), masked on the
-        ``K`` tail unless ``EVEN_K``, then runs ``update`` and moves both pointers on."""
+        in L2, its rows past ``M`` masked where ``rows_masked``; ``a<r>`` row ``r`` of them;
+        ``b`` the weight tile, read once), masked on the ``K`` tail unless ``EVEN_K``, then
+        runs ``update`` and moves both pointers on.  ``prefetch``: the weight tile of the next
+        step is loaded before this step's work (``b_next``; past the last step its mask is
+        empty), so that two of them are in flight: loads that feed no ``tl.dot`` are not
+        pipelined by Triton, and a few rows' partial sums leave no registers for wider tiles."""
         stride_m = self.idx(self.a.stride[-2])
+        b_step = f"b_ptrs += KBLOCK * ({self.idx(self.b.stride[-2])})"
 
         def load(name: str, masked: bool) -> str:
             ptr = "b_ptrs" if name == "b" else "a_ptrs" if name in ("a", "a0") else \
                 f"a_ptrs + {name[1:]} * ({stride_m})"
-            mask = "mask=rk[None, :] < kleft, other=0.0, " if masked else ""
+            terms = (["rows_in"] if rows_masked and name == "a" else []) + (["rk[None, :] < kleft"] if masked else [])
+            mask = terms[0] if len(terms) == 1 else " & ".join(f"({t})" for t in terms)
+            mask_arg = f"mask={mask}, other=0.0, " if terms else ""
             policy = "evict_first" if name == "b" else "evict_last"
-            return f'        {name} = tl.load({ptr}, {mask}eviction_policy="{policy}")'
+            return f'        {name} = tl.load({ptr}, {mask_arg}eviction_policy="{policy}")'
 
-        return ["for kstep in range(0, (K + KBLOCK - 1) // KBLOCK):",
+        ahead = ['b_next = tl.load(b_ptrs, mask=rk[None, :] < K, other=0.0, eviction_policy="evict_first")']
+        in_step = ["    b = b_next", f"    {b_step}",
+                   '    b_next = tl.load(b_ptrs, mask=rk[None, :] < K - (kstep + 1) * KBLOCK, other=0.0, '
+                   'eviction_policy="evict_first")']
+        if prefetch:
+            loads = [name for name in loads if name != "b"]
+        return [*(ahead if prefetch else []),
+                "for kstep in range(0, (K + KBLOCK - 1) // KBLOCK):",
+                *(in_step if prefetch else []),
                 "    if EVEN_K:",
                 *(load(name, False) for name in loads),
                 "    else:",
@@ -286,20 +304,22 @@ class GemvWriter(GemmWriter):
                 *(load(name, True) for name in loads),
                 *("    " + ln for ln in update),
                 f"    a_ptrs += KBLOCK * ({self.idx(self.a.stride[-1])})",
-                f"    b_ptrs += KBLOCK * ({self.idx(self.b.stride[-2])})"]
+                *([] if prefetch else [f"    {b_step}"])]
 
     def write_rows(self, rows: int) -> list[str]:
         """The product of ``rows`` rows (2 to ``MAX_ROWS``) into ``acc`` ``[MBLOCK, NBLOCK]``,
         one branch per ``FORM`` (a constexpr: Triton compiles only the config's)::
 
-            if FORM == 2:                      # FORM_DOT: rows read at rm % M, padded to 16
+            if FORM == 2:                      # FORM_DOT: rows padded to 16, those past M masked
                 ... acc += tl.dot(a, tl.trans(b.to(a.dtype)))
             elif FORM == 1:                    # FORM_STEP_SUM
                 ... sum0 += tl.sum(w * a0.to(tl.float32), axis=1)   (w: the weight tile in fp32)
             else:                              # FORM_PARTIAL
                 ... part0 += w * a0.to(tl.float32); after the loop sum0 = tl.sum(part0, axis=1)
             acc = tl.where(rm[:, None] == 0, sum0[None, :], 0.0)   # row r's sums in row r
-        """
+
+        In the last two the next step's weight tile is in flight during each step (``_k_loop``'s
+        ``prefetch``)."""
         names = [f"a{r}" for r in range(rows)]
         zeros = [f"sum{r} = tl.zeros([NBLOCK], dtype=tl.float32)" for r in range(rows)]
         parts = [f"part{r} = tl.zeros([NBLOCK, KBLOCK], dtype=tl.float32)" for r in range(rows)]
@@ -308,18 +328,19 @@ class GemvWriter(GemmWriter):
         widen = "w = b.to(tl.float32)"
         branches = [
             (f"if FORM == {FORM_DOT}:  # one tl.dot a step, the rows padded to MBLOCK = {DOT_ROWS}",
-             [f"ram = {self._wrapped('rm', 'M', self.a, -2)}",
-              f"a_ptrs = {self._operand(self.a, 'ram[:, None]', 'rk[None, :]')}",
+             ["rows_in = rm[:, None] < M",
+              f"a_ptrs = {self._operand(self.a, 'rm[:, None]', 'rk[None, :]')}",
               "acc = tl.zeros([MBLOCK, NBLOCK], dtype=tl.float32)",
-              *self._k_loop(["a", "b"], [f"acc += {self.row_dot()}"])]),
+              *self._k_loop(["a", "b"], [f"acc += {self.row_dot()}"], rows_masked=True)]),
             (f"elif FORM == {FORM_STEP_SUM}:  # each row's products reduced along K every step",
              [f"a_ptrs = {self._operand(self.a, '0', 'rk[None, :]')}", *zeros,
               *self._k_loop(["b", *names], [widen] + [f"sum{r} += tl.sum(w * a{r}.to(tl.float32), axis=1)"
-                                                      for r in range(rows)]),
+                                                      for r in range(rows)], prefetch=True),
               *gather]),
             ("else:  # a partial sum per row, reduced once after the loop",
              [f"a_ptrs = {self._operand(self.a, '0', 'rk[None, :]')}", *parts,
-              *self._k_loop(["b", *names], [widen] + [f"part{r} += w * a{r}.to(tl.float32)" for r in range(rows)]),
+              *self._k_loop(["b", *names], [widen] + [f"part{r} += w * a{r}.to(tl.float32)" for r in range(rows)],
+                            prefetch=True),
               *(f"sum{r} = tl.sum(part{r}, axis=1)" for r in range(rows)),
               *gather]),
         ]
