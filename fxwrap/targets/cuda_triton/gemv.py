@@ -153,12 +153,16 @@ _ONE_ROW = RowBand(
 # its tiles shrink as the rows grow; FORM_STEP_SUM keeps each thread's activations of every
 # row, so its tiles shrink too (16 outputs x 512 of K for 8 rows took all 255 registers on
 # sm_90).  Their loads are not pipelined (Triton pipelines loads that feed a tl.dot), so
-# they take one stage: the bytes in flight are the tile's.  FORM_DOT reads 8-32 KiB of
-# weights a step through 3-4 stages.  Each row of activations is re-read (from L1/L2) by
+# they take one stage and load the next step's tile ahead (two in flight).  FORM_DOT reads
+# 8-32 KiB of weights a step through 3-4 stages of cp.async (16-96 KiB of shared memory),
+# int8 widened to bf16 with integer tricks rather than I2F: listed first from 4 rows on (the
+# tiling used untimed), where the FMA forms spend M FMAs a weight; 16 outputs a program for
+# layers of few outputs (14336x4096: 256 programs), as the template has no split-K.  Each row of activations is re-read (from L1/L2) by
 # every program: more outputs per program read it fewer times.  Every tiling below compiles
 # for sm_90 in 64-128 registers without spilling (triton 3.9).  Retune from
 # `python benchmarks/gemv.py --dtypes int8 --rows 1,2,4,8` (each candidate's time).
-_DOT = ((32, 256, 4, 3, 2), (64, 128, 4, 4, 2), (64, 256, 4, 3, 2), (128, 128, 8, 3, 2))
+_DOT = ((64, 256, 4, 3, 2), (32, 256, 4, 3, 2), (64, 128, 4, 4, 2), (128, 128, 8, 3, 2), (128, 256, 8, 3, 2),
+        (32, 512, 4, 3, 2), (16, 512, 4, 3, 2))
 _DOT_ALONG_N = ((128, 64, 4, 3, 2), (256, 32, 4, 3, 2))
 _TWO_ROWS = RowBand(
     2,
@@ -167,13 +171,13 @@ _TWO_ROWS = RowBand(
     along_n=((512, 16, 4, 1, 0), (512, 32, 4, 1, 1), (1024, 16, 4, 1, 1), (2048, 16, 8, 1, 1), *_DOT_ALONG_N))
 _FOUR_ROWS = RowBand(
     4,
-    along_k=((2, 2048, 8, 1, 0), (1, 2048, 4, 1, 0), (2, 1024, 4, 1, 0), (4, 512, 4, 1, 0), (4, 1024, 8, 1, 0),
-             (4, 1024, 4, 1, 1), (8, 1024, 8, 1, 1), (8, 512, 4, 1, 1), (16, 512, 8, 1, 1), *_DOT),
+    along_k=(*_DOT, (2, 2048, 8, 1, 0), (1, 2048, 4, 1, 0), (2, 1024, 4, 1, 0), (4, 512, 4, 1, 0),
+             (4, 1024, 8, 1, 0), (4, 1024, 4, 1, 1), (8, 1024, 8, 1, 1), (8, 512, 4, 1, 1), (16, 512, 8, 1, 1)),
     along_n=((256, 16, 4, 1, 0), (512, 32, 4, 1, 1), (1024, 16, 4, 1, 1), (2048, 16, 8, 1, 1), *_DOT_ALONG_N))
 _EIGHT_ROWS = RowBand(
     8,
-    along_k=((2, 1024, 8, 1, 0), (1, 1024, 4, 1, 0), (2, 512, 4, 1, 0), (4, 512, 8, 1, 0),
-             (4, 512, 4, 1, 1), (8, 512, 8, 1, 1), (4, 1024, 8, 1, 1), (2, 1024, 4, 1, 1), *_DOT),
+    along_k=(*_DOT, (2, 1024, 8, 1, 0), (1, 1024, 4, 1, 0), (2, 512, 4, 1, 0), (4, 512, 8, 1, 0),
+             (4, 512, 4, 1, 1), (8, 512, 8, 1, 1), (4, 1024, 8, 1, 1), (2, 1024, 4, 1, 1)),
     along_n=((128, 16, 4, 1, 0), (512, 32, 4, 1, 1), (1024, 16, 4, 1, 1), (2048, 16, 8, 1, 1), *_DOT_ALONG_N))
 #: the candidate tilings by row count: the first band whose ``rows`` is at least the call's
 GEMV_BANDS = (_ONE_ROW, _TWO_ROWS, _FOUR_ROWS, _EIGHT_ROWS)
