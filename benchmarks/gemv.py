@@ -24,7 +24,9 @@ round:
 * ``fxwrap``: ``torch.compile(backend="fxwrap")`` in the default mode (the GEMV template timed
   against the ATen call, the faster kept: ``chose``), and ``gemv``: the templates forced
   (``templates="always"``: the GEMV up to 8 rows) with its tiling;
-* ``inductor``: ``torch.compile`` default, and ``max-autotune``: ``max-autotune-no-cudagraphs``.
+* ``inductor``: ``torch.compile`` default, and ``max-autotune``: ``max-autotune-no-cudagraphs``
+  (its compiles are most of a run's time: cases that start after ``--max-autotune-budget-s``
+  leave it out, and the log says so).
 
 Columns: microseconds per call, GB/s of the bytes a call must move (weight, int8 scale,
 activations and output), the GEMV's % of the copy's bandwidth and of the card's peak
@@ -221,7 +223,7 @@ def call_bytes(kind: str, rows: int, k: int, n: int) -> int:
     return weight + 2 * rows * k + 2 * rows * n
 
 
-def run_case(k: int, n: int, kind: str, rows: int, args, say) -> dict:
+def run_case(k: int, n: int, kind: str, rows: int, args, say, max_autotune: bool = True) -> dict:
     dev, dt = args.device, torch.bfloat16
     target = "cuda" if dev == "cuda" else "cpu"
     weight_bytes = n * k * (1 if kind == "int8" else 2)
@@ -249,7 +251,7 @@ def run_case(k: int, n: int, kind: str, rows: int, args, say) -> dict:
         variants[name] = torch.compile(fn, backend=fxwrap.Backend(
             target, {"templates": templates, "on_program": programs[name].append}), fullgraph=True, dynamic=False)
     variants["inductor"] = torch.compile(fn, fullgraph=True, dynamic=False)
-    if not args.no_max_autotune:
+    if max_autotune:
         variants["max-autotune"] = torch.compile(fn, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
     want = fn(*argsets[0]).float()
     errors = {}
@@ -281,7 +283,7 @@ def run_case(k: int, n: int, kind: str, rows: int, args, say) -> dict:
 def report(rows: list, say, peak_gbs: float = 3350.0) -> None:
     for kind in dict.fromkeys(r["kind"] for r in rows):
         part = [r for r in rows if r["kind"] == kind]
-        names = list(part[0]["us"])
+        names = list(dict.fromkeys(v for r in part for v in r["us"]))
         say(f"\n## {kind} weights ({'bf16 activations, int8 weight, bf16 per-channel scale' if kind == 'int8' else 'bf16'})"
             ": microseconds per call and GB/s of the bytes a call moves (weight, scale, activations, output)\n")
         head = "| K x N | M | MB | copy us | " + " | ".join(f"{v} us" for v in names) + \
@@ -295,7 +297,8 @@ def report(rows: list, say, peak_gbs: float = 3350.0) -> None:
             fx_bw = r["bytes"] / r["us"]["fxwrap"] / 1e3
             ratio = lambda other: (f"{r['us'][other] / r['us']['fxwrap']:.2f}x" if other in r["us"] else "-")  # noqa: E731
             say(f"| {r['K']}x{r['N']} | {r['M']} | {r['bytes'] / 1e6:.1f} | {r['copy_us']:.1f} | "
-                + " | ".join(f"{r['us'][v]:.1f}" + ("" if r["how"][v] in ("graph", "wall") else "*") for v in names)
+                + " | ".join((f"{r['us'][v]:.1f}" + ("" if r["how"][v] in ("graph", "wall") else "*"))
+                             if v in r["us"] else "-" for v in names)
                 + f" | {gemv_bw:.0f} | {fx_bw:.0f} | {100 * gemv_bw / copy_bw:.0f}% | {100 * gemv_bw / peak_gbs:.0f}% | "
                 f"{ratio('eager')} | {ratio('inductor')} | {ratio('max-autotune')} | {r['chose']} | {r['gemv_tiling']} |")
         say("\nmax error relative to max|eager| per variant; compile seconds of the first call:")
@@ -330,6 +333,9 @@ def main(argv=None) -> int:
                     help=f"one small shape ({QUICK_SHAPES[0][0]}x{QUICK_SHAPES[0][1]}) unless --shapes, "
                          "no max-autotune")
     ap.add_argument("--no-max-autotune", action="store_true", help="leave Inductor max-autotune out (slow compiles)")
+    ap.add_argument("--max-autotune-budget-s", type=float, default=150.0,
+                    help="cases that start after this many seconds of the run leave Inductor max-autotune out "
+                         "(its compiles dominate the run; said in the log)")
     ap.add_argument("--peak-gbs", type=float, default=4800.0, help="the card's peak HBM GB/s (H200: 4800, H100 SXM: 3350)")
     ap.add_argument("--out", default="", help="also write the log here")
     ap.add_argument("--json", default="", help="write the rows as JSON here")
@@ -357,7 +363,11 @@ def main(argv=None) -> int:
     for kind in kinds:
         for k, n in shapes:
             for rows in row_counts:
-                r = run_case(k, n, kind, rows, args, say)
+                late = time.perf_counter() - t0 > args.max_autotune_budget_s
+                if late and not args.no_max_autotune:
+                    say(f"  ({kind} {k}x{n} M={rows}: started after --max-autotune-budget-s "
+                        f"{args.max_autotune_budget_s:.0f}s: no max-autotune)")
+                r = run_case(k, n, kind, rows, args, say, max_autotune=not (args.no_max_autotune or late))
                 results.append(r)
                 copy_bw = 2 * r["weight_bytes"] / r["copy_us"] / 1e3
                 gemv_bw, fx_bw = (r["bytes"] / r["us"][v] / 1e3 for v in ("gemv", "fxwrap"))
