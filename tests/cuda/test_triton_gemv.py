@@ -492,3 +492,46 @@ def test_few_rows_with_symbolic_k_and_n():
     [launch] = gemv_kernels(programs)
     assert "M = 4" in launch.kernel.source and [a.role for a in launch.kernel.signature][-2:] == ["size", "size"]
     assert chosen(programs) == ["triton_gemv"]
+
+
+@pytest.mark.skipif(not GPU, reason="CUDA only: under the interpreter the table offers one tiling, which the "
+                                    "tests above run; on a GPU the autotuner keeps one of many")
+@pytest.mark.parametrize("kind", ["int8_bf16", "bf16", "fp32"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8])
+def test_every_tiling_gives_eager_numbers_on_the_gpu(rows, kind):
+    """Every candidate tiling of the table (every form) bound in turn into the compiled
+    program: eager's numbers for each (K = 1000 and N = 300: a K tail for most KBLOCKs, N
+    past the tiles), not only for the one the autotuner kept."""
+    from fxwrap.targets.base import KernelSource
+
+    dtype = f32 if kind == "fp32" else bf16
+    k, n = 1000, 300
+    b, x = rand(n, dtype=dtype), rand(rows, k, dtype=dtype)
+    if kind == "int8_bf16":
+        w, s = int8_weight(n, k)
+        args, s = (x, w, s.to(dtype), b), s.to(dtype)
+
+        def fn(x, w, s, b):
+            return torch.relu(F.linear(x, w.to(x.dtype)) * s + b)
+    else:
+        args = (x, rand(n, k, dtype=dtype), b)
+
+        def fn(x, w, b):
+            return torch.relu(F.linear(x, w, b))
+
+    c, programs = compiled(fn)
+    want = fn(*args)
+    torch.testing.assert_close(c(*args), want, **tol(dtype, k))
+    [launch] = gemv_kernels(programs)
+    kernel = launch.kernel
+    emitter = TARGET.emitter(TARGET)
+    picked = kernel.launcher()
+    assert len(kernel.launch.configs) >= 8
+    try:
+        for cfg in kernel.launch.configs:
+            source = KernelSource(kernel.name, kernel.source, "triton", kernel.signature,
+                                  kernel.launch.replace(config=cfg))
+            kernel.bind(emitter.load(source))
+            torch.testing.assert_close(c(*args), want, **tol(dtype, k), msg=lambda m, cfg=cfg: f"{cfg}: {m}")
+    finally:
+        kernel.bind(picked)
