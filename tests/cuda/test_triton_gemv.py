@@ -535,3 +535,18 @@ def test_every_tiling_gives_eager_numbers_on_the_gpu(rows, kind):
             torch.testing.assert_close(c(*args), want, **tol(dtype, k), msg=lambda m, cfg=cfg: f"{cfg}: {m}")
     finally:
         kernel.bind(picked)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_int8_op_with_fp16_activations(rows):
+    """``_weight_int8pack_mm`` called directly with float16 activations (the pattern rewrite
+    takes bf16 and fp32 only) and a gelu epilogue: the GEMV, the float32 reference's numbers."""
+    def fn(x, w, s):
+        return F.gelu(torch._weight_int8pack_mm(x, w, s))
+
+    c, programs = compiled(fn)
+    w, s = int8_weight(37, 45)
+    x, s = rand(rows, 45, dtype=f16), (s / 8).to(f16)
+    want = F.gelu((x.float() @ w.float().t()) * s.float()).to(f16)
+    torch.testing.assert_close(c(x, w, s), want, atol=1e-2, rtol=1e-2)
+    check_forced_gemv(programs)
