@@ -40,8 +40,10 @@ correctness check against eager (the output; for training the loss and every
 parameter's gradient), the peak memory of one call of each backend (CUDA: the allocator's
 counters; CPU: the profiler's allocation events) and fxwrap's planned peak (the largest
 ``program.peak_bytes``; fxwrap's CPU peak counts the arena its programs keep across calls).  On CUDA also: CUDA kernels per
-iteration, GPU kernel time per iteration, and host time per call (the Python time of
-one call, measured without waiting for the GPU).  ``--profile`` prints the top kernels
+iteration, GPU kernel time per iteration, host time per call (the Python time of
+one call, measured without waiting for the GPU), and for inference the memory floor: the
+bytes of every parameter, buffer (a KV cache) and input, read once at the card's copy
+bandwidth (measured in the run), and each compiler's time as a multiple of it.  ``--profile`` prints the top kernels
 and externs of fxwrap's programs by time (CUDA: the profiler's kernels; CPU: each node
 of the program's GraphModule timed through an FX interpreter).  The last lines are the
 geomean of fxwrap/Inductor for inference and for training.
@@ -163,6 +165,35 @@ def _cuda_kernels(fn):
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return len(events), sum(e.device_time for e in events) / 1e3, prof
+
+
+_COPY_BANDWIDTH: list[float] = []
+
+
+def _copy_bandwidth() -> float:
+    """The card's copy bandwidth, bytes read and written a second (a 512 MiB ``copy_``), once a process."""
+    if not _COPY_BANDWIDTH:
+        src, dst = (torch.empty(2**29, dtype=torch.uint8, device="cuda") for _ in range(2))
+        dst.copy_(src)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        _COPY_BANDWIDTH.append(2 * 10 * src.numel() / (start.elapsed_time(end) / 1e3))
+    return _COPY_BANDWIDTH[0]
+
+
+def _memory_floor(model, inputs) -> dict:
+    """What an inference call cannot go below: every parameter, buffer (a KV cache) and input
+    read once at the copy bandwidth (``floor_ms``), with those bytes (``floor_mib``)."""
+    storages = {}
+    for t in [*model.parameters(), *model.buffers(), *(i for i in inputs if isinstance(i, torch.Tensor))]:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    nbytes = sum(storages.values())
+    return {"floor_ms": nbytes / _copy_bandwidth() * 1e3, "floor_mib": nbytes / 2**20,
+            "copy_gbs": _copy_bandwidth() / 1e9}
 
 
 def _peak_memory(fn, device):
@@ -344,6 +375,8 @@ def run_one(entry, variant, args, device) -> dict:
             result[f"{name}_kernels"], result[f"{name}_gpu_ms"] = kernels, gpu_ms
             if args.profile and name == "fxwrap":
                 result["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.top)
+        if not training:
+            result.update(_memory_floor(base, inputs))
     elif args.profile:
         result["profile"] = _profile_cpu(programs, recorded, args.top, args.profile_runs)
     result["fxwrap_programs"] = len(programs)
@@ -360,6 +393,10 @@ def _fmt(result) -> str:
         line += (f"\n{'':>26}kernels ind {r['inductor_kernels']} fx {r['fxwrap_kernels']} eager {r['eager_kernels']}"
                  f" | gpu ms ind {r['inductor_gpu_ms']:.2f} fx {r['fxwrap_gpu_ms']:.2f}"
                  f" | host ms ind {r['inductor_host_ms']:.2f} fx {r['fxwrap_host_ms']:.2f}")
+    if "floor_ms" in r:
+        line += (f"\n{'':>26}floor {r['floor_ms']:.3f} ms ({r['floor_mib']:.1f} MiB of weights, buffers and inputs"
+                 f" at {r['copy_gbs']:.0f} GB/s copy) | ind {r['inductor_ms'] / r['floor_ms']:.1f}x"
+                 f" fx {r['fxwrap_ms'] / r['floor_ms']:.1f}x the floor")
     if "fxwrap_peak_mib" in r:
         line += (f"\n{'':>26}peak MiB ind {r['inductor_peak_mib']:.1f} fx {r['fxwrap_peak_mib']:.1f}"
                  f" eager {r['eager_peak_mib']:.1f} (fx/ind {r['fxwrap_peak_mib'] / max(r['inductor_peak_mib'], 1e-9):.2f})"

@@ -256,6 +256,19 @@ def _hf_llama(device, size):
     return LlamaForCausalLM(config), _token_ids(config.vocab_size, size, device), _mean_loss
 
 
+def _hf_qwen2(device, size):
+    """HF ``Qwen2ForCausalLM`` as issue 39 measured it: 8 layers, 1024 wide, grouped KV heads
+    (16 query heads, 2 KV heads: Qwen2's ratio), q/k/v projections with bias, SDPA attention."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    small = size == "small"
+    config = Qwen2Config(num_hidden_layers=2 if small else 8, hidden_size=256 if small else 1024,
+                         num_attention_heads=8 if small else 16, num_key_value_heads=2,
+                         intermediate_size=704 if small else 2816, vocab_size=1000 if small else 32000,
+                         max_position_embeddings=1024, tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    return Qwen2ForCausalLM(config), _token_ids(config.vocab_size, size, device), _mean_loss
+
+
 def _llama_config(size, layers):
     """The HF Llama config of the suite: grouped KV heads, SDPA attention, ``layers`` layers."""
     from transformers import LlamaConfig
@@ -442,7 +455,8 @@ MODELS = [
     SuiteModel("llama", _llama), SuiteModel("gpt", _gpt), SuiteModel("convnet", _convnet),
     SuiteModel("mlp", _mlp), SuiteModel("hf_gpt2", _hf_gpt2, "transformers"),
     SuiteModel("hf_bert", _hf_bert, "transformers"),
-    SuiteModel("hf_llama", _hf_llama, "transformers"), SuiteModel("hf_t5", _hf_t5, "transformers"),
+    SuiteModel("hf_llama", _hf_llama, "transformers"), SuiteModel("hf_qwen2", _hf_qwen2, "transformers"),
+    SuiteModel("hf_t5", _hf_t5, "transformers"),
     SuiteModel("decode", _decode, training=False),
     SuiteModel("hf_llama_decode", _hf_llama_decode, "transformers", training=False),
     SuiteModel("resnet18", _torchvision("resnet18"), "torchvision", "vision"),

@@ -72,7 +72,7 @@ def fuzz(args) -> int:
     stop_at = time.time() + args.time_limit if args.time_limit is not None else None
     summary = run_fuzz(args.target, programs=args.programs, seed=args.seed, out=args.out,
                        bad_inputs_every=args.bad_inputs_every, log=None if args.quiet else print,
-                       jobs=args.jobs, stop_at=stop_at)
+                       jobs=args.jobs, stop_at=stop_at, warnings_shown=not args.quiet)
     print(summary.report())
     return 0 if summary.ok else 1
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default: 1)")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no program after this many seconds; the summary says how many ran")
-    p.add_argument("--quiet", action="store_true", help="print the summary only")
+    p.add_argument("--quiet", action="store_true", help="print the summary only (no progress lines, no warnings of the programs)")
     p.set_defaults(fn=fuzz)
     p = sub.add_parser("targets", help="list registered targets")
     p.set_defaults(fn=show)

@@ -254,6 +254,29 @@ class KernelEmitter:
     def __init__(self, target: "Target"):
         self.target = target
 
+    # what a subclass asks of its target, answered where no target was given (an emitter made
+    # alone, in a test) as well: read through these, not through ``self.target``
+    @property
+    def target_name(self) -> str:
+        """The target's name; the emitter's ``language`` where it has no target."""
+        return getattr(self.target, "name", None) or self.language
+
+    @property
+    def target_options(self) -> dict[str, Any]:
+        """The target's ``options`` (``{}`` where it has none)."""
+        return getattr(self.target, "options", None) or {}
+
+    @property
+    def target_device(self) -> "DeviceInterface | None":
+        """The target's ``DeviceInterface``; None where it has no target."""
+        return getattr(self.target, "device", None)
+
+    @property
+    def target_device_type(self) -> str | None:
+        """The torch device type of the target's tensors (``"cuda"``, ``"cpu"``...); None
+        where it has no target."""
+        return getattr(self.target, "device_type", None)
+
     def render(self, kernel) -> KernelSource:
         raise NotImplementedError(f"{type(self).__name__} cannot render kernels yet")
 

@@ -274,10 +274,6 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
     def render_c_cast(self, type_name: str, x: str) -> str:
         return self.cast.format(t=type_name, x=x)
 
-    @property
-    def target_name(self) -> str:
-        return getattr(self.target, "name", None) or self.language
-
     # ------------------------------------------------------------------ render
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         """Source text of ``kernel``: a provenance comment, the prelude, one function."""
@@ -1164,7 +1160,7 @@ class ReductionAccumulator:
     ``c99_sum_upd_float(&rd0_a0, tmp3);`` in C99); each kind is a row of ``KINDS``: its states
     (C type role, initial value), then the helpers of ``HELPERS["reductions"]`` that update a
     state with one value and combine two states.  The C++ schedule uses it as it is, the
-    Metal one adds SIMD-group combines (``mps_metal.reduction.MetalRed``).
+    Metal one adds SIMD-group combines (``mps_metal.reduction.simd_combine``).
 
     States are named ``rd<k>_<tag><i>`` (``rd0_a0``); a reduction's ``acc`` fields read them
     (``bind``): field 0 is the result (argmax: the index; welford: the mean), then the others.

@@ -47,9 +47,10 @@ def offline_target() -> Target:
                   options={"interpret": False, "autotune": False})
 
 
-def offline_programs(fn, *inputs, options: dict | None = None) -> list[Program]:
-    """The first program ``torch.compile(fn)`` builds for ``inputs`` on ``offline_target()``
-    (a list of one), compiled but never run; ``options``: more ``Backend`` options."""
+def offline_programs(fn, *inputs, options: dict | None = None, dynamic: bool | None = None) -> list[Program]:
+    """The first program ``torch.compile(fn, dynamic=dynamic)`` builds for ``inputs`` on
+    ``offline_target()`` (a list of one), compiled but never run; ``options``: more ``Backend``
+    options."""
     programs: list[Program] = []
 
     def keep(program: Program) -> None:
@@ -57,7 +58,7 @@ def offline_programs(fn, *inputs, options: dict | None = None) -> list[Program]:
         raise _Compiled
 
     compiled = torch.compile(fn, backend=Backend(offline_target(), {**(options or {}), "on_program": keep}),
-                             fullgraph=True)
+                             fullgraph=True, dynamic=dynamic)
     try:
         compiled(*inputs)
     except Exception as error:  # noqa: BLE001 - dynamo wraps the backend's exception

@@ -211,10 +211,13 @@ def closer_to_float64(actual, expected, reference, what: str = "output", multipl
 
 def float64_reference(case: "Case", grad: bool = False):
     """Eager's result on the case's inputs with low-precision floating tensors upcast to
-    float64 (None where eager cannot run so): ``(outputs, input grads)`` as ``Case.run``."""
+    float64, and a low-precision dtype argument with them (``_softmax_backward_data``'s
+    ``input_dtype``), None where eager cannot run so: ``(outputs, input grads)`` as ``Case.run``."""
     inputs = [t.detach().double().requires_grad_(case.grad and t.requires_grad) if t.dtype in LOW_PRECISION
               else t for t in case.fresh_inputs()]
-    upcast = Case(case.op, inputs, case.spec, case.leaves, case.tensor_slots, case.grad,
+    leaves = [torch.float64 if isinstance(leaf, torch.dtype) and leaf in LOW_PRECISION else leaf
+              for leaf in case.leaves]
+    upcast = Case(case.op, inputs, case.spec, leaves, case.tensor_slots, case.grad,
                   [w.double() if w.dtype in LOW_PRECISION else w for w in case.weights]
                   if case.weights is not None else None)
     try:
@@ -332,10 +335,10 @@ def eager_cases(op, sample_list, grad: bool = False):
             dropped.append("sparse input")
             continue
         recorder = _RecordOps()
-        inputs = case.fresh_inputs()
+        inputs, recorded_inputs = case.fresh_inputs(), case.fresh_inputs()
         try:
-            with recorder, torch.no_grad():
-                case.function()(*case.fresh_inputs())
+            with recorder, torch.no_grad():  # the inputs' copies made outside: only the op's ATen calls
+                case.function()(*recorded_inputs)
             expected = case.run(case.function(), inputs)
         except Exception as exc:  # noqa: BLE001 - not a valid sample for eager on the CPU
             dropped.append(f"eager raised {_short_error(exc)}")

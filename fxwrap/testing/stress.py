@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import traceback
@@ -105,6 +107,23 @@ def main(argv=None) -> int:
         raise SystemExit("STRESS FAILED\n" + "\n".join(failures))
     print(f"STRESS OK {args.threads * args.rounds * 4} tasks on {args.device}")
     return 0
+
+
+def run_processes(device: str, cache_dir: str, processes: int = 2, threads: int = 8,
+                  timeout: float = 600) -> list[str]:
+    """Run ``processes`` stress processes at once, sharing the cache folder ``cache_dir``;
+    the failures, one text per failed process (exit status, the end of its output), or ``[]``."""
+    env = dict(os.environ, FXWRAP_CACHE_DIR=cache_dir, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-X", "faulthandler", "-m", "fxwrap.testing.stress",
+               "--threads", str(threads), "--device", device]
+    running = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(processes)]
+    failures = []
+    for process in running:
+        out, err = process.communicate(timeout=timeout)
+        if process.returncode != 0 or f"STRESS OK {threads * 4} tasks on {device}" not in out:
+            failures.append(f"exit {process.returncode}\n{out[-2000:]}\n{err[-6000:]}")
+    return failures
 
 
 if __name__ == "__main__":

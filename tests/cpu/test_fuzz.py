@@ -305,3 +305,29 @@ def test_a_fuzz_run_prints_no_traceback_for_programs_eager_rejects(tmp_path):
     assert run.returncode == 0 and "TORCH_ERRORS 3" in run.stdout, run.stderr[-2000:]
     assert "failed while attempting to run meta" not in run.stderr and "Traceback" not in run.stderr, \
         run.stderr[-2000:]
+
+
+FUZZ_WARNS = """
+import sys, warnings
+from fxwrap.testing.fuzz import harness
+def check(ns, target):
+    warnings.warn("a warning the fuzzed program's eager run gives", UserWarning)
+    return "pass", ""
+harness.check = check
+from fxwrap.cli import main
+sys.exit(main(["fuzz", "--target", "reference", "--programs", "3", "--bad-inputs-every", "0",
+               "--out", sys.argv[1]] + sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_prints_the_summary_only(tmp_path, quiet):
+    """``--quiet`` printed the fuzzed programs' own warnings (48 lines of UserWarning for 1027
+    passing CPU programs on the H200 host); now it prints the summary only."""
+    import os
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", FUZZ_WARNS, str(tmp_path)] + (["--quiet"] if quiet else []),
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, FXWRAP_CACHE_DIR=str(tmp_path)))
+    assert run.returncode == 0 and "passed          3" in run.stdout, run.stderr[-2000:]
+    assert ("UserWarning" in run.stderr) is not quiet, run.stderr[-2000:]

@@ -297,6 +297,28 @@ def test_driver_launcher_hands_hooked_launches_to_triton():
     assert len(launcher.triton_calls) == 1 and not driver.launches
 
 
+def test_a_driver_launcher_hands_triton_its_compiled_kernel_and_keeps_it_for_saving():
+    """A ``DriverLauncher`` holds Triton's launch of the same compiled kernel (``triton``: where
+    hooked and generic calls go) and keeps the kernel: a saved program takes its cubin from there
+    (``saved.cubin_loader_of``)."""
+    from fxwrap.runtime.launch import TritonLaunch
+    from fxwrap.targets.cuda_triton.launcher import CompiledLauncher, DriverLauncher
+    from fxwrap.targets.cuda_triton.saved import _compiled_parts
+
+    compiled = object()
+    launch = TritonLaunch(pointers=2, size_symbols=("s0",), numels=(("x", "s0"),),
+                          config=(("XBLOCK", 128), ("num_warps", 4)))
+    driver = _FakeDriver(["*u64", "*u64", "u32", "*u64"], 2, 1)
+    launcher = DriverLauncher(fn=None, launch=launch, compiled=compiled, device_index=0, driver=driver,
+                              device_count=2)
+    assert isinstance(launcher.triton, CompiledLauncher) and launcher.triton.compiled is compiled
+    assert launcher.kind == "compiled" and _compiled_parts(launcher) == [compiled]
+    runs = []
+    launcher.triton.triton_launch = lambda n, args: runs.append(n)
+    launcher.triton_launch(8, ())
+    assert runs == [8]
+
+
 def test_driver_launcher_retries_once_after_a_recovered_context_error():
     launcher, driver = _fake_launcher()
     a, o = torch.randn(64), torch.empty(64)

@@ -12,5 +12,5 @@ class ArenaEmitter(fxwrap.CppEmitter):
     code_for_op = {**fxwrap.CppEmitter.code_for_op, "tanh": lambda x, dtype: f"arena_tanh({x})"}
 
     def header_comment(self, kernel):
-        align = self.target.options.get("alignment", 64)
+        align = self.target_options.get("alignment", 64)
         return [*super().header_comment(kernel), f"// arena kernel (alignment {align})"]

@@ -63,6 +63,8 @@ from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
 from fxwrap.targets.cuda_triton.lookback import LookbackScanWriter
+from fxwrap.targets.cuda_triton.reduction import ReductionWriter
+from fxwrap.targets.cuda_triton.scan import ScanWriter
 from fxwrap.core import logs
 from fxwrap.targets.cuda_triton.printer import IndexPrinter
 from fxwrap.targets.cuda_triton.tiling import Planner
@@ -115,6 +117,18 @@ def clear_caches() -> None:
     clear_modules()
 
 
+def write_body(writer: KernelWriter) -> list[str]:
+    """The body of a kernel whose plan is one function, by the part that writes that plan:
+    the writer itself (``pointwise1d``, ``pointwise2d``), ``ScanWriter`` (``scan``) or
+    ``ReductionWriter`` (``persistent``, ``looped``)."""
+    kind = writer.plan.kind
+    if kind in ("pointwise1d", "pointwise2d"):
+        return writer.write_pointwise()
+    if kind == "scan":
+        return ScanWriter(writer).write()
+    return ReductionWriter(writer).write()
+
+
 class TritonEmitError(CodegenError):
     """A kernel the Triton emitter cannot render (names the op, the target and a way out)."""
 
@@ -145,24 +159,20 @@ class TritonEmitter(KernelEmitter):
 
     # ------------------------------------------------------------------ options
     @property
-    def target_name(self) -> str:
-        return getattr(self.target, "name", None) or "triton"
-
-    @property
     def device_interface(self) -> DeviceInterface:
         """The target's ``DeviceInterface`` (a ``CudaDevice`` for an emitter made without a
         target): what autotuning synchronizes and times on, and the device count."""
-        device = getattr(self.target, "device", None)
+        device = self.target_device
         if isinstance(device, DeviceInterface) and device.device_type == "cuda":
             return device
         return _DEFAULT_DEVICE
 
     @property
     def interpret(self) -> bool:
-        opts = getattr(self.target, "options", None) or {}
+        opts = self.target_options
         if "interpret" in opts:
             return bool(opts["interpret"])
-        if getattr(self.target, "device_type", "cuda") != "cuda":
+        if (self.target_device_type or "cuda") != "cuda":
             return True
         from fxwrap.targets.cuda_triton.libm import interpreting
         return interpreting()
@@ -170,7 +180,7 @@ class TritonEmitter(KernelEmitter):
     @property
     def autotune(self) -> bool:
         import os
-        opts = getattr(self.target, "options", None) or {}
+        opts = self.target_options
         if os.environ.get("FXWRAP_TRITON_AUTOTUNE", "1") == "0":
             return False
         return bool(opts.get("autotune", True)) and not self.interpret
@@ -201,8 +211,7 @@ class TritonEmitter(KernelEmitter):
         for buf in (*kernel.inputs, *kernel.outputs):
             O.tl_type(buf.dtype, self.target_name)
         plan = Planner(self.interpret, self.size_hints, self.max_autotune).plan(kernel)
-        writer_class = LookbackScanWriter if plan.kind == "lookback-scan" else KernelWriter
-        writer = writer_class(kernel, plan, self.target_name, self.intrinsics)
+        writer = KernelWriter(kernel, plan, self.target_name, self.intrinsics)
         fname = self.function_name(kernel)
         ptrs = [f"in_ptr{i}" for i in range(len(kernel.inputs))]
         ptrs += [f"out_ptr{i}" for i in range(len(kernel.outputs))]
@@ -213,29 +222,34 @@ class TritonEmitter(KernelEmitter):
         workspaces = ()
         xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]) if kernel.ranges else sympy.Integer(1)
         if plan.kind == "lookback-scan":  # the ticket and status words, zeroed before the launch
+            lookback = LookbackScanWriter(writer)
             functions = [(fname, ptrs + ["ws_ptr0"] + sizes + [f"{b}: tl.constexpr" for b in plan.block_names],
-                          writer.write())]
+                          lookback.write())]
             rnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges])
             nchunks = CeilDiv(rnumel, sympy.Integer(plan.scan_chunk))
-            workspaces = (Workspace(writer.workspace_numel(xnumel, nchunks), torch.int64, zeroed=True),)
+            workspaces = (Workspace(lookback.workspace_numel(xnumel, nchunks), torch.int64, zeroed=True),)
         elif plan.kind == "split-scan":
-            body_a, body_b = writer.write_split_scan()
-            ws = [f"ws_ptr{i}" for i in range(len(writer.workspace_fields()))]
+            scans = ScanWriter(writer)
+            body_a, body_b = scans.write_split()
+            fields = scans.workspace_fields()
+            ws = [f"ws_ptr{i}" for i in range(len(fields))]
             scan_blocks = ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr", "SCAN_CHUNK: tl.constexpr"]
             functions = [(f"{fname}_totals", ptrs + ws + sizes + scan_blocks, body_a),
                          (fname, ptrs + ws + sizes + scan_blocks + ["CBLOCK: tl.constexpr"], body_b)]
             rnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.reduction_ranges])
             nchunks = CeilDiv(rnumel, sympy.Integer(plan.scan_chunk))
-            workspaces = tuple(Workspace(xnumel * nchunks, T) for _, _, T in writer.workspace_fields())
+            workspaces = tuple(Workspace(xnumel * nchunks, T) for _, _, T in fields)
         elif plan.kind == "split-outer":
-            body_a, body_b = writer.write_split()
-            ws = [f"ws_ptr{i}" for i in range(len(writer.workspace_dtypes()))]
+            reductions = ReductionWriter(writer)
+            body_a, body_b = reductions.write_split()
+            partial_dtypes = reductions.workspace_dtypes()
+            ws = [f"ws_ptr{i}" for i in range(len(partial_dtypes))]
             functions = [(f"{fname}_partial", ptrs + ws + sizes + [f"{b}: tl.constexpr" for b in plan.block_names],
                           body_a),
                          (fname, ptrs + ws + sizes + ["XBLOCK: tl.constexpr", "NSPLIT: tl.constexpr"], body_b)]
         else:
             functions = [(fname, ptrs + sizes + [f"{b}: tl.constexpr" for b in plan.block_names],
-                          writer.write())]
+                          write_body(writer))]
         helpers = writer.helpers | writer.printer.helpers | writer.ops.helpers
         lines = self.header(kernel, plan)
         lines += ["import triton", "import triton.language as tl", "",
@@ -279,7 +293,7 @@ class TritonEmitter(KernelEmitter):
             cc = plan.combine_config
             launch.partial_symbol = f"{fname}_partial"
             launch.combine_config = (("XBLOCK", int(cc["XBLOCK"])), ("num_warps", int(cc["num_warps"])))
-            launch.workspace_dtypes = tuple(str(d) for d in writer.workspace_dtypes())
+            launch.workspace_dtypes = tuple(str(d) for d in partial_dtypes)
             launch.nsplit = dict(configs[0])["NSPLIT"]
         source = KernelSource(kernel.name, text, self.language, self.signature(kernel), launch, workspaces)
         if self.autotune and len(configs) > 1:
@@ -287,7 +301,7 @@ class TritonEmitter(KernelEmitter):
         if plan.kind == "split-outer":  # the partials' workspaces, sized by the NSPLIT chosen
             xnumel = sympy.Mul(*[sympy.sympify(r) for r in kernel.ranges]) if kernel.ranges else sympy.Integer(1)
             source = dataclasses.replace(source, workspaces=tuple(
-                Workspace(int(source.launch.nsplit) * xnumel, d) for d in writer.workspace_dtypes()))
+                Workspace(int(source.launch.nsplit) * xnumel, d) for d in partial_dtypes))
         elif logs.enabled("autotune"):
             why = ("the interpreter times nothing" if self.interpret else "one config" if len(configs) < 2
                    else "autotuning is off")

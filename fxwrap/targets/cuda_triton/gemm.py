@@ -76,7 +76,7 @@ from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.runtime.launch import TritonLaunch
 from fxwrap.core.templates import Template, TemplateCall, accumulators
 from fxwrap.targets.cuda_triton import ops as O
-from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, _Scope
+from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
 from fxwrap.targets.cuda_triton.tiling import Plan, index_dtype, next_pow2
 
 aten = torch.ops.aten
@@ -149,18 +149,16 @@ def allow_tf32() -> bool:
     return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-class GemmWriter:
-    """``GemmWriter(kernel, target_name).write() -> body lines`` of a template kernel
-    (``kernel.template`` a GEMM ``TemplateCall``): the product's main loop, then the
-    kernel's stores (the epilogue) through a ``KernelWriter``, with ``template_out``
-    bound to the float32 accumulator ``acc``."""
+class ProductKernel:
+    """A product template's kernel (``kernel.template`` a GEMM ``TemplateCall``) as its
+    writers (``GemmWriter``, ``gemv.GemvWriter``) share it: the call's operands and their
+    addresses, the plan over ``m``/``n`` (and ``b``), and the epilogue: the kernel's stores,
+    written by a ``codegen.KernelWriter`` with ``template_out`` bound to the float32
+    accumulator ``acc``."""
 
-    def __init__(self, kernel: ScheduledKernel, target_name: str = "triton", tf32: bool = False,
-                 interpret: bool = False, intrinsics: tuple = ()):
-        self.k = kernel
+    def __init__(self, kernel: ScheduledKernel, target_name: str = "triton", intrinsics: tuple = ()):
+        self.kernel = kernel
         self.call = call = kernel.template
-        self.tf32 = tf32
-        self.interpret = interpret
         self.target_name = target_name
         self.a, self.b = call.operands[:2]  # _weight_int8pack_mm: (x, w, scales)
         self.batched = batched(call)
@@ -173,20 +171,25 @@ class GemmWriter:
         if self.batched:
             groups["b"], ranges["b"] = [call.index[0]], [kernel.ranges[0]]
         self.plan = Plan("template", ("m", "n"), groups, ranges, index_dtype(kernel))
-        self.int64 = self.plan.index_dtype == "tl.int64"
         self.writer = KernelWriter(kernel, self.plan, target_name, intrinsics)
 
     def ptr(self, buf) -> str:
         try:
             return self.writer.loads[buf.name][0]
         except KeyError:
-            raise CodegenError(f"template kernel {self.k.name}: operand {buf.name!r} is not one of its "
+            raise CodegenError(f"template kernel {self.kernel.name}: operand {buf.name!r} is not one of its "
                                f"inputs (target {self.target_name})") from None
 
     def idx(self, e) -> str:
         return self.writer.idx(sympy.sympify(e))
 
-    def _operand(self, buf, rows: str, cols: str) -> str:
+    def sizes(self) -> list[str]:
+        """The first lines of a body: the size arguments' casts, ``M``, ``N``, ``K`` and ``pid``."""
+        call, w = self.call, self.writer
+        return [*w.size_casts(), f"M = {self.idx(call.size('m'))}", f"N = {self.idx(call.size('n'))}",
+                f"K = {self.idx(call.size('k'))}", f"pid = {w.pid()}"]
+
+    def operand(self, buf, rows: str, cols: str) -> str:
         """``ptr + (batch offset + rows * stride + cols * stride)`` of a 2-D/3-D operand."""
         stride = list(buf.stride)
         terms = []
@@ -195,7 +198,7 @@ class GemmWriter:
         terms += [f"{rows} * ({self.idx(stride[-2])})", f"{cols} * ({self.idx(stride[-1])})"]
         return f"{self.ptr(buf)} + (" + " + ".join(terms) + ")"
 
-    def _wrapped(self, index: str, size: str, buf, dim: int) -> str:
+    def wrapped(self, index: str, size: str, buf, dim: int) -> str:
         """Rows (columns) past the end are read at ``index % size``: in bounds, never stored.
         Where the operand is contiguous along that dim and its size a static multiple of
         16, each aligned run of 16 is contiguous: said to the compiler, so it vectorizes."""
@@ -205,8 +208,46 @@ class GemmWriter:
             text = f"tl.max_contiguous(tl.multiple_of({text}, 16), 16)"
         return text
 
+    def epilogue(self, body: list[str]) -> list[str]:
+        """``body`` (the kernel up to its float32 ``acc`` over ``mindex`` x ``nindex``), then
+        the index variables the epilogue reads, the epilogue and the stores."""
+        w = self.writer
+        for axis, index in (("b", "zindex"), ("m", "mindex"), ("n", "nindex")):
+            for v in self.plan.groups.get(axis, ()):
+                if v.name in w.used_vars:
+                    body.append(f"{v.name} = {index}")
+        top = w.function_scope(self.plan.groups)
+        for node in accumulators(self.kernel):
+            if node.dtype != torch.float32:
+                raise CodegenError(f"template kernel {self.kernel.name}: the accumulator is float32, its epilogue "
+                                   f"reads it as {node.dtype} (target {self.target_name})")
+            top.env[node] = ("acc", node.dtype)
+        for st in self.kernel.stores:
+            w.store(top, st, ("m", "n"))
+        zeros = [f"{name} = tl.zeros({w.shape(key)}, {self.plan.index_dtype})"
+                 for key, name in sorted(w.zeros.items())]
+        return body + zeros + top.lines
+
+    @property
+    def helpers(self) -> set[str]:
+        w = self.writer
+        return w.helpers | w.printer.helpers | w.ops.helpers
+
+
+class GemmWriter:
+    """``GemmWriter(kernel, target_name).write() -> body lines`` of a template kernel
+    (``kernel.template`` a GEMM ``TemplateCall``): the product's main loop, then the
+    kernel's stores (the epilogue, ``ProductKernel.epilogue``) with ``template_out``
+    bound to the float32 accumulator ``acc``."""
+
+    def __init__(self, kernel: ScheduledKernel, target_name: str = "triton", tf32: bool = False,
+                 interpret: bool = False, intrinsics: tuple = ()):
+        self.product = ProductKernel(kernel, target_name, intrinsics)
+        self.tf32 = tf32
+        self.interpret = interpret
+
     def dot(self) -> str:
-        dtype = self.call.dtype
+        dtype = self.product.call.dtype
         if dtype == torch.float32:
             return f'tl.dot(a, b, input_precision="{"tf32" if self.tf32 else "ieee"}")'
         if self.interpret:  # the interpreter's dot of 16-bit floats is wrong: widen them (exact)
@@ -214,17 +255,11 @@ class GemmWriter:
         return "tl.dot(a, b)"
 
     def write(self) -> list[str]:
-        call, w = self.call, self.writer
-        body: list[str] = []
-        if self.int64:
-            body += [f"{s.name} = {s.name}.to(tl.int64)" for s in self.k.size_symbols]
-        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
-        body += [f"M = {self.idx(call.size('m'))}", f"N = {self.idx(call.size('n'))}",
-                 f"K = {self.idx(call.size('k'))}",
-                 f"pid = {pid}",
-                 "mtiles = (M + MBLOCK - 1) // MBLOCK",
+        p = self.product
+        body = p.sizes()
+        body += ["mtiles = (M + MBLOCK - 1) // MBLOCK",
                  "ntiles = (N + NBLOCK - 1) // NBLOCK"]
-        if self.batched:
+        if p.batched:
             body.append("zindex = pid // (mtiles * ntiles)")
         body += ["tile = pid % (mtiles * ntiles)",
                  "width = GROUP_M * ntiles",
@@ -235,10 +270,10 @@ class GemmWriter:
                  "rm = mtile * MBLOCK + tl.arange(0, MBLOCK)",
                  "rn = ntile * NBLOCK + tl.arange(0, NBLOCK)",
                  "rk = tl.arange(0, KBLOCK)",
-                 f"ram = {self._wrapped('rm', 'M', self.a, -2)}",
-                 f"rbn = {self._wrapped('rn', 'N', self.b, -1)}",
-                 f"a_ptrs = {self._operand(self.a, 'ram[:, None]', 'rk[None, :]')}",
-                 f"b_ptrs = {self._operand(self.b, 'rk[:, None]', 'rbn[None, :]')}",
+                 f"ram = {p.wrapped('rm', 'M', p.a, -2)}",
+                 f"rbn = {p.wrapped('rn', 'N', p.b, -1)}",
+                 f"a_ptrs = {p.operand(p.a, 'ram[:, None]', 'rk[None, :]')}",
+                 f"b_ptrs = {p.operand(p.b, 'rk[:, None]', 'rbn[None, :]')}",
                  "acc = tl.zeros([MBLOCK, NBLOCK], dtype=tl.float32)",
                  "for kstep in range(0, (K + KBLOCK - 1) // KBLOCK):",
                  "    if EVEN_K:",
@@ -249,35 +284,10 @@ class GemmWriter:
                  "        a = tl.load(a_ptrs, mask=rk[None, :] < kleft, other=0.0)",
                  "        b = tl.load(b_ptrs, mask=rk[:, None] < kleft, other=0.0)",
                  f"    acc += {self.dot()}",
-                 f"    a_ptrs += KBLOCK * ({self.idx(self.a.stride[-1])})",
-                 f"    b_ptrs += KBLOCK * ({self.idx(self.b.stride[-2])})",
+                 f"    a_ptrs += KBLOCK * ({p.idx(p.a.stride[-1])})",
+                 f"    b_ptrs += KBLOCK * ({p.idx(p.b.stride[-2])})",
                  "mindex = rm[:, None]", "mmask = mindex < M", "nindex = rn[None, :]", "nmask = nindex < N"]
-        return self.epilogue(w, body)
-
-    def epilogue(self, w, body: list[str]) -> list[str]:
-        """``body`` (the kernel up to its float32 ``acc`` over ``mindex`` x ``nindex``), then
-        the index variables the epilogue reads, the epilogue (``w``: the kernel writer) and the
-        stores."""
-        for axis, index in (("b", "zindex"), ("m", "mindex"), ("n", "nindex")):
-            for v in self.plan.groups.get(axis, ()):
-                if v.name in w.used_vars:
-                    body.append(f"{v.name} = {index}")
-        top = _Scope(None, provides=[v.name for vs in self.plan.groups.values() for v in vs])
-        for node in accumulators(self.k):
-            if node.dtype != torch.float32:
-                raise CodegenError(f"template kernel {self.k.name}: the accumulator is float32, its epilogue "
-                                   f"reads it as {node.dtype} (target {self.target_name})")
-            top.env[node] = ("acc", node.dtype)
-        for st in self.k.stores:
-            w.store(top, st, ("m", "n"))
-        zeros = [f"{name} = tl.zeros({w.shape(key)}, {self.plan.index_dtype})"
-                 for key, name in sorted(w.zeros.items())]
-        return body + zeros + top.lines
-
-    @property
-    def helpers(self) -> set[str]:
-        w = self.writer
-        return w.helpers | w.printer.helpers | w.ops.helpers
+        return p.epilogue(body)
 
 
 def render_gemm(emitter, kernel: ScheduledKernel, template_name: str = "triton_gemm"):
@@ -295,23 +305,25 @@ def render_gemm(emitter, kernel: ScheduledKernel, template_name: str = "triton_g
                     intrinsics=emitter.intrinsics)
     k = sympy.sympify(call.size("k"))
     configs = [c.launch_config(int(k) if k.is_Integer else None) for c in gemm_configs(call, emitter.interpret)]
-    tiles = "batch x " if gw.batched else ""
+    tiles = "batch x " if gw.product.batched else ""
     return template_source(emitter, kernel, template_name, gw, ("MBLOCK", "NBLOCK", "KBLOCK", "GROUP_M", "EVEN_K"),
                            configs, f"{tiles}MBLOCK x NBLOCK tiles over K")
 
 
-def template_source(emitter, kernel: ScheduledKernel, template_name: str, writer: "GemmWriter",
+def template_source(emitter, kernel: ScheduledKernel, template_name: str, writer,
                     constexprs: tuple, configs: list, shape_note: str):
-    """The ``KernelSource`` of a product template's kernel: ``writer``'s body (``write()``) in
-    one ``@triton.jit`` function with the kernel's usual signature and the ``constexprs``,
-    launched over the grid axes ``b``/``m``/``n`` (each divided by its ``<AXIS>BLOCK``),
-    each of ``configs`` timed on the GPU by the emitter (the fastest kept)."""
+    """The ``KernelSource`` of a product template's kernel: ``writer``'s body (``write()``;
+    ``writer.product``: its ``ProductKernel``) in one ``@triton.jit`` function with the
+    kernel's usual signature and the ``constexprs``, launched over the grid axes
+    ``b``/``m``/``n`` (each divided by its ``<AXIS>BLOCK``), each of ``configs`` timed on the
+    GPU by the emitter (the fastest kept)."""
     from fxwrap.targets.base import KernelSource, kernel_function_name, kernel_header
     from fxwrap.targets.cuda_triton.printer import IndexPrinter
 
     call = kernel.template
     name = emitter.target_name
     body = writer.write()
+    product = writer.product
     fname = kernel_function_name(kernel)
     ptrs = [f"in_ptr{i}" for i in range(len(kernel.inputs))] + [f"out_ptr{i}" for i in range(len(kernel.outputs))]
     sizes = [s.name for s in kernel.size_symbols]
@@ -319,11 +331,11 @@ def template_source(emitter, kernel: ScheduledKernel, template_name: str, writer
     deco = f"@triton.jit(do_not_specialize={sizes!r})" if sizes else "@triton.jit"
     lines = kernel_header(kernel, "#", " (triton)")
     lines.append(f"# plan: template {template_name}: {call.op}, {shape_note}, "
-                 f"epilogue of {len(kernel.stores)} store(s), indices {writer.plan.index_dtype}")
+                 f"epilogue of {len(kernel.stores)} store(s), indices {product.plan.index_dtype}")
     lines += ["import triton", "import triton.language as tl", "",
               "from fxwrap.targets.cuda_triton.libm import fx_round_bf16, libdevice", "", ""]
-    if writer.helpers:
-        lines += O.helper_source(writer.helpers)
+    if product.helpers:
+        lines += O.helper_source(product.helpers)
         lines.append("")
     lines += [deco, f"def {fname}({', '.join(ptrs + sizes + consts)}):"]
     lines += ["    " + ln for ln in body]
@@ -331,10 +343,10 @@ def template_source(emitter, kernel: ScheduledKernel, template_name: str, writer
 
     host = IndexPrinter(name)
     numels = [("m", host.render(call.size("m"))), ("n", host.render(call.size("n")))]
-    if writer.batched:
+    if product.batched:
         numels.insert(0, ("b", host.render(call.size("batch"))))
     launch = TritonLaunch(symbol=fname, language=emitter.language, plan="template", template=template_name,
-                          reduction_shape="", index_dtype=writer.plan.index_dtype,
+                          reduction_shape="", index_dtype=product.plan.index_dtype,
                           pointers=len(kernel.inputs) + len(kernel.outputs),
                           size_symbols=tuple(sizes), numels=tuple(numels),
                           configs=tuple(configs), config=configs[0],

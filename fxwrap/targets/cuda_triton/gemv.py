@@ -86,7 +86,7 @@ from fxwrap.core.patterns import INT8_MM
 from fxwrap.core.templates import Template, TemplateCall
 from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.targets.cuda_triton.codegen import CodegenError
-from fxwrap.targets.cuda_triton.gemm import GEMM_DTYPES, GemmWriter, template_source
+from fxwrap.targets.cuda_triton.gemm import GEMM_DTYPES, ProductKernel, template_source
 from fxwrap.targets.cuda_triton.tiling import next_pow2
 
 aten = torch.ops.aten
@@ -233,43 +233,43 @@ def gemv_configs(call: TemplateCall, interpret: bool) -> list[GemvConfig]:
     return out
 
 
-class GemvWriter(GemmWriter):
+class GemvWriter:
     """``GemvWriter(kernel, target_name).write() -> body lines`` of a GEMV template kernel:
     for one row, the ``K`` loop over a ``[NBLOCK, KBLOCK]`` float32 partial sum and its
     reduction to ``acc`` ``[1, NBLOCK]``; for ``M`` rows (2 to ``MAX_ROWS``, static), one
     ``K`` loop per ``FORM`` (``write_rows``) giving ``acc`` ``[MBLOCK, NBLOCK]``; then the
-    kernel's stores (the epilogue) with ``template_out`` bound to ``acc`` (the same
-    ``KernelWriter`` as ``GemmWriter``'s)."""
+    kernel's stores (the epilogue) with ``template_out`` bound to ``acc``
+    (``ProductKernel.epilogue``, as ``GemmWriter``'s).  ``interpret``: the source is for
+    Triton's interpreter (``row_dot``)."""
+
+    def __init__(self, kernel: ScheduledKernel, target_name: str = "triton", intrinsics: tuple = (),
+                 interpret: bool = False):
+        self.product = ProductKernel(kernel, target_name, intrinsics)
+        self.interpret = interpret
 
     def write(self) -> list[str]:
-        call, w = self.call, self.writer
-        rows = static_rows(call)
-        body: list[str] = []
-        if self.int64:
-            body += [f"{s.name} = {s.name}.to(tl.int64)" for s in self.k.size_symbols]
-        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
-        body += [f"M = {self.idx(call.size('m'))}", f"N = {self.idx(call.size('n'))}",
-                 f"K = {self.idx(call.size('k'))}",
-                 f"pid = {pid}",
-                 "ntiles = (N + NBLOCK - 1) // NBLOCK"]
-        if self.batched:
+        p = self.product
+        rows = static_rows(p.call)
+        body = p.sizes()
+        body.append("ntiles = (N + NBLOCK - 1) // NBLOCK")
+        if p.batched:
             body.append("zindex = pid // ntiles")
         body += ["ntile = pid % ntiles",
                  "rn = ntile * NBLOCK + tl.arange(0, NBLOCK)",
                  "rk = tl.arange(0, KBLOCK)",
-                 f"rbn = {self._wrapped('rn', 'N', self.b, -1)}"]
+                 f"rbn = {p.wrapped('rn', 'N', p.b, -1)}"]
         if rows != 1:
             body += self.write_rows(rows)
             body += ["mindex = rm[:, None]", "mmask = mindex < M", "nindex = rn[None, :]", "nmask = nindex < N"]
-            return self.epilogue(w, body)
-        body += [f"a_ptrs = {self._operand(self.a, '0', 'rk[None, :]')}",
-                 f"b_ptrs = {self._operand(self.b, 'rk[None, :]', 'rbn[:, None]')}",
+            return p.epilogue(body)
+        body += [f"a_ptrs = {p.operand(p.a, '0', 'rk[None, :]')}",
+                 f"b_ptrs = {p.operand(p.b, 'rk[None, :]', 'rbn[:, None]')}",
                  "partial = tl.zeros([NBLOCK, KBLOCK], dtype=tl.float32)",
                  *self._k_loop(["a", "b"], ["partial += b.to(tl.float32) * a.to(tl.float32)"]),
                  "acc = tl.sum(partial, axis=1)[None, :]",
                  "rm = tl.arange(0, MBLOCK)",
                  "mindex = rm[:, None]", "mmask = mindex < M", "nindex = rn[None, :]", "nmask = nindex < N"]
-        return self.epilogue(w, body)
+        return p.epilogue(body)
 
     def _k_loop(self, loads: list[str], update: list[str], rows_masked: bool = False,
                 prefetch: bool = False) -> list[str]:
@@ -280,8 +280,9 @@ class GemvWriter(GemmWriter):
         step is loaded before this step's work (``b_next``; past the last step its mask is
         empty), so that two of them are in flight: loads that feed no ``tl.dot`` are not
         pipelined by Triton, and a few rows' partial sums leave no registers for wider tiles."""
-        stride_m = self.idx(self.a.stride[-2])
-        b_step = f"b_ptrs += KBLOCK * ({self.idx(self.b.stride[-2])})"
+        p = self.product
+        stride_m = p.idx(p.a.stride[-2])
+        b_step = f"b_ptrs += KBLOCK * ({p.idx(p.b.stride[-2])})"
 
         def load(name: str, masked: bool) -> str:
             ptr = "b_ptrs" if name == "b" else "a_ptrs" if name in ("a", "a0") else \
@@ -307,7 +308,7 @@ class GemvWriter(GemmWriter):
                 "        kleft = K - kstep * KBLOCK",
                 *(load(name, True) for name in loads),
                 *("    " + ln for ln in update),
-                f"    a_ptrs += KBLOCK * ({self.idx(self.a.stride[-1])})",
+                f"    a_ptrs += KBLOCK * ({p.idx(p.a.stride[-1])})",
                 *([] if prefetch else [f"    {b_step}"])]
 
     def write_rows(self, rows: int) -> list[str]:
@@ -324,6 +325,7 @@ class GemvWriter(GemmWriter):
 
         In the last two the next step's weight tile is in flight during each step (``_k_loop``'s
         ``prefetch``)."""
+        p = self.product
         names = [f"a{r}" for r in range(rows)]
         zeros = [f"sum{r} = tl.zeros([NBLOCK], dtype=tl.float32)" for r in range(rows)]
         parts = [f"part{r} = tl.zeros([NBLOCK, KBLOCK], dtype=tl.float32)" for r in range(rows)]
@@ -333,23 +335,23 @@ class GemvWriter(GemmWriter):
         branches = [
             (f"if FORM == {FORM_DOT}:  # one tl.dot a step, the rows padded to MBLOCK = {DOT_ROWS}",
              ["rows_in = rm[:, None] < M",
-              f"a_ptrs = {self._operand(self.a, 'rm[:, None]', 'rk[None, :]')}",
+              f"a_ptrs = {p.operand(p.a, 'rm[:, None]', 'rk[None, :]')}",
               "acc = tl.zeros([MBLOCK, NBLOCK], dtype=tl.float32)",
               *self._k_loop(["a", "b"], [f"acc += {self.row_dot()}"], rows_masked=True)]),
             (f"elif FORM == {FORM_STEP_SUM}:  # each row's products reduced along K every step",
-             [f"a_ptrs = {self._operand(self.a, '0', 'rk[None, :]')}", *zeros,
+             [f"a_ptrs = {p.operand(p.a, '0', 'rk[None, :]')}", *zeros,
               *self._k_loop(["b", *names], [widen] + [f"sum{r} += tl.sum(w * a{r}.to(tl.float32), axis=1)"
                                                       for r in range(rows)], prefetch=True),
               *gather]),
             ("else:  # a partial sum per row, reduced once after the loop",
-             [f"a_ptrs = {self._operand(self.a, '0', 'rk[None, :]')}", *parts,
+             [f"a_ptrs = {p.operand(p.a, '0', 'rk[None, :]')}", *parts,
               *self._k_loop(["b", *names], [widen] + [f"part{r} += w * a{r}.to(tl.float32)" for r in range(rows)],
                             prefetch=True),
               *(f"sum{r} = tl.sum(part{r}, axis=1)" for r in range(rows)),
               *gather]),
         ]
         body = ["rm = tl.arange(0, MBLOCK)",
-                f"b_ptrs = {self._operand(self.b, 'rk[None, :]', 'rbn[:, None]')}"]
+                f"b_ptrs = {p.operand(p.b, 'rk[None, :]', 'rbn[:, None]')}"]
         for head, lines in branches:
             body += [head, *("    " + ln for ln in lines)]
         return body
@@ -359,7 +361,7 @@ class GemvWriter(GemmWriter):
         KBLOCK]`` weight tile ``b``: in the activations' 16-bit dtype (an int8 weight is exact
         there), float32 ``ieee`` for float32 activations and under the interpreter (whose dot
         of 16-bit floats is wrong)."""
-        if self.interpret or self.call.dtype == torch.float32:
+        if self.interpret or self.product.call.dtype == torch.float32:
             return 'tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")'
         return "tl.dot(a, tl.trans(b.to(a.dtype)))"
 
@@ -422,13 +424,13 @@ class TritonGemv(Template):
         call = kernel.template
         if call is None:
             raise CodegenError(f"kernel {kernel.name} has no template call (template {self.name})")
-        gw = GemvWriter(kernel, emitter.target_name, interpret=emitter.interpret, intrinsics=emitter.intrinsics)
+        gw = GemvWriter(kernel, emitter.target_name, intrinsics=emitter.intrinsics, interpret=emitter.interpret)
         k = sympy.sympify(call.size("k"))
         rows = static_rows(call)
         configs = [c.launch_config(int(k) if k.is_Integer else None, rows)
                    for c in gemv_configs(call, emitter.interpret)]
         along = "N" if reads_along_n(call) else "K"
-        batch = "batch x " if gw.batched else ""
+        batch = "batch x " if gw.product.batched else ""
         constexprs = ("MBLOCK", "NBLOCK", "KBLOCK", "EVEN_K") + (("FORM",) if rows != 1 else ())
         many = "" if rows == 1 else f" for {rows} rows"
         return template_source(emitter, kernel, self.name, gw, constexprs, configs,

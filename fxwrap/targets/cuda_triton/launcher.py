@@ -333,19 +333,28 @@ class CompiledLauncher:
         self.fn[(n,)](*args, **self.constexprs, **self.options)
 
 
-class DriverLauncher(CompiledLauncher):
+class DriverLauncher:
     """Launches the cubin through ``cuda_driver.DriverKernel`` (``cuLaunchKernel``): no
     launcher stub to build; the plain call in C (``native_launch``: ``path`` is
     ``"cuda-native"``), else a few ``ctypes`` operations per call (``"cuda-driver"``;
     ``FXWRAP_TRITON_LAUNCHER=ctypes`` asks for it).  While a Triton launch hook (a profiler)
-    is set, calls go through Triton's ``run`` so that the hook sees them."""
+    is set, calls go through Triton's ``run`` (``triton``: a ``CompiledLauncher`` of the same
+    compiled kernel) so that the hook sees them."""
 
+    kind = "compiled"
     path = "cuda-driver"
 
     def __init__(self, fn, launch: TritonLaunch, compiled, device_index: int, driver, *, device_count: int,
                  pointer_dtypes=(), unaligned: frozenset = frozenset()):
-        super().__init__(fn, launch, compiled, device_index, device_count=device_count)
-        self.launch, self.pointer_dtypes, self.device_count = launch, tuple(pointer_dtypes), device_count
+        self.triton = triton = CompiledLauncher(fn, launch, compiled, device_index, device_count=device_count)
+        self.fn, self.launch, self.pointer_dtypes, self.device_count = fn, launch, tuple(pointer_dtypes), device_count
+        self.compiled = compiled  # its cubin: what a saved program keeps (saved.cubin_loader_of)
+        # what ``launch_preamble`` reads of a launcher, bound as for Triton's own launch
+        self.npointers, self.grid, self.device = triton.npointers, triton.grid, device_index
+        self.current_device, self.other_devices, self.stream = (triton.current_device, triton.other_devices,
+                                                                triton.stream)
+        # Triton's launch hooks, checked per call (``python_call``)
+        self.chains, self.plain_hooks = triton.chains, triton.plain_hooks
         # the pointers this compiled variant assumes 16-byte aligned; a call with another
         # pointer unaligned goes to a variant compiled for it (``variants``, by the set of
         # unaligned pointers), not through Triton's per-call ``kernel[grid]`` dispatch
@@ -367,6 +376,18 @@ class DriverLauncher(CompiledLauncher):
             self.native = native_launch(driver, driver.format, self.npointers, nsizes, fixed, self.grid,
                                         self.chains, self.python_call, self.stream)
         self.path = "cuda-native" if self.native is not None else "cuda-driver"
+
+    def on_own_device(self, args):
+        """Launch with the kernel's device current (the caller's is restored after)."""
+        import torch
+        with torch.cuda.device(self.device):
+            return self(*args)
+
+    def triton_launch(self, n, args):
+        self.triton.triton_launch(n, args)
+
+    def generic(self, n, args):
+        self.triton.generic(n, args)
 
     def __call__(self, *args):
         native = self.native

@@ -80,7 +80,9 @@ import sympy
 import torch
 
 from fxwrap.targets.cuda_triton import ops as O
-from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, _Scope
+from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, Scope
+from fxwrap.targets.cuda_triton.reduction import COMBINE
+from fxwrap.targets.cuda_triton.scan import ScanWriter, scan_fields
 
 TOTAL, PREFIX = 1, 2  # status flags: the chunk's total, the inclusive prefix up to its end
 
@@ -95,21 +97,26 @@ def _bits_literal(init: str, dtype: torch.dtype) -> int:
     return int(value)
 
 
-class LookbackScanWriter(KernelWriter):
-    """Writes the one kernel of plan ``lookback-scan`` (see the module docstring):
-    ``LookbackScanWriter(kernel, plan).write() -> body lines``; ``workspace_numel(xnumel,
-    nchunks)`` is the size of its ``int64`` status workspace (``ws_ptr0``)."""
+class LookbackScanWriter:
+    """Writes the one kernel of plan ``lookback-scan`` (see the module docstring) through the
+    kernel's ``codegen.KernelWriter``: ``LookbackScanWriter(writer).write() -> body lines``;
+    ``workspace_numel(xnumel, nchunks)`` is the size of its ``int64`` status workspace
+    (``ws_ptr0``).  A scan's state, combine and locals are the plain scan's (``scan.ScanWriter``)."""
 
-    def __init__(self, kernel, plan, target_name: str = "triton", intrinsics: tuple = ()):
-        super().__init__(kernel, plan, target_name, intrinsics)
+    def __init__(self, writer: KernelWriter):
+        self.w = writer
+        self.kernel = kernel = writer.kernel
+        self.plan = writer.plan
+        self.scans = ScanWriter(writer)
         for red in kernel.reductions:
             if red.kind not in ("cumsum", "cumprod", "logcumsumexp") or self.state_bits(red) not in (32, 64):
                 raise CodegenError(f"kernel {kernel.name}: scan {red.kind} of {red.dtype} has no look-back "
-                                   f"status word (target {target_name}); the planner keeps it a split scan")
+                                   f"status word (target {writer.target_name}); the planner keeps it a split scan")
 
     # ------------------------------------------------------------------ layout
-    def state_dtype(self, red) -> torch.dtype:
-        return self._scan_fields(red)[0][1]
+    @staticmethod
+    def state_dtype(red) -> torch.dtype:
+        return scan_fields(red)[0][1]
 
     def state_bits(self, red) -> int:
         return self.state_dtype(red).itemsize * 8
@@ -120,11 +127,8 @@ class LookbackScanWriter(KernelWriter):
 
     def workspace_numel(self, xnumel, nchunks):
         """Words of the status workspace: the ticket, then each scan's words of every chunk."""
-        words = sum(self.words_per_chunk(red) for red in self.k.reductions)
+        words = sum(self.words_per_chunk(red) for red in self.kernel.reductions)
         return 1 + words * sympy.sympify(xnumel) * sympy.sympify(nchunks)
-
-    def _top_provides(self):
-        return [v.name for vs in self.plan.groups.values() for v in vs]
 
     # ------------------------------------------------------------------ words
     def _as_bits(self, value: str, dtype: torch.dtype) -> str:
@@ -175,43 +179,40 @@ class LookbackScanWriter(KernelWriter):
 
     # ------------------------------------------------------------------ body
     def write(self) -> list[str]:
-        p = self.plan
-        top = _Scope(None, provides=self._top_provides())
-        body: list[str] = []
-        if self.int64:
-            body += [f"{s.name} = {s.name}.to(tl.int64)" for s in self.k.size_symbols]
-        rbase = "tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if self.int64 else "")
-        ticket = 'tl.atomic_add(ws_ptr0, 1, sem="relaxed")' + ("" if self.int64 else ".to(tl.int32)")
-        body += [f"xnumel = {self.numel(p.ranges['x'])}",
-                 f"rnumel = {self.numel(p.ranges['r'])}",
+        w, p = self.w, self.plan
+        top = w.function_scope(p.groups)
+        body = w.size_casts()
+        ticket = 'tl.atomic_add(ws_ptr0, 1, sem="relaxed")' + ("" if w.int64 else ".to(tl.int32)")
+        body += [f"xnumel = {w.numel(p.ranges['x'])}",
+                 f"rnumel = {w.numel(p.ranges['r'])}",
                  "nchunks = (rnumel + RBLOCK - 1) // RBLOCK",
                  f"ticket = {ticket}",
                  "chunk = ticket % nchunks",
                  "xoffset = ticket // nchunks",
                  "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
                  "xmask = xindex < xnumel",
-                 f"rbase = {rbase}",
+                 f"rbase = {w.block_lanes()}",
                  "rindex = chunk * RBLOCK + rbase",
                  "rmask = rindex < rnumel",
                  "xrmask = xmask & rmask",
                  "lanes = tl.arange(0, LOOKBACK)",
-                 *self.decompose("xindex", p.groups["x"], p.ranges["x"]),
-                 *self.decompose("rindex", p.groups["r"], p.ranges["r"])]
+                 *w.decompose("xindex", p.groups["x"], p.ranges["x"]),
+                 *w.decompose("rindex", p.groups["r"], p.ranges["r"])]
         before = 0  # status words per (row, chunk) of the scans before this one
-        for red in self.k.reductions:
+        for red in self.kernel.reductions:
             self._scan(top, red, before)
             before += self.words_per_chunk(red)
-        for st in self.k.stores:
-            self.store(top, st, ("x", "r"))
-        return self._with_zeros(body + top.lines)
+        for st in self.kernel.stores:
+            w.store(top, st, ("x", "r"))
+        return w.with_zeros(body + top.lines)
 
-    def _scan(self, top: _Scope, red, before: int) -> None:
-        base = self.scan_local(red)
-        _, T, init = self._scan_fields(red)[0]
+    def _scan(self, top: Scope, red, before: int) -> None:
+        base = self.scans.local(red)
+        _, T, init = scan_fields(red)[0]
         tt = O.TL_TYPES[T]
-        fn = self._scan_combine(red)
-        low = self._combine_name("min")
-        v = O.cast(self.value(top, red.value), red.value.dtype, red.dtype)
+        fn = self.scans.combine(red)
+        low = self.w.helper(COMBINE["min"])
+        v = O.cast(self.w.value(top, red.value), red.value.dtype, red.dtype)
         words = self.words_per_chunk(red)
         area = f"{before} * xnumel * nchunks + " if before else ""
         row = f"{words} * xoffset" if words > 1 else "xoffset"

@@ -163,7 +163,7 @@ class MetalEmitter(CStyleEmitter):
         execute = self.execute
         grid = kernel.ranges if kernel.reductions else self.grid_ranges(kernel)
         numel = sympy.Mul(*[sympy.sympify(r) for r in grid]) if grid else sympy.Integer(1)
-        tg = int((getattr(self.target, "options", None) or {}).get(
+        tg = int(self.target_options.get(
             "threadgroup_size", self.default_threadgroup_size[execute]))
         if kernel.reductions and not kernel.is_scan and (tg < self.simd_width or tg % self.simd_width):
             raise EmitError(f"threadgroup_size {tg} of target {self.target_name} must be a multiple "
@@ -187,14 +187,14 @@ class MetalEmitter(CStyleEmitter):
         such as ``max_threads_per_threadgroup`` come from here."""
         caps = self.__dict__.get("_device_capabilities")
         if caps is None:
-            device = getattr(self.target, "device", None)
+            device = self.target_device
             caps = self.__dict__["_device_capabilities"] = (
                 as_capabilities(device.capabilities(), device) if device else Capabilities())
         return caps
 
     @property
     def execute(self) -> str:
-        execute = (getattr(self.target, "options", None) or {}).get("execute", "mps")
+        execute = self.target_options.get("execute", "mps")
         if execute not in ("mps", "shim"):
             raise EmitError(f"target {self.target_name}: execute={execute!r} is not 'mps' or 'shim'")
         return execute

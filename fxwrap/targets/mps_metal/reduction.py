@@ -33,50 +33,47 @@ from __future__ import annotations
 
 import sympy
 
-from fxwrap.ir.loops import REDUCTIONS, Reduction, ScheduledKernel, split_stores
+from fxwrap.ir.loops import REDUCTIONS, ScheduledKernel, split_stores
 from fxwrap.targets.cstyle import EmitError, LocalNames, ReductionAccumulator, Scope, append_block, reduction_passes
 
 
-class MetalRed(ReductionAccumulator):
-    """One reduction's per-thread state: the C++ target's update / combine statements
-    (``fx_*_upd`` / ``fx_*_cmb`` exist in both preludes), Metal types, SIMD statements."""
+def state_types(acc: ReductionAccumulator) -> list[str]:
+    """The Metal types of ``acc``'s states (the C-family accumulator's, in Metal's names)."""
+    return [t for t, _ in acc.states]
 
-    def __init__(self, em, k: int, red: Reduction):
-        if red.kind not in REDUCTIONS:
-            raise EmitError(f"reduction kind {red.kind!r} has no Metal rendering (target {em.target_name})")
-        super().__init__(em, k, red)
 
-    def types(self) -> list[str]:
-        return [t for t, _ in self.states]
+def declarations(acc: ReductionAccumulator, tag: str) -> list[str]:
+    """``acc``'s states named by ``tag``, declared at their initial values: ``float rd0_a0 = 0;``."""
+    return [f"{t} {n} = {init};" for (t, init), n in zip(acc.states, acc.names(tag))]
 
-    def decls(self, tag: str) -> list[str]:
-        return [f"{t} {n} = {init};" for t, (_, init), n in zip(self.types(), self.states, self.names(tag))]
 
-    def simd(self, width: int) -> list[str]:
-        """Combine the state across the lanes of each SIMD group (lane 0 ends with it)."""
-        a = self.names("a")
-        if self.kind == "sum" and self.T in ("float", "int"):
-            return [f"{a[0]} = simd_sum({a[0]});"]
-        if self.kind in ("max", "min") and self.T != "bool":
-            # simd_max/simd_min leave NaN unspecified; torch propagates it
-            m = f"{self.base}_m"
-            lines = [f"const {self.T} {m} = simd_{self.kind}({a[0]});"]
-            if self.T == "float":
-                lines.append(f"{a[0]} = simd_any(fx_isnan({a[0]})) ? NAN : {m};")
-            else:
-                lines.append(f"{a[0]} = {m};")
-            return lines
-        if self.kind == "any":
-            return [f"{a[0]} = simd_any({a[0]});"]
-        if self.kind == "all":
-            return [f"{a[0]} = simd_all({a[0]});"]
-        o = self.names("o")
-        body = [f"const {t} {x} = simd_shuffle_down({y}, fx_off);"
-                for t, x, y in zip(self.types(), o, a)]
-        body.append(self.cmb(a, o))
-        lines: list[str] = []
-        append_block(lines, f"for (ushort fx_off = {width // 2}; fx_off > 0; fx_off >>= 1)", body)
+def simd_combine(acc: ReductionAccumulator, width: int) -> list[str]:
+    """Combine ``acc``'s state across the lanes of each SIMD group (lane 0 ends with it):
+    Metal's ``simd_*`` functions where they are torch's reduction, else shuffles folded with
+    the kind's combine (``fx_*_upd`` / ``fx_*_cmb`` exist in both preludes)."""
+    a = acc.names("a")
+    if acc.kind == "sum" and acc.T in ("float", "int"):
+        return [f"{a[0]} = simd_sum({a[0]});"]
+    if acc.kind in ("max", "min") and acc.T != "bool":
+        # simd_max/simd_min leave NaN unspecified; torch propagates it
+        m = f"{acc.base}_m"
+        lines = [f"const {acc.T} {m} = simd_{acc.kind}({a[0]});"]
+        if acc.T == "float":
+            lines.append(f"{a[0]} = simd_any(fx_isnan({a[0]})) ? NAN : {m};")
+        else:
+            lines.append(f"{a[0]} = {m};")
         return lines
+    if acc.kind == "any":
+        return [f"{a[0]} = simd_any({a[0]});"]
+    if acc.kind == "all":
+        return [f"{a[0]} = simd_all({a[0]});"]
+    o = acc.names("o")
+    body = [f"const {t} {x} = simd_shuffle_down({y}, fx_off);"
+            for t, x, y in zip(state_types(acc), o, a)]
+    body.append(acc.cmb(a, o))
+    lines: list[str] = []
+    append_block(lines, f"for (ushort fx_off = {width // 2}; fx_off > 0; fx_off >>= 1)", body)
+    return lines
 
 
 class MetalReduction:
@@ -89,7 +86,10 @@ class MetalReduction:
         self.rr = [sympy.sympify(r) for r in kernel.reduction_ranges]
         if not self.rv:
             raise EmitError(f"kernel {kernel.name} has reductions but no reduction_ranges")
-        self.reds = [MetalRed(em, i, r) for i, r in enumerate(kernel.reductions)]
+        for red in kernel.reductions:
+            if red.kind not in REDUCTIONS:
+                raise EmitError(f"reduction kind {red.kind!r} has no Metal rendering (target {em.target_name})")
+        self.reds = [ReductionAccumulator(em, i, r) for i, r in enumerate(kernel.reductions)]
         self.passes = reduction_passes(kernel, self.reds)
         self.r_stores, self.x_stores = split_stores(kernel.stores, self.rv)
 
@@ -105,7 +105,7 @@ class MetalReduction:
         em, width = self.em, self.em.simd_width
         fn = Scope(em, self.names, None, kernel=self.k)
         out = [f"threadgroup {t} {n}[{width}];"
-               for r in self.reds for t, n in zip(r.types(), r.names("shm"))]
+               for r in self.reds for t, n in zip(state_types(r), r.names("shm"))]
         out += [f"const uint fx_lane = fx_tid % {width};",
                 f"const uint fx_simd = fx_tid / {width};",
                 f"const uint fx_nsimd = (fx_tgsize + {width - 1}) / {width};",
@@ -119,15 +119,15 @@ class MetalReduction:
             body += [r.upd(r.names("a"), v, "rindex") for r, v in zip(p, values)]
             row.flush_into(out)
             for r in p:
-                out += r.decls("a")
+                out += declarations(r, "a")
             append_block(out, head, body)
             for r in p:
-                out += r.simd(width)
+                out += simd_combine(r, width)
                 shm, acc = r.names("shm"), r.names("a")
                 append_block(out, "if (fx_lane == 0)", [f"{s}[fx_simd] = {a};" for s, a in zip(shm, acc)])
             out.append(em.barrier)
             for r in p:
-                out += r.decls("f")
+                out += declarations(r, "f")
                 fold = r.cmb(r.names("f"), [f"{s}[fx_j]" for s in r.names("shm")])
                 out.append(f"for (uint fx_j = 0; fx_j < fx_nsimd; ++fx_j) {{ {fold} }}")
                 out += r.finish(r.names("f"))

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import multiprocessing
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,14 +91,18 @@ class Summary:
 
 
 def fuzz(target: str, programs: int = 100, seed: int = 0, out: str | Path | None = None,
-         bad_inputs_every: int = 10, log=None, jobs: int = 1, stop_at: float | None = None) -> Summary:
+         bad_inputs_every: int = 10, log=None, jobs: int = 1, stop_at: float | None = None,
+         warnings_shown: bool = True) -> Summary:
     """Check ``programs`` programs from ``seed`` on ``target``; every ``bad_inputs_every``-th
     program (0: none) also goes through the bad-input fuzzer.  ``jobs`` > 1 runs them in that
     many worker processes, in chunks of seeds; ``stop_at`` (a ``time.time()``) starts no
-    program after it."""
+    program after it; ``warnings_shown=False`` hides the Python warnings the programs give
+    (eager's own deprecations and degrees-of-freedom warnings, ``fxwrap fuzz --quiet``)."""
     if jobs > 1:
-        return _fuzz_in_workers(target, programs, seed, out, bad_inputs_every, log, jobs, stop_at)
-    with _expected_errors_unlogged():
+        return _fuzz_in_workers(target, programs, seed, out, bad_inputs_every, log, jobs, stop_at, warnings_shown)
+    with _expected_errors_unlogged(), warnings.catch_warnings():
+        if not warnings_shown:
+            warnings.simplefilter("ignore")
         return _fuzz(target, programs, seed, out, bad_inputs_every, log, stop_at)
 
 
@@ -178,16 +183,16 @@ CHUNK = 10  # seeds per task of a worker
 
 
 def _chunk(args) -> Summary:
-    target, first, count, out, bad_inputs_every, stop_at = args
+    target, first, count, out, bad_inputs_every, stop_at, warnings_shown = args
     return fuzz(target, count, first, None if out is None else Path(out) / f"chunk_{first}", bad_inputs_every,
-                stop_at=stop_at)
+                stop_at=stop_at, warnings_shown=warnings_shown)
 
 
-def _fuzz_in_workers(target, programs, seed, out, bad_inputs_every, log, jobs, stop_at) -> Summary:
+def _fuzz_in_workers(target, programs, seed, out, bad_inputs_every, log, jobs, stop_at, warnings_shown) -> Summary:
     """``fuzz`` over ``jobs`` spawned processes, ``CHUNK`` seeds per task, merged in seed order."""
     start = time.perf_counter()
     tasks = [(target, first, min(CHUNK, seed + programs - first), None if out is None else str(out),
-              bad_inputs_every, stop_at) for first in range(seed, seed + programs, CHUNK)]
+              bad_inputs_every, stop_at, warnings_shown) for first in range(seed, seed + programs, CHUNK)]
     summary = Summary(target, seed)
     context = multiprocessing.get_context("spawn")  # a fresh torch per worker, no forked state
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:

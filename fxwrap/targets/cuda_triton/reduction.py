@@ -1,0 +1,396 @@
+"""Reductions of the Triton target: plans ``persistent``, ``looped`` and ``split-outer``.
+
+``ReductionWriter(writer)`` writes, through the kernel's ``codegen.KernelWriter``, the body
+of a kernel with reductions (``sum``, ``prod``, ``max``/``min``, ``argmax``/``argmin``,
+``any``/``all``, ``welford``) and the stores after them:
+
+* ``persistent``: the whole row in one ``[XBLOCK, RBLOCK]`` block, each reduction one
+  ``tl.reduce`` (``write``);
+* ``looped``: ``[XBLOCK, RBLOCK]`` accumulators over ``for roffset`` steps, reduced at the
+  end; reductions that read no earlier one share a loop (``passes``)::
+
+      _red0_acc = tl.full([XBLOCK, RBLOCK], 0, tl.float32)
+      for roffset in range(0, rnumel, RBLOCK):
+          rindex = roffset + rbase
+          ...
+          _red0_acc = tl.where(xrmask, _red0_acc + tmp0, _red0_acc)
+      _red0 = tl.sum(_red0_acc, 1)[:, None]
+
+* ``split-outer``: two kernels, the partials of each (x tile, r chunk) into workspaces,
+  then their combine (``write_split``).
+
+A result is bound as the reduction's ``acc`` in the scope after it (``bind``): what the
+stores and later reductions read.
+"""
+from __future__ import annotations
+
+import torch
+
+from fxwrap.ir.loops import OpCode, Reduction, acc_key, split_stores, walk
+from fxwrap.targets.cuda_triton import ops as O
+from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, Scope
+
+BIG_INDEX = 2 ** 62
+#: the jitted helper combining two values (arg-reductions: value and index pairs) of a kind
+COMBINE = {"max": "_fx_max", "min": "_fx_min", "prod": "_fx_mul", "sum": "_fx_add",
+           "argmax": "_fx_argmax", "argmin": "_fx_argmin", "welford": "_fx_welford"}
+
+
+def initial_value(kind: str, dtype: torch.dtype) -> str:
+    """The identity of reduction ``kind`` over ``dtype`` values, as Triton source."""
+    if kind in ("sum", "welford"):
+        return "0"
+    if kind == "prod":
+        return "1"
+    if kind == "any":
+        return "0"
+    if kind == "all":
+        return "1"
+    lowest = kind in ("max", "argmax")
+    if dtype == torch.bool:
+        return "0" if lowest else "1"
+    if dtype.is_floating_point:
+        return 'float("-inf")' if lowest else 'float("inf")'
+    info = torch.iinfo(dtype)
+    return str(info.min if lowest else info.max)
+
+
+def accumulator_dtype(red: Reduction) -> torch.dtype:
+    """The dtype ``red`` accumulates in: bool for any/all, the value's compute dtype for
+    arg-reductions (the index is int64), else its result's."""
+    if red.kind in ("any", "all"):
+        return torch.bool
+    if red.kind in ("argmax", "argmin"):
+        return O.compute_dtype(red.value.dtype)
+    return O.compute_dtype(red.dtype)
+
+
+def _deviation(value: str, mean: str) -> str:
+    """Welford's ``value - mean``, exactly 0 where a finite value equals the mean.
+
+    On the GPU Triton contracts a product's ``value - mean`` into an FMA, whose result
+    is the product's rounding error where eager's is 0: the variance of one element was
+    ``inf`` (m2 > 0 divided by 0) where eager's is NaN.  Times 0 the difference is 0 and
+    an infinite value's ``inf - inf`` stays NaN, as in eager's Welford::
+
+        tl.where(tmp7 == _red0_mean, (tmp7 - _red0_mean) * 0.0, tmp7 - _red0_mean)
+    """
+    return f"tl.where({value} == {mean}, ({value} - {mean}) * 0.0, {value} - {mean})"
+
+
+class ReductionWriter:
+    """``ReductionWriter(writer).write()``: the body of plan ``persistent`` or ``looped``;
+    ``write_split()``: the two bodies of plan ``split-outer``, whose workspaces have
+    ``workspace_dtypes()`` (module doc)."""
+
+    def __init__(self, writer: KernelWriter):
+        self.w = writer
+        self.kernel = writer.kernel
+        self.plan = writer.plan
+        self.reductions = list(writer.kernel.reductions)
+        if len({r.name for r in self.reductions}) != len(self.reductions):
+            raise CodegenError(f"kernel {self.kernel.name}: two reductions share a name")
+
+    def combine(self, kind: str) -> str:
+        return self.w.helper(COMBINE[kind])
+
+    # ------------------------------------------------------------------ persistent, looped
+    def write(self) -> list[str]:
+        """The function body (without the ``def`` line)."""
+        w, p = self.w, self.plan
+        top = w.function_scope(p.groups if p.kind == "persistent" else ("x",))
+        out = [*w.size_casts(),
+               f"xnumel = {w.numel(p.ranges['x'])}",
+               f"rnumel = {w.numel(p.ranges['r'])}",
+               f"xoffset = {w.pid()} * XBLOCK",
+               "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+               "xmask = xindex < xnumel",
+               f"rbase = {w.block_lanes()}",
+               *w.decompose("xindex", p.groups["x"], p.ranges["x"])]
+        rnames = {v.name for v in p.groups["r"]}
+        r_stores, x_stores = split_stores(self.kernel.stores, p.groups["r"])
+        if p.kind == "persistent":
+            out += ["rindex = rbase", "rmask = rindex < rnumel", "xrmask = xmask & rmask",
+                    *w.decompose("rindex", p.groups["r"], p.ranges["r"])]
+            for red in self.reductions:
+                self.persistent(top, red)
+            for st in r_stores:
+                w.store(top, st, ("x", "r"))
+            for st in x_stores:
+                w.store(top, st, ("x",))
+            return w.with_zeros(out + top.lines)
+        for group in self.passes():
+            init, update, finish = [], [], []
+            loop = Scope(top, provides=rnames)
+            for red in group:
+                a, b, c = self.looped(loop, red)
+                init += a
+                update += b
+                finish.append((red, c))
+            out += top.lines
+            top.lines.clear()
+            out += init
+            out += w.row_loop(loop, update)
+            for red, (fin_lines, results) in finish:
+                out += fin_lines
+                self.bind(top, red, results, out)
+        if r_stores:
+            loop = Scope(top, provides=rnames)
+            for st in r_stores:
+                w.store(loop, st, ("x", "r"))
+            out += top.lines
+            top.lines.clear()
+            out += w.row_loop(loop, [])
+        for st in x_stores:
+            w.store(top, st, ("x",))
+        return w.with_zeros(out + top.lines)
+
+    def passes(self) -> list[list[Reduction]]:
+        """The kernel's reductions in loops over the row: a reduction joins the loop before
+        unless it reads one of that loop's results."""
+        passes: list[list[Reduction]] = []
+        seen: set[str] = set()
+        for r in self.reductions:
+            reads = {acc_key(n)[0] for n in walk(r.value) if n.op == OpCode.ACC}
+            if not reads <= seen:
+                raise CodegenError(f"kernel {self.kernel.name}: reduction {r.name} reads acc "
+                                   f"{sorted(reads - seen)}, which is not an earlier reduction")
+            if passes and not reads & {q.name for q in passes[-1]}:
+                passes[-1].append(r)
+            else:
+                passes.append([r])
+            seen.add(r.name)
+        return passes
+
+    def value(self, scope: Scope, red: Reduction) -> str:
+        """The local of the value ``red`` folds, in its accumulator's dtype (arg-reductions: as it is)."""
+        v = self.w.value(scope, red.value)
+        if red.kind in ("any", "all"):
+            return O.cast(v, red.value.dtype, torch.bool)
+        if red.kind in ("argmax", "argmin"):
+            return v
+        return O.cast(v, red.value.dtype, red.dtype)
+
+    def persistent(self, top: Scope, red: Reduction) -> None:
+        """The lines of one reduction of a whole row (plan ``persistent``), its result bound."""
+        v = self.value(top, red)
+        kind = red.kind
+        T = accumulator_dtype(red)
+        tt = O.TL_TYPES[T]
+        base = self.w.reduction_local(red)
+        lines = top.lines
+        if kind in ("sum", "prod", "max", "min"):
+            lines.append(f"{base}_v = tl.where(xrmask, {v}, tl.full([], {initial_value(kind, T)}, {tt}))")
+            if kind == "sum":
+                lines.append(f"{base} = tl.sum({base}_v, 1)[:, None]")
+            else:
+                lines.append(f"{base} = tl.reduce({base}_v, 1, {self.combine(kind)})[:, None]")
+            results = [base]
+        elif kind in ("any", "all"):
+            fill = "0" if kind == "any" else "1"
+            fn = "tl.max" if kind == "any" else "tl.min"
+            lines.append(f"{base}_v = tl.where(xrmask, {v}, {fill}).to(tl.int32)")
+            lines.append(f"{base} = ({fn}({base}_v, 1) != 0)[:, None]")
+            results = [base]
+        elif kind in ("argmax", "argmin"):
+            lines.append(f"{base}_v = tl.where(xrmask, {v}, tl.full([], {initial_value(kind, T)}, {tt}))")
+            lines.append(f"{base}_i = tl.where(xrmask, rindex.to(tl.int64), {BIG_INDEX})")
+            lines.append(f"{base}_rv, {base}_ri = tl.reduce(({base}_v, {base}_i), 1, "
+                         f"{self.combine(kind)})")
+            lines.append(f"{base}_ri = {base}_ri[:, None]")
+            lines.append(f"{base}_rv = {base}_rv[:, None]")
+            results = [f"{base}_ri", f"{base}_rv"]
+        elif kind == "welford":
+            lines.append(f"{base}_n = tl.sum(tl.where(xrmask, 1.0, 0.0).to({tt}), 1)[:, None]")
+            lines.append(f"{base}_mean = tl.sum(tl.where(xrmask, {v}, 0.0).to({tt}), 1)[:, None] / "
+                         f"tl.maximum({base}_n, 1.0)")
+            lines.append(f"{base}_d = tl.where(xrmask, {_deviation(v, base + '_mean')}, 0.0).to({tt})")
+            lines.append(f"{base}_m2 = tl.sum({base}_d * {base}_d, 1)[:, None]")
+            results = [f"{base}_mean", f"{base}_m2", f"{base}_n"]
+        else:
+            raise CodegenError(f"reduction kind {kind!r} (kernel {self.kernel.name}, target {self.w.target_name})")
+        self.bind(top, red, results, lines)
+
+    def looped(self, loop: Scope, red: Reduction):
+        """(init lines, loop update lines, (finish lines, result names)) of one looped reduction."""
+        kind = red.kind
+        T = accumulator_dtype(red)
+        tt = O.TL_TYPES[T]
+        base = self.w.reduction_local(red)
+        full = "[XBLOCK, RBLOCK]"
+        v = self.value(loop, red)
+        init, upd = [], []
+        if kind in ("sum", "prod", "max", "min", "any", "all"):
+            init.append(f"{base}_acc = tl.full({full}, {initial_value(kind, T)}, {tt})")
+            if kind in ("max", "min"):
+                new = f"{self.combine(kind)}({base}_acc, {v})"
+            else:
+                new = {"sum": f"{base}_acc + {v}", "prod": f"{base}_acc * {v}",
+                       "any": f"{base}_acc | {v}", "all": f"{base}_acc & {v}"}[kind]
+            upd.append(f"{base}_acc = tl.where(xrmask, {new}, {base}_acc)")
+            if kind == "sum":
+                fin = [f"{base} = tl.sum({base}_acc, 1)[:, None]"]
+            elif kind in ("any", "all"):
+                fn = "tl.max" if kind == "any" else "tl.min"
+                fin = [f"{base} = ({fn}({base}_acc.to(tl.int32), 1) != 0)[:, None]"]
+            else:
+                fin = [f"{base} = tl.reduce({base}_acc, 1, {self.combine(kind)})[:, None]"]
+            return init, upd, (fin, [base])
+        if kind in ("argmax", "argmin"):
+            fn = self.combine(kind)
+            init += [f"{base}_accv = tl.full({full}, {initial_value(kind, T)}, {tt})",
+                     f"{base}_acci = tl.full({full}, {BIG_INDEX}, tl.int64)"]
+            upd += [f"{base}_nv, {base}_ni = {fn}({base}_accv, {base}_acci, {v}, rindex.to(tl.int64))",
+                    f"{base}_accv = tl.where(xrmask, {base}_nv, {base}_accv)",
+                    f"{base}_acci = tl.where(xrmask, {base}_ni, {base}_acci)"]
+            fin = [f"{base}_rv, {base}_ri = tl.reduce(({base}_accv, {base}_acci), 1, {fn})",
+                   f"{base}_ri = {base}_ri[:, None]", f"{base}_rv = {base}_rv[:, None]"]
+            return init, upd, (fin, [f"{base}_ri", f"{base}_rv"])
+        if kind == "welford":
+            fn = self.combine("welford")
+            # the count of a lane depends on its r only (rows masked off in x are never
+            # stored), so it and its reciprocal are [1, RBLOCK]: one division per r lane a
+            # step, not one per element (an IEEE float division is a dozen instructions,
+            # and batch norm's statistics of a bf16 tensor have ~15 a element to stay at
+            # the H100's bandwidth)
+            init += [f"{base}_mean = tl.zeros({full}, {tt})", f"{base}_m2 = tl.zeros({full}, {tt})",
+                     f"{base}_n = tl.zeros([1, RBLOCK], {tt})"]
+            upd += [f"{base}_n = tl.where(rmask, {base}_n + 1, {base}_n)",
+                    f"{base}_w = 1 / tl.maximum({base}_n, 1)",
+                    f"{base}_d = {_deviation(v, base + '_mean')}",
+                    f"{base}_mean1 = {base}_mean + {base}_d * {base}_w",
+                    f"{base}_m21 = {base}_m2 + {base}_d * {_deviation(v, base + '_mean1')}",
+                    f"{base}_mean = tl.where(xrmask, {base}_mean1, {base}_mean)",
+                    f"{base}_m2 = tl.where(xrmask, {base}_m21, {base}_m2)"]
+            fin = [f"{base}_rmean, {base}_rm2, {base}_rn = tl.reduce(({base}_mean, {base}_m2, "
+                   f"tl.broadcast_to({base}_n, {full})), 1, {fn})",
+                   f"{base}_rmean = {base}_rmean[:, None]", f"{base}_rm2 = {base}_rm2[:, None]",
+                   f"{base}_rn = {base}_rn[:, None]"]
+            return init, upd, (fin, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"])
+        raise CodegenError(f"reduction kind {kind!r} (kernel {self.kernel.name}, target {self.w.target_name})")
+
+    def bind(self, scope: Scope, red: Reduction, results, sink: list[str]) -> None:
+        """Make ``acc(red.name, field)`` read ``results``; 16-bit results are rounded
+        (the rounding line goes to ``sink``)."""
+        kind = red.kind
+        if kind in ("argmax", "argmin"):
+            fields = {0: (results[0], torch.int64), 1: (results[1], red.value.dtype)}
+        elif kind == "welford":
+            fields = {i: (n, O.compute_dtype(red.dtype)) for i, n in enumerate(results)}
+        elif kind in ("any", "all"):
+            fields = {0: (results[0], torch.bool)}
+        else:
+            fields = {0: (results[0], red.dtype)}
+            if red.dtype in O.HALF:
+                rounded = f"{results[0]}_r"
+                sink.append(f"{rounded} = {O.round16(results[0], red.dtype)}")
+                fields = {0: (rounded, red.dtype)}
+        for f, (name, dtype) in fields.items():
+            scope.accs[(red.name, f)] = (name, dtype)
+        scope.provides.add(("acc", red.name))
+
+    # ------------------------------------------------------------------ split-outer
+    def workspace_dtypes(self) -> list[torch.dtype]:
+        """The dtype of each workspace of partials (split-outer), reduction by reduction: its
+        accumulator's (``int8`` for any/all); a Welford reduction has three (mean, M2, count)."""
+        out = []
+        for red in self.reductions:
+            T = accumulator_dtype(red)
+            out += [T] * 3 if red.kind == "welford" else [torch.int8 if T == torch.bool else T]
+        return out
+
+    def workspace_slots(self) -> list[list[int]]:
+        """Per reduction, the indices of its workspaces (``ws_ptr{i}``)."""
+        slots, at = [], 0
+        for red in self.reductions:
+            n = 3 if red.kind == "welford" else 1
+            slots.append(list(range(at, at + n)))
+            at += n
+        return slots
+
+    def write_split(self) -> tuple[list[str], list[str]]:
+        """The bodies of the two kernels of a split-outer reduction: partials, combine.
+
+        Both take ``(in_ptr*, out_ptr*, ws_ptr*, sizes)``; ``ws_ptr{i}`` holds the
+        ``[NSPLIT, xnumel]`` partials of reduction ``i``."""
+        w, p = self.w, self.plan
+        casts = w.size_casts()
+        rnames = {v.name for v in p.groups["r"]}
+        # ---- kernel A: one program per (x tile, r chunk)
+        top = w.function_scope(("x",))
+        a = [f"xnumel = {w.numel(p.ranges['x'])}",
+             f"rnumel = {w.numel(p.ranges['r'])}",
+             f"pid = {w.pid()}",
+             "xblocks = (xnumel + XBLOCK - 1) // XBLOCK",
+             "xoffset = (pid % xblocks) * XBLOCK",
+             "split = pid // xblocks",
+             "rchunk = ((rnumel + NSPLIT - 1) // NSPLIT + RBLOCK - 1) // RBLOCK * RBLOCK",
+             "rstart = split * rchunk",
+             "rend = tl.minimum(rstart + rchunk, rnumel)",
+             "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+             "xmask = xindex < xnumel",
+             f"rbase = {w.block_lanes()}",
+             *w.decompose("xindex", p.groups["x"], p.ranges["x"])]
+        loop = Scope(top, provides=rnames)
+        init, update, finish = [], [], []
+        for red in self.reductions:
+            i, u, f = self.looped(loop, red)
+            init += i
+            update += u
+            finish.append(f)
+        r_stores, x_stores = split_stores(self.kernel.stores, p.groups["r"])
+        for st in r_stores:  # no reduction result in them (see Planner._splittable)
+            w.store(loop, st, ("x", "r"))
+        a += top.lines
+        top.lines.clear()
+        a += init
+        a += w.row_loop(loop, update, start="rstart", end="rend")
+        dtypes = self.workspace_dtypes()
+        for (fin_lines, results), slots in zip(finish, self.workspace_slots()):
+            a += fin_lines
+            for i, v in zip(slots, results):  # a Welford reduction's mean, M2 and count
+                if dtypes[i] == torch.int8:
+                    v = f"{v}.to(tl.int8)"
+                a.append(f"tl.store(ws_ptr{i} + (split * xnumel + xindex), {v}, xmask)")
+        body_a = casts + w.with_zeros(a)
+        # ---- kernel B: each program loads the [XBLOCK, NSPLIT] tile of partials of its x
+        # (one load, NSPLIT a power of two) and reduces it along the splits: a fixed tree
+        # for a given NSPLIT (bitwise reproducible, no atomics), then the x-indexed stores
+        top = w.function_scope(("x",))
+        b = [f"xnumel = {w.numel(p.ranges['x'])}",
+             f"xoffset = {w.pid()} * XBLOCK",
+             "xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
+             "xmask = xindex < xnumel",
+             "_sp = tl.arange(0, NSPLIT)[None, :]",
+             *w.decompose("xindex", p.groups["x"], p.ranges["x"])]
+        for red, slots in zip(self.reductions, self.workspace_slots()):
+            kind = red.kind
+            T = accumulator_dtype(red)
+            base = w.reduction_local(red)
+            parts = [f"tl.load(ws_ptr{i} + (_sp * xnumel + xindex), xmask, other=0)" for i in slots]
+            if kind == "welford":  # Chan's combine of the (mean, M2, count) partials
+                fn = self.combine("welford")
+                b += [f"{base}_rmean, {base}_rm2, {base}_rn = tl.reduce(({', '.join(parts)}), 1, {fn})",
+                      f"{base}_rmean = {base}_rmean[:, None]", f"{base}_rm2 = {base}_rm2[:, None]",
+                      f"{base}_rn = {base}_rn[:, None]"]
+                self.bind(top, red, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"], b)
+                continue
+            part = parts[0]
+            if kind == "sum":
+                b.append(f"{base} = tl.sum({part}, 1)[:, None]")
+            elif kind in ("any", "all"):  # int8 partials, 0 or 1
+                fn = "tl.max" if kind == "any" else "tl.min"
+                b.append(f"{base} = ({fn}({part}.to(tl.int32), 1) != 0)[:, None]")
+            else:
+                b.append(f"{base} = tl.reduce({part}, 1, {self.combine(kind)})[:, None]")
+            if T == torch.bool and kind not in ("any", "all"):
+                b.append(f"{base} = {base} != 0")
+            self.bind(top, red, [base], b)
+        for st in x_stores:
+            w.store(top, st, ("x",))
+        b += top.lines
+        if "r" in w.zero_axes():
+            raise CodegenError(f"kernel {self.kernel.name}: the combine kernel of a split reduction "
+                               "needs an r-shaped value")
+        body_b = casts + w.with_zeros(b)
+        return body_a, body_b
