@@ -316,19 +316,16 @@ def test_symbolic_k_and_n():
 FORMS = {"partial": gemv.FORM_PARTIAL, "step_sum": gemv.FORM_STEP_SUM, "dot": gemv.FORM_DOT}
 
 
-def only_form(monkeypatch, form):
+def only_form(monkeypatch, form, dtype):
     """Compile the few-row GEMV in ``form`` alone: under the interpreter its one tiling's form
-    (``INTERPRET_FORM``), on a GPU the table's tilings of that form (the autotuner times those)."""
+    (``INTERPRET_FORM``), on a GPU the table's tilings of that form (the autotuner times those;
+    the table offers ``FORM_DOT`` to 16-bit activations only: float32 ones skip it there)."""
+    if GPU and form == gemv.FORM_DOT and dtype == f32:
+        pytest.skip("the table offers FORM_DOT to 16-bit activations only (gemv_configs)")
     monkeypatch.setattr(gemv, "INTERPRET_FORM", form)
     table = gemv.gemv_configs
-
-    def of_form(call, interpret):
-        configs = [c for c in table(call, interpret) if c.form == form]
-        if not configs:
-            pytest.skip(f"no tiling of form {form} for {call.describe()} in the table (FORM_DOT: 16-bit only)")
-        return configs
-
-    monkeypatch.setattr(gemv, "gemv_configs", of_form)
+    monkeypatch.setattr(gemv, "gemv_configs",
+                        lambda call, interpret: [c for c in table(call, interpret) if c.form == form])
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -340,7 +337,7 @@ def test_int8_weight_only_few_rows(rows, dtype, form, monkeypatch):
     row count), in each form: one launch reading the int8 weight, rewritten to
     ``_weight_int8pack_mm`` and computed by the GEMV (no dequantized copy, no ATen product),
     eager's numbers."""
-    only_form(monkeypatch, FORMS[form])
+    only_form(monkeypatch, FORMS[form], dtype)
     ep = EPILOGUES[("plain", "bias_relu", "silu_residual")[rows % 3]]
     k, n = 45, 37
 
@@ -364,7 +361,7 @@ def test_float_linear_few_rows(dtype, form, monkeypatch):
     """``gelu(linear(x, w, b))`` (addmm, the bias in the epilogue) of 3 rows, ``x @ w`` of 6
     rows with ``w`` read along N, and of 5 transposed rows (``x`` contiguous along M): the
     GEMV in each form, eager's numbers."""
-    only_form(monkeypatch, FORMS[form])
+    only_form(monkeypatch, FORMS[form], dtype)
 
     def linear(x, w, b):
         return F.gelu(F.linear(x, w, b))
@@ -497,7 +494,7 @@ def test_few_rows_with_symbolic_k_and_n():
 @pytest.mark.skipif(not GPU, reason="CUDA only: under the interpreter the table offers one tiling, which the "
                                     "tests above run; on a GPU the autotuner keeps one of many")
 @pytest.mark.parametrize("kind", ["int8_bf16", "bf16", "fp32"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
 def test_every_tiling_gives_eager_numbers_on_the_gpu(rows, kind):
     """Every candidate tiling of the table (every form) bound in turn into the compiled
     program: eager's numbers for each (K = 1000 and N = 300: a K tail for most KBLOCKs, N
