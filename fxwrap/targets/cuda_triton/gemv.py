@@ -157,9 +157,10 @@ _ONE_ROW = RowBand(
 # 8-32 KiB of weights a step through 3-4 stages of cp.async (16-96 KiB of shared memory),
 # int8 widened to bf16 with integer tricks rather than I2F: listed first from 4 rows on (the
 # tiling used untimed), where the FMA forms spend M FMAs a weight; 16 outputs a program for
-# layers of few outputs (14336x4096: 256 programs), as the template has no split-K.  Each row of activations is re-read (from L1/L2) by
-# every program: more outputs per program read it fewer times.  Every tiling below compiles
-# for sm_90 in 64-128 registers without spilling (triton 3.9).  Retune from
+# layers of few outputs (14336x4096: 256 programs), as the template has no split-K.  Each
+# row of activations is re-read (from L1/L2) by every program: more outputs per program read
+# it fewer times.  Every tiling below compiles for sm_90 without spilling (triton 3.9, 16-byte
+# aligned pointers: 40-218 registers).  Retune from
 # `python benchmarks/gemv.py --dtypes int8 --rows 1,2,4,8` (each candidate's time).
 _DOT = ((64, 256, 4, 3, 2), (32, 256, 4, 3, 2), (64, 128, 4, 4, 2), (128, 128, 8, 3, 2), (128, 256, 8, 3, 2),
         (32, 512, 4, 3, 2), (16, 512, 4, 3, 2))
