@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -40,8 +40,34 @@ from fxwrap.core.layout import (channels_last_convolutions, follow_input_layouts
 from fxwrap.core.matmul_padding import pad_matmul_columns
 from fxwrap.core.memory import MemoryPlan, plan_memory
 from fxwrap.core.overlap import overlap_collectives
+from fxwrap.ir.capabilities import Capabilities
 
 log = logging.getLogger("fxwrap")
+
+
+class PassOptions(Protocol):
+    """The compile options ATen-graph passes read (``plugins.session.CompileOptions`` has them)."""
+
+    kernels: bool
+    templates: str
+    cache_weight_layouts: bool
+    cuda_graphs: bool
+
+
+class PassSession(Protocol):
+    """What an ATen-graph pass reads of the compile session (``plugins.session.CompileSession``)."""
+
+    @property
+    def options(self) -> PassOptions: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def generates_kernels(self) -> bool: ...
+
+    @property
+    def active_templates(self) -> tuple: ...
 
 
 @dataclass
@@ -56,12 +82,12 @@ class AtenGraph:
 
     gm: torch.fx.GraphModule
     kind: str
-    session: Any
+    session: PassSession
     example_inputs: Sequence[Any] | None = None
     saved_outputs: range | None = None
 
     @classmethod
-    def of(cls, gm: torch.fx.GraphModule, kind: str, session, example_inputs: Sequence[Any] | None = None) -> "AtenGraph":
+    def of(cls, gm: torch.fx.GraphModule, kind: str, session: PassSession, example_inputs: Sequence[Any] | None = None) -> "AtenGraph":
         """The graph AOTAutograd gave (a forward graph's saved activations read from it)."""
         return cls(gm, kind, session, example_inputs, saved_activation_outputs(gm) if kind == "forward" else None)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fxwrap.ir.line_hosts import LineConverter, LinePrinter
 from fxwrap.runtime.provenance import Origin
 from fxwrap.ir.lines import Buffer, CallExtern, Line
 
@@ -101,7 +102,7 @@ class CallCollective(CallExtern):
         # communication into one (the process group's own streams and work objects)
         return f"{self.label} communicates with other processes (not recorded into a CUDA graph)"
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         return super().to_source(printer) + "  # collective"
 
 
@@ -148,12 +149,12 @@ class WaitCollective(Line):
             return self
         return WaitCollective(self.buf, self.tensor, self.in_flight, tuple(origins))
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         flight = f" (in flight: {', '.join(b.name for b in self.in_flight)})" if self.in_flight else ""
         call = f"{self.buf.name} = {printer.op_name(self.op)}({self.tensor.name})"
         return printer.provenance(self.origins, f"{call}  # wait for {self.tensor.name}{flight}")
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         node = converter.add(self.op, (converter.node(self.tensor),), name=self.buf.name, buf=self.buf)
         converter.provenance(node, self.origins)
         converter.bind(self.buf, node)

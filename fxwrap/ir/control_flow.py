@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from fxwrap.ir.line_hosts import LineConverter, LinePrinter
 from fxwrap.ir.lines import Buffer, Line, SizeInput, _exprs_in, buffers_in
 
 
@@ -140,11 +141,11 @@ class Conditional(_NestedLine):
     def reads(self):
         return [self.predicate, *buffers_in(self.operands)]
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         return (f"{self._outputs_text(printer)} = cond({self.predicate.name}, "
                 f"{printer.fmt(tuple(self.operands))})" + self._blocks(printer))
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         true_gm = converter.subprogram(self.true_program)
         false_gm = converter.subprogram(self.false_program)
         node = converter.add(torch.ops.higher_order.cond,
@@ -198,12 +199,12 @@ class WhileLoop(_NestedLine):
     def programs(self):
         return (self.cond_program, self.body_program)
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         extra = "".join(f", {k}={printer.fmt(v)}" for k, v in self.kwargs)
         return (f"{self._outputs_text(printer)} = while_loop({printer.fmt(tuple(self.carried))}, "
                 f"{printer.fmt(tuple(self.additional))}{extra})" + self._blocks(printer))
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         cond_gm = converter.subprogram(self.cond_program)
         body_gm = converter.subprogram(self.body_program)
         node = converter.add(torch.ops.higher_order.while_loop,

@@ -29,6 +29,7 @@ from typing import Any
 import sympy
 import torch
 
+from fxwrap.ir.line_hosts import LineConverter, LinePrinter
 from fxwrap.ir.symbolic import storage_elements, to_expr, to_exprs
 from fxwrap.runtime.provenance import Origin
 
@@ -215,11 +216,11 @@ class Line:
         """How messages name the line."""
         return type(self).__name__
 
-    def to_source(self, printer) -> str:
+    def to_source(self, printer: LinePrinter) -> str:
         """Its text in the printed program (``wrapper_ir.printer.Printer``)."""
         return printer.unknown(self)
 
-    def to_fx(self, converter) -> None:
+    def to_fx(self, converter: LineConverter) -> None:
         """Add its FX nodes to ``converter`` (``wrapper_ir.fx.FxConverter``)."""
         converter.unknown(self)
 
@@ -281,12 +282,12 @@ class Allocate(Line):
     def size_exprs(self):
         return _layout_exprs(self.buf)
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         b = self.buf
         return (f"{b.name} = empty_strided({printer.fmt(b.size)}, {printer.fmt(b.stride)}, "
                 f"dtype={b.dtype}, device={printer.fmt(b.device)})")
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         b = self.buf
         converter.bind(b, converter.add(
             torch.empty_strided, (converter.sizes(b.size), converter.sizes(b.stride)),
@@ -318,14 +319,14 @@ class Reuse(Line):
     def size_exprs(self):
         return _layout_exprs(self.new)
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         n = self.new
         if self.same_layout:
             return f"{n.name} = {self.old.name}  # reuse"
         return (f"{n.name} = as_strided({self.old.name}, {printer.fmt(n.size)}, "
                 f"{printer.fmt(n.stride)}, {printer.fmt(n.offset)})  # reuse")
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         old, new = self.old, self.new
         if old.dtype != new.dtype or old.device != new.device:
             raise NotImplementedError(
@@ -372,12 +373,12 @@ class View(Line):
     def size_exprs(self):
         return _layout_exprs(self.buf)
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         b = self.buf
         return (f"{b.name} = as_strided({self.base.name}, {printer.fmt(b.size)}, "
                 f"{printer.fmt(b.stride)}, {printer.fmt(b.offset)})  # view")
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         b = self.buf
         args = (converter.node(self.base), converter.sizes(b.size), converter.sizes(b.stride))
         if b.offset != storage_offset_symbol(self.base):  # else as_strided keeps the base's offset
@@ -393,11 +394,11 @@ class DefineKernel(Line):
 
     kernel: Any = field()  # fxwrap.runtime.Kernel
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         k = self.kernel
         return f"# kernel {k.name} ({k.target}): " + ", ".join(f"{a.name}:{a.role}" for a in k.signature)
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         converter.kernels.append(self.kernel)
 
 
@@ -451,11 +452,11 @@ class CallKernel(Line):
     def with_origins(self, origins):
         return self if self.origins else replace(self, origins=tuple(origins))
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         grid = f"  # grid={printer.fmt(tuple(self.grid))}" if self.grid else ""
         return printer.provenance(self.origins, f"{self.kernel.name}({printer.call(self.args, ())}){grid}")
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         if self.kernel not in converter.kernels:
             converter.kernels.append(self.kernel)
         node = converter.add(self.kernel, converter.arg(tuple(self.args)), name=self.kernel.name)
@@ -581,11 +582,11 @@ class CallExtern(Line):
             return f"{self.label} has a data-dependent output (it reads a value back to the host)"
         return super().capture_refusal(device_type)
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         call = f"{printer.op_name(self.op)}({printer.call(self.args, self.kwargs)})"
         return printer.provenance(self.origins, call if self.out is None else f"{self.out_name} = {call}")
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         name = self.out_name
         node = converter.add(self.op, converter.arg(tuple(self.args)),
                              {k: converter.arg(v) for k, v in self.kwargs}, name=name,
@@ -649,10 +650,10 @@ class GetItem(Line):
             return None
         return source.result_alias(self.index)
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         return f"{self.out_name} = {self.src}[{self.index}]"
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         node = converter.add(operator.getitem, (converter.node(self.src), self.index), name=self.out_name,
                              buf=self.buf if isinstance(self.buf, Buffer) else None)
         converter.bind_value(self.out_name, node)
@@ -681,10 +682,10 @@ class DefineSymbol(Line):
         every one of which is part of a recording's key (``runtime/graph_replay.py``)."""
         return None
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         return f"{self.symbol} = {self.expr}"
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         converter.bind_symbol(self.symbol, converter.expr(self.expr))
 
 
@@ -703,10 +704,10 @@ class ZeroFill(Line):
     def writes(self):
         return [self.buf]
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         return f"zero_({self.buf.name})"
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         converter.add(torch.ops.aten.zero_.default, (converter.arg(self.buf),))
 
 
@@ -721,10 +722,10 @@ class Free(Line):
     def reads(self):
         return [self.buf]
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         return f"free({self.buf.name})"
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         converter.free(self.buf)
 
 
@@ -741,10 +742,10 @@ class Comment(Line):
     annotates_next = True
     fusion_barrier = False
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         return f"# {self.text}"
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         converter.comment(self.text)
 
 
@@ -782,12 +783,12 @@ class Return(Line):
     def size_exprs(self):
         return _exprs_in(self.values)
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         if self.bare:
             return f"return {printer.fmt(self.values[0])}"
         return f"return {printer.fmt(tuple(self.values))}"
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         values = tuple(converter.arg(v) if v is not None else None for v in self.values)
         converter.graph.output(values[0] if self.bare else values)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fxwrap.ir.line_hosts import LineConverter, LinePrinter
 from fxwrap.ir.lines import Line
 from fxwrap.runtime.graph_replay import partition
 
@@ -40,9 +41,9 @@ class PartitionBoundary(Line):
     def capture_refusal(self, device_type):
         return None
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         note = f"  # {self.reason}" if self.reason else ""
         return f"partition({self.index}, capture={self.capture}){note}"
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         converter.add(partition, (self.index, self.capture, self.reason), name=f"partition_{self.index}")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import sympy
 
+from fxwrap.ir.line_hosts import LineConverter, LinePrinter
 from fxwrap.ir.lines import CallKernel
 
 
@@ -55,7 +56,7 @@ class CallUserKernel(CallKernel):
     def with_origins(self, origins):
         return self if self.origins else replace(self, origins=tuple(origins))
 
-    def to_source(self, printer):
+    def to_source(self, printer: LinePrinter):
         names = [a.name for a in self.kernel.signature[:len(self.args)]]
         params = [f"{n}={printer.fmt(v)}" for n, v in zip(names, self.args)]
         params += [f"{n}={v!r}" for n, v in self.kernel.launch.constants]
@@ -65,7 +66,7 @@ class CallUserKernel(CallKernel):
         note = f"  # user Triton kernel; writes {', '.join(written)}" if written else "  # user Triton kernel"
         return printer.provenance(self.origins, f"{self.kernel.name}[{grid}]({', '.join(params)}){note}")
 
-    def to_fx(self, converter):
+    def to_fx(self, converter: LineConverter):
         if self.kernel not in converter.kernels:
             converter.kernels.append(self.kernel)
         node = converter.add(self.kernel, converter.arg((*self.args, *self.grid_values)), name=self.kernel.name)
