@@ -33,6 +33,7 @@ from torch._functorch.partitioners import default_partition, min_cut_remateriali
 from torch._guards import TracingContext
 
 from fxwrap.core import logs
+from fxwrap.core.foreach import foreach_decompositions
 
 aten = torch.ops.aten
 
@@ -89,6 +90,7 @@ def _kernel_decompositions() -> dict:
     ])
     table[aten.native_layer_norm.default] = functools.partial(
         _layer_norm_with_eager_zeros, table[aten.native_layer_norm.default])
+    table.update(foreach_decompositions())  # the optimizers' foreach paths: pointwise kernels, not externs
     return table
 
 

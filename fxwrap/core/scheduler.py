@@ -341,16 +341,11 @@ def fuse(items: list) -> list:
 
     A job joins one of the last ``FUSION_WINDOW`` groups (the most recent that works)
     when the group accepts it and the job can move up over everything emitted since
-    that group (``_can_hoist``: lines and later groups), after lifting the
+    that group (``can_hoist``: lines and later groups), after lifting the
     metadata-only lines it needs above the group (``_liftable``); otherwise it starts
     a new group where it stands.  A barrier line closes every open group.
     """
-    roots: dict[str, str] = {}
-    for item in items:
-        base = None if isinstance(item, Job) else item.view_base
-        if base is not None:
-            for buf in item.defines():
-                roots[buf.name] = roots.get(base.name, base.name)
+    roots = view_roots(items)
     # values a collective's wait makes ready (and views of them): see _holds_until_wait
     waited = {b.name for item in items if not isinstance(item, Job) and getattr(item, "waits_collective", False)
               for b in item.defines()}
@@ -363,7 +358,7 @@ def fuse(items: list) -> list:
             item = _squeezed(item)
         if not isinstance(item, Job):
             out.append(item)
-            if _is_barrier(item):
+            if is_barrier(item):
                 open_groups, barrier = [], item.label
             continue
         reason = f"after {barrier}" if barrier else "first kernel"
@@ -381,6 +376,18 @@ def fuse(items: list) -> list:
             out.append(group)
             open_groups = [*open_groups, group][-FUSION_WINDOW:]
     return out
+
+
+def view_roots(items: list) -> dict[str, str]:
+    """For each buffer a line of ``items`` defines as a view, the buffer whose storage it
+    views (through views of views)."""
+    roots: dict[str, str] = {}
+    for item in items:
+        base = None if isinstance(item, (Job, Group)) else item.view_base
+        if base is not None:
+            for buf in item.defines():
+                roots[buf.name] = roots.get(base.name, base.name)
+    return roots
 
 
 def _squeezed(job: Job) -> Job:
@@ -405,7 +412,7 @@ def _holds_until_wait(group: Group, job: Job, roots: dict, waited: set[str]) -> 
     if not waited:
         return None
     root = lambda n: roots.get(n, n)  # noqa: E731
-    job_reads, _, _ = _job_names(job)
+    job_reads, _, _ = job_names(job)
     _, group_reads, group_writes, _ = _footprint(group)
     if job_reads & group_writes:
         return None
@@ -428,10 +435,10 @@ def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
         return refused
     at = len(out) - 1 - next(i for i, x in enumerate(reversed(out)) if x is group)  # an open group is near the end
     since = out[at + 1:]
-    if not _can_hoist(job, since, roots):
+    if not can_hoist(job, since, roots):
         lifted = _liftable(job, since, group)
         rest = [x for x in since if not any(x is ln for ln in lifted)]
-        if not lifted or not _can_hoist(job, rest, roots):
+        if not lifted or not can_hoist(job, rest, roots):
             return "it cannot move up across " + ", ".join(_label(x) for x in since)
         out[at:] = [*lifted, group, *rest]
     group.add(job)
@@ -481,7 +488,7 @@ def _footprint(item) -> tuple[set, set, set, set]:
             {*item.defines_values(), *(s.name for s in item.defines_symbols())})
 
 
-def _is_barrier(line) -> bool:
+def is_barrier(line) -> bool:
     return line.fusion_barrier
 
 
@@ -494,8 +501,8 @@ def _names_used(line) -> set[str]:
             *(s.name for e in line.size_exprs() for s in sympy.sympify(e).free_symbols)}
 
 
-def _job_names(job: Job) -> tuple[set[str], set[str], set[str]]:
-    """``(buffers read, buffers written, symbol names used)`` by ``job``."""
+def job_names(job: "Job | Group") -> tuple[set[str], set[str], set[str]]:
+    """``(buffers read, buffers written, symbol names used)`` by ``job`` (or a group)."""
     ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
     reads = {b for op in ops for b, _ in loads_of(op)} | template_reads(job) | store_reads(job.stores)
     writes = {s.buffer for s in job.stores}
@@ -511,7 +518,7 @@ def _liftable(job: Job, items: list, group: Group) -> list:
     stores: moved above the group, they let ``job`` join it (an epilogue reading a
     view of a saved activation that the backward graph takes after the reduction).
     Empty when that is not so."""
-    reads, writes, syms = _job_names(job)
+    reads, writes, syms = job_names(job)
     wanted = reads | writes | syms
     stored = {s.buffer for g in (group, *items) if isinstance(g, Group) for s in g.stores}
     chosen: list = []
@@ -526,12 +533,12 @@ def _liftable(job: Job, items: list, group: Group) -> list:
     return list(reversed(chosen))
 
 
-def _can_hoist(job: Job, items: list, roots: dict) -> bool:
-    """May ``job`` run before ``items`` (lines and groups; that is, at the place of the
-    group before them)?"""
+def can_hoist(job: "Job | Group", items: list, roots: dict) -> bool:
+    """May ``job`` (or a pointwise group: ``core.combo``) run before ``items`` (lines and
+    groups; that is, at the place of the group before them)?"""
     if not items:
         return True
-    reads, writes, syms = _job_names(job)
+    reads, writes, syms = job_names(job)
     root = lambda n: roots.get(n, n)  # noqa: E731
     read_roots = {root(b) for b in reads}
     write_roots = {root(b) for b in writes}
