@@ -26,8 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import sympy
+
 from fxwrap.core.scheduler import Group, can_hoist, indexed, is_barrier, job_names, view_roots
 from fxwrap.ir.combo import ComboLimits
+from fxwrap.ir.loops import is_loop_var
 
 
 @dataclass(eq=False)
@@ -61,7 +64,7 @@ def arguments(groups: list[Group]) -> int:
     names: set[str] = set()
     for group in groups:
         reads, writes, symbols = job_names(group)
-        names |= reads | writes | {f"size:{s}" for s in symbols}
+        names |= reads | writes | {f"size:{s}" for s in symbols if not is_loop_var(sympy.Symbol(s))}
     return len(names)
 
 

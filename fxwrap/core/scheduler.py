@@ -216,8 +216,24 @@ class Group:
         value already written."""
         root = (lambda name: roots.get(name, name)) if roots else (lambda name: name)  # noqa: E731
         ops = [r.value for r in self.reductions] + [s.value for s in self.stores]
-        read = {root(b) for op in ops for b, _ in loads_of(op)} | {root(b) for b in template_reads(self)}
-        return any(root(s.buffer) in read for s in job.stores)
+        loads = [key for op in ops for key in loads_of(op)]
+        read = {root(b) for b, _ in loads} | {root(b) for b in template_reads(self)}
+        return any(root(s.buffer) in read and not self._read_where_written(s, job, loads, root) for s in job.stores)
+
+    def _read_where_written(self, store: Store, job: Job, loads: list, root) -> bool:
+        """Whether this pointwise group reads ``store``'s buffer only at the element each
+        iteration of ``job`` (over the same ranges, every loop var in the store's index)
+        then writes, and never through a view: each element is read, then overwritten,
+        by one iteration (``x.mul_(3)`` after ``x`` was read: the ``copy_`` into an input
+        joins the kernel that reads it)."""
+        if self.reductions or self.reduced or self.template is not None or store.indexed \
+                or tuple(job.outer) != tuple(self.outer) or root(store.buffer) != store.buffer \
+                or store.buffer in template_reads(self):
+            return False
+        index = _expand(store.index)
+        if not {xvar(i) for i in range(len(job.outer))} <= sympy.sympify(index).free_symbols:
+            return False
+        return all(b == store.buffer and _expand(i) == index for b, i in loads if root(b) == store.buffer)
 
     def prologue_mapping(self, job: Job) -> dict | None:
         """How this pointwise group's vars map onto reduction ``job``'s ``(x..., r...)``.
@@ -344,6 +360,13 @@ def fuse(items: list) -> list:
     that group (``can_hoist``: lines and later groups), after lifting the
     metadata-only lines it needs above the group (``_liftable``); otherwise it starts
     a new group where it stands.  A barrier line closes every open group.
+
+    A pointwise job also tries, past the window, the latest ``RANGES_LOOKBACK_GROUPS``
+    pointwise groups over its ranges when only pointwise groups and metadata lines stand
+    between (at most ``RANGES_LOOKBACK_ITEMS`` items): ``_foreach_*`` ops and optimizer
+    steps run op by op over every tensor, so the second op on a tensor comes one group per
+    tensor after the first; and the ``copy_`` back into each mutated input, which
+    functionalization puts at the end of the graph, joins the kernel that computes it.
     """
     roots = view_roots(items)
     # values a collective's wait makes ready (and views of them): see _holds_until_wait
@@ -351,6 +374,7 @@ def fuse(items: list) -> list:
               for b in item.defines()}
     out: list = []
     open_groups: list[Group] = []
+    by_ranges: dict[tuple, list] = {}  # the latest pointwise groups over each ranges (since the barrier)
     barrier: str | None = None  # the line that closed the open groups
     for item in items:
         whole = item  # a template group's epilogue runs over the template's sizes, 1s included
@@ -359,7 +383,7 @@ def fuse(items: list) -> list:
         if not isinstance(item, Job):
             out.append(item)
             if is_barrier(item):
-                open_groups, barrier = [], item.label
+                open_groups, by_ranges, barrier = [], {}, item.label
             continue
         reason = f"after {barrier}" if barrier else "first kernel"
         for group in reversed(open_groups):
@@ -370,12 +394,52 @@ def fuse(items: list) -> list:
             if group is open_groups[-1]:
                 reason = f"not fused into the kernel of {', '.join(group.roots)}: {refused}"
         else:
+            if _join_far(item, by_ranges.get(tuple(item.outer), []), open_groups, out, roots, waited):
+                continue
             group = Group(item.outer, item.reduced, item.dims_key, started_because=reason,
                           template=item.template)
             group.add(item)
             out.append(group)
             open_groups = [*open_groups, group][-FUSION_WINDOW:]
+            if _pointwise(item):
+                latest = by_ranges.setdefault(tuple(item.outer), [])
+                latest[:] = [*latest, group][-RANGES_LOOKBACK_GROUPS:]
     return out
+
+
+#: past the window, a pointwise job tries this many latest groups over its ranges...
+RANGES_LOOKBACK_GROUPS = 4
+#: ... emitted at most this many items before it
+RANGES_LOOKBACK_ITEMS = 256
+
+
+def _pointwise(item) -> bool:
+    return not item.reductions and not item.reduced and item.template is None and not indexed(item)
+
+
+def _inert(line) -> bool:
+    """A line that only describes storage (a view) or nothing at all (a comment)."""
+    return line.metadata_only or not (line.reads() or line.writes() or line.defines())
+
+
+def _join_far(job: Job, groups: list, open_groups: list, out: list, roots: dict, waited: set) -> bool:
+    """Join ``job`` (pointwise) to one of ``groups`` (pointwise groups over its ranges, oldest
+    first) outside the window, the most recent that accepts it, when only pointwise groups,
+    metadata-only lines and comments lie between it and the job; whether it joined one."""
+    if not _pointwise(job):
+        return False
+    for group in reversed(groups):
+        if any(group is g for g in open_groups) or group.outer != job.outer or not _pointwise(group):
+            continue
+        at = next((i for i in range(len(out) - 1, max(len(out) - RANGES_LOOKBACK_ITEMS, 0) - 1, -1)
+                   if out[i] is group), None)
+        if at is None:
+            return False
+        if not all(_pointwise(x) if isinstance(x, Group) else _inert(x) for x in out[at + 1:]):
+            return False
+        if (_holds_until_wait(group, job, roots, waited) or _join(group, job, out, roots)) is None:
+            return True
+    return False
 
 
 def view_roots(items: list) -> dict[str, str]:
