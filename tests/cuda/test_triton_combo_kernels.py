@@ -1,0 +1,71 @@
+"""Combo kernels on the Triton target (``targets/cuda_triton/combo.py``): independent 1-D
+pointwise kernels of different sizes in one launch, each program dispatched to its member
+by id.  On a GPU (``cuda``), or under Triton's CPU interpreter (``triton-interpret``)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch._dynamo
+
+import fxwrap
+from combo_cases import PARAM_SHAPES, assert_same_step, foreach_lists, no_combo_kernels, optimizer_step
+from fxwrap.targets.cuda_triton.emitter import TritonEmitter
+from shared_helpers import kernels
+
+CUDA = torch.cuda.is_available()
+TARGET = "cuda" if CUDA else "triton-interpret"
+DEVICE = "cuda" if CUDA else "cpu"
+LIMIT = TritonEmitter.combo_kernels.max_members
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])
+def test_optimizer_step_as_eager_in_few_kernels(optimizer, foreach):
+    *result, launched = optimizer_step(TARGET, DEVICE, optimizer, foreach)
+    assert_same_step(*result)
+    with no_combo_kernels(TritonEmitter):
+        *alone, separate = optimizer_step(TARGET, DEVICE, optimizer, foreach, steps=1)
+    assert len(separate) >= len(PARAM_SHAPES)
+    assert len(launched) <= (2 if foreach else 3), [k.name for k in launched]
+    combos = [k for k in launched if k.launch.plan == "combo"]
+    assert combos and all("tl.program_id(0)" in k.source and "elif pid <" in k.source for k in combos)
+
+
+def test_foreach_lists_in_ceil_n_over_limit_launches():
+    got, expected, launched = foreach_lists(TARGET, DEVICE, count=40)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    assert len(launched) <= math.ceil(40 / LIMIT), [k.name for k in launched]
+    with no_combo_kernels(TritonEmitter):
+        _, _, separate = foreach_lists(TARGET, DEVICE, count=40)
+    assert len(separate) == 40
+
+
+def test_symbolic_sizes_launch_each_kernel():
+    """A member's element count must be known to share out the programs: with symbolic sizes
+    the kernels run one by one, with eager's numbers."""
+    got, expected, launched = foreach_lists(TARGET, DEVICE, count=4, dynamic=True)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    assert launched and not any(k.launch.plan == "combo" for k in launched)
+
+
+def test_write_after_read_stays_apart():
+    """Programs of one launch run at once: a kernel writing ``x`` must not share a launch with
+    one reading it elsewhere."""
+    torch._dynamo.reset()
+    x, y = torch.randn(64, 33, device=DEVICE), torch.randn(50, device=DEVICE)
+
+    def fn(x, y):
+        u = x.reshape(-1)[7:57] * y
+        x.mul_(3)
+        return u
+
+    x_ref = x.clone()
+    programs: list = []
+    u = torch.compile(fn, backend=fxwrap.Backend(TARGET, {"on_program": programs.append, "cache": False}))(x, y)
+    torch.testing.assert_close(u, x_ref.reshape(-1)[7:57] * y)
+    torch.testing.assert_close(x, x_ref * 3)
+    assert not any(k.launch.plan == "combo" for k in kernels(programs))
