@@ -45,7 +45,7 @@ class MemberWriter(KernelWriter):
     parameter of the member's function (the combo's program id less the blocks before it)."""
 
     def pid(self) -> str:
-        return "pid.to(tl.int64)" if self.int64 else "pid"
+        return super().pid().replace("tl.program_id(0)", "pid")  # ``pid.to(tl.int64)`` with int64 indices
 
 
 def _numel(member) -> int | None:
