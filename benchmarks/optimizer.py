@@ -61,7 +61,8 @@ def adam_like(params, grads, exp_avgs, exp_avg_sqs):
 
 
 def make_step(case: str, backend: str, shapes, device, programs: list):
-    """A callable doing one step of ``case`` with ``backend``; its tensors' element count."""
+    """A callable doing one step of ``case`` with ``backend``, its tensors' element count, and
+    the parameters it updates."""
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=gen).to(device) for s in shapes]
     grads = [torch.randn(s, generator=gen).to(device) for s in shapes]
@@ -73,14 +74,14 @@ def make_step(case: str, backend: str, shapes, device, programs: list):
         m = [torch.zeros_like(p) for p in params]
         v = [torch.zeros_like(p) for p in params]
         fn = adam_like if wrap is None else wrap(adam_like)
-        return (lambda: fn(params, grads, m, v)), sum(p.numel() for p in params)
+        return (lambda: fn(params, grads, m, v)), sum(p.numel() for p in params), params
     name, mode = case.split("-")
     leaves = [torch.nn.Parameter(p) for p in params]
     for p, g in zip(leaves, grads):
         p.grad = g
     opt = getattr(torch.optim, name)(leaves, lr=LR, foreach=(mode == "foreach"))
     step = opt.step if wrap is None else wrap(lambda: opt.step())
-    return step, sum(p.numel() for p in params)
+    return step, sum(p.numel() for p in params), leaves
 
 
 def _sync(device):
@@ -177,10 +178,10 @@ def main(argv=None) -> int:
     for case in args.cases.split(","):
         torch._dynamo.reset()
         programs: list = []
-        steps, counts = {}, {}
+        steps, counts, params = {}, {}, {}
         for backend in BACKENDS:
             before = _generated_kernels()
-            steps[backend], n = make_step(case, backend, shapes, args.device, programs)
+            steps[backend], n, params[backend] = make_step(case, backend, shapes, args.device, programs)
             steps[backend]()  # compile
             counts[backend] = (fxwrap_kernel_count(programs) if backend == "fxwrap"
                                else _generated_kernels() - before if backend == "inductor" else None)
@@ -201,6 +202,10 @@ def main(argv=None) -> int:
             share = 7 * 4 * n / t / copy_bw * 100
             say(f"| {case} | {backend} | {wall:.1f} | {'%.1f' % t if cuda else '-'} | "
                 f"{t / medians['inductor']:.2f} | {count if count is not None else '-'} | {share:.0f}% |")
+        # every backend ran as many steps from the same start: the parameters agree
+        for backend in ("inductor", "fxwrap"):
+            error = max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(params[backend], params["eager"]))
+            say(f"    {case} {backend}: max |param - eager's| after every step {error:.2e}")
         if cuda:
             sizes = fxwrap_kernel_bytes(programs)
             for backend in ("inductor", "fxwrap"):

@@ -113,3 +113,25 @@ def test_argument_limit(monkeypatch):
 def test_combo_limits_are_checked():
     with pytest.raises(ValueError, match="max_members"):
         ComboLimits(max_members=1)
+
+
+def test_addcmul_and_addcdiv_in_place_are_kernels():
+    """Dynamo traces ``addcmul_`` / ``addcdiv_`` with a value as ``prims.fma``: one kernel of
+    the update, no extern call."""
+    gen = torch.Generator().manual_seed(3)
+    p, m, v, g = (torch.randn(33, 7, generator=gen) for _ in range(4))
+    v = v.abs()
+
+    def update(p, m, v, g):
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.addcdiv_(m, v.sqrt() + 1e-8, value=-0.01)
+
+    ref = [t.clone() for t in (p, m, v, g)]
+    update(*ref)
+    torch._dynamo.reset()
+    programs: list = []
+    torch.compile(update, backend=fxwrap.Backend("cpu", {"on_program": programs.append, "cache": False}))(p, m, v, g)
+    torch.testing.assert_close(p, ref[0])
+    torch.testing.assert_close(v, ref[2])
+    lines = [type(line).__name__ for program in programs for line in program.lines]
+    assert "CallExtern" not in lines and len(kernels(programs)) == 1
