@@ -75,7 +75,8 @@ def assert_same_step(params, ref, state, state_ref) -> None:
 
 def foreach_lists(target: str, device, count: int = 10, dynamic: bool = False):
     """``torch._foreach_add_(xs, ys)`` then ``torch._foreach_mul(xs, 0.5)`` over ``count``
-    tensors of ``count`` sizes, compiled and eager: ``(got, expected, kernels launched)``."""
+    tensors of ``count`` sizes, compiled and eager: ``(got, expected, kernels launched)``; the
+    ``_foreach_*`` ops must become kernels (no extern call)."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(1)
     xs = [torch.randn(3 * i + 1, generator=gen).to(device) for i in range(count)]
@@ -92,4 +93,6 @@ def foreach_lists(target: str, device, count: int = 10, dynamic: bool = False):
                         backend=fxwrap.Backend(target, {"on_program": programs.append, "cache": False}))(xs, ys)
     for a, b in zip(xs, xs_ref):  # the in-place add
         torch.testing.assert_close(a, b)
+    externs = [str(line.op) for p in programs for line in p.lines if type(line).__name__ == "CallExtern"]
+    assert not externs, externs
     return got, expected, kernels(programs)
