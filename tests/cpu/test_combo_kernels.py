@@ -4,6 +4,7 @@ independent pointwise kernels of different sizes run as one function; optimizer 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,3 +136,15 @@ def test_addcmul_and_addcdiv_in_place_are_kernels():
     torch.testing.assert_close(v, ref[2])
     lines = [type(line).__name__ for program in programs for line in program.lines]
     assert "CallExtern" not in lines and len(kernels(programs)) == 1
+
+
+def test_the_documented_listing():
+    """docs/programs.md, "Many small tensors: combo kernels": its code prints its listing."""
+    doc = Path(__file__).resolve().parents[2] / "docs" / "programs.md"
+    section = doc.read_text().split("## Many small tensors: combo kernels")[1].split("\n## ")[0]
+    code = section.split("```python\n")[1].split("```")[0]
+    listing = section.split("```text\n")[1].split("```")[0]
+    torch._dynamo.reset()
+    namespace: dict = {}
+    exec(compile(code.replace("print(program.code())", ""), "programs.md", "exec"), namespace)
+    assert namespace["program"].code().strip() == listing.strip()
