@@ -148,3 +148,16 @@ def test_the_documented_listing():
     namespace: dict = {}
     exec(compile(code.replace("print(program.code())", ""), "programs.md", "exec"), namespace)
     assert namespace["program"].code().strip() == listing.strip()
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_reference_target_evaluates_combo_members_in_turn(foreach):
+    """The reference target (loop IR evaluated with torch) runs a combo's members one by one:
+    the golden model of the combo path."""
+    from fxwrap.targets.reference.emitter import ReferenceEmitter
+    *result, launched = optimizer_step("reference", "cpu", "AdamW", foreach)
+    assert_same_step(*result)
+    assert any(k.name.startswith("fxwrap_combo") for k in launched)
+    with no_combo_kernels(ReferenceEmitter):
+        *_, separate = optimizer_step("reference", "cpu", "AdamW", foreach, steps=1)
+    assert len(launched) < len(separate)
