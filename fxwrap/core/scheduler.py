@@ -362,8 +362,8 @@ def fuse(items: list) -> list:
     a new group where it stands.  A barrier line closes every open group.
 
     A pointwise job also tries, past the window, the latest ``RANGES_LOOKBACK_GROUPS``
-    pointwise groups over its ranges when only pointwise groups and metadata lines stand
-    between (at most ``RANGES_LOOKBACK_ITEMS`` items): ``_foreach_*`` ops and optimizer
+    pointwise groups over its ranges that use a buffer it uses, when only pointwise groups
+    and metadata lines stand between (at most ``RANGES_LOOKBACK_ITEMS`` items): ``_foreach_*`` ops and optimizer
     steps run op by op over every tensor, so the second op on a tensor comes one group per
     tensor after the first; and the ``copy_`` back into each mutated input, which
     functionalization puts at the end of the graph, joins the kernel that computes it.
@@ -424,13 +424,17 @@ def _inert(line) -> bool:
 
 def _join_far(job: Job, groups: list, open_groups: list, out: list, roots: dict, waited: set) -> bool:
     """Join ``job`` (pointwise) to one of ``groups`` (pointwise groups over its ranges, oldest
-    first) outside the window, the most recent that accepts it, when only pointwise groups,
-    metadata-only lines and comments lie between it and the job; whether it joined one."""
+    first) outside the window that uses a buffer it uses (the same tensor's earlier op), the
+    most recent that accepts it, when only pointwise groups, metadata-only lines and comments
+    lie between it and the job; whether it joined one."""
     if not _pointwise(job):
         return False
+    reads, writes, _ = job_names(job)
     for group in reversed(groups):
         if any(group is g for g in open_groups) or group.outer != job.outer or not _pointwise(group):
             continue
+        if not (reads | writes) & _footprint(group)[1]:
+            continue  # another tensor of the same sizes: a GPU runs it in programs of its own
         at = next((i for i in range(len(out) - 1, max(len(out) - RANGES_LOOKBACK_ITEMS, 0) - 1, -1)
                    if out[i] is group), None)
         if at is None:

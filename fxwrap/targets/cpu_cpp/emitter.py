@@ -107,7 +107,8 @@ class CppEmitter(CStyleEmitter):
     writes_in_place = True  # one loop nest per kernel: each element read, then written
     # independent pointwise kernels as one function, their loop nests one after another
     # (``targets/cstyle_combo.py``): one launch through the trampoline instead of one each
-    combo_kernels = ComboLimits(max_members=16, max_arguments=128)
+    # (at most its ``MAX_ARGS``, 48, arguments: more would be called through ctypes)
+    combo_kernels = ComboLimits(max_members=16, max_arguments=48)
     # indexed writes (index_put, scatter in place): plain ones in parallel, accumulating
     # ones in one serial loop (each addition whole, in eager's order: its CPU kernel is serial)
     indexed_stores = {"set": frozenset(type_names), "add": frozenset(type_names) - {torch.bool}}
