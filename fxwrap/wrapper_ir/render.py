@@ -135,9 +135,9 @@ class Renderer:
         count = 0
         for item in items:
             if isinstance(item, ComboGroup):
-                made = self.combo_lines(item, f"{self.kernel_prefix}_combo_{count}", needed, inputs)
+                made = self.combo_lines(item, count, needed, inputs)
                 rendered += made if made is not None else [
-                    (member, self.kernel_lines(member, f"{self.kernel_prefix}_combo_{count}_{i}",
+                    (member, self.kernel_lines(member, f"{self.kernel_prefix}_pointwise_{count}_{i}",
                                                needed[id(member)], inputs, emitter.render))
                     for i, member in enumerate(item.members)]
                 count += 1
@@ -205,10 +205,11 @@ class Renderer:
         for source, launcher in zip(todo, launchers):
             self._launchers[id(source)] = launcher
 
-    def combo_lines(self, combo: ComboGroup, name: str, needed: dict, inputs: set) -> "list | None":
+    def combo_lines(self, combo: ComboGroup, count: int, needed: dict, inputs: set) -> "list | None":
         """A combo group -> its members' legalized ``ScheduledKernel``s -> the emitter's
         ``render_combo`` -> ``[(combo, KernelLines)]`` (one member storing something:
         ``[(member, KernelLines)]``); None where the emitter renders no kernel of them."""
+        name = f"{self.kernel_prefix}_combo_{count}"
         members, groups = [], []
         for i, group in enumerate(combo.members):
             sk = self.scheduled(group, f"{name}_m{i}", needed[id(group)], inputs)
@@ -216,7 +217,8 @@ class Renderer:
                 members.append(sk)
                 groups.append(group)
         if len(members) < 2:
-            return [(g, self.kernel_lines(g, name, needed[id(g)], inputs, self._emitter.render)) for g in groups]
+            return [(g, self.kernel_lines(g, f"{self.kernel_prefix}_pointwise_{count}", needed[id(g)], inputs,
+                                          self._emitter.render)) for g in groups]
         kernel = ComboKernel(name, tuple(members))
         try:
             source = self._emitter.render_combo(kernel)
