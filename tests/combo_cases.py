@@ -65,6 +65,19 @@ def optimizer_step(target: str, device, optimizer: str, foreach: bool, steps: in
     return params, ref, state, state_ref, kernels(programs)
 
 
+def few_kernels_a_step(target: str, device, emitter, optimizer: str, foreach: bool) -> list:
+    """Compiled steps of ``optimizer`` on ``target`` give eager's numbers in at most 3 launches
+    a step, where one kernel a parameter (or a parameter and a stage) runs without combo
+    kernels (``emitter.combo_kernels`` None): the kernels launched."""
+    *result, launched = optimizer_step(target, device, optimizer, foreach)
+    assert_same_step(*result)
+    with no_combo_kernels(emitter):
+        *_, separate = optimizer_step(target, device, optimizer, foreach, steps=1)
+    assert len(separate) >= len(PARAM_SHAPES)
+    assert len(launched) <= 3, [k.name for k in launched]
+    return launched
+
+
 def assert_same_step(params, ref, state, state_ref) -> None:
     for p, q in zip(params, ref):
         torch.testing.assert_close(p.detach(), q.detach())

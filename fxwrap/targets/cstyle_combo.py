@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 from fxwrap.ir.combo import ComboKernel
-from fxwrap.targets.base import KernelSource, kernel_header
+from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cstyle import CStyleEmitter, LocalNames
 
 _POINTER = re.compile(r"\b(in_ptr|out_ptr)(\d+)\b")
@@ -59,21 +59,4 @@ def render_c_combo(emitter: CStyleEmitter, kernel: ComboKernel) -> KernelSource 
     for flag, value in marks.items():
         if hasattr(emitter, flag):
             setattr(emitter, flag, value)
-    emitter.workspaces = []
-    cname = emitter.function_name(kernel)
-    text = "\n".join([
-        *kernel_header(kernel, emitter.comment),
-        *emitter.headers,
-        emitter.prelude.strip("\n"),
-        "",
-        emitter.function_head(kernel, cname),
-        "{",
-        *("  " + line if line else "" for line in blocks),
-        "}",
-        "",
-    ])
-    launch = emitter.launch_record(kernel, symbol=cname, language=emitter.language,
-                                   pointers=len(inputs) + len(outputs),
-                                   size_symbols=tuple(s.name for s in kernel.size_symbols),
-                                   in_place=kernel.in_place_pairs(emitter.in_place_pairs))
-    return KernelSource(kernel.name, text, emitter.language, emitter.signature(kernel), launch, ())
+    return emitter.template_source(kernel, blocks, in_place=kernel.in_place_pairs(emitter.in_place_pairs))

@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 
 import fxwrap
-from combo_cases import PARAM_SHAPES, assert_same_step, foreach_lists, no_combo_kernels, optimizer_step
+from combo_cases import assert_same_step, few_kernels_a_step, foreach_lists, no_combo_kernels, optimizer_step
 from fxwrap.ir.combo import ComboLimits
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 from shared_helpers import kernels
@@ -22,15 +22,7 @@ LIMITS = CppEmitter.combo_kernels
 @pytest.mark.parametrize("foreach", [True, False])
 @pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])
 def test_optimizer_step_as_eager_in_few_kernels(optimizer, foreach):
-    *result, launched = optimizer_step("cpu", "cpu", optimizer, foreach)
-    assert_same_step(*result)
-    with no_combo_kernels(CppEmitter):
-        *alone, separate = optimizer_step("cpu", "cpu", optimizer, foreach)
-    assert_same_step(*alone)
-    # without combos one kernel a parameter (foreach: every op on it fused) or a parameter and
-    # stage (a loop over the parameters); with them one kernel a stage, the steps' kernel apart
-    assert len(separate) >= len(PARAM_SHAPES)
-    assert len(launched) <= 3, [k.name for k in launched]
+    launched = few_kernels_a_step("cpu", "cpu", CppEmitter, optimizer, foreach)
     assert any(k.name.startswith("fxwrap_combo") for k in launched)
 
 

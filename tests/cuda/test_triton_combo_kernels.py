@@ -10,7 +10,7 @@ import torch
 import torch._dynamo
 
 import fxwrap
-from combo_cases import PARAM_SHAPES, assert_same_step, foreach_lists, no_combo_kernels, optimizer_step
+from combo_cases import few_kernels_a_step, foreach_lists, no_combo_kernels
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
 from shared_helpers import kernels
 
@@ -23,12 +23,7 @@ LIMITS = TritonEmitter.combo_kernels
 @pytest.mark.parametrize("foreach", [True, False])
 @pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])
 def test_optimizer_step_as_eager_in_few_kernels(optimizer, foreach):
-    *result, launched = optimizer_step(TARGET, DEVICE, optimizer, foreach)
-    assert_same_step(*result)
-    with no_combo_kernels(TritonEmitter):
-        *alone, separate = optimizer_step(TARGET, DEVICE, optimizer, foreach, steps=1)
-    assert len(separate) >= len(PARAM_SHAPES)
-    assert len(launched) <= 3, [k.name for k in launched]
+    launched = few_kernels_a_step(TARGET, DEVICE, TritonEmitter, optimizer, foreach)
     combos = [k for k in launched if k.launch.plan == "combo"]
     assert combos and all("tl.program_id(0)" in k.source and "elif pid <" in k.source for k in combos)
 
