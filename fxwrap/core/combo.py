@@ -8,7 +8,9 @@ it when
 
 * neither reads or writes what the other writes (views resolved to their storage), nor
   does anything between them stand in the way: the group moves up to the combo's place
-  over the lines and kernels since (``scheduler.can_hoist``, the test ``fuse`` uses);
+  over the kernels and the views or comments since (``scheduler.can_hoist``, the test
+  ``fuse`` uses), never over an extern call (its outputs would be allocated before the
+  call and held longer: a higher peak);
 * the combo stays within the emitter's ``ComboLimits`` (members, arguments).
 
 A barrier line (a collective) or a group that cannot join closes the combo; a combo of
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from fxwrap.core.scheduler import Group, can_hoist, indexed, is_barrier, job_names, view_roots
+from fxwrap.core.scheduler import Group, can_hoist, indexed, inert, is_barrier, job_names, view_roots
 from fxwrap.ir.combo import ComboLimits
 from fxwrap.ir.loops import is_loop_var
 
@@ -95,13 +97,16 @@ def combine(items: list, limits: ComboLimits | None) -> list:
 
 
 def _joins(combo: ComboGroup, group: Group, out: list, roots: dict, limits: ComboLimits) -> bool:
-    """Whether ``group`` may join ``combo`` (an item of ``out``): within the limits, and
-    free to move up to the combo's place over its members and everything since."""
+    """Whether ``group`` may join ``combo`` (an item of ``out``): within the limits, only
+    kernels, views and comments since the combo, and free to move up to the combo's place
+    over its members and everything since."""
     if len(combo.members) >= limits.max_members:
         return False
     if arguments([*combo.members, group]) > limits.max_arguments:
         return False
     at = next(i for i in range(len(out) - 1, -1, -1) if out[i] is combo)
+    if not all(isinstance(x, (Group, ComboGroup)) or inert(x) for x in out[at + 1:]):
+        return False  # not over an extern call: moved ahead of it, the kernel's outputs would live longer
     since: list = []
     for x in [combo, *out[at + 1:]]:
         since += x.members if isinstance(x, ComboGroup) else [x]

@@ -417,7 +417,7 @@ def _pointwise(item) -> bool:
     return not item.reductions and not item.reduced and item.template is None and not indexed(item)
 
 
-def _inert(line) -> bool:
+def inert(line) -> bool:
     """A line that only describes storage (a view) or nothing at all (a comment)."""
     return line.metadata_only or not (line.reads() or line.writes() or line.defines())
 
@@ -439,7 +439,7 @@ def _join_far(job: Job, groups: list, open_groups: list, out: list, roots: dict,
                    if out[i] is group), None)
         if at is None:
             return False
-        if not all(_pointwise(x) if isinstance(x, Group) else _inert(x) for x in out[at + 1:]):
+        if not all(_pointwise(x) if isinstance(x, Group) else inert(x) for x in out[at + 1:]):
             return False
         if (_holds_until_wait(group, job, roots, waited) or _join(group, job, out, roots)) is None:
             return True
