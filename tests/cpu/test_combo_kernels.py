@@ -141,7 +141,13 @@ def test_the_documented_listing():
     torch._dynamo.reset()
     namespace: dict = {}
     exec(compile(code.replace("print(program.code())", ""), "programs.md", "exec"), namespace)
-    assert namespace["program"].code().strip() == listing.strip()
+    program = namespace["program"]
+    assert program.code().strip() == listing.strip()
+    params, grads = [p.clone() for p in namespace["params"]], namespace["grads"]
+    expected = [p - 0.1 * g for p, g in zip(params, grads)]
+    program.run(params, grads)
+    for got, want in zip(params, expected):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("foreach", [True, False])
