@@ -65,3 +65,31 @@ def test_write_after_read_stays_apart():
     torch.testing.assert_close(u, x_ref.reshape(-1)[7:57] * y)
     torch.testing.assert_close(x, x_ref * 3)
     assert not any(k.launch.plan == "combo" for k in kernels(programs))
+
+
+def test_a_member_checking_its_indices_compiles_the_combo_with_the_asserts(monkeypatch):
+    """Gathers whose indices are checked in the kernel (``_fx_index_check``: ``tl.device_assert``)
+    need ``debug`` on: a combo with such a member carries ``INDEX_CHECK_OPTIONS``."""
+    import dataclasses
+
+    from fxwrap.plugins.session import CompileSession
+    from fxwrap.targets.cuda_triton import ops as O
+    if not CUDA:  # what a CUDA device declares
+        original = CompileSession.capabilities
+        monkeypatch.setattr(CompileSession, "capabilities", property(
+            lambda self: dataclasses.replace(original.fget(self), index_checks="in_kernel")))
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(108, generator=gen).to(DEVICE), torch.randn(40, generator=gen).to(DEVICE)
+    rows, picks = (torch.randint(0, 108, (6,), generator=gen).to(DEVICE),
+                   torch.randint(0, 40, (17,), generator=gen).to(DEVICE))
+
+    def fn(x, y, rows, picks):
+        return x[rows] * 2, y[picks] + 1
+
+    torch._dynamo.reset()
+    program = fxwrap.lower(fn, x, y, rows, picks, target=TARGET)
+    for got, want in zip(program.run(x, y, rows, picks), fn(x, y, rows, picks)):
+        torch.testing.assert_close(got, want)
+    combos = [k for k in kernels([program]) if k.launch.plan == "combo"]
+    assert len(combos) == 1 and "_fx_index_check(" in combos[0].source
+    assert all(option in combos[0].launch.config for option in O.INDEX_CHECK_OPTIONS)

@@ -104,6 +104,8 @@ def render_triton_combo(emitter, kernel: ComboKernel) -> KernelSource | None:
     lines += [deco, f"def {fname}({', '.join([*params, *sizes, 'XBLOCK: tl.constexpr'])}):"]
     lines += ["    " + line for line in dispatch]
     config = (("XBLOCK", xblock), ("num_warps", warps))
+    if "_fx_index_check" in helpers:  # a member's gather checks its indices: the asserts compiled in
+        config += O.INDEX_CHECK_OPTIONS
     launch = TritonLaunch(symbol=fname, language=emitter.language, plan="combo",
                           index_dtype="tl.int64" if any(p.index_dtype == "tl.int64" for p in plans) else "tl.int32",
                           pointers=len(params), size_symbols=tuple(sizes), numels=(), grid_extra=str(start),
