@@ -28,11 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import sympy
 
-from fxwrap.core.scheduler import Group, can_hoist, indexed, inert, is_barrier, job_names, view_roots
+from fxwrap.core.scheduler import Group, argument_count, can_hoist, indexed, inert, is_barrier, view_roots
 from fxwrap.ir.combo import ComboLimits
-from fxwrap.ir.loops import is_loop_var
 
 
 @dataclass(eq=False)
@@ -58,16 +56,6 @@ def combinable(group: Group) -> bool:
     """A pointwise group of plain stores (no reduction, scan, template or indexed write)."""
     return bool(group.stores) and not group.reductions and not group.reduced and group.template is None \
         and not indexed(group)
-
-
-def arguments(groups: list[Group]) -> int:
-    """How many buffer and size arguments a kernel of ``groups`` takes, at most (a store
-    nobody reads later is dropped when the kernel is made)."""
-    names: set[str] = set()
-    for group in groups:
-        reads, writes, symbols = job_names(group)
-        names |= reads | writes | {f"size:{s}" for s in symbols if not is_loop_var(sympy.Symbol(s))}
-    return len(names)
 
 
 def combine(items: list, limits: ComboLimits | None) -> list:
@@ -102,7 +90,7 @@ def _joins(combo: ComboGroup, group: Group, out: list, roots: dict, limits: Comb
     over its members and everything since."""
     if len(combo.members) >= limits.max_members:
         return False
-    if arguments([*combo.members, group]) > limits.max_arguments:
+    if argument_count([*combo.members, group]) > limits.max_arguments:
         return False
     at = next(i for i in range(len(out) - 1, -1, -1) if out[i] is combo)
     if not all(isinstance(x, (Group, ComboGroup)) or inert(x) for x in out[at + 1:]):

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_buffer,
+from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, is_loop_var,
+                            load_buffer,
                             load_key,
                             rewrite, rvar, walk, xvar)
 from fxwrap.ir.symbolic import simplify_index
@@ -352,7 +353,7 @@ def _rename_acc(op: Op, old: str, new: str) -> Op:
 FUSION_WINDOW = 4
 
 
-def fuse(items: list) -> list:
+def fuse(items: list, argument_limit: int | None = None) -> list:
     """Program items (lines and Jobs, in order) -> lines and Groups, in order.
 
     A job joins one of the last ``FUSION_WINDOW`` groups (the most recent that works)
@@ -367,6 +368,11 @@ def fuse(items: list) -> list:
     steps run op by op over every tensor, so the second op on a tensor comes one group per
     tensor after the first; and the ``copy_`` back into each mutated input, which
     functionalization puts at the end of the graph, joins the kernel that computes it.
+
+    ``argument_limit`` (the emitter's ``combo_kernels.max_arguments``): a job that uses no
+    buffer of a group joins it only while the kernel keeps at most that many arguments
+    (``argument_count``); more independent work is a combo member of its own, launched
+    through the target's fast binding, in programs of its own on a GPU.
     """
     roots = view_roots(items)
     # values a collective's wait makes ready (and views of them): see _holds_until_wait
@@ -387,7 +393,7 @@ def fuse(items: list) -> list:
             continue
         reason = f"after {barrier}" if barrier else "first kernel"
         for group in reversed(open_groups):
-            refused = _holds_until_wait(group, item, roots, waited) or \
+            refused = _holds_until_wait(group, item, roots, waited) or _too_wide(group, item, argument_limit) or \
                 _join(group, whole if group.template is not None else item, out, roots)
             if refused is None:
                 break
@@ -411,6 +417,27 @@ def fuse(items: list) -> list:
 RANGES_LOOKBACK_GROUPS = 4
 #: ... emitted at most this many items before it
 RANGES_LOOKBACK_ITEMS = 256
+
+
+def argument_count(items: list) -> int:
+    """How many buffer and size arguments one kernel of ``items`` (jobs or groups) takes, at
+    most (a store nobody reads later is dropped when the kernel is made)."""
+    names: set[str] = set()
+    for item in items:
+        reads, writes, symbols = job_names(item)
+        names |= reads | writes | {f"size:{s}" for s in symbols if not is_loop_var(sympy.Symbol(s))}
+    return len(names)
+
+
+def _too_wide(group: Group, job: Job, limit: int | None) -> str | None:
+    """Why ``job``, sharing no buffer with ``group``, may not join it: the kernel would take
+    more than ``limit`` arguments (None: it may)."""
+    if limit is None or group.template is not None:
+        return None
+    reads, writes, _ = job_names(job)
+    if (reads | writes) & _footprint(group)[1] or argument_count([group, job]) <= limit:
+        return None
+    return f"independent work past {limit} arguments (a combo member of its own)"
 
 
 def _pointwise(item) -> bool:

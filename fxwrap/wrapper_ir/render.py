@@ -104,10 +104,11 @@ class Renderer:
         """The program's lines and kernels (``BuiltProgram``)."""
         built = self.built
         with self.timer.phase("schedule"):
-            items = fuse(list(self.lowered.items))
+            limits = self._emitter.combo_kernels
+            items = fuse(list(self.lowered.items), limits.max_arguments if limits is not None else None)
             needed = referenced_outside(items, buffers_read)
             # independent pointwise kernels of other sizes as one launch (core/combo.py)
-            items = combine(items, self._emitter.combo_kernels)
+            items = combine(items, limits)
         with self.timer.phase("render"):
             rendered = self._render(items, needed, built)
         with self.timer.phase("compile kernels"):

@@ -119,3 +119,15 @@ def test_combo_kernel_arguments_and_in_place_pairs():
     # x -> a alone would be in place, but m1 reads x too; y -> b is m1's alone
     assert combo.in_place_pairs() == (("y", "b"),)
     assert format_combo(combo).splitlines()[0] == "k: 2 members; inputs x, y; outputs a, b"
+
+
+def test_independent_work_of_one_range_stays_within_the_argument_limit():
+    """Ten tensors of one size, nothing shared: one loop nest of 20 arguments without a limit;
+    with the emitter's limit (6) groups of three, which ``combine`` then launches together."""
+    jobs = [Job((8,), stores=[Store(f"o{n}", i, twice(f"x{n}", i))], roots=[f"o{n}"]) for n in range(10)]
+    assert len(fuse(jobs)) == 1
+    fused = fuse(jobs, argument_limit=6)
+    assert [len(g.stores) for g in fused] == [3, 3, 3, 1]
+    # a job using a buffer of the group (the same tensor's next op) joins past the limit
+    chained = jobs[:3] + [Job((8,), stores=[Store("p0", i, twice("o0", i))], roots=["p0"])]
+    assert len(fuse(chained, argument_limit=6)) == 1
