@@ -16,7 +16,8 @@ sizes):
 
 Per case and backend: microseconds per step (the median of interleaved rounds; on CUDA the
 GPU time of back-to-back steps queued behind a spin, and the wall time), the ratio to
-Inductor, the kernels a step launches, and the bandwidth a step reaches as a share of a
+Inductor, the kernels a step launches (CUDA: from torch.profiler, every backend; CPU:
+fxwrap's kernel launches, and the kernels Inductor generated), and the bandwidth a step reaches as a share of a
 copy's: a step reads the parameters, gradients and both moments and writes the parameters
 and moments (7 x 4 bytes an element), ``% of copy = (bytes / t) / (2 x copied bytes / t_copy)``.
 On CUDA each kernel of a step is also listed from ``torch.profiler`` with its time and, for
