@@ -33,6 +33,7 @@ from torch._functorch.partitioners import default_partition, min_cut_remateriali
 from torch._guards import TracingContext
 
 from fxwrap.core import logs
+from fxwrap.core.foreach import foreach_decompositions
 
 aten = torch.ops.aten
 
@@ -59,7 +60,19 @@ def default_decompositions() -> dict:
 def kernel_decompositions() -> dict:
     """What targets that generate kernels also decompose: composite ops whose parts
     (reductions and pointwise math) fuse into fewer kernels than the op's own."""
-    return dict(_kernel_decompositions())
+    table = dict(_kernel_decompositions())
+    # dynamo traces ``t.addcmul_(a, b, value=v)`` and ``addcdiv_`` as Inductor's prim
+    # ``fma(a * b, v, t)``; registered once dynamo has imported it (before any backend runs)
+    fma = getattr(getattr(torch.ops.prims, "fma", None), "default", None)
+    if fma is not None:
+        table[fma] = _multiply_add
+    return table
+
+
+def _multiply_add(a, b, c):
+    """``prims.fma(a, b, c)`` as its eager implementation, ``a * b + c``: pointwise math a
+    kernel fuses (an extern call would launch it alone, the optimizer's update split in three)."""
+    return a * b + c
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,6 +102,7 @@ def _kernel_decompositions() -> dict:
     ])
     table[aten.native_layer_norm.default] = functools.partial(
         _layer_norm_with_eager_zeros, table[aten.native_layer_norm.default])
+    table.update(foreach_decompositions())  # the optimizers' foreach paths: pointwise kernels, not externs
     return table
 
 

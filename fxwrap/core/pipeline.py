@@ -14,7 +14,7 @@ each plugin's ``fxwrap_pipeline`` hook edits it); its ``repr`` is the list::
                                        matmul padding, convolution bias, patterns, grouped attention]
       program cache   graph -> program: a hit ends the run
       lowering        graph -> lowered: Lowerer, rules
-      render          lowered -> built: fuse, kernels, legalize, emit, compile, choose
+      render          lowered -> built: fuse, combine, kernels, legalize, emit, compile, choose
       wrapper passes  built -> lines, memory: [overlap collectives, memory plan]
       fx              built, lines -> graph_module: GraphModule
       program         graph, built, lines, memory, graph_module -> program: Program, runner, cache store, dump

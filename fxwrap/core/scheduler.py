@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, load_buffer,
+from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, is_loop_var,
+                            load_buffer,
                             load_key,
                             rewrite, rvar, walk, xvar)
 from fxwrap.ir.symbolic import simplify_index
@@ -216,8 +217,24 @@ class Group:
         value already written."""
         root = (lambda name: roots.get(name, name)) if roots else (lambda name: name)  # noqa: E731
         ops = [r.value for r in self.reductions] + [s.value for s in self.stores]
-        read = {root(b) for op in ops for b, _ in loads_of(op)} | {root(b) for b in template_reads(self)}
-        return any(root(s.buffer) in read for s in job.stores)
+        loads = [key for op in ops for key in loads_of(op)]
+        read = {root(b) for b, _ in loads} | {root(b) for b in template_reads(self)}
+        return any(root(s.buffer) in read and not self._read_where_written(s, job, loads, root) for s in job.stores)
+
+    def _read_where_written(self, store: Store, job: Job, loads: list, root) -> bool:
+        """Whether this pointwise group reads ``store``'s buffer only at the element each
+        iteration of ``job`` (over the same ranges, every loop var in the store's index)
+        then writes, and never through a view: each element is read, then overwritten,
+        by one iteration (``x.mul_(3)`` after ``x`` was read: the ``copy_`` into an input
+        joins the kernel that reads it)."""
+        if self.reductions or self.reduced or self.template is not None or store.indexed \
+                or tuple(job.outer) != tuple(self.outer) or root(store.buffer) != store.buffer \
+                or store.buffer in template_reads(self):
+            return False
+        index = _expand(store.index)
+        if not {xvar(i) for i in range(len(job.outer))} <= sympy.sympify(index).free_symbols:
+            return False
+        return all(b == store.buffer and _expand(i) == index for b, i in loads if root(b) == store.buffer)
 
     def prologue_mapping(self, job: Job) -> dict | None:
         """How this pointwise group's vars map onto reduction ``job``'s ``(x..., r...)``.
@@ -336,26 +353,34 @@ def _rename_acc(op: Op, old: str, new: str) -> Op:
 FUSION_WINDOW = 4
 
 
-def fuse(items: list) -> list:
+def fuse(items: list, argument_limit: int | None = None) -> list:
     """Program items (lines and Jobs, in order) -> lines and Groups, in order.
 
     A job joins one of the last ``FUSION_WINDOW`` groups (the most recent that works)
     when the group accepts it and the job can move up over everything emitted since
-    that group (``_can_hoist``: lines and later groups), after lifting the
+    that group (``can_hoist``: lines and later groups), after lifting the
     metadata-only lines it needs above the group (``_liftable``); otherwise it starts
     a new group where it stands.  A barrier line closes every open group.
+
+    A pointwise job also tries, past the window, the latest ``RANGES_LOOKBACK_GROUPS``
+    pointwise groups over its ranges that use a buffer it uses, when only pointwise groups
+    and metadata lines stand between (at most ``RANGES_LOOKBACK_ITEMS`` items): ``_foreach_*`` ops and optimizer
+    steps run op by op over every tensor, so the second op on a tensor comes one group per
+    tensor after the first; and the ``copy_`` back into each mutated input, which
+    functionalization puts at the end of the graph, joins the kernel that computes it.
+
+    ``argument_limit`` (the emitter's ``combo_kernels.max_arguments``): a job that uses no
+    buffer of a group joins it only while the kernel keeps at most that many arguments
+    (``argument_count``); more independent work is a combo member of its own, launched
+    through the target's fast binding, in programs of its own on a GPU.
     """
-    roots: dict[str, str] = {}
-    for item in items:
-        base = None if isinstance(item, Job) else item.view_base
-        if base is not None:
-            for buf in item.defines():
-                roots[buf.name] = roots.get(base.name, base.name)
+    roots = view_roots(items)
     # values a collective's wait makes ready (and views of them): see _holds_until_wait
     waited = {b.name for item in items if not isinstance(item, Job) and getattr(item, "waits_collective", False)
               for b in item.defines()}
     out: list = []
     open_groups: list[Group] = []
+    by_ranges: dict[tuple, list] = {}  # the latest pointwise groups over each ranges (since the barrier)
     barrier: str | None = None  # the line that closed the open groups
     for item in items:
         whole = item  # a template group's epilogue runs over the template's sizes, 1s included
@@ -363,24 +388,101 @@ def fuse(items: list) -> list:
             item = _squeezed(item)
         if not isinstance(item, Job):
             out.append(item)
-            if _is_barrier(item):
-                open_groups, barrier = [], item.label
+            if is_barrier(item):
+                open_groups, by_ranges, barrier = [], {}, item.label
             continue
         reason = f"after {barrier}" if barrier else "first kernel"
         for group in reversed(open_groups):
-            refused = _holds_until_wait(group, item, roots, waited) or \
+            refused = _holds_until_wait(group, item, roots, waited) or _too_wide(group, item, argument_limit) or \
                 _join(group, whole if group.template is not None else item, out, roots)
             if refused is None:
                 break
             if group is open_groups[-1]:
                 reason = f"not fused into the kernel of {', '.join(group.roots)}: {refused}"
         else:
+            if _join_far(item, by_ranges.get(tuple(item.outer), []), open_groups, out, roots, waited):
+                continue
             group = Group(item.outer, item.reduced, item.dims_key, started_because=reason,
                           template=item.template)
             group.add(item)
             out.append(group)
             open_groups = [*open_groups, group][-FUSION_WINDOW:]
+            if _pointwise(item):
+                latest = by_ranges.setdefault(tuple(item.outer), [])
+                latest[:] = [*latest, group][-RANGES_LOOKBACK_GROUPS:]
     return out
+
+
+#: past the window, a pointwise job tries this many latest groups over its ranges...
+RANGES_LOOKBACK_GROUPS = 4
+#: ... emitted at most this many items before it
+RANGES_LOOKBACK_ITEMS = 256
+
+
+def argument_count(items: list) -> int:
+    """How many buffer and size arguments one kernel of ``items`` (jobs or groups) takes, at
+    most (a store nobody reads later is dropped when the kernel is made)."""
+    names: set[str] = set()
+    for item in items:
+        reads, writes, symbols = job_names(item)
+        names |= reads | writes | {f"size:{s}" for s in symbols if not is_loop_var(sympy.Symbol(s))}
+    return len(names)
+
+
+def _too_wide(group: Group, job: Job, limit: int | None) -> str | None:
+    """Why ``job``, sharing no buffer with ``group``, may not join it: the kernel would take
+    more than ``limit`` arguments (None: it may)."""
+    if limit is None or group.template is not None:
+        return None
+    reads, writes, _ = job_names(job)
+    if (reads | writes) & _footprint(group)[1] or argument_count([group, job]) <= limit:
+        return None
+    return f"independent work past {limit} arguments (a combo member of its own)"
+
+
+def _pointwise(item) -> bool:
+    return not item.reductions and not item.reduced and item.template is None and not indexed(item)
+
+
+def inert(line) -> bool:
+    """A line that only describes storage (a view) or nothing at all (a comment)."""
+    return line.metadata_only or not (line.reads() or line.writes() or line.defines())
+
+
+def _join_far(job: Job, groups: list, open_groups: list, out: list, roots: dict, waited: set) -> bool:
+    """Join ``job`` (pointwise) to one of ``groups`` (pointwise groups over its ranges, oldest
+    first) outside the window that uses a buffer it uses (the same tensor's earlier op), the
+    most recent that accepts it, when only pointwise groups, metadata-only lines and comments
+    lie between it and the job; whether it joined one."""
+    if not _pointwise(job):
+        return False
+    reads, writes, _ = job_names(job)
+    for group in reversed(groups):
+        if any(group is g for g in open_groups) or group.outer != job.outer or not _pointwise(group):
+            continue
+        if not (reads | writes) & _footprint(group)[1]:
+            continue  # another tensor of the same sizes: a GPU runs it in programs of its own
+        at = next((i for i in range(len(out) - 1, max(len(out) - RANGES_LOOKBACK_ITEMS, 0) - 1, -1)
+                   if out[i] is group), None)
+        if at is None:
+            return False
+        if not all(_pointwise(x) if isinstance(x, Group) else inert(x) for x in out[at + 1:]):
+            return False
+        if (_holds_until_wait(group, job, roots, waited) or _join(group, job, out, roots)) is None:
+            return True
+    return False
+
+
+def view_roots(items: list) -> dict[str, str]:
+    """For each buffer a line of ``items`` defines as a view, the buffer whose storage it
+    views (through views of views)."""
+    roots: dict[str, str] = {}
+    for item in items:
+        base = None if isinstance(item, (Job, Group)) else item.view_base
+        if base is not None:
+            for buf in item.defines():
+                roots[buf.name] = roots.get(base.name, base.name)
+    return roots
 
 
 def _squeezed(job: Job) -> Job:
@@ -405,7 +507,7 @@ def _holds_until_wait(group: Group, job: Job, roots: dict, waited: set[str]) -> 
     if not waited:
         return None
     root = lambda n: roots.get(n, n)  # noqa: E731
-    job_reads, _, _ = _job_names(job)
+    job_reads, _, _ = job_names(job)
     _, group_reads, group_writes, _ = _footprint(group)
     if job_reads & group_writes:
         return None
@@ -428,10 +530,10 @@ def _join(group: Group, job: Job, out: list, roots: dict) -> str | None:
         return refused
     at = len(out) - 1 - next(i for i, x in enumerate(reversed(out)) if x is group)  # an open group is near the end
     since = out[at + 1:]
-    if not _can_hoist(job, since, roots):
+    if not can_hoist(job, since, roots):
         lifted = _liftable(job, since, group)
         rest = [x for x in since if not any(x is ln for ln in lifted)]
-        if not lifted or not _can_hoist(job, rest, roots):
+        if not lifted or not can_hoist(job, rest, roots):
             return "it cannot move up across " + ", ".join(_label(x) for x in since)
         out[at:] = [*lifted, group, *rest]
     group.add(job)
@@ -481,7 +583,7 @@ def _footprint(item) -> tuple[set, set, set, set]:
             {*item.defines_values(), *(s.name for s in item.defines_symbols())})
 
 
-def _is_barrier(line) -> bool:
+def is_barrier(line) -> bool:
     return line.fusion_barrier
 
 
@@ -494,8 +596,8 @@ def _names_used(line) -> set[str]:
             *(s.name for e in line.size_exprs() for s in sympy.sympify(e).free_symbols)}
 
 
-def _job_names(job: Job) -> tuple[set[str], set[str], set[str]]:
-    """``(buffers read, buffers written, symbol names used)`` by ``job``."""
+def job_names(job: "Job | Group") -> tuple[set[str], set[str], set[str]]:
+    """``(buffers read, buffers written, symbol names used)`` by ``job`` (or a group)."""
     ops = [r.value for r in job.reductions] + [s.value for s in job.stores]
     reads = {b for op in ops for b, _ in loads_of(op)} | template_reads(job) | store_reads(job.stores)
     writes = {s.buffer for s in job.stores}
@@ -511,7 +613,7 @@ def _liftable(job: Job, items: list, group: Group) -> list:
     stores: moved above the group, they let ``job`` join it (an epilogue reading a
     view of a saved activation that the backward graph takes after the reduction).
     Empty when that is not so."""
-    reads, writes, syms = _job_names(job)
+    reads, writes, syms = job_names(job)
     wanted = reads | writes | syms
     stored = {s.buffer for g in (group, *items) if isinstance(g, Group) for s in g.stores}
     chosen: list = []
@@ -526,12 +628,12 @@ def _liftable(job: Job, items: list, group: Group) -> list:
     return list(reversed(chosen))
 
 
-def _can_hoist(job: Job, items: list, roots: dict) -> bool:
-    """May ``job`` run before ``items`` (lines and groups; that is, at the place of the
-    group before them)?"""
+def can_hoist(job: "Job | Group", items: list, roots: dict) -> bool:
+    """May ``job`` (or a pointwise group: ``core.combo``) run before ``items`` (lines and
+    groups; that is, at the place of the group before them)?"""
     if not items:
         return True
-    reads, writes, syms = _job_names(job)
+    reads, writes, syms = job_names(job)
     root = lambda n: roots.get(n, n)  # noqa: E731
     read_roots = {root(b) for b in reads}
     write_roots = {root(b) for b in writes}

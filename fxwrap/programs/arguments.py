@@ -7,6 +7,8 @@ captured tensors into them, and adds size symbols under ``dynamic=True``: for
 input, where its value comes from::
 
     ("arg", 1)                    the function's positional argument 1 (a tensor)
+    ("item", 1, 3)                argument 1's item 3 (a tensor in a list or tuple: an optimizer's
+                                  parameters)
     ("const", tensor)             a tensor the graph captured (a parameter, a global)
     ("size", s0, 1, 0)            size symbol s0 read from argument 1's dimension 0
     ("offset", s3, 1)             symbol s3 read as argument 1's storage offset
@@ -62,6 +64,8 @@ class ArgumentMap:
             return None
         parameters = parameter_names(fn, len(fn_args))
         position = {id(a): j for j, a in enumerate(fn_args) if isinstance(a, torch.Tensor)}
+        items = {id(t): (j, i) for j, a in enumerate(fn_args) if isinstance(a, (list, tuple))
+                 for i, t in enumerate(a) if isinstance(t, torch.Tensor)}
         by_name = {name: j for j, name in enumerate(parameters)}
         names = list(input_names) + [None] * (len(dynamo_inputs) - len(input_names))
         sources: list = []
@@ -70,6 +74,8 @@ class ArgumentMap:
             arg = fn_args[j] if j is not None else None
             if isinstance(value, torch.Tensor) and id(value) in position:
                 sources.append(("arg", position[id(value)]))
+            elif isinstance(value, torch.Tensor) and id(value) in items:
+                sources.append(("item", *items[id(value)]))
             elif isinstance(arg, bool):
                 return None
             elif isinstance(graph_input, SizeInput) and isinstance(arg, int):
@@ -88,7 +94,7 @@ class ArgumentMap:
                     for i, s in enumerate(sources)]
         if any(s is None for s in resolved):
             return None
-        used = {s[1] for s in resolved if s[0] in ("arg", "int", "float")}
+        used = {s[1] for s in resolved if s[0] in ("arg", "item", "int", "float")}
         baked = tuple((j, a) for j, a in enumerate(fn_args)
                       if j not in used and isinstance(a, (bool, int, float, complex, str)))
         return cls(tuple(resolved), parameters, baked)
@@ -113,6 +119,8 @@ class ArgumentMap:
             kind = source[0]
             if kind in ("arg", "int", "float"):
                 labels[graph_input.name] = self.describe(source[1])
+            elif kind == "item":
+                labels[graph_input.name] = f"{self.describe(source[1])}[{source[2]}]"
             elif kind == "size":
                 name = self.parameters[source[2]] if source[2] < len(self.parameters) else None
                 labels[graph_input.name] = (f"the size {graph_input.name} = {name or 'argument'}.shape"
@@ -134,6 +142,8 @@ class ArgumentMap:
             kind = source[0]
             if kind == "arg":
                 out.append(args[source[1]])
+            elif kind == "item":
+                out.append(self._item(args, source[1], source[2]))
             elif kind == "int":  # a size symbol: checked here, before any runner computes with it
                 value = args[source[1]]
                 if type(value) is not int:
@@ -199,6 +209,15 @@ class ArgumentMap:
                     f"Python scalars under dynamic=False), got {got!r}; pass {value!r}, or lower the "
                     "function again with this value (or with dynamic=True, which makes ints and "
                     "floats program inputs)")
+
+    def _item(self, args: Sequence, j: int, i: int) -> torch.Tensor:
+        """Item ``i`` of argument ``j`` (a list or tuple of tensors), or an ``InputMismatchError``."""
+        container = args[j]
+        if not isinstance(container, (list, tuple)) or len(container) <= i or \
+                not isinstance(container[i], torch.Tensor):
+            raise InputMismatchError(f"{self.describe(j)} must be a list or tuple with a tensor at item {i}, as "
+                                     f"given to fxwrap.lower; got {type(container).__name__} {container!r}"[:300])
+        return container[i]
 
     def _wrapped_float(self, source, value):
         _, j, dtype, device = source

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from fxwrap.core.capture import aten_graph_text
 from fxwrap.ir.lines import DefineKernel
-from fxwrap.ir.loops import format_kernel
+from fxwrap.ir.combo import format_loop_ir
 from fxwrap.core.memory import describe_plan, storage_lifetimes
 from fxwrap.wrapper_ir.fx import annotated_code
 from fxwrap.runtime.provenance import describe, origin_of
@@ -121,7 +121,7 @@ class ProgramDump:
             files[name] = name
 
         put("aten_graph.py", self.aten_graph)
-        put("loop_ir.txt", "\n\n".join(format_kernel(k.scheduled) for k in built.kernels) or "(no kernels)")
+        put("loop_ir.txt", "\n\n".join(format_loop_ir(k.scheduled) for k in built.kernels) or "(no kernels)")
         put("schedule.md", schedule_text(program, built))
         put("wrapper_ir.py", program.code())
         put("fx_code.py", annotated_code(program.graph_module))

@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from fxwrap.runtime.graph_replay import GraphCapture
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.launch import KernelLaunch, UserTritonLaunch
 from fxwrap.runtime.provenance import header_lines
+
+if TYPE_CHECKING:  # a saved program's loaders import this module: no loop IR (sympy) at import
+    from fxwrap.ir.combo import ComboKernel, ComboLimits
 
 
 class DeviceInterface:
@@ -250,6 +253,10 @@ class KernelEmitter:
     #: target that declares none: ``(Intrinsic("my_gelu", "my_gelu({0})",
     #: replaces=aten.gelu.default, when={"approximate": "none"}),)``
     intrinsics: tuple = ()
+    #: the combo kernels it renders (``fxwrap.ir.combo.ComboLimits``: independent pointwise
+    #: kernels of different sizes as one launch, ``core/combo.py``), through ``render_combo``;
+    #: None (the default): none, each kernel is launched alone
+    combo_kernels: ComboLimits | None = None
 
     def __init__(self, target: "Target"):
         self.target = target
@@ -279,6 +286,13 @@ class KernelEmitter:
 
     def render(self, kernel) -> KernelSource:
         raise NotImplementedError(f"{type(self).__name__} cannot render kernels yet")
+
+    def render_combo(self, kernel: ComboKernel) -> KernelSource | None:
+        """One kernel computing every member of ``kernel`` (``fxwrap.ir.combo.ComboKernel``),
+        its arguments ``(*kernel.inputs, *kernel.outputs, *kernel.size_symbols)``; or None
+        where it cannot (the members are then rendered and launched one by one).  Called only
+        on an emitter that declares ``combo_kernels``."""
+        return None
 
     def load(self, source: KernelSource) -> Callable:
         raise NotImplementedError(f"{type(self).__name__} cannot load kernels yet")

@@ -804,13 +804,15 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
             inner.env[node] = (accumulator, node.dtype)
         return self.render_stores(kernel, kernel.stores, inner)
 
-    def template_source(self, kernel: ScheduledKernel, body: list[str], helpers: str = "") -> KernelSource:
+    def template_source(self, kernel: ScheduledKernel, body: list[str], helpers: str = "",
+                        in_place: tuple = ()) -> KernelSource:
         """A template kernel's ``KernelSource``: this emitter's header comment, headers,
         prelude, the template's ``helpers`` (C++ functions it calls) and the kernel's usual
         signature (``function_head``: inputs -- the call's operands first --, outputs, size
         symbols) around ``body``, with the launch metadata ``load`` expects; so a template
         loads, caches and saves like a generated kernel.  A template takes no workspace:
-        the workspaces of the kernel rendered before it are not its parameters."""
+        the workspaces of the kernel rendered before it are not its parameters.  A combo
+        kernel (``cstyle_combo``) is rendered through it too, with its ``in_place`` pairs."""
         self.workspaces = []
         cname = self.function_name(kernel)
         text = "\n".join([
@@ -827,7 +829,7 @@ class CStyleEmitter(KernelEmitter, ValueWalker):
         ])
         launch = self.launch_record(kernel, symbol=cname, language=self.language,
                                     pointers=len(kernel.inputs) + len(kernel.outputs),
-                                    size_symbols=tuple(s.name for s in kernel.size_symbols))
+                                    size_symbols=tuple(s.name for s in kernel.size_symbols), in_place=in_place)
         return KernelSource(kernel.name, text, self.language, self.signature(kernel), launch)
 
     # ------------------------------------------------------------------ index printer

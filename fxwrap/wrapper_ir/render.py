@@ -12,12 +12,14 @@ import logging
 import sympy
 
 from fxwrap.core import logs
+from fxwrap.core.combo import ComboGroup, combine
 from fxwrap.core.errors import EmitError, compiler_crashed
 from fxwrap.core.numerics import legalize
 from fxwrap.core.progress import Progress
 from fxwrap.core.scheduler import Group, fuse, referenced_outside, to_kernel
 from fxwrap.ir.lines import Allocate, Buffer, CallKernel, DefineKernel, Line, ZeroFill, buffers_read
-from fxwrap.ir.loops import ScheduledKernel, format_kernel
+from fxwrap.ir.combo import ComboKernel, format_loop_ir
+from fxwrap.ir.loops import ScheduledKernel
 from fxwrap.runtime.kernel import Kernel, KernelArg
 from fxwrap.runtime.provenance import describe
 from fxwrap.wrapper_ir import template_choice
@@ -51,8 +53,8 @@ class KernelLines:
 
 
 class Renderer:
-    """A ``LoweredProgram`` -> the program's lines, through the steps fuse -> kernels ->
-    legalize -> emit -> compile -> choose.  Given the items::
+    """A ``LoweredProgram`` -> the program's lines, through the steps fuse -> combine ->
+    kernels -> legalize -> emit -> compile -> choose.  Given the items::
 
         Job((64, 128), stores=[Store('buf2', 128*x0 + x1, ...)], reductions=[...], roots=['softmax'])
         return (buf2,)
@@ -101,8 +103,11 @@ class Renderer:
         """The program's lines and kernels (``BuiltProgram``)."""
         built = self.built
         with self.timer.phase("schedule"):
-            items = fuse(list(self.lowered.items))
+            limits = self._emitter.combo_kernels
+            items = fuse(list(self.lowered.items), limits.max_arguments if limits is not None else None)
             needed = referenced_outside(items, buffers_read)
+            # independent pointwise kernels of other sizes as one launch (core/combo.py)
+            items = combine(items, limits)
         with self.timer.phase("render"):
             rendered = self._render(items, needed, built)
         with self.timer.phase("compile kernels"):
@@ -129,6 +134,14 @@ class Renderer:
         rendered: list = []
         count = 0
         for item in items:
+            if isinstance(item, ComboGroup):
+                made = self.combo_lines(item, count, needed, inputs)
+                rendered += made if made is not None else [
+                    (member, self.kernel_lines(member, f"{self.kernel_prefix}_pointwise_{count}_{i}",
+                                               needed[id(member)], inputs, emitter.render))
+                    for i, member in enumerate(item.members)]
+                count += 1
+                continue
             if not isinstance(item, Group):
                 rendered.append(item)
                 continue
@@ -192,14 +205,34 @@ class Renderer:
         for source, launcher in zip(todo, launchers):
             self._launchers[id(source)] = launcher
 
-    def kernel_lines(self, group: Group, name: str, keep: set, inputs: set, render) -> "KernelLines | None":
-        """Group -> legalized ``ScheduledKernel`` -> ``render(sk)`` (a ``KernelSource``) -> its
-        ``Allocate`` / ``DefineKernel`` / ``CallKernel`` lines; None when it stores nothing."""
+    def combo_lines(self, combo: ComboGroup, count: int, needed: dict, inputs: set) -> "list | None":
+        """A combo group -> its members' legalized ``ScheduledKernel``s -> the emitter's
+        ``render_combo`` -> ``[(combo, KernelLines)]`` (one member storing something:
+        ``[(member, KernelLines)]``); None where the emitter renders no kernel of them."""
+        name = f"{self.kernel_prefix}_combo_{count}"
+        members, groups = [], []
+        for i, group in enumerate(combo.members):
+            sk = self.scheduled(group, f"{name}_m{i}", needed[id(group)], inputs)
+            if sk.stores:
+                members.append(sk)
+                groups.append(group)
+        if len(members) < 2:
+            return [(g, self.kernel_lines(g, f"{self.kernel_prefix}_pointwise_{count}", needed[id(g)], inputs,
+                                          self._emitter.render)) for g in groups]
+        kernel = ComboKernel(name, tuple(members))
+        try:
+            source = self._emitter.render_combo(kernel)
+        except EmitError as exc:
+            raise RenderFailed(combo.roots, exc) from exc
+        if source is None:
+            return None
+        return [(combo, self._lines(kernel, source, inputs, tuple(combo.roots)))]
+
+    def scheduled(self, group: Group, name: str, keep: set, inputs: set) -> ScheduledKernel:
+        """Group -> its legalized ``ScheduledKernel`` (no stores: nothing to compute)."""
         sk = to_kernel(group, name, keep, self.buffers, inputs)
         sk = dataclasses.replace(sk, origins=self.in_program_order(sk.origins))
         sk = legalize(sk, self.session.numerics)  # explicit compute dtypes, casts and 16-bit rounding
-        if not sk.stores:
-            return None
         roots = self.lowered.roots
         root = {b.name: roots.get(b.name, b).name for b in (*sk.inputs, *sk.outputs)}
         sharing = collections.Counter(root.values())
@@ -207,10 +240,23 @@ class Renderer:
         shared = tuple(sorted(name for name, r in root.items() if sharing[r] > 1 and r in written))
         if shared:  # a view of a buffer it writes, read as an input: its pointers alias
             sk = dataclasses.replace(sk, shared_storage=shared)
+        return sk
+
+    def kernel_lines(self, group: Group, name: str, keep: set, inputs: set, render) -> "KernelLines | None":
+        """Group -> legalized ``ScheduledKernel`` -> ``render(sk)`` (a ``KernelSource``) -> its
+        ``Allocate`` / ``DefineKernel`` / ``CallKernel`` lines; None when it stores nothing."""
+        sk = self.scheduled(group, name, keep, inputs)
+        if not sk.stores:
+            return None
         try:
             source = render(sk)
         except EmitError as exc:
             raise RenderFailed(group.roots, exc) from exc
+        return self._lines(sk, source, inputs, tuple(group.roots))
+
+    def _lines(self, sk, source, inputs: set, roots: tuple) -> KernelLines:
+        """A rendered kernel (a ``ScheduledKernel`` or ``ComboKernel``) -> its ``Allocate`` /
+        ``DefineKernel`` / ``CallKernel`` lines."""
         # an indexed store's buffer holds its values already (it writes only some elements)
         written = {st.buffer for st in sk.stores if st.indexed}
         new = [Allocate(out) for out in sk.outputs if out.name not in inputs and out.name not in written]
@@ -223,7 +269,7 @@ class Renderer:
                         loader=self.session.kernel_loader)
         new += [DefineKernel(kernel),
                 CallKernel(kernel, (*sk.inputs, *sk.outputs, *workspaces, *sk.size_symbols), origins=sk.origins)]
-        return KernelLines(sk, source, kernel, new, tuple(group.roots))
+        return KernelLines(sk, source, kernel, new, roots)
 
     def _workspaces(self, sk: ScheduledKernel, source, lines: list) -> list[Buffer]:
         """The scratch buffers ``source`` declares (``targets.base.Workspace``), each a
@@ -264,7 +310,7 @@ def _log_kernel(sk: ScheduledKernel, source, group: Group) -> None:
         logs.logger("schedule").debug("%s <- %s\n  stores the values of %s\n  a new kernel: %s", sk.name,
                                       describe(sk.origins), ", ".join(group.roots), group.started_because)
     if logs.enabled("lowering"):
-        logs.logger("lowering").debug("%s", format_kernel(sk))
+        logs.logger("lowering").debug("%s", format_loop_ir(sk))
     if logs.enabled("kernels"):
         logs.logger("kernels").debug("%s (%s):\n%s", sk.name, source.language, source.text)
 

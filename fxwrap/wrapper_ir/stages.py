@@ -4,7 +4,7 @@
     aten passes     the ATen graph rewritten in place (core.passes.default_aten_passes)
     program cache   a program compiled before for the same graph: the run ends with it
     lowering        ATen graph -> LoweredProgram (lowerer.Lowerer through the session's rules)
-    render          LoweredProgram -> BuiltProgram (render.Renderer: fuse, kernels, legalize,
+    render          LoweredProgram -> BuiltProgram (render.Renderer: fuse, combine, kernels, legalize,
                     emit, compile, choose); a kernel the target cannot render: its ATen nodes
                     become extern calls and the run goes back to ``lowering``
     wrapper passes  lines -> lines and the memory plan (core.passes.default_wrapper_passes)
@@ -96,7 +96,7 @@ def default_pipeline() -> Pipeline:
         Stage(PROGRAM_CACHE, _program_cache, ("graph",), ("program",), steps=("a hit ends the run",)),
         Stage(LOWERING, _lowering, ("graph",), ("lowered",), steps=("Lowerer", "rules")),
         Stage(RENDER, _render, ("lowered",), ("built",),
-              steps=("fuse", "kernels", "legalize", "emit", "compile", "choose")),
+              steps=("fuse", "combine", "kernels", "legalize", "emit", "compile", "choose")),
         Stage(WRAPPER_PASSES, _wrapper_passes, ("built",), ("lines", "memory"), passes=default_wrapper_passes()),
         Stage(FX, _fx, ("built", "lines"), ("graph_module",), steps=("GraphModule",)),
         Stage(PROGRAM, _program, ("graph", "built", "lines", "memory", "graph_module"), ("program",),

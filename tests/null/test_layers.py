@@ -26,12 +26,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("fxwrap.runtime",)),
     ("logs", ("fxwrap.core.logs", "fxwrap.core.progress")),
     ("symbolic", ("fxwrap.ir", "fxwrap.ir.symbolic")),
-    ("loop IR", ("fxwrap.ir.loops", "fxwrap.ir.intrinsics")),
+    ("loop IR", ("fxwrap.ir.loops", "fxwrap.ir.intrinsics", "fxwrap.ir.combo")),
     ("lines", ("fxwrap.ir.lines", "fxwrap.ir.control_flow", "fxwrap.ir.user_kernels",
                "fxwrap.ir.collectives", "fxwrap.ir.partitions")),
     ("lowering", ("fxwrap.core", "fxwrap.core.capture", "fxwrap.core.extern", "fxwrap.core.layout",
                   "fxwrap.core.lowering", "fxwrap.core.numerics", "fxwrap.core.rules")),
-    ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.memory", "fxwrap.core.overlap")),
+    ("scheduling and memory", ("fxwrap.core.scheduler", "fxwrap.core.combo", "fxwrap.core.memory",
+                               "fxwrap.core.overlap")),
     ("pass lists", ("fxwrap.core.passes", "fxwrap.core.pipeline")),
     ("build", ("fxwrap.wrapper_ir", "fxwrap.wrapper_ir.build", "fxwrap.wrapper_ir.built", "fxwrap.wrapper_ir.lowered",
                "fxwrap.wrapper_ir.lowerer", "fxwrap.wrapper_ir.journal", "fxwrap.wrapper_ir.layouts",
@@ -53,7 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 # modules every target may import; anything else under fxwrap.targets belongs to one target
 SHARED_TARGET_MODULES = ("fxwrap.targets", "fxwrap.targets.base", "fxwrap.targets.cstyle", "fxwrap.targets.marker",
-                         "fxwrap.targets.c_helpers",
+                         "fxwrap.targets.c_helpers", "fxwrap.targets.cstyle_combo",
                          "fxwrap.targets.index_printer", "fxwrap.targets.values", "fxwrap.targets.host")
 
 # modules that must never load with the runtime alone

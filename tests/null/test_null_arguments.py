@@ -45,3 +45,27 @@ def test_none_for_a_tensor_argument_is_an_input_mismatch(kernels):
         program.run(None)
     x = torch.randn(4)
     torch.testing.assert_close(program.run(x), x.sin() * 2)
+
+
+def _sgd(params, grads):
+    for p, g in zip(params, grads):
+        p.add_(g, alpha=-0.1)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["extern", "kernels"])
+def test_tensors_in_list_arguments_are_the_calls_not_the_examples(kernels):
+    """An optimizer step lowered with lists of tensors: ``run`` reads and updates the lists it is
+    given (the examples were graph constants: the step wrote into them instead)."""
+    params, grads = [torch.randn(5), torch.randn(3)], [torch.randn(5), torch.randn(3)]
+    program = fxwrap.lower(_sgd, params, grads, options={"kernels": kernels})
+    assert {s[0] for s in program.arguments.sources} == {"item"}
+    before = [p.clone() for p in params]
+    mine = [torch.randn(5), torch.randn(3)]
+    expected = [p - 0.1 * g for p, g in zip(mine, grads)]
+    program.run(mine, grads)
+    for got, want in zip(mine, expected):
+        torch.testing.assert_close(got, want)
+    for p, b in zip(params, before):  # the examples are left alone
+        torch.testing.assert_close(p, b)
+    with pytest.raises(fxwrap.InputMismatchError, match=r"params \(argument 0\) must be a list"):
+        program.run([torch.randn(5)], grads)

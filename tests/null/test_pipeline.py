@@ -48,7 +48,7 @@ def test_the_session_pipeline_prints_every_stage_in_order_with_its_passes():
     # the cpu target's plugin puts its attention pass before the memory plan
     assert by_stage["wrapper passes"].endswith(
         "built -> lines, memory: [overlap collectives, cpu attention, memory plan]")
-    assert by_stage["render"].endswith("lowered -> built: fuse, kernels, legalize, emit, compile, choose")
+    assert by_stage["render"].endswith("lowered -> built: fuse, combine, kernels, legalize, emit, compile, choose")
 
 
 def test_the_options_edit_the_pipeline_through_the_same_hook():

@@ -55,11 +55,13 @@ import sympy
 import torch
 import torch.utils._sympy.functions as symfn
 
+from fxwrap.ir.combo import ComboKernel, ComboLimits
 from fxwrap.ir.loops import Op, OpCode, ScheduledKernel, Store, load_buffer, load_mask, split_stores, walk
 from fxwrap.runtime.launch import CppLaunch
 from fxwrap.targets.base import KernelSource
 from fxwrap.targets.cpu_cpp.prelude import PRELUDE
 from fxwrap.targets.cpu_cpp.scan import ScanCode
+from fxwrap.targets.cstyle_combo import render_c_combo
 from fxwrap.targets.host.compiler import SharedPrelude
 from fxwrap.targets.cstyle import (C_TYPES, LIBM_OPS, CStyleEmitter, c_ops, EmitError, LocalNames, ReductionAccumulator, Scope, append_block,
                                    reduction_passes,
@@ -103,6 +105,10 @@ class CppEmitter(CStyleEmitter):
     # a float local holding a bf16 value is stored as its high half (no second rounding)
     exact_half_stores = {torch.bfloat16: "fx_bf16_bits"}
     writes_in_place = True  # one loop nest per kernel: each element read, then written
+    # independent pointwise kernels as one function, their loop nests one after another
+    # (``targets/cstyle_combo.py``): one launch through the trampoline instead of one each
+    # (at most its ``MAX_ARGS``, 48, arguments: more would be called through ctypes)
+    combo_kernels = ComboLimits(max_members=16, max_arguments=48)
     # indexed writes (index_put, scatter in place): plain ones in parallel, accumulating
     # ones in one serial loop (each addition whole, in eager's order: its CPU kernel is serial)
     indexed_stores = {"set": frozenset(type_names), "add": frozenset(type_names) - {torch.bool}}
@@ -192,6 +198,9 @@ class CppEmitter(CStyleEmitter):
         marks = {(True, False): "FX_NO_SLP", (False, True): "FX_NO_IFCVT", (True, True): "FX_NO_SLP_NO_IFCVT"}
         mark = marks.get((self._unrolled, self._masked_loads or (self._unrolled and self._selects)))
         return head.replace(" void ", f" {mark} void ", 1) if mark else head
+
+    def render_combo(self, kernel: ComboKernel) -> KernelSource | None:
+        return render_c_combo(self, kernel)
 
     def render_load(self, op, scope) -> str:
         masked = load_mask(op) is not None and load_mask(op) not in scope.known_true

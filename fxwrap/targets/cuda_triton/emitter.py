@@ -53,6 +53,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._sympy.functions import CeilDiv
 
+from fxwrap.ir.combo import ComboKernel, ComboLimits
 from fxwrap.ir.loops import REDUCTIONS, ScheduledKernel
 from fxwrap.ir.symbolic import evaluate
 from fxwrap.runtime.kernel import Kernel, KernelArg
@@ -62,6 +63,7 @@ from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, W
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
+from fxwrap.targets.cuda_triton.combo import render_triton_combo
 from fxwrap.targets.cuda_triton.lookback import LookbackScanWriter
 from fxwrap.targets.cuda_triton.reduction import ReductionWriter
 from fxwrap.targets.cuda_triton.scan import ScanWriter
@@ -152,6 +154,10 @@ class TritonEmitter(KernelEmitter):
     indexed_stores = {"set": supported_dtypes,
                       "add": frozenset({torch.float32, torch.float64, torch.int32, torch.int64})}
     load_threads = 8  # ptxas is a subprocess: build in parallel
+    # independent 1-D pointwise kernels as one launch, programs dispatched by id (combo.py);
+    # at most 60 arguments: native_launch.py's binding takes 64 slots, Triton's two scratch
+    # pointers among them (a kernel of more launches through the slower Python path)
+    combo_kernels = ComboLimits(max_members=32, max_arguments=60)
 
     def __init__(self, target=None):
         super().__init__(target)
@@ -202,6 +208,9 @@ class TritonEmitter(KernelEmitter):
 
         (without it both 512 x 128 buffers are live at the kernel)."""
         return kernel.in_place_pairs()
+
+    def render_combo(self, kernel: ComboKernel) -> KernelSource | None:
+        return render_triton_combo(self, kernel)
 
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         for red in kernel.reductions:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from fxwrap.ir.combo import ComboKernel, ComboLimits
 from fxwrap.ir.loops import (Op, OpCode, ScheduledKernel, acc_key, format_ssa, format_store, load_buffer, load_mask,
                             rvar, walk, xvar)
 from fxwrap.core.numerics import illegal
@@ -267,6 +268,8 @@ class ReferenceEmitter(KernelEmitter):
     language = "loop-ir"
     # indexed writes through torch's own index_put_ (accumulate for "add")
     indexed_stores = {"set": _DTYPES, "add": _DTYPES - {torch.bool}}
+    # a combo kernel's members evaluated one after another (``ComboLauncher``)
+    combo_kernels = ComboLimits(max_members=16, max_arguments=128)
 
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         names: dict[Op, str] = {}
@@ -281,17 +284,38 @@ class ReferenceEmitter(KernelEmitter):
         text = "\n".join(lines)
         return KernelSource(kernel.name, text, self.language, launch=ReferenceLaunch(kernel=kernel))
 
+    def render_combo(self, kernel: ComboKernel) -> KernelSource:
+        text = "\n\n".join([f"# combo kernel {kernel.name}: {len(kernel.members)} members",
+                             *(self.render(member).text for member in kernel.members)])
+        return KernelSource(kernel.name, text, self.language, launch=ReferenceLaunch(kernel=kernel))
+
     def load(self, source: KernelSource):
-        return ReferenceLauncher(source.launch.kernel)
+        return launcher_of(source.launch.kernel)
 
     def saved_loader(self, kernel):
         """The kernel's loop IR (in its launch metadata) is what the reference target runs."""
         return kernel_loader
 
 
-def kernel_loader(kernel) -> ReferenceLauncher:
+def kernel_loader(kernel) -> "ReferenceLauncher | ComboLauncher":
     """``fxwrap.Kernel`` loader (picklable): evaluate the kernel's loop IR with torch."""
-    return ReferenceLauncher(kernel.launch.kernel)
+    return launcher_of(kernel.launch.kernel)
+
+
+class ComboLauncher:
+    """``launcher(*inputs, *outputs, *sizes)`` of a ``ComboKernel``: each member evaluated
+    in turn on its own arguments."""
+
+    def __init__(self, kernel: ComboKernel):
+        self.members = [(ReferenceLauncher(m), kernel.argument_positions(m)) for m in kernel.members]
+
+    def __call__(self, *args):
+        for launcher, positions in self.members:
+            launcher(*(args[i] for i in positions))
+
+
+def launcher_of(kernel: "ScheduledKernel | ComboKernel") -> "ReferenceLauncher | ComboLauncher":
+    return ComboLauncher(kernel) if isinstance(kernel, ComboKernel) else ReferenceLauncher(kernel)
 
 
 kernel_loader.fxwrap_saved = True  # imports the loop IR (fxwrap.ir.loops, sympy), no dynamo

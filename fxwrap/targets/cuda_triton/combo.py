@@ -1,0 +1,119 @@
+"""A combo kernel (``fxwrap.ir.combo.ComboKernel``) in Triton: one launch whose programs
+are shared out among the members, each member's body a ``@triton.jit`` function of its own
+over its own flat range, called with the program id less the blocks of the members before
+it.  Two members of 21 and 11 elements, ``XBLOCK`` 32::
+
+    @triton.jit
+    def fxwrap_combo_0_m0(in_ptr0, out_ptr0, pid, XBLOCK: tl.constexpr):
+        xnumel = 21
+        xoffset = pid * XBLOCK
+        ...
+
+    @triton.jit
+    def fxwrap_combo_0_m1(in_ptr0, out_ptr0, pid, XBLOCK: tl.constexpr):
+        ...
+
+    @triton.jit
+    def fxwrap_combo_0(in_ptr0, in_ptr1, out_ptr0, out_ptr1, XBLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        if pid < 1:
+            fxwrap_combo_0_m0(in_ptr0, out_ptr0, pid, XBLOCK)
+        elif pid < 2:
+            fxwrap_combo_0_m1(in_ptr1, out_ptr1, pid - 1, XBLOCK)
+
+launched over the sum of the members' blocks (``TritonLaunch.grid_extra``), plan
+``combo``.  Members are 1-D pointwise kernels (plan ``pointwise1d``) with static element
+counts; anything else is rendered as kernels of its own (``render_triton_combo`` returns
+None).  The member bodies are the ``KernelWriter``'s (``MemberWriter`` only reads the
+program id from its parameter).
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from fxwrap.ir.combo import ComboKernel
+from fxwrap.runtime.launch import TritonLaunch
+from fxwrap.targets.base import KernelSource, kernel_function_name, kernel_header, kernel_signature
+from fxwrap.targets.cuda_triton import ops as O
+from fxwrap.targets.cuda_triton.codegen import KernelWriter
+from fxwrap.targets.cuda_triton.tiling import Planner
+
+
+class MemberWriter(KernelWriter):
+    """A ``KernelWriter`` for one member of a combo kernel: its program id is the ``pid``
+    parameter of the member's function (the combo's program id less the blocks before it)."""
+
+    def pid(self) -> str:
+        return super().pid().replace("tl.program_id(0)", "pid")  # ``pid.to(tl.int64)`` with int64 indices
+
+
+def _numel(member) -> int | None:
+    n = sympy.Mul(*[sympy.sympify(r) for r in (*member.ranges, *member.reduction_ranges)])
+    return int(n) if n.is_Integer else None
+
+
+def render_triton_combo(emitter, kernel: ComboKernel) -> KernelSource | None:
+    """``kernel`` as one Triton launch (the module docstring); None where a member is not a
+    1-D pointwise kernel of a static element count."""
+    planner = Planner(emitter.interpret, emitter.size_hints, emitter.max_autotune)
+    plans = [planner.plan(m) for m in kernel.members]
+    numels = [_numel(m) for m in kernel.members]
+    if any(p.kind != "pointwise1d" for p in plans) or any(n is None for n in numels):
+        return None
+    for buf in (*kernel.inputs, *kernel.outputs):
+        O.tl_type(buf.dtype, emitter.target_name)
+    xblock = max(int(p.configs[0]["XBLOCK"]) for p in plans)
+    warps = max(int(p.configs[0]["num_warps"]) for p in plans)
+    fname = kernel_function_name(kernel)
+    inputs = [b.name for b in kernel.inputs]
+    outputs = [b.name for b in kernel.outputs]
+    helpers: set[str] = set()
+    functions: list[list[str]] = []
+    dispatch = ["pid = tl.program_id(0)"]
+    start = 0
+    for i, (member, plan) in enumerate(zip(kernel.members, plans)):
+        writer = MemberWriter(member, plan, emitter.target_name, emitter.intrinsics)
+        body = writer.write()
+        helpers |= writer.helpers | writer.printer.helpers | writer.ops.helpers
+        params = [f"in_ptr{j}" for j in range(len(member.inputs))]
+        params += [f"out_ptr{j}" for j in range(len(member.outputs))]
+        params += [s.name for s in member.size_symbols]
+        name = f"{fname}_m{i}"
+        functions.append(["@triton.jit", f"def {name}({', '.join([*params, 'pid', 'XBLOCK: tl.constexpr'])}):",
+                          *("    " + line for line in body)])
+        args = [f"in_ptr{inputs.index(b.name)}" for b in member.inputs]
+        args += [f"out_ptr{outputs.index(b.name)}" for b in member.outputs]
+        args += [s.name for s in member.size_symbols]
+        blocks = -(-numels[i] // xblock)
+        local = "pid" if start == 0 else f"pid - {start}"
+        dispatch += [f"{'if' if i == 0 else 'elif'} pid < {start + blocks}:",
+                     f"    {name}({', '.join([*args, local, 'XBLOCK'])})"]
+        start += blocks
+    sizes = [s.name for s in kernel.size_symbols]
+    deco = f"@triton.jit(do_not_specialize={sizes!r})" if sizes else "@triton.jit"
+    params = [f"in_ptr{j}" for j in range(len(inputs))] + [f"out_ptr{j}" for j in range(len(outputs))]
+    lines = kernel_header(kernel, "#", " (triton)")
+    lines += [f"# plan: combo of {len(kernel.members)} pointwise kernels, {start} programs of XBLOCK {xblock}",
+              "import triton", "import triton.language as tl", "",
+              "from fxwrap.targets.cuda_triton.libm import fx_round_bf16, libdevice", "", ""]
+    if helpers:
+        lines += [*O.helper_source(helpers), ""]
+    for function in functions:
+        lines += [*function, "", ""]
+    lines += [deco, f"def {fname}({', '.join([*params, *sizes, 'XBLOCK: tl.constexpr'])}):"]
+    lines += ["    " + line for line in dispatch]
+    config = (("XBLOCK", xblock), ("num_warps", warps))
+    if "_fx_index_check" in helpers:  # a member's gather checks its indices: the asserts compiled in
+        config += O.INDEX_CHECK_OPTIONS
+    launch = TritonLaunch(symbol=fname, language=emitter.language, plan="combo",
+                          index_dtype="tl.int64" if any(p.index_dtype == "tl.int64" for p in plans) else "tl.int32",
+                          pointers=len(params), size_symbols=tuple(sizes), numels=(), grid_extra=str(start),
+                          configs=(config,), config=config, interpret=emitter.interpret, autotuned=False,
+                          pointer_dtypes=tuple(str(b.dtype) for b in (*kernel.inputs, *kernel.outputs)),
+                          in_place=kernel.in_place_pairs(emitter.in_place_pairs))
+    devices = [torch.device(b.device) for b in (*kernel.inputs, *kernel.outputs) if getattr(b, "device", None)]
+    index = next((d.index for d in devices if d.type == "cuda"), None)
+    if index is not None:
+        launch.device_index = index  # loaded into, and launched on, this device
+    return KernelSource(kernel.name, "\n".join(lines) + "\n", emitter.language, kernel_signature(kernel), launch, ())

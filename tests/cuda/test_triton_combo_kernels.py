@@ -1,0 +1,95 @@
+"""Combo kernels on the Triton target (``targets/cuda_triton/combo.py``): independent 1-D
+pointwise kernels of different sizes in one launch, each program dispatched to its member
+by id.  On a GPU (``cuda``), or under Triton's CPU interpreter (``triton-interpret``)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch._dynamo
+
+import fxwrap
+from combo_cases import few_kernels_a_step, foreach_lists, no_combo_kernels
+from fxwrap.targets.cuda_triton.emitter import TritonEmitter
+from shared_helpers import kernels
+
+CUDA = torch.cuda.is_available()
+TARGET = "cuda" if CUDA else "triton-interpret"
+DEVICE = "cuda" if CUDA else "cpu"
+LIMITS = TritonEmitter.combo_kernels
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])
+def test_optimizer_step_as_eager_in_few_kernels(optimizer, foreach):
+    launched = few_kernels_a_step(TARGET, DEVICE, TritonEmitter, optimizer, foreach)
+    combos = [k for k in launched if k.launch.plan == "combo"]
+    assert combos and all("tl.program_id(0)" in k.source and "elif pid <" in k.source for k in combos)
+
+
+def test_foreach_lists_in_ceil_n_over_limit_launches():
+    got, expected, launched = foreach_lists(TARGET, DEVICE, count=40)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    per_kernel = min(LIMITS.max_members, LIMITS.max_arguments // 4)  # 4 arguments a size
+    assert len(launched) <= math.ceil(40 / per_kernel), [k.name for k in launched]
+    with no_combo_kernels(TritonEmitter):
+        _, _, separate = foreach_lists(TARGET, DEVICE, count=40)
+    assert len(separate) == 40
+
+
+def test_symbolic_sizes_launch_each_kernel():
+    """A member's element count must be known to share out the programs: with symbolic sizes
+    the kernels run one by one, with eager's numbers."""
+    got, expected, launched = foreach_lists(TARGET, DEVICE, count=4, dynamic=True)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+    assert launched and not any(k.launch.plan == "combo" for k in launched)
+
+
+def test_write_after_read_stays_apart():
+    """Programs of one launch run at once: a kernel writing ``x`` must not share a launch with
+    one reading it elsewhere."""
+    torch._dynamo.reset()
+    x, y = torch.randn(64, 33, device=DEVICE), torch.randn(50, device=DEVICE)
+
+    def fn(x, y):
+        u = x.reshape(-1)[7:57] * y
+        x.mul_(3)
+        return u
+
+    x_ref = x.clone()
+    programs: list = []
+    u = torch.compile(fn, backend=fxwrap.Backend(TARGET, {"on_program": programs.append, "cache": False}))(x, y)
+    torch.testing.assert_close(u, x_ref.reshape(-1)[7:57] * y)
+    torch.testing.assert_close(x, x_ref * 3)
+    assert not any(k.launch.plan == "combo" for k in kernels(programs))
+
+
+def test_a_member_checking_its_indices_compiles_the_combo_with_the_asserts(monkeypatch):
+    """Gathers whose indices are checked in the kernel (``_fx_index_check``: ``tl.device_assert``)
+    need ``debug`` on: a combo with such a member carries ``INDEX_CHECK_OPTIONS``."""
+    import dataclasses
+
+    from fxwrap.plugins.session import CompileSession
+    from fxwrap.targets.cuda_triton import ops as O
+    if not CUDA:  # what a CUDA device declares
+        original = CompileSession.capabilities
+        monkeypatch.setattr(CompileSession, "capabilities", property(
+            lambda self: dataclasses.replace(original.fget(self), index_checks="in_kernel")))
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(108, generator=gen).to(DEVICE), torch.randn(40, generator=gen).to(DEVICE)
+    rows, picks = (torch.randint(0, 108, (6,), generator=gen).to(DEVICE),
+                   torch.randint(0, 40, (17,), generator=gen).to(DEVICE))
+
+    def fn(x, y, rows, picks):
+        return x[rows] * 2, y[picks] + 1
+
+    torch._dynamo.reset()
+    program = fxwrap.lower(fn, x, y, rows, picks, target=TARGET)
+    for got, want in zip(program.run(x, y, rows, picks), fn(x, y, rows, picks)):
+        torch.testing.assert_close(got, want)
+    combos = [k for k in kernels([program]) if k.launch.plan == "combo"]
+    assert len(combos) == 1 and "_fx_index_check(" in combos[0].source
+    assert all(option in combos[0].launch.config for option in O.INDEX_CHECK_OPTIONS)
