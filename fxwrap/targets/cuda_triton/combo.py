@@ -74,7 +74,7 @@ def render_triton_combo(emitter, kernel: ComboKernel) -> KernelSource | None:
     start = 0
     for i, (member, plan) in enumerate(zip(kernel.members, plans)):
         writer = MemberWriter(member, plan, emitter.target_name, emitter.intrinsics)
-        body = writer.write()
+        body = writer.write_pointwise()
         helpers |= writer.helpers | writer.printer.helpers | writer.ops.helpers
         params = [f"in_ptr{j}" for j in range(len(member.inputs))]
         params += [f"out_ptr{j}" for j in range(len(member.outputs))]
