@@ -83,7 +83,9 @@ def assert_same_step(params, ref, state, state_ref) -> None:
         torch.testing.assert_close(p.detach(), q.detach())
     for s, t in zip(state, state_ref):
         for key in ("exp_avg", "exp_avg_sq", "step"):
-            torch.testing.assert_close(s[key], t[key])
+            # a compiled step keeps ``step`` on the parameters' device (dynamo moves a CPU step
+            # counter there when it traces an optimizer, whatever the backend); eager keeps it on the CPU
+            torch.testing.assert_close(s[key], t[key], check_device=False)
 
 
 def foreach_lists(target: str, device, count: int = 10, dynamic: bool = False):
