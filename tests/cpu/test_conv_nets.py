@@ -143,7 +143,8 @@ def test_pooled_activation_stored_once():
     pooled = conv2_line.args[0]
     writers = [line for line in lines if isinstance(line, CallKernel) and pooled in line.writes()]
     assert len(writers) == 1
-    assert len(writers[0].writes()) == 1, program.code()  # the pooled values, once
+    # the pooled values, once (a combo kernel may write another tensor beside them)
+    assert [b for b in writers[0].writes() if tuple(b.size) == tuple(pooled.size)] == [pooled], program.code()
 
 
 def test_small_output_keeps_no_large_storage():

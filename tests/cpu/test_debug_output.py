@@ -111,7 +111,8 @@ def test_logging_off_builds_no_text(monkeypatch, no_fxwrap_log):
         raise AssertionError("format_kernel called with logging off")
 
     monkeypatch.setattr(ir, "format_kernel", forbidden)
-    monkeypatch.setattr("fxwrap.wrapper_ir.render.format_kernel", forbidden)
+    monkeypatch.setattr("fxwrap.wrapper_ir.render.format_loop_ir", forbidden)
+    monkeypatch.setattr("fxwrap.ir.combo.format_kernel", forbidden)
     fxwrap.lower(mlp_block, torch.randn(4, 8), torch.randn(8, 4), target="cpu")
 
 
