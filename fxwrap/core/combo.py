@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from fxwrap.core.scheduler import Group, argument_count, can_hoist, indexed, inert, is_barrier, view_roots
+from fxwrap.core.scheduler import (Group, argument_count, can_hoist, indexed, inert, is_barrier, job_names,
+                                   view_roots)
 from fxwrap.ir.combo import ComboLimits
 
 
@@ -67,13 +68,18 @@ def combine(items: list, limits: ComboLimits | None) -> list:
     roots = view_roots(items)
     out: list = []
     open_combo: ComboGroup | None = None
+    waited: set[str] = set()  # buffers a collective's wait defines
     for item in items:
         if not isinstance(item, Group):
             out.append(item)
+            if getattr(item, "waits_collective", False):
+                waited |= {b.name for b in item.defines()}
             if is_barrier(item):
                 open_combo = None
             continue
-        if not combinable(item):
+        if not combinable(item) or job_names(item)[0] & waited:
+            # a kernel reading a collective's result stays alone: combined with independent
+            # work, that work could no longer be raised above the wait (core/overlap.py)
             out.append(item)
             continue
         if open_combo is not None and _joins(open_combo, item, out, roots, limits):
