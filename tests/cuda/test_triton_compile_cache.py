@@ -3,9 +3,11 @@ names and provenance share one compiled launcher (and one autotuning result); po
 kernels get one heuristic config; reductions autotune over at most three."""
 from __future__ import annotations
 
+import time
+
 import torch
 
-from triton_helpers import DEVICE, Reduction, Store, acc, buf, build, check, const, kernel, ld, op, r0, x0
+from triton_helpers import DEVICE, Reduction, Store, acc, buf, build, check, const, emitter, kernel, ld, op, r0, x0
 from fxwrap.targets.cuda_triton.emitter import body_digest
 from fxwrap.targets.cuda_triton.tiling import Planner
 
@@ -75,3 +77,74 @@ def test_split_plan_on_the_gpu_sizes():
                   ranges=(1 << 20,), reduction_ranges=(8192,),
                   reductions=[Reduction("acc0", "sum", ld("a", (1 << 20) * r0 + x0), F32)])
     assert Planner(interpret=False).plan(wide).kind != "split-outer"  # enough x tiles already
+
+
+def _relu_sources(count: int) -> tuple:
+    """An emitter and ``count`` relu kernels it rendered, equal but for their names and buffers
+    (not loaded)."""
+    em = emitter()
+    return em, [em.render(_relu_kernel(f"fxwrap_pointwise_{i}", f"buf{2 * i}", f"buf{2 * i + 1}", n=700))
+                for i in range(count)]
+
+
+def test_identical_kernels_loaded_at_once_build_one_launcher(monkeypatch):
+    """Four kernels of one body loaded by four threads at once (a program's repeated layers in
+    the load pool) build one launcher: the threads that come second wait for the first's
+    (each compile made slow here, so that all four are in flight together)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from fxwrap.targets.cuda_triton import emitter as emitter_module
+
+    emitter_module.clear_caches()
+    em, sources = _relu_sources(4)
+    built = []
+    real = emitter_module.TritonEmitter._bind_one
+
+    def slow(self, text, launch, device):
+        built.append(launch.symbol)
+        time.sleep(0.3)
+        return real(self, text, launch, device)
+    monkeypatch.setattr(emitter_module.TritonEmitter, "_bind_one", slow)
+    with ThreadPoolExecutor(4) as pool:
+        launchers = list(pool.map(em.load, sources))
+    assert len(built) == 1, built
+    assert all(launcher is launchers[0] for launcher in launchers)
+    a, o = torch.randn(700, device=DEVICE), torch.empty(700, device=DEVICE)
+    launchers[3](a, o)
+    torch.testing.assert_close(o, torch.relu(a * 3))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(32, 32), torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.norm(self.linear(x)))
+
+
+def test_compile_workers_compile_each_distinct_kernel_once(monkeypatch):
+    """With compile worker processes (``FXWRAP_TRITON_COMPILE_WORKERS``; the default on a GPU,
+    forced here under the interpreter too, where a worker imports the module), a model of twelve
+    equal layers gives the workers one job per distinct kernel body, not one per kernel; every
+    job ends compiled by a worker or taken back by the compiling process, none failed; the
+    numbers are eager's."""
+    from fxwrap.targets.cuda_triton import compile_workers, emitter as emitter_module
+
+    monkeypatch.setenv("FXWRAP_TRITON_COMPILE_WORKERS", "2")
+    emitter_module.clear_caches()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Layer() for _ in range(12)]).to(DEVICE)
+    workers = compile_workers.compile_workers(2)
+    assert workers.wait_ready(120)  # (a cold start takes the workers' imports; no job waits for them)
+    before = (workers.submitted, workers.compiled, workers.failed, workers.taken_back)
+    x = torch.randn(16, 32, device=DEVICE)
+    ks = check(model, (x,), tol=dict(rtol=1e-4, atol=1e-4))
+    submitted, compiled, failed, taken_back = (now - then for now, then in zip(
+        (workers.submitted, workers.compiled, workers.failed, workers.taken_back), before))
+    bodies = {body_digest(k.source, k.launch) for k in ks}
+    configs = {(body_digest(k.source, k.launch), config) for k in ks for config in k.launch.configs}
+    assert len(ks) >= 12 and len(bodies) < len(ks), (len(ks), len(bodies))
+    # one job per body and config (autotuned on a GPU: each candidate config), + the GEMM
+    # template's candidate timed against the extern; not one per kernel
+    assert len(bodies) <= submitted <= len(configs) + 2 and submitted < len(ks), (submitted, len(configs), len(ks))
+    assert failed == 0 and compiled + taken_back == submitted and compiled >= 1, (compiled, taken_back)
