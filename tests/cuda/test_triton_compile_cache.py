@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import sympy
 import torch
 
 from triton_helpers import DEVICE, Reduction, Store, acc, buf, build, check, const, emitter, kernel, ld, op, r0, x0
@@ -148,3 +149,35 @@ def test_compile_workers_compile_each_distinct_kernel_once(monkeypatch):
     # template's candidate timed against the extern; not one per kernel
     assert len(bodies) <= submitted <= len(configs) + 2 and submitted < len(ks), (submitted, len(configs), len(ks))
     assert failed == 0 and compiled + taken_back == submitted and compiled >= 1, (compiled, taken_back)
+
+
+class WideLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(40, 40), torch.nn.LayerNorm(40)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.norm(self.linear(x)))
+
+
+def test_equal_layers_plan_their_kernels_from_one_differentiation(monkeypatch):
+    """The GPU planner asks each kernel's indices their step along each loop variable
+    (``tiling._coeff``, a ``sympy.diff``); twelve equal layers ask the same questions, answered
+    once (memoized): no more differentiations than for three layers (106 without the memo, 25
+    for three layers).  Sizes of their own: no other test's answers remembered."""
+    from fxwrap.testing.offline_cuda import offline_programs
+
+    counts = {}
+    real = sympy.diff
+    for layers in (3, 12):
+        calls = []
+
+        def counted(*args, **kwargs):
+            calls.append(args)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(sympy, "diff", counted)
+        torch.manual_seed(0)
+        (program,) = offline_programs(torch.nn.Sequential(*[WideLayer() for _ in range(layers)]), torch.randn(24, 40))
+        assert sum(type(line).__name__ == "DefineKernel" for line in program.lines) == layers
+        counts[layers] = len(calls)
+    assert counts[3] > 0 and counts[12] <= counts[3], counts

@@ -40,3 +40,4 @@ def test_fusing_a_long_chain_walks_each_expression_once(monkeypatch):
     (program,) = programs
     assert sum(type(line).__name__ == "CallKernel" for line in program.lines) == 1
     assert sum(walked) < 40000, sum(walked)
+
