@@ -4,11 +4,18 @@
     PYTHONPATH=. python benchmarks/compile_profile.py --model swin_t --target triton-interpret --no-inductor
     PYTHONPATH=. python benchmarks/compile_profile.py --model swin_t --target cpu --cprofile 30
     python benchmarks/compile_profile.py --model swin_t --device cuda --target cuda   # the GPU's sizes
+    PYTHONPATH=. python benchmarks/compile_profile.py --model llama --variant training-amp --target cuda-offline \
+        --no-inductor --cprofile 40   # a training step's two graphs, the GPU's kernels rendered
 
 Each compile runs in a fresh process with an empty cache directory and the whole-graph caches
 off (fxwrap's program cache and warm-start cache, Inductor's FX graph and AOTAutograd caches),
-one thread.  The model is the suite's small CPU one (``benchmarks/suite_models.py``), inference;
-with ``--device cuda`` the suite's GPU size (Swin-T: 32 images), as ``benchmarks/models.py`` runs it.
+one thread.  The model is the suite's small CPU one (``benchmarks/suite_models.py``); with
+``--device cuda`` the suite's GPU size (Swin-T: 32 images), as ``benchmarks/models.py`` runs it.
+``--variant``: ``inference-fp32`` (default), or a training step (forward and backward of the
+loss, both graphs compiled): ``training-fp32``, ``training-amp`` (under ``torch.autocast`` to
+bfloat16).  ``--target cuda-offline``: the kernels the ``cuda`` target renders (its plans, no
+autotuning) on CPU tensors, never compiled; their launches zero the outputs, so a training step
+goes on to its backward.
 
 * ``fxwrap``: the first call of ``torch.compile(model, backend="fxwrap")``; its own time
   (``compile_aten_graph``) split into phases (``fxwrap.core.logs.PhaseTimer``), summed over
