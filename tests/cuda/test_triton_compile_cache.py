@@ -181,3 +181,37 @@ def test_equal_layers_plan_their_kernels_from_one_differentiation(monkeypatch):
         assert sum(type(line).__name__ == "DefineKernel" for line in program.lines) == layers
         counts[layers] = len(calls)
     assert counts[3] > 0 and counts[12] <= counts[3], counts
+
+
+def _finished(workers, jobs: int) -> None:
+    """Wait (60 s at most) until ``jobs`` jobs were answered, not claiming any."""
+    deadline = time.monotonic() + 60
+    while workers.compiled + workers.failed < jobs and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_compile_workers_report_failures_and_give_up_on_workers_that_compile_nothing():
+    """A worker answers each job: a kernel it compiles (imports, under the interpreter) is
+    ``compiled``; a module that does not even parse is ``failed`` (its caller then compiles it
+    and raises the error there).  Workers that failed four jobs and compiled none take no more
+    jobs (a worker environment that cannot compile would only double each compile)."""
+    from fxwrap.targets.cuda_triton.compile_workers import CompileUnit, CompileWorkers
+
+    _, (source,) = _relu_sources(1)
+    launch = source.launch
+    broken = source.text.replace("def ", "def def ", 1)
+
+    def unit(text):
+        return CompileUnit(text, launch.symbol, launch, tuple(launch.pointer_dtypes))
+
+    for texts, compiled, failed, given_up in (([source.text] + [broken] * 4, 1, 4, False),
+                                               ([broken] * 4, 0, 4, True)):
+        workers = CompileWorkers(1)
+        try:
+            for i, text in enumerate(texts):
+                assert workers.submit((i,), unit(text))
+            _finished(workers, len(texts))
+            assert (workers.compiled, workers.failed, workers.given_up) == (compiled, failed, given_up)
+            assert workers.submit(("later",), unit(source.text)) is not given_up
+        finally:
+            workers.close()

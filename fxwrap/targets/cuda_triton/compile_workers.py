@@ -14,7 +14,8 @@ each of its configs a compile.  ``CompileWorkers`` keeps ``count`` processes
 
 ``submit`` takes one job per key (kernels equal but for their names, the repeated layers of a
 model, are keyed alike: ``emitter._launch_key``); urgent jobs (an autotuned kernel's configs,
-about to be timed) go before the others.  ``claim`` never waits for a job no worker has begun:
+about to be timed) go before the others.  Workers that fail every job (four, none compiled)
+are given no more.  ``claim`` never waits for a job no worker has begun:
 it takes it back (the caller compiles as without workers), so a slow start of the workers costs
 nothing.  A worker that fails a job, or dies, only means the caller compiles that unit itself.
 
@@ -43,6 +44,8 @@ log = logging.getLogger("fxwrap")
 
 #: how long ``claim`` waits for a worker that began a job before compiling it again itself
 CLAIM_TIMEOUT_S = 600.0
+#: failed jobs, with none compiled, after which no more jobs are given to the workers
+FAILURES_BEFORE_GIVING_UP = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +110,7 @@ class CompileWorkers:
         self.failed = 0      # jobs a worker failed (their callers compile them)
         self.taken_back = 0  # jobs claimed before a worker began them
         self.ready = threading.Semaphore(0)  # released once by each worker that started
+        self.given_up = False  # every job failed so far: the workers cannot compile here
         root = str(Path(__file__).resolve().parents[3])  # the folder fxwrap is imported from
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         self._processes = [subprocess.Popen([sys.executable, "-m", "fxwrap.targets.cuda_triton.compile_worker"],
@@ -121,7 +125,7 @@ class CompileWorkers:
     def submit(self, key: tuple, unit: CompileUnit, urgent: bool = False) -> bool:
         """Queue ``unit`` under ``key`` unless a job of that key was submitted before; True if queued."""
         with self._lock:
-            if key in self._jobs:
+            if key in self._jobs or self.given_up:
                 return False
             self._jobs[key] = _Job(unit)
             self.submitted += 1
@@ -178,7 +182,13 @@ class CompileWorkers:
                     self.compiled += 1
                 else:
                     self.failed += 1
+                give_up = not self.given_up and not self.compiled and self.failed >= FAILURES_BEFORE_GIVING_UP
+                self.given_up = self.given_up or give_up
             job.finished.set()
+            if give_up:
+                log.warning("fxwrap: the Triton compile workers failed %d jobs and compiled none (the last: %s); "
+                            "kernels compile in this process (FXWRAP_TRITON_COMPILE_WORKERS=0 starts no workers)",
+                            self.failed, answer[1] if answer else "the worker ended")
             if answer is None:  # the worker is gone: its queue share goes to the others
                 log.debug("fxwrap: Triton compile worker %d ended (code %s)", process.pid, process.poll())
                 return
@@ -218,7 +228,10 @@ def default_count(interpret: bool) -> int:
     core (at most 16) on a GPU."""
     given = os.environ.get("FXWRAP_TRITON_COMPILE_WORKERS")
     if given is not None:
-        return max(int(given), 0)
+        if not given.strip().isdigit():
+            raise ValueError(f"FXWRAP_TRITON_COMPILE_WORKERS={given!r}: expected the number of Triton compile "
+                             "worker processes (0: compile in the compiling process)")
+        return int(given)
     if interpret:
         return 0
     return min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16)
