@@ -115,9 +115,11 @@ def test_identical_kernels_loaded_at_once_build_one_launcher(monkeypatch):
 
 
 class Layer(torch.nn.Module):
-    def __init__(self):
+    """A residual block: ``x + gelu(layer_norm(linear(x)))``, ``width`` features."""
+
+    def __init__(self, width: int = 32):
         super().__init__()
-        self.linear, self.norm = torch.nn.Linear(32, 32), torch.nn.LayerNorm(32)
+        self.linear, self.norm = torch.nn.Linear(width, width), torch.nn.LayerNorm(width)
 
     def forward(self, x):
         return x + torch.nn.functional.gelu(self.norm(self.linear(x)))
@@ -151,15 +153,6 @@ def test_compile_workers_compile_each_distinct_kernel_once(monkeypatch):
     assert failed == 0 and compiled + taken_back == submitted and compiled >= 1, (compiled, taken_back)
 
 
-class WideLayer(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear, self.norm = torch.nn.Linear(40, 40), torch.nn.LayerNorm(40)
-
-    def forward(self, x):
-        return x + torch.nn.functional.gelu(self.norm(self.linear(x)))
-
-
 def test_equal_layers_plan_their_kernels_from_one_differentiation(monkeypatch):
     """The GPU planner asks each kernel's indices their step along each loop variable
     (``tiling._coeff``, a ``sympy.diff``); twelve equal layers ask the same questions, answered
@@ -177,7 +170,7 @@ def test_equal_layers_plan_their_kernels_from_one_differentiation(monkeypatch):
             return real(*args, **kwargs)
         monkeypatch.setattr(sympy, "diff", counted)
         torch.manual_seed(0)
-        (program,) = offline_programs(torch.nn.Sequential(*[WideLayer() for _ in range(layers)]), torch.randn(24, 40))
+        (program,) = offline_programs(torch.nn.Sequential(*[Layer(40) for _ in range(layers)]), torch.randn(24, 40))
         assert sum(type(line).__name__ == "DefineKernel" for line in program.lines) == layers
         counts[layers] = len(calls)
     assert counts[3] > 0 and counts[12] <= counts[3], counts
