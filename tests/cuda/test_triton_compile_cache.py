@@ -208,3 +208,24 @@ def test_compile_workers_report_failures_and_give_up_on_workers_that_compile_not
             assert workers.submit(("later",), unit(source.text)) is not given_up
         finally:
             workers.close()
+
+
+def test_compile_workers_compile_into_the_cache_folder_the_caller_has_now(monkeypatch, tmp_path):
+    """A benchmark gives each model fresh cache folders after the workers started: each job
+    carries the caller's ``FXWRAP_CACHE_DIR`` (and ``TRITON_CACHE_DIR``) of the moment it was
+    made, and the worker writes the kernel's module there, where the caller will look."""
+    from fxwrap.targets.cuda_triton.compile_workers import CompileUnit, CompileWorkers
+
+    _, (source,) = _relu_sources(1)
+    launch = source.launch
+    workers = CompileWorkers(1)
+    try:
+        monkeypatch.setenv("FXWRAP_CACHE_DIR", str(tmp_path / "fxwrap"))
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+        assert workers.submit(("moved",), CompileUnit(source.text, launch.symbol, launch,
+                                                      tuple(launch.pointer_dtypes)))
+        _finished(workers, 1)
+        assert (workers.compiled, workers.failed) == (1, 0)
+        assert [p.name for p in (tmp_path / "fxwrap").rglob(f"{launch.symbol}_*.py")]
+    finally:
+        workers.close()

@@ -29,7 +29,13 @@ from fxwrap.targets.cuda_triton.launcher import compile_kernel, load_module
 
 
 def compile_unit(unit: CompileUnit) -> None:
-    """Import ``unit``'s module and, for a compiled launch, compile it (Triton's disk cache)."""
+    """Import ``unit``'s module and, for a compiled launch, compile it (Triton's disk cache),
+    with the cache folders the submitting process had (``unit.environment``)."""
+    for name, value in unit.environment:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     fn = getattr(load_module(unit.text, unit.symbol, bool(unit.launch.interpret)), unit.symbol)
     if unit.launch.interpret:
         return

@@ -48,15 +48,27 @@ CLAIM_TIMEOUT_S = 600.0
 FAILURES_BEFORE_GIVING_UP = 4
 
 
+#: what a compile reads from the environment that may change after the workers started (a
+#: benchmark gives each model empty cache folders): taken at each submit, set in the worker
+COMPILE_ENVIRONMENT = ("TRITON_CACHE_DIR", "FXWRAP_CACHE_DIR")
+
+
+def _compile_environment() -> tuple[tuple[str, str | None], ...]:
+    return tuple((name, os.environ.get(name)) for name in COMPILE_ENVIRONMENT)
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileUnit:
     """One compile: the kernel module's ``text`` and the launch of its function ``symbol``
-    (config, size symbols, interpreted or not), with the pointer arguments' dtypes."""
+    (config, size symbols, interpreted or not), with the pointer arguments' dtypes, and the
+    cache folders of the submitting process when it was made (``COMPILE_ENVIRONMENT``: the
+    worker compiles into the Triton cache that process reads)."""
 
     text: str
     symbol: str
     launch: TritonLaunch
     pointer_dtypes: tuple[str, ...]
+    environment: tuple[tuple[str, str | None], ...] = dataclasses.field(default_factory=_compile_environment)
 
 
 def write_message(stream, value) -> None:
