@@ -229,3 +229,27 @@ def test_compile_workers_compile_into_the_cache_folder_the_caller_has_now(monkey
         assert [p.name for p in (tmp_path / "fxwrap").rglob(f"{launch.symbol}_*.py")]
     finally:
         workers.close()
+
+
+def test_compile_worker_count(monkeypatch):
+    """How many workers: none under the interpreter, one a core up to 16 on a GPU, the cores
+    shared by the ranks ``torchrun`` started on the host; ``FXWRAP_TRITON_COMPILE_WORKERS``
+    wins, and a value that is not a count fails naming the variable."""
+    import os
+
+    import pytest
+    from fxwrap.targets.cuda_triton.compile_workers import default_count
+
+    monkeypatch.delenv("FXWRAP_TRITON_COMPILE_WORKERS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert (default_count(interpret=True), default_count(interpret=False)) == (0, 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_count(interpret=False) == 8
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert default_count(interpret=False) == 1
+    monkeypatch.setenv("FXWRAP_TRITON_COMPILE_WORKERS", "3")
+    assert default_count(interpret=True) == 3
+    monkeypatch.setenv("FXWRAP_TRITON_COMPILE_WORKERS", "many")
+    with pytest.raises(ValueError, match="FXWRAP_TRITON_COMPILE_WORKERS='many'"):
+        default_count(interpret=False)

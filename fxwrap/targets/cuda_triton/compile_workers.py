@@ -20,8 +20,9 @@ it takes it back (the caller compiles as without workers), so a slow start of th
 nothing.  A worker that fails a job, or dies, only means the caller compiles that unit itself.
 
 ``FXWRAP_TRITON_COMPILE_WORKERS=N`` sets the count (0: compile in the binding process, in
-threads, as before); the Triton emitter's default is one a core up to 16 on a GPU, none under the
-interpreter, where the worker only imports the module.
+threads, as before); the Triton emitter's default is one a core up to 16 on a GPU (the cores
+shared by ``torchrun``'s processes on the host), none under the interpreter, where the worker only
+imports the module.
 """
 from __future__ import annotations
 
@@ -236,8 +237,9 @@ def compile_workers(count: int) -> CompileWorkers | None:
 
 
 def default_count(interpret: bool) -> int:
-    """``FXWRAP_TRITON_COMPILE_WORKERS`` if set, else none under the interpreter and one a
-    core (at most 16) on a GPU."""
+    """``FXWRAP_TRITON_COMPILE_WORKERS`` if set, else none under the interpreter and on a GPU
+    one a core (at most 16), the cores shared among the processes ``torchrun`` started on the
+    host (``LOCAL_WORLD_SIZE``)."""
     given = os.environ.get("FXWRAP_TRITON_COMPILE_WORKERS")
     if given is not None:
         if not given.strip().isdigit():
@@ -246,4 +248,6 @@ def default_count(interpret: bool) -> int:
         return int(given)
     if interpret:
         return 0
-    return min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return max(min(cores // max(int(ranks) if ranks.isdigit() else 1, 1), 16), 1)
