@@ -253,3 +253,29 @@ def test_compile_worker_count(monkeypatch):
     monkeypatch.setenv("FXWRAP_TRITON_COMPILE_WORKERS", "many")
     with pytest.raises(ValueError, match="FXWRAP_TRITON_COMPILE_WORKERS='many'"):
         default_count(interpret=False)
+
+
+def test_every_kernel_goes_to_the_compile_workers_as_it_renders(monkeypatch):
+    """Plain and combo kernels alike are given to the workers when rendered, not when the
+    program loads them (a job given at load is nearly always taken back: the load pool claims
+    it at once): every job of the program is submitted before ``load_ahead``."""
+    from fxwrap.targets.cuda_triton import compile_workers, emitter as emitter_module
+
+    monkeypatch.setenv("FXWRAP_TRITON_COMPILE_WORKERS", "2")
+    emitter_module.clear_caches()
+    workers = compile_workers.compile_workers(2)
+    at_load = []
+    real = emitter_module.TritonEmitter.load_ahead
+
+    def load_ahead(self, sources):
+        at_load.append(workers.submitted)
+        return real(self, sources)
+    monkeypatch.setattr(emitter_module.TritonEmitter, "load_ahead", load_ahead)
+    before = workers.submitted
+
+    def independent(a, b, c):  # three pointwise kernels of three sizes: one combo kernel; a reduction
+        return a.sin() * 2.5, b.cos() + 1.5, c.exp() - 0.5, (c * c).sum(1)
+    args = (torch.randn(300, device=DEVICE), torch.randn(77, device=DEVICE), torch.randn(5, 9, device=DEVICE))
+    ks = check(independent, args)
+    assert any(k.launch.plan == "combo" for k in ks), [k.launch.plan for k in ks]
+    assert at_load and at_load[0] == workers.submitted > before, (at_load, workers.submitted, before)

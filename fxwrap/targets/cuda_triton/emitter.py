@@ -223,7 +223,10 @@ class TritonEmitter(KernelEmitter):
         return kernel.in_place_pairs()
 
     def render_combo(self, kernel: ComboKernel) -> KernelSource | None:
-        return render_triton_combo(self, kernel)
+        source = render_triton_combo(self, kernel)
+        if source is not None:  # to the compile workers now, as a plain kernel is
+            self._compile_ahead(source.text, source.launch, [source.launch.config])
+        return source
 
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         for red in kernel.reductions:
