@@ -253,13 +253,6 @@ class Lowerer:
     def lower(self) -> LoweredProgram:
         """Walk the graph; the frozen record of what was built."""
         self._collect_symbols()
-        # A lazy value the program returns is stored where the graph computes it, not at the
-        # return: stored there, its operands' last reads are there too.  A backward's
-        # float32 weight gradients (casts of bfloat16 products under autocast) stored at the
-        # return kept every bfloat16 gradient alive to the end of the program (llama, AMP
-        # training: 185 MiB, a peak 1.17x Inductor's on the H200).  A nested program stores
-        # its results into the layouts its caller asks for at the return (output_value).
-        returned = set(self.gm.graph.output_node().all_input_nodes) if self.output_layouts is None else set()
         n_inputs = 0
         inputs_done = False
         for node in self.gm.graph.nodes:
@@ -291,8 +284,6 @@ class Lowerer:
                 self.current = node
                 self.call_function(node)
                 self.current = None
-                if node in returned and isinstance(self.env.get(node), Loops):
-                    self.value(node)  # stored where the graph computes it (see below)
             elif node.op == "output":
                 values = node.args[0]
                 if isinstance(values, torch.fx.Node):  # a while_loop condition returns its bool itself

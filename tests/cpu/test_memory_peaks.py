@@ -89,31 +89,3 @@ def test_the_epilogue_of_a_chosen_extern_writes_over_its_result(monkeypatch):
     assert program.peak_bytes == HIDDEN + OUT, program.code()
     x = _mlp_inputs(7)
     torch.testing.assert_close(program.run(*x), _mlp(*x), rtol=1e-4, atol=1e-4)
-
-
-def _grads_in_float32(a, w1, w2, w3):
-    """A backward's weight gradients under autocast: bfloat16 products, each returned as
-    float32 (the cast is a lazy value the program returns)."""
-    return (a @ w1).float(), (a @ w2).float(), (a @ w3).float()
-
-
-def test_a_returned_lazy_value_is_stored_where_the_graph_computes_it():
-    """Each float32 cast is stored right after its product, so one bfloat16 product is live
-    at a time.  Stored at the return instead, the three casts ran after the three products
-    and all three bfloat16 products were live with the three results (llama's AMP training
-    backward held its bfloat16 weight gradients to the end: peak 1.30x Inductor's, H200)."""
-    g = torch.Generator().manual_seed(3)
-    args = [torch.randn(64, 96, generator=g).bfloat16()] + [torch.randn(96, 128, generator=g).bfloat16()
-                                                            for _ in range(3)]
-    program = _lower(_grads_in_float32, args)
-    product, result = 64 * 128 * 2, 64 * 128 * 4
-    order = [type(line).__name__ for line in program.lines if isinstance(line, (CallExtern, CallKernel))
-             and "sym_" not in str(getattr(line, "op", ""))]
-    assert order == ["CallExtern", "CallKernel"] * 3, program.code()
-    assert program.peak_bytes == 3 * result + product, program.code()
-    for seed in (4, 5):
-        g = torch.Generator().manual_seed(seed)
-        x = [torch.randn(64, 96, generator=g).bfloat16()] + [torch.randn(96, 128, generator=g).bfloat16()
-                                                             for _ in range(3)]
-        for got, want in zip(program.run(*x), _grads_in_float32(*x)):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
