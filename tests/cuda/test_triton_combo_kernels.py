@@ -10,7 +10,7 @@ import torch
 import torch._dynamo
 
 import fxwrap
-from combo_cases import few_kernels_a_step, foreach_lists, no_combo_kernels
+from combo_cases import few_kernels_a_step, foreach_lists, no_combo_kernels, one_kernel_a_parameter
 from fxwrap.targets.cuda_triton.emitter import TritonEmitter
 from shared_helpers import kernels
 
@@ -26,6 +26,14 @@ def test_optimizer_step_as_eager_in_few_kernels(optimizer, foreach):
     launched = few_kernels_a_step(TARGET, DEVICE, TritonEmitter, optimizer, foreach)
     combos = [k for k in launched if k.launch.plan == "combo"]
     assert combos and all("tl.program_id(0)" in k.source and "elif pid <" in k.source for k in combos)
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])
+def test_foreach_step_one_loop_nest_a_parameter(optimizer):
+    """Each tensor's update is one member (nothing but the step counts allocated), and the
+    whole step fits one combo kernel and the step counts' copy."""
+    launched, _ = one_kernel_a_parameter(TARGET, DEVICE, optimizer)
+    assert len(launched) <= 2, [k.name for k in launched]
 
 
 def test_foreach_lists_in_ceil_n_over_limit_launches():
@@ -93,3 +101,42 @@ def test_a_member_checking_its_indices_compiles_the_combo_with_the_asserts(monke
     combos = [k for k in kernels([program]) if k.launch.plan == "combo"]
     assert len(combos) == 1 and "_fx_index_check(" in combos[0].source
     assert all(option in combos[0].launch.config for option in O.INDEX_CHECK_OPTIONS)
+
+
+@pytest.mark.parametrize("xblock", [8, 64, 1024])
+def test_one_source_serves_every_block_size(xblock):
+    """The members' block counts are ``XBLOCK`` arithmetic in the kernel and in the grid: the
+    combo's source runs with any config (the one autotuning picks), every element once."""
+    gen = torch.Generator().manual_seed(5)
+    x, y, z = (torch.randn(s, generator=gen).to(DEVICE) for s in [(7, 3), (1100,), (300,)])
+
+    def fn(x, y, z):
+        return x.sin() * 2, y.exp() + 1, z.abs() - 3
+
+    torch._dynamo.reset()
+    program = fxwrap.lower(fn, x, y, z, target=TARGET)
+    (combo,) = [k for k in kernels([program]) if k.launch.plan == "combo"]
+    emitter = TritonEmitter()
+    launch = combo.launch.replace(config=(("XBLOCK", xblock), ("num_warps", 1 if xblock < 128 else 4)))
+    combo.bind(emitter._bind(combo.source, launch, None if not CUDA else torch.device(DEVICE)))
+    for got, want in zip(program.run(x, y, z), fn(x, y, z)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(not CUDA, reason="configs are timed on a GPU only (the interpreter runs the first)")
+def test_large_combo_is_autotuned():
+    """A combo of many elements times ``combo_configs``' candidates and keeps the fastest."""
+    from fxwrap.targets.cuda_triton.combo import COMBO_TUNE_CONFIGS
+    gen = torch.Generator().manual_seed(6)
+    x, y = torch.randn(1024, 768, generator=gen).to(DEVICE), torch.randn(3 * 768, generator=gen).to(DEVICE)
+
+    def fn(x, y):
+        return x * 2, y + 1
+
+    torch._dynamo.reset()
+    program = fxwrap.lower(fn, x, y, target=TARGET)
+    for got, want in zip(program.run(x, y), fn(x, y)):
+        torch.testing.assert_close(got, want)
+    (combo,) = [k for k in kernels([program]) if k.launch.plan == "combo"]
+    assert len(combo.launch.configs) == len(COMBO_TUNE_CONFIGS)  # the first is one of them
+    assert combo.launch.autotuned and len(combo.launch.timings_ms) == len(COMBO_TUNE_CONFIGS)
