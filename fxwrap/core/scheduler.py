@@ -140,6 +140,19 @@ class Group:
     values: dict = field(default_factory=dict)  # (buffer, index) -> stored value
     row_stores: set = field(default_factory=set)  # buffers stored once per row
     template: object = None  # a template group: its TemplateCall (the first job's)
+    #: ``(key, (used, written))`` of the stores and reductions it was computed for (``footprint``)
+    _footprint_memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def footprint(self) -> tuple[frozenset, frozenset]:
+        """``(buffers used, buffers written)``: what it loads, stores and its template reads;
+        kept until a job joins (every fusion decision asks it of the groups since)."""
+        key = (id(self.stores), len(self.stores), id(self.reductions), len(self.reductions))
+        if self._footprint_memo is None or self._footprint_memo[0] != key:
+            ops = [r.value for r in self.reductions] + [s.value for s in self.stores]
+            writes = frozenset(s.buffer for s in self.stores)
+            reads = {b for op in ops for b, _ in loads_of(op)} | store_reads(self.stores)
+            self._footprint_memo = (key, (frozenset(reads | writes | template_reads(self)), writes))
+        return self._footprint_memo[1]
 
     def refusal(self, job: Job, roots: dict | None = None) -> str | None:
         """Why ``job`` may not join this group (None: it may), for the fusion log;
@@ -417,8 +430,10 @@ def fuse(items: list, argument_limit: int | None = None) -> list:
 
 
 #: past the window, a pointwise job tries the groups over its ranges that use its buffers
-#: emitted at most this many items before it (each costs a hoisting check over those items)
-RANGES_LOOKBACK_ITEMS = 256
+#: emitted at most this many items before it (each costs a hoisting check over those items,
+#: their footprints kept: ``Group.footprint``): an optimizer step puts about ten items a tensor
+#: between a tensor's first op and the copy back into its last moment (400 tensors)
+RANGES_LOOKBACK_ITEMS = 4096
 
 
 def argument_count(items: list, kept: dict[int, set[str]] | None = None) -> int:
@@ -625,10 +640,8 @@ def _footprint(item) -> tuple[set, set, set, set]:
     """``(buffers defined, buffers used, buffers written, other names defined)`` of a
     line or of a group (which reads what it loads and writes what it stores)."""
     if isinstance(item, Group):
-        ops = [r.value for r in item.reductions] + [s.value for s in item.stores]
-        writes = {s.buffer for s in item.stores}
-        reads = {b for op in ops for b, _ in loads_of(op)} | store_reads(item.stores)
-        return set(), reads | writes | template_reads(item), writes, set()
+        used, written = item.footprint()
+        return frozenset(), used, written, frozenset()
     return ({b.name for b in item.defines()}, {b.name for b in item.reads()}, {b.name for b in item.writes()},
             {*item.defines_values(), *(s.name for s in item.defines_symbols())})
 
