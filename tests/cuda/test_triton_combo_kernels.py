@@ -123,6 +123,22 @@ def test_one_source_serves_every_block_size(xblock):
         torch.testing.assert_close(got, want)
 
 
+def test_gpu_plans_offer_the_tuning_configs():
+    """As the ``cuda`` target renders them (no GPU needed): a combo of many elements carries
+    ``COMBO_TUNE_CONFIGS`` (its first config among them), a small one its first config only."""
+    from fxwrap.targets.cuda_triton.combo import COMBO_TUNE_CONFIGS
+    from fxwrap.testing.offline_cuda import offline_programs
+
+    def fn(x, y):
+        return x * 2, y + 1
+
+    for rows, expected in ((1024, len(COMBO_TUNE_CONFIGS)), (4, 1)):
+        (program,) = offline_programs(fn, torch.randn(rows, 768), torch.randn(3 * 768))
+        (combo,) = [k for k in kernels([program]) if k.launch.plan == "combo"]
+        assert len(combo.launch.configs) == expected and combo.launch.config == combo.launch.configs[0]
+        assert (("XBLOCK", 1024), ("num_warps", 4)) == combo.launch.config
+
+
 @pytest.mark.skipif(not CUDA, reason="configs are timed on a GPU only (the interpreter runs the first)")
 def test_large_combo_is_autotuned():
     """A combo of many elements times ``combo_configs``' candidates and keeps the fastest."""
