@@ -118,7 +118,8 @@ def test_one_source_serves_every_block_size(xblock):
     (combo,) = [k for k in kernels([program]) if k.launch.plan == "combo"]
     emitter = TritonEmitter()
     launch = combo.launch.replace(config=(("XBLOCK", xblock), ("num_warps", 1 if xblock < 128 else 4)))
-    combo.bind(emitter._bind(combo.source, launch, None if not CUDA else torch.device(DEVICE)))
+    device = torch.device("cuda", torch.cuda.current_device()) if CUDA else None
+    combo.bind(emitter._bind(combo.source, launch, device))
     for got, want in zip(program.run(x, y, z), fn(x, y, z)):
         torch.testing.assert_close(got, want)
 
