@@ -108,20 +108,37 @@ def test_one_source_serves_every_block_size(xblock):
     """The members' block counts are ``XBLOCK`` arithmetic in the kernel and in the grid: the
     combo's source runs with any config (the one autotuning picks), every element once."""
     gen = torch.Generator().manual_seed(5)
-    x, y, z = (torch.randn(s, generator=gen).to(DEVICE) for s in [(7, 3), (1100,), (300,)])
+    x, y, z, s = (torch.randn(s, generator=gen).to(DEVICE) for s in [(7, 3), (1100,), (300,), ()])
+    ws = [torch.randn(40, generator=gen).to(DEVICE) for _ in range(6)]  # one member of 12 buffers
 
-    def fn(x, y, z):
-        return x.sin() * 2, y.exp() + 1, z.abs() - 3
+    def fn(x, y, z, s, *ws):
+        return (x.sin() * 2, y.exp() + 1, z.abs() - 3, s * 5, *(w - 1 for w in ws))
 
     torch._dynamo.reset()
-    program = fxwrap.lower(fn, x, y, z, target=TARGET)
+    program = fxwrap.lower(fn, x, y, z, s, *ws, target=TARGET)
     (combo,) = [k for k in kernels([program]) if k.launch.plan == "combo"]
     emitter = TritonEmitter()
     launch = combo.launch.replace(config=(("XBLOCK", xblock), ("num_warps", 1 if xblock < 128 else 4)))
     device = torch.device("cuda", torch.cuda.current_device()) if CUDA else None
     combo.bind(emitter._bind(combo.source, launch, device))
-    for got, want in zip(program.run(x, y, z), fn(x, y, z)):
+    for got, want in zip(program.run(x, y, z, s, *ws), fn(x, y, z, s, *ws)):
         torch.testing.assert_close(got, want)
+
+
+def test_wide_and_tiny_members_run_narrower_blocks():
+    """One kernel holds the registers of its widest member: six tensors of one size fused side
+    by side (12 buffers) run half-width blocks, a 0-d value one element, a plain member the
+    combo's ``XBLOCK`` (``member_blocks``; cuda-offline, no GPU needed)."""
+    from fxwrap.testing.offline_cuda import offline_programs
+
+    def fn(x, s, *ys):
+        return (x * 2, s + 1, *(y * 3 for y in ys))
+
+    (program,) = offline_programs(fn, torch.randn(1024, 768), torch.randn(()), *(torch.randn(768) for _ in range(6)))
+    (combo,) = [k for k in kernels([program]) if k.launch.plan == "combo"]
+    calls = [line.strip() for line in combo.source.splitlines() if line.strip().startswith(f"{combo.name}_m")]
+    widths = sorted(call.rsplit(", ", 1)[1] for call in calls)
+    assert widths == ["((XBLOCK + 1) // 2))", "((XBLOCK + 1023) // 1024))", "XBLOCK)"], calls
 
 
 def test_gpu_plans_offer_the_tuning_configs():

@@ -29,7 +29,8 @@ that one source serves every config (``combo_configs``): on a GPU the emitter ti
 (``TritonEmitter._tune``), as it does a reduction's.  Members are 1-D pointwise kernels (plan
 ``pointwise1d``) with static element counts; anything else is rendered as kernels of its own
 (``render_triton_combo`` returns None).  The member bodies are the ``KernelWriter``'s
-(``MemberWriter`` only reads the program id from its parameter).
+(``MemberWriter`` only reads the program id from its parameter); a member of one element or
+of many buffers is called with a narrower block (``member_blocks``).
 """
 from __future__ import annotations
 
@@ -78,6 +79,31 @@ def combo_configs(plans, numels: list[int], interpret: bool) -> list[tuple]:
     return configs
 
 
+#: a member of more buffers than this runs narrower blocks (``member_blocks``)
+COMBO_MEMBER_BUFFERS = 8
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def member_blocks(kernel: ComboKernel, numels: list[int], xblock: int) -> list[str]:
+    """Each member's block size, an expression of the combo's ``XBLOCK`` (``xblock`` under the
+    first config): ``XBLOCK`` itself, or ``XBLOCK / d`` (at least 1) for a member of fewer elements than a
+    block (a 0-d step count: one element) or of more than ``COMBO_MEMBER_BUFFERS`` buffers (the
+    parameters of one size fused side by side): one kernel holds the registers of its widest
+    member, and a member of 28 buffers at the width of one of 7 would hold four times the
+    values a thread, lowering the occupancy every member runs at."""
+    out = []
+    for member, n in zip(kernel.members, numels):
+        buffers = len(member.inputs) + len(member.outputs)
+        width = min(xblock, 1 << max(n - 1, 0).bit_length(), _floor_pow2(xblock * COMBO_MEMBER_BUFFERS // max(buffers, 1)))
+        divisor = xblock // max(width, 1)
+        # at least 1 (a config narrower than the first): ceil(XBLOCK / divisor), a power of 2
+        out.append("XBLOCK" if divisor == 1 else f"((XBLOCK + {divisor - 1}) // {divisor})")
+    return out
+
+
 def render_triton_combo(emitter, kernel: ComboKernel) -> KernelSource | None:
     """``kernel`` as one Triton launch (the module docstring); None where a member is not a
     1-D pointwise kernel of a static element count."""
@@ -94,8 +120,10 @@ def render_triton_combo(emitter, kernel: ComboKernel) -> KernelSource | None:
     outputs = [b.name for b in kernel.outputs]
     helpers: set[str] = set()
     functions: list[list[str]] = []
+    blocks = member_blocks(kernel, numels, dict(configs[0])["XBLOCK"])
     dispatch = ["pid = tl.program_id(0)"]
-    dispatch += [f"end{i} = {f'end{i - 1} + ' if i else ''}({n} + XBLOCK - 1) // XBLOCK" for i, n in enumerate(numels)]
+    dispatch += [f"end{i} = {f'end{i - 1} + ' if i else ''}({n} + {b} - 1) // {b}" for i, (n, b) in
+                 enumerate(zip(numels, blocks))]
     for i, (member, plan) in enumerate(zip(kernel.members, plans)):
         writer = MemberWriter(member, plan, emitter.target_name, emitter.intrinsics)
         body = writer.write_pointwise()
@@ -110,7 +138,7 @@ def render_triton_combo(emitter, kernel: ComboKernel) -> KernelSource | None:
         args += [f"out_ptr{outputs.index(b.name)}" for b in member.outputs]
         args += [s.name for s in member.size_symbols]
         local = f"pid - end{i - 1}" if i else "pid"
-        dispatch += [f"{'elif' if i else 'if'} pid < end{i}:", f"    {name}({', '.join([*args, local, 'XBLOCK'])})"]
+        dispatch += [f"{'elif' if i else 'if'} pid < end{i}:", f"    {name}({', '.join([*args, local, blocks[i]])})"]
     sizes = [s.name for s in kernel.size_symbols]
     deco = f"@triton.jit(do_not_specialize={sizes!r})" if sizes else "@triton.jit"
     params = [f"in_ptr{j}" for j in range(len(inputs))] + [f"out_ptr{j}" for j in range(len(outputs))]
@@ -126,7 +154,7 @@ def render_triton_combo(emitter, kernel: ComboKernel) -> KernelSource | None:
     lines += ["    " + line for line in dispatch]
     if "_fx_index_check" in helpers:  # a member's gather checks its indices: the asserts compiled in
         configs = [c + O.INDEX_CHECK_OPTIONS for c in configs]
-    grid = " + ".join(f"({n} + XBLOCK - 1) // XBLOCK" for n in numels)
+    grid = " + ".join(f"({n} + {b} - 1) // {b}" for n, b in zip(numels, blocks))
     launch = TritonLaunch(symbol=fname, language=emitter.language, plan="combo",
                           index_dtype="tl.int64" if any(p.index_dtype == "tl.int64" for p in plans) else "tl.int32",
                           pointers=len(params), size_symbols=tuple(sizes), numels=(), grid_extra=grid,
