@@ -25,7 +25,8 @@ its kernels move a step are counted too (``MB/step``, and their ratio to the lea
 each kernel reads its inputs, writes its outputs and reads those outputs it also loads (an
 in-place update), as its loop IR says (the ``lowering`` log, ``LoopIRReads``).
 On CUDA each kernel of a step is also listed from ``torch.profiler`` with its time and, for
-fxwrap's kernels, its bandwidth (those bytes over its time) as a share of a copy's.  The issue's bar: fxwrap <= 0.90 of Inductor on
+fxwrap's kernels, its bandwidth (those bytes over its time) as a share of a copy's and its
+launch config (a combo kernel's: the autotuned one).  The issue's bar: fxwrap <= 0.90 of Inductor on
 every case, each kernel >= 70% of copy bandwidth.
 """
 from __future__ import annotations
@@ -109,7 +110,8 @@ def make_step(case: str, backend: str, shapes, device, programs: list):
     compile_ = {"eager": None, "inductor": lambda f: torch.compile(f),
                 "fxwrap": lambda f: torch.compile(f, backend=fxwrap.Backend(
                     "cuda" if torch.device(device).type == "cuda" else "cpu",
-                    {"on_program": lambda p: programs.append((p, LOADS.take()))}))}
+                    # compiled afresh: a program from the cache logs no loop IR (its bytes unknown)
+                    {"on_program": lambda p: programs.append((p, LOADS.take())), "cache": False}))}
     wrap = compile_[backend]
     if case == "adam_like":
         m = [torch.zeros_like(p) for p in params]
@@ -166,7 +168,9 @@ def fxwrap_kernel_bytes(programs: list) -> dict[str, int]:
         for node in program.graph_module.graph.nodes:
             if not isinstance(node.target, fxwrap.Kernel):
                 continue
-            loaded = loads.get(node.target.name, set())
+            if node.target.name not in loads:
+                return {}  # no loop IR logged for it: unknown
+            loaded = loads[node.target.name]
             total = 0
             for arg, spec in zip(node.args, node.target.signature):
                 val = getattr(arg, "meta", {}).get("val")
@@ -253,11 +257,14 @@ def main(argv=None) -> int:
             say(f"    {case} {backend}: max |param - eager's| after every step {error:.2e}")
         if cuda:
             sizes = fxwrap_kernel_bytes(programs)
+            configs = {n.target.name: dict(n.target.launch.config) for p, _ in programs[-1:]
+                       for n in p.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)}
             for backend in ("inductor", "fxwrap"):
                 for name, us in kernel_lists[backend]:
                     moved = sizes.get(name) if backend == "fxwrap" else None
                     bw = f"{moved / us / copy_bw * 100:.0f}% of copy" if moved else "-"
-                    say(f"    {case} {backend} kernel {name[:60]}: {us:.1f} us, {bw}")
+                    config = f", config {configs[name]}" if backend == "fxwrap" and name in configs else ""
+                    say(f"    {case} {backend} kernel {name[:60]}: {us:.1f} us, {bw}{config}")
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
