@@ -19,15 +19,21 @@ GPU time of back-to-back steps queued behind a spin, and the wall time), the rat
 Inductor, the kernels a step launches (CUDA: from torch.profiler, every backend; CPU:
 fxwrap's kernel launches, and the kernels Inductor generated), and the bandwidth a step reaches as a share of a
 copy's: a step reads the parameters, gradients and both moments and writes the parameters
-and moments (7 x 4 bytes an element), ``% of copy = (bytes / t) / (2 x copied bytes / t_copy)``.
+and moments (7 x 4 bytes an element, the least a step can move),
+``% of copy = (7 x 4 x elements / t) / (2 x copied bytes / t_copy)``.  For fxwrap the bytes
+its kernels move a step are counted too (``MB/step``, and their ratio to the least, ``/ least``):
+each kernel reads its inputs, writes its outputs and reads those outputs it also loads (an
+in-place update), as its loop IR says (the ``lowering`` log, ``LoopIRReads``).
 On CUDA each kernel of a step is also listed from ``torch.profiler`` with its time and, for
-fxwrap's kernels, its bandwidth (its arguments' bytes over its time; an in-place buffer is
-read and written) as a share of a copy's.  The issue's bar: fxwrap <= 0.90 of Inductor on
+fxwrap's kernels, its bandwidth (those bytes over its time) as a share of a copy's and its
+launch config (a combo kernel's: the autotuned one).  The issue's bar: fxwrap <= 0.90 of Inductor on
 every case, each kernel >= 70% of copy bandwidth.
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import re
 import statistics
 import sys
 import time
@@ -61,15 +67,51 @@ def adam_like(params, grads, exp_avgs, exp_avg_sqs):
         p.addcdiv_(m, v.sqrt() / c2 + EPS, value=-LR / c1)
 
 
+class LoopIRReads(logging.Handler):
+    """The buffers each fxwrap kernel loads, read from the loop IR the ``lowering`` log prints
+    (``%3 = load.f32 arg5[768*x0 + x1]``; a combo kernel's record holds all its members): the
+    kernels since the last ``take()``, by name."""
+
+    LOAD = re.compile(r"= load\.\w+ (\w+)\[")
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.pending: dict[str, set[str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        self.pending[text.split(":", 1)[0]] = set(self.LOAD.findall(text))
+
+    def take(self) -> dict[str, set[str]]:
+        taken, self.pending = self.pending, {}
+        return taken
+
+
+def watch_loads() -> LoopIRReads:
+    """A ``LoopIRReads`` on the ``fxwrap.lowering`` logger (kept from the console)."""
+    handler = LoopIRReads()
+    log = logging.getLogger("fxwrap.lowering")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    return handler
+
+
+LOADS = watch_loads()
+
+
 def make_step(case: str, backend: str, shapes, device, programs: list):
     """A callable doing one step of ``case`` with ``backend``, its tensors' element count, and
-    the parameters it updates."""
+    the parameters it updates; each fxwrap program is appended to ``programs`` as
+    ``(program, the buffers each of its kernels loads)``."""
     gen = torch.Generator().manual_seed(0)
     params = [torch.randn(s, generator=gen).to(device) for s in shapes]
     grads = [torch.randn(s, generator=gen).to(device) for s in shapes]
     compile_ = {"eager": None, "inductor": lambda f: torch.compile(f),
                 "fxwrap": lambda f: torch.compile(f, backend=fxwrap.Backend(
-                    "cuda" if torch.device(device).type == "cuda" else "cpu", {"on_program": programs.append}))}
+                    "cuda" if torch.device(device).type == "cuda" else "cpu",
+                    # compiled afresh: a program from the cache logs no loop IR (its bytes unknown)
+                    {"on_program": lambda p: programs.append((p, LOADS.take())), "cache": False}))}
     wrap = compile_[backend]
     if case == "adam_like":
         m = [torch.zeros_like(p) for p in params]
@@ -119,24 +161,28 @@ def copy_time(numel: int, device, reps: int) -> float:
 
 
 def fxwrap_kernel_bytes(programs: list) -> dict[str, int]:
-    """Each fxwrap kernel's bytes moved: every argument buffer read (input) or written (output),
-    an in-out one both."""
+    """Each kernel's bytes moved in the last fxwrap program (the one a step runs): every argument
+    buffer read (input) or written (output), an output the kernel also loads both."""
     out: dict[str, int] = {}
-    for program in programs:
+    for program, loads in programs[-1:]:
         for node in program.graph_module.graph.nodes:
             if not isinstance(node.target, fxwrap.Kernel):
                 continue
+            if node.target.name not in loads:
+                return {}  # no loop IR logged for it: unknown
+            loaded = loads[node.target.name]
             total = 0
             for arg, spec in zip(node.args, node.target.signature):
                 val = getattr(arg, "meta", {}).get("val")
                 if isinstance(val, torch.Tensor):
-                    total += val.numel() * val.element_size() * (2 if spec.role == "inout" else 1)
+                    both = spec.role == "inout" or (spec.role == "output" and spec.name in loaded)
+                    total += val.numel() * val.element_size() * (2 if both else 1)
             out[node.target.name] = out.get(node.target.name, 0) + total
     return out
 
 
 def fxwrap_kernel_count(programs: list) -> int:
-    return sum(isinstance(n.target, fxwrap.Kernel) for p in programs[-1:] for n in p.graph_module.graph.nodes)
+    return sum(isinstance(n.target, fxwrap.Kernel) for p, _ in programs[-1:] for n in p.graph_module.graph.nodes)
 
 
 def profile_kernels(step) -> list[tuple[str, float]]:
@@ -174,8 +220,8 @@ def main(argv=None) -> int:
     copy_bw = 2 * 4 * numel / t_copy  # bytes per us
     say(f"# optimizer steps over {len(shapes)} tensors, {numel} elements; device {args.device}; "
         f"torch {torch.__version__}; copy of {4 * numel} bytes {t_copy:.1f} us ({copy_bw / 1e3:.0f} GB/s)")
-    say("| case | backend | us/step | GPU us/step | / inductor | kernels/step | % of copy |")
-    say("|---|---|---|---|---|---|---|")
+    say("| case | backend | us/step | GPU us/step | / inductor | kernels/step | % of copy | MB/step | / least |")
+    say("|---|---|---|---|---|---|---|---|---|")
     for case in args.cases.split(","):
         torch._dynamo.reset()
         programs: list = []
@@ -201,19 +247,24 @@ def main(argv=None) -> int:
             t = medians[backend]
             count = len(kernel_lists[backend]) if cuda else counts[backend]
             share = 7 * 4 * n / t / copy_bw * 100
+            moved = sum(fxwrap_kernel_bytes(programs).values()) if backend == "fxwrap" else None
+            traffic = f"{moved / 1e6:.2f} | {moved / (7 * 4 * n):.2f}" if moved else "- | -"
             say(f"| {case} | {backend} | {wall:.1f} | {'%.1f' % t if cuda else '-'} | "
-                f"{t / medians['inductor']:.2f} | {count if count is not None else '-'} | {share:.0f}% |")
+                f"{t / medians['inductor']:.2f} | {count if count is not None else '-'} | {share:.0f}% | {traffic} |")
         # every backend ran as many steps from the same start: the parameters agree
         for backend in ("inductor", "fxwrap"):
             error = max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(params[backend], params["eager"]))
             say(f"    {case} {backend}: max |param - eager's| after every step {error:.2e}")
         if cuda:
             sizes = fxwrap_kernel_bytes(programs)
+            configs = {n.target.name: dict(n.target.launch.config) for p, _ in programs[-1:]
+                       for n in p.graph_module.graph.nodes if isinstance(n.target, fxwrap.Kernel)}
             for backend in ("inductor", "fxwrap"):
                 for name, us in kernel_lists[backend]:
                     moved = sizes.get(name) if backend == "fxwrap" else None
                     bw = f"{moved / us / copy_bw * 100:.0f}% of copy" if moved else "-"
-                    say(f"    {case} {backend} kernel {name[:60]}: {us:.1f} us, {bw}")
+                    config = f", config {configs[name]}" if backend == "fxwrap" and name in configs else ""
+                    say(f"    {case} {backend} kernel {name[:60]}: {us:.1f} us, {bw}{config}")
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -10,15 +10,19 @@ import torch
 import torch._dynamo
 
 import fxwrap
+from fxwrap.ir.lines import Allocate
 from shared_helpers import kernels
 
 #: parameter shapes: odd sizes, a 0-d and a 1-element tensor, no two alike but the 1-D ones
 PARAM_SHAPES = [(7, 3), (5,), (), (4, 4, 2), (9,), (1,), (3, 5), (11,), (13, 17), (2, 3, 5)]
+#: a small transformer's parameters: three layers of the same six shapes (a shape's tensors
+#: lie one layer, six tensors, apart in the optimizer's lists: more than the fusion window)
+LAYER_SHAPES = [(13, 6)] + [(6,), (6,), (18, 6), (18,), (6, 6), (24, 6)] * 3 + [(6,)]
 
 
-def parameters(device, seed: int = 0) -> list[torch.nn.Parameter]:
+def parameters(device, seed: int = 0, shapes=PARAM_SHAPES) -> list[torch.nn.Parameter]:
     gen = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in PARAM_SHAPES]
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in shapes]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen).to(device)
     return params
@@ -44,17 +48,18 @@ def no_combo_kernels(*emitters):
             e.combo_kernels = value
 
 
-def optimizer_step(target: str, device, optimizer: str, foreach: bool, steps: int = 2):
-    """``steps`` compiled steps of ``torch.optim.<optimizer>`` over ``PARAM_SHAPES`` and as many
+def optimizer_step(target: str, device, optimizer: str, foreach: bool, steps: int = 2, shapes=PARAM_SHAPES,
+                   programs: list | None = None):
+    """``steps`` compiled steps of ``torch.optim.<optimizer>`` over ``shapes`` and as many
     eager ones on copies: ``(compiled params, eager params, compiled state, eager state,
-    kernels launched by one step)``."""
+    kernels launched by one step)``; the compiled programs are appended to ``programs``."""
     torch._dynamo.reset()
-    params = parameters(device)
+    params = parameters(device, shapes=shapes)
     ref = clones(params)
     cls = getattr(torch.optim, optimizer)
     opt = cls(params, lr=0.05, weight_decay=0.01, foreach=foreach)
     opt_ref = cls(ref, lr=0.05, weight_decay=0.01, foreach=foreach)
-    programs: list = []
+    programs = [] if programs is None else programs
     step = torch.compile(lambda: opt.step(), backend=fxwrap.Backend(target, {"on_program": programs.append,
                                                                               "cache": False}))
     for _ in range(steps):
@@ -76,6 +81,23 @@ def few_kernels_a_step(target: str, device, emitter, optimizer: str, foreach: bo
     assert len(separate) >= len(PARAM_SHAPES)
     assert len(launched) <= 3, [k.name for k in launched]
     return launched
+
+
+def one_kernel_a_parameter(target: str, device, optimizer: str) -> tuple[list, list]:
+    """A compiled ``foreach`` step of ``optimizer`` over ``LAYER_SHAPES`` (19 tensors, each shape
+    three times, a layer apart) gives eager's numbers, allocates nothing but the step counts (each
+    parameter's update, both moments and the parameter, is one loop nest writing them in place:
+    no moment goes through a buffer of its own), and launches no more kernels than the for-loop
+    step: ``(kernels of the foreach step, of the for-loop step)``."""
+    programs: list = []
+    *result, launched = optimizer_step(target, device, optimizer, True, shapes=LAYER_SHAPES, programs=programs)
+    assert_same_step(*result)
+    allocated = [line.buf for p in programs for line in p.lines if isinstance(line, Allocate)]
+    assert all(not buf.size for buf in allocated), [(b.name, b.size) for b in allocated if b.size]
+    *result, loop = optimizer_step(target, device, optimizer, False, shapes=LAYER_SHAPES)
+    assert_same_step(*result)
+    assert len(launched) <= len(loop), ([k.name for k in launched], [k.name for k in loop])
+    return launched, loop
 
 
 def assert_same_step(params, ref, state, state_ref) -> None:

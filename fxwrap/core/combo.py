@@ -59,10 +59,11 @@ def combinable(group: Group) -> bool:
         and not indexed(group)
 
 
-def combine(items: list, limits: ComboLimits | None) -> list:
+def combine(items: list, limits: ComboLimits | None, kept: dict[int, set[str]] | None = None) -> list:
     """Fused items (lines and ``Group``s, in order) -> lines, ``Group``s and ``ComboGroup``s
     (see the module docstring); ``limits`` None (the emitter renders no combo kernels):
-    ``items`` as they are."""
+    ``items`` as they are.  ``kept``: by id of each group, the buffers of its stores its kernel
+    keeps (``scheduler.argument_count``); None: every store counts as an argument."""
     if limits is None:
         return list(items)
     roots = view_roots(items)
@@ -82,7 +83,7 @@ def combine(items: list, limits: ComboLimits | None) -> list:
             # work, that work could no longer be raised above the wait (core/overlap.py)
             out.append(item)
             continue
-        if open_combo is not None and _joins(open_combo, item, out, roots, limits):
+        if open_combo is not None and _joins(open_combo, item, out, roots, limits, kept):
             open_combo.members.append(item)
             continue
         open_combo = ComboGroup([item])
@@ -90,13 +91,14 @@ def combine(items: list, limits: ComboLimits | None) -> list:
     return [x.members[0] if isinstance(x, ComboGroup) and len(x.members) == 1 else x for x in out]
 
 
-def _joins(combo: ComboGroup, group: Group, out: list, roots: dict, limits: ComboLimits) -> bool:
+def _joins(combo: ComboGroup, group: Group, out: list, roots: dict, limits: ComboLimits,
+           kept: dict[int, set[str]] | None) -> bool:
     """Whether ``group`` may join ``combo`` (an item of ``out``): within the limits, only
     kernels, views and comments since the combo, and free to move up to the combo's place
     over its members and everything since."""
     if len(combo.members) >= limits.max_members:
         return False
-    if argument_count([*combo.members, group]) > limits.max_arguments:
+    if argument_count([*combo.members, group], kept) > limits.max_arguments:
         return False
     at = next(i for i in range(len(out) - 1, -1, -1) if out[i] is combo)
     if not all(isinstance(x, (Group, ComboGroup)) or inert(x) for x in out[at + 1:]):

@@ -144,6 +144,19 @@ class Group:
     values: dict = field(default_factory=dict)  # (buffer, index) -> stored value
     row_stores: set = field(default_factory=set)  # buffers stored once per row
     template: object = None  # a template group: its TemplateCall (the first job's)
+    #: ``(key, (used, written))`` of the stores and reductions it was computed for (``footprint``)
+    _footprint_memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def footprint(self) -> tuple[frozenset, frozenset]:
+        """``(buffers used, buffers written)``: what it loads, stores and its template reads;
+        kept until a job joins (every fusion decision asks it of the groups since)."""
+        key = (id(self.stores), len(self.stores), id(self.reductions), len(self.reductions))
+        if self._footprint_memo is None or self._footprint_memo[0] != key:
+            ops = [r.value for r in self.reductions] + [s.value for s in self.stores]
+            writes = frozenset(s.buffer for s in self.stores)
+            reads = {b for op in ops for b, _ in loads_of(op)} | store_reads(self.stores)
+            self._footprint_memo = (key, (frozenset(reads | writes | template_reads(self)), writes))
+        return self._footprint_memo[1]
 
     def refusal(self, job: Job, roots: dict | None = None) -> str | None:
         """Why ``job`` may not join this group (None: it may), for the fusion log;
@@ -366,12 +379,13 @@ def fuse(items: list, argument_limit: int | None = None) -> list:
     metadata-only lines it needs above the group (``_liftable``); otherwise it starts
     a new group where it stands.  A barrier line closes every open group.
 
-    A pointwise job also tries, past the window, the latest ``RANGES_LOOKBACK_GROUPS``
-    pointwise groups over its ranges that use a buffer it uses, when only pointwise groups
-    and metadata lines stand between (at most ``RANGES_LOOKBACK_ITEMS`` items): ``_foreach_*`` ops and optimizer
-    steps run op by op over every tensor, so the second op on a tensor comes one group per
-    tensor after the first; and the ``copy_`` back into each mutated input, which
-    functionalization puts at the end of the graph, joins the kernel that computes it.
+    A pointwise job also tries, past the window, the pointwise groups over its ranges that
+    use a buffer it uses (``BufferUsers``), the most recent first, when only pointwise groups
+    and metadata lines stand between (at most ``RANGES_LOOKBACK_ITEMS`` items): ``_foreach_*``
+    ops and optimizer steps run op by op over every tensor, so the second op on a tensor comes
+    one group per tensor after the first, however many tensors share its sizes; and the
+    ``copy_`` back into each mutated input, which functionalization puts at the end of the
+    graph, joins the kernel that computes it.
 
     ``argument_limit`` (the emitter's ``combo_kernels.max_arguments``): a job that uses no
     buffer of a group joins it only while the kernel keeps at most that many arguments
@@ -384,7 +398,7 @@ def fuse(items: list, argument_limit: int | None = None) -> list:
               for b in item.defines()}
     out: list = []
     open_groups: list[Group] = []
-    by_ranges: dict[tuple, list] = {}  # the latest pointwise groups over each ranges (since the barrier)
+    users = BufferUsers()  # the pointwise groups since the barrier, by buffer
     barrier: str | None = None  # the line that closed the open groups
     for item in items:
         whole = item  # a template group's epilogue runs over the template's sizes, 1s included
@@ -393,42 +407,49 @@ def fuse(items: list, argument_limit: int | None = None) -> list:
         if not isinstance(item, Job):
             out.append(item)
             if is_barrier(item):
-                open_groups, by_ranges, barrier = [], {}, item.label
+                open_groups, users, barrier = [], BufferUsers(), item.label
             continue
         reason = f"after {barrier}" if barrier else "first kernel"
-        for group in reversed(open_groups):
-            refused = _holds_until_wait(group, item, roots, waited) or _too_wide(group, item, argument_limit) or \
-                _join(group, whole if group.template is not None else item, out, roots)
-            if refused is None:
-                break
-            if group is open_groups[-1]:
-                reason = f"not fused into the kernel of {', '.join(group.roots)}: {refused}"
-        else:
-            if _join_far(item, by_ranges.get(tuple(item.outer), []), open_groups, out, roots, waited):
-                continue
-            group = Group(item.outer, item.reduced, item.dims_key, started_because=reason,
-                          template=item.template)
+        reads, writes, _ = job_names(item)
+        used = reads | writes
+        related = [g for g in reversed(open_groups) if used & _footprint(g)[1]]
+        unrelated = [g for g in reversed(open_groups) if not used & _footprint(g)[1]]
+        refusals: dict[int, str] = {}
+        # a kernel using the job's buffers first (the window's, then a far one: the same
+        # tensor's earlier op), then independent work over the same ranges (horizontal)
+        group = _join_open(related, item, whole, out, roots, waited, argument_limit, refusals) \
+            or _join_far(item, users, open_groups, out, roots, waited) \
+            or _join_open(unrelated, item, whole, out, roots, waited, argument_limit, refusals)
+        if group is None:
+            if open_groups:
+                last = open_groups[-1]
+                reason = f"not fused into the kernel of {', '.join(last.roots)}: {refusals[id(last)]}"
+            group = Group(item.outer, item.reduced, item.dims_key, started_because=reason, template=item.template)
             group.add(item)
             out.append(group)
             open_groups = [*open_groups, group][-FUSION_WINDOW:]
-            if _pointwise(item):
-                latest = by_ranges.setdefault(tuple(item.outer), [])
-                latest[:] = [*latest, group][-RANGES_LOOKBACK_GROUPS:]
+        if _pointwise(group):
+            users.add(group, item)
     return out
 
 
-#: past the window, a pointwise job tries this many latest groups over its ranges...
-RANGES_LOOKBACK_GROUPS = 4
-#: ... emitted at most this many items before it
-RANGES_LOOKBACK_ITEMS = 256
+#: past the window, a pointwise job tries the groups over its ranges that use its buffers
+#: emitted at most this many items before it (each costs a hoisting check over those items,
+#: their footprints kept: ``Group.footprint``): an optimizer step puts about ten items a tensor
+#: between a tensor's first op and the copy back into its last moment (400 tensors)
+RANGES_LOOKBACK_ITEMS = 4096
 
 
-def argument_count(items: list) -> int:
+def argument_count(items: list, kept: dict[int, set[str]] | None = None) -> int:
     """How many buffer and size arguments one kernel of ``items`` (jobs or groups) takes, at
-    most (a store nobody reads later is dropped when the kernel is made)."""
+    most; with ``kept`` (by id of each group: the buffers of its stores that the kernel keeps,
+    those read elsewhere and the program's inputs), exactly that many (a store nobody reads
+    later is dropped when the kernel is made: an optimizer's intermediate moments)."""
     names: set[str] = set()
     for item in items:
         reads, writes, symbols = job_names(item)
+        if kept is not None:
+            writes &= kept[id(item)]
         names |= reads | writes | {f"size:{s}" for s in symbols if not is_loop_var(sympy.Symbol(s))}
     return len(names)
 
@@ -453,28 +474,72 @@ def inert(line) -> bool:
     return line.metadata_only or not (line.reads() or line.writes() or line.defines())
 
 
-def _join_far(job: Job, groups: list, open_groups: list, out: list, roots: dict, waited: set) -> bool:
-    """Join ``job`` (pointwise) to one of ``groups`` (pointwise groups over its ranges, oldest
-    first) outside the window that uses a buffer it uses (the same tensor's earlier op), the
-    most recent that accepts it, when only pointwise groups, metadata-only lines and comments
-    lie between it and the job; whether it joined one."""
+class BufferUsers:
+    """The pointwise groups ``fuse`` made since the last barrier, by each buffer they use
+    (load or store), so that a job finds the earlier kernels of its own tensors however many
+    groups of other tensors stand between: an optimizer's ``foreach`` step runs each op over
+    every tensor, so a tensor's next op comes one group per tensor after its last::
+
+        exp_avg0 = lerp(exp_avg0, g0)    # group A  (uses exp_avg0, g0)
+        exp_avg1 = lerp(exp_avg1, g1)    # group B
+        v0 = v0 * b2 + g0 * g0 * (1-b2)  # users.of(job) -> [A]: it shares g0 with A
+    """
+
+    def __init__(self):
+        self._groups: dict[str, list[Group]] = {}
+        self._serial: dict[int, int] = {}  # id(group) -> the order it was made in (its place in ``out``)
+
+    def add(self, group: Group, job: Job) -> None:
+        """``job`` is now part of ``group``: the group uses the job's buffers."""
+        self._serial.setdefault(id(group), len(self._serial))
+        reads, writes, _ = job_names(job)
+        for name in sorted(reads | writes):
+            users = self._groups.setdefault(name, [])
+            if not any(g is group for g in users):
+                users.append(group)
+
+    def of(self, job: Job) -> list[Group]:
+        """The groups using a buffer ``job`` uses, the most recent first."""
+        reads, writes, _ = job_names(job)
+        found: dict[int, Group] = {}
+        for name in sorted(reads | writes):
+            for group in self._groups.get(name, ()):
+                found[id(group)] = group
+        return sorted(found.values(), key=lambda g: self._serial[id(g)], reverse=True)
+
+
+def _join_open(groups: list, job: Job, whole: Job, out: list, roots: dict, waited: set, argument_limit,
+               refusals: dict) -> Group | None:
+    """Join ``job`` to the first of ``groups`` (open groups, the most recent first) that accepts
+    it; the group, or None with each one's refusal in ``refusals`` (by id)."""
+    for group in groups:
+        refused = _holds_until_wait(group, job, roots, waited) or _too_wide(group, job, argument_limit) or \
+            _join(group, whole if group.template is not None else job, out, roots)
+        if refused is None:
+            return group
+        refusals[id(group)] = refused
+    return None
+
+
+def _join_far(job: Job, users: BufferUsers, open_groups: list, out: list, roots: dict, waited: set) -> Group | None:
+    """Join ``job`` (pointwise) to a pointwise group over its ranges outside the window that
+    uses a buffer it uses (the same tensor's earlier op: ``users``), the most recent that
+    accepts it, when only pointwise groups, metadata-only lines and comments lie between it
+    and the job (at most ``RANGES_LOOKBACK_ITEMS`` items); the group it joined, or None."""
     if not _pointwise(job):
-        return False
-    reads, writes, _ = job_names(job)
-    for group in reversed(groups):
+        return None
+    for group in users.of(job):
         if any(group is g for g in open_groups) or group.outer != job.outer or not _pointwise(group):
             continue
-        if not (reads | writes) & _footprint(group)[1]:
-            continue  # another tensor of the same sizes: a GPU runs it in programs of its own
         at = next((i for i in range(len(out) - 1, max(len(out) - RANGES_LOOKBACK_ITEMS, 0) - 1, -1)
                    if out[i] is group), None)
         if at is None:
-            return False
+            return None
         if not all(_pointwise(x) if isinstance(x, Group) else inert(x) for x in out[at + 1:]):
-            return False
+            return None
         if (_holds_until_wait(group, job, roots, waited) or _join(group, job, out, roots)) is None:
-            return True
-    return False
+            return group
+    return None
 
 
 def view_roots(items: list) -> dict[str, str]:
@@ -579,10 +644,8 @@ def _footprint(item) -> tuple[set, set, set, set]:
     """``(buffers defined, buffers used, buffers written, other names defined)`` of a
     line or of a group (which reads what it loads and writes what it stores)."""
     if isinstance(item, Group):
-        ops = [r.value for r in item.reductions] + [s.value for s in item.stores]
-        writes = {s.buffer for s in item.stores}
-        reads = {b for op in ops for b, _ in loads_of(op)} | store_reads(item.stores)
-        return set(), reads | writes | template_reads(item), writes, set()
+        used, written = item.footprint()
+        return frozenset(), used, written, frozenset()
     return ({b.name for b in item.defines()}, {b.name for b in item.reads()}, {b.name for b in item.writes()},
             {*item.defines_values(), *(s.name for s in item.defines_symbols())})
 

@@ -160,7 +160,7 @@ class TritonLaunch(KernelLaunch):
     timings_ms: tuple = ()                 # (config, ms) per timed candidate
     pointer_dtypes: tuple = ()             # dtype name per pointer
     device_index: int | None = None        # the CUDA device it is loaded into and launched on
-    grid_extra: str | None = None          # split scans: rows * chunks per row; combo kernels: every member's blocks
+    grid_extra: str | None = None          # split scans: rows * chunks per row; combo kernels: every member's blocks (over XBLOCK)
     grid_factor: str | None = None         # split-outer partials: x tiles * NSPLIT
     parts: tuple = ()                      # launches run in order (a split scan's), each a TritonLaunch
     partial_symbol: str | None = None      # split-outer: the partials kernel

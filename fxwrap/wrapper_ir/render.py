@@ -106,8 +106,12 @@ class Renderer:
             limits = self._emitter.combo_kernels
             items = fuse(list(self.lowered.items), limits.max_arguments if limits is not None else None)
             needed = referenced_outside(items, buffers_read)
+            inputs = {b.name for b in built.inputs if isinstance(b, Buffer)}
+            # what each kernel stores for good: what others read, and the program's inputs
+            kept = {id(g): needed[id(g)] | {s.buffer for s in g.stores if s.buffer in inputs}
+                    for g in items if isinstance(g, Group)}
             # independent pointwise kernels of other sizes as one launch (core/combo.py)
-            items = combine(items, limits)
+            items = combine(items, limits, kept)
         with self.timer.phase("render"):
             rendered = self._render(items, needed, built)
         with self.timer.phase("compile kernels"):

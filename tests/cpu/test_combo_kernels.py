@@ -11,7 +11,8 @@ import torch
 import torch._dynamo
 
 import fxwrap
-from combo_cases import assert_same_step, few_kernels_a_step, foreach_lists, no_combo_kernels, optimizer_step
+from combo_cases import (assert_same_step, few_kernels_a_step, foreach_lists, no_combo_kernels,
+                         one_kernel_a_parameter, optimizer_step)
 from fxwrap.ir.combo import ComboLimits
 from fxwrap.targets.cpu_cpp.emitter import CppEmitter
 from shared_helpers import kernels
@@ -24,6 +25,14 @@ LIMITS = CppEmitter.combo_kernels
 def test_optimizer_step_as_eager_in_few_kernels(optimizer, foreach):
     launched = few_kernels_a_step("cpu", "cpu", CppEmitter, optimizer, foreach)
     assert any(k.name.startswith("fxwrap_combo") for k in launched)
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])
+def test_foreach_step_one_loop_nest_a_parameter(optimizer):
+    """The ``foreach`` step runs op by op over every tensor; each tensor's chain still becomes one
+    loop nest (``scheduler.BufferUsers``: the tensor's earlier kernel, however many kernels of
+    tensors of its shape came since)."""
+    one_kernel_a_parameter("cpu", "cpu", optimizer)
 
 
 def test_foreach_lists_one_kernel_per_limit():
@@ -92,17 +101,17 @@ def test_an_emitter_that_cannot_render_a_combo_launches_each_kernel(monkeypatch)
 
 def test_argument_limit(monkeypatch):
     counts = []
-    for limit in (7, 8, 64):
+    for limit in (5, 6, 64):
         monkeypatch.setattr(CppEmitter, "combo_kernels", ComboLimits(max_members=16, max_arguments=limit))
         got, expected, launched = foreach_lists("cpu", "cpu", count=10)
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b)
         assert all(len(k.signature) <= limit for k in launched)
         counts.append(len(launched))
-    # a size's group reads x and y, writes x in place, the sum and the product: 4 names
-    # counted (the sum, read by nobody else, is not stored in the end): 7 takes one group
-    # (the one-element size's fewer: two), 8 two, 64 all ten
-    assert counts == [9, 5, 1]
+    # a size's kernel takes 3 arguments: x (read, and written in place), y and the product
+    # (the sum, read by nobody else, is not stored: it is no argument): 5 takes one size a
+    # kernel, 6 two, 64 all ten
+    assert counts == [10, 5, 1]
 
 
 def test_combo_limits_are_checked():

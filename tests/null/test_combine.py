@@ -131,3 +131,30 @@ def test_independent_work_of_one_range_stays_within_the_argument_limit():
     # a job using a buffer of the group (the same tensor's next op) joins past the limit
     chained = jobs[:3] + [Job((8,), stores=[Store("p0", i, twice("o0", i))], roots=["p0"])]
     assert len(fuse(chained, argument_limit=6)) == 1
+
+
+def test_optimizer_order_one_group_a_tensor_however_many_tensors_share_its_size():
+    """Adam's ``foreach`` order over 120 tensors of one size: every first moment, every second
+    moment, every parameter, then the copies back (a comment before each), 960 items.  A
+    tensor's second moment shares its gradient with its first moment's group, far outside the
+    window, and must join it rather than the open group of another tensor's second moment; the
+    copies come hundreds of items later.  One group a tensor, storing its three inputs in place
+    and the intermediates (dropped later: nothing else reads them)."""
+    n = 120
+    add, mul, div = (lambda a, b, o=o: op(o, torch.float32, a, b) for o in ("add", "mul", "truediv"))
+    firsts = [Job((8,), stores=[Store(f"m1_{k}", i, add(ld(f"m{k}", i), ld(f"g{k}", i)))], roots=[f"m1_{k}"])
+              for k in range(n)]
+    seconds = [Job((8,), stores=[Store(f"v1_{k}", i, add(ld(f"v{k}", i), mul(ld(f"g{k}", i), ld(f"g{k}", i))))],
+                   roots=[f"v1_{k}"]) for k in range(n)]
+    params = [Job((8,), stores=[Store(f"p1_{k}", i, add(ld(f"p{k}", i), div(ld(f"m1_{k}", i), ld(f"v1_{k}", i))))],
+                  roots=[f"p1_{k}"]) for k in range(n)]
+    copies = []
+    for name in ("p", "m", "v"):
+        for k in range(n):
+            copies += [Comment(f"copy into {name}{k}"),
+                       Job((8,), stores=[Store(f"{name}{k}", i, ld(f"{name}1_{k}", i))], roots=[f"copy_{name}{k}"])]
+    fused = [g for g in fuse([*firsts, *seconds, *params, *copies], argument_limit=16) if isinstance(g, Group)]
+    where = {st.buffer: at for at, g in enumerate(fused) for st in g.stores}
+    for k in range(n):  # (tensors of one size share a group within the argument limit: 5 of 3 arguments)
+        assert len({where[f"{name}{k}"] for name in ("m1_", "v1_", "p1_", "p", "m", "v")}) == 1, k
+    assert len(fused) == n // 5

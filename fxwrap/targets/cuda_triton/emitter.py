@@ -168,9 +168,10 @@ class TritonEmitter(KernelEmitter):
                       "add": frozenset({torch.float32, torch.float64, torch.int32, torch.int64})}
     load_threads = 8  # ptxas is a subprocess: build in parallel
     # independent 1-D pointwise kernels as one launch, programs dispatched by id (combo.py);
-    # at most 60 arguments: native_launch.py's binding takes 64 slots, Triton's two scratch
-    # pointers among them (a kernel of more launches through the slower Python path)
-    combo_kernels = ComboLimits(max_members=32, max_arguments=60)
+    # at most 250 arguments (Inductor's foreach kernels' bound): native_launch.py's binding
+    # takes 256 slots, Triton's two scratch pointers among them; a 40-tensor Adam step (5
+    # arguments a tensor) is one launch
+    combo_kernels = ComboLimits(max_members=64, max_arguments=250)
 
     def __init__(self, target=None):
         super().__init__(target)

@@ -119,7 +119,9 @@ def grid_function(launch: TritonLaunch):
     if extra:
         terms.append(f"({extra})")
     body = " * ".join(terms) if terms else "1"
-    return eval(f"lambda {params}: {body}", dict(_HOST))  # noqa: S307 - our own expression
+    # grid_extra may name the config's block sizes (a combo kernel's blocks: ``(21 + XBLOCK - 1) // XBLOCK``)
+    names = {**_HOST, **{k: v for k, v in blocks.items() if k.isupper()}}
+    return eval(f"lambda {params}: {body}", names)  # noqa: S307 - our own expression
 
 
 def _constexprs(launch: TritonLaunch) -> dict:

@@ -32,7 +32,7 @@ log = logging.getLogger("fxwrap.kernels")
 
 _MODULE = "fxwrap_cuda_launch"
 #: the most parameter slots (pointers, sizes and Triton's scratch pointers) a launch takes here
-MAX_SLOTS = 64
+MAX_SLOTS = 256
 
 
 def source() -> str:
