@@ -19,6 +19,25 @@ of a kernel with reductions (``sum``, ``prod``, ``max``/``min``, ``argmax``/``ar
 * ``split-outer``: two kernels, the partials of each (x tile, r chunk) into workspaces,
   then their combine (``write_split``).
 
+An arg-reduction (``argmax``/``argmin``; ``max(dim)`` is one) costs a plain max's reads
+and little more arithmetic: a lane keeps the first index of its best value, replaced only
+by a strictly better later element (NaN beats any number, the first NaN stays), with the
+index in the plan's index dtype; the lanes are then finished by two plain reductions, the
+NaN-propagating max of their values and the least index among the lanes holding it
+(``arg_of_lanes``)::
+
+    _red0_take = xrmask & (_red0_accv == _red0_accv) & ~(tmp0 <= _red0_accv)
+    _red0_accv = tl.where(_red0_take, tmp0, _red0_accv)
+    _red0_acci = tl.where(_red0_take, rindex, _red0_acci)
+    ...
+    _red0_rv = tl.reduce(_red0_accv, 1, _fx_max)[:, None]
+    _red0_ri = tl.min(tl.where((_red0_accv == _red0_rv) | (_red0_accv != _red0_accv), _red0_acci, 2147483647), 1)[:, None]
+
+A lane's index starts at 0, the index of a row's first element: a lane that never took an
+element keeps its identity value (``-inf`` for argmax) there, and can only win a row whose
+every element is that value, whose answer is 0.  Split rows combine their chunks' (value,
+first index) partials the same way.
+
 A result is bound as the reduction's ``acc`` in the scope after it (``bind``): what the
 stores and later reductions read.
 """
@@ -30,10 +49,14 @@ from fxwrap.ir.loops import OpCode, Reduction, acc_key, split_stores, walk
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, Scope
 
-BIG_INDEX = 2 ** 62
-#: the jitted helper combining two values (arg-reductions: value and index pairs) of a kind
+#: the jitted helper combining two values of a kind (an arg-reduction's values: its
+#: value kind's, ``ARG_VALUE_KIND``)
 COMBINE = {"max": "_fx_max", "min": "_fx_min", "prod": "_fx_mul", "sum": "_fx_add",
-           "argmax": "_fx_argmax", "argmin": "_fx_argmin", "welford": "_fx_welford"}
+           "welford": "_fx_welford"}
+#: the plain reduction of an arg-reduction's values
+ARG_VALUE_KIND = {"argmax": "max", "argmin": "min"}
+#: no lane's index reaches it (the identity of the index ``tl.min``), per index dtype
+NO_INDEX = {"tl.int32": 2 ** 31 - 1, "tl.int64": 2 ** 62}
 
 
 def initial_value(kind: str, dtype: torch.dtype) -> str:
@@ -53,6 +76,19 @@ def initial_value(kind: str, dtype: torch.dtype) -> str:
         return 'float("-inf")' if lowest else 'float("inf")'
     info = torch.iinfo(dtype)
     return str(info.min if lowest else info.max)
+
+
+def replaces(kind: str, value: str, acc: str, dtype: torch.dtype) -> str:
+    """Whether a lane's later element ``value`` replaces its best ``acc`` so far in an
+    arg-reduction ``kind``: strictly better, or a NaN where ``acc`` is a number (ties keep
+    the earlier index; a NaN ``acc`` is never replaced)::
+
+        (_red0_accv == _red0_accv) & ~(tmp0 <= _red0_accv)
+    """
+    if not dtype.is_floating_point:
+        return f"({value} {'>' if kind == 'argmax' else '<'} {acc})"
+    not_better = "<=" if kind == "argmax" else ">="
+    return f"({acc} == {acc}) & ~({value} {not_better} {acc})"
 
 
 def accumulator_dtype(red: Reduction) -> torch.dtype:
@@ -194,11 +230,7 @@ class ReductionWriter:
             results = [base]
         elif kind in ("argmax", "argmin"):
             lines.append(f"{base}_v = tl.where(xrmask, {v}, tl.full([], {initial_value(kind, T)}, {tt}))")
-            lines.append(f"{base}_i = tl.where(xrmask, rindex.to(tl.int64), {BIG_INDEX})")
-            lines.append(f"{base}_rv, {base}_ri = tl.reduce(({base}_v, {base}_i), 1, "
-                         f"{self.combine(kind)})")
-            lines.append(f"{base}_ri = {base}_ri[:, None]")
-            lines.append(f"{base}_rv = {base}_rv[:, None]")
+            lines += self.arg_of_lanes(red, base, f"{base}_v", "rindex")
             results = [f"{base}_ri", f"{base}_rv"]
         elif kind == "welford":
             lines.append(f"{base}_n = tl.sum(tl.where(xrmask, 1.0, 0.0).to({tt}), 1)[:, None]")
@@ -236,15 +268,13 @@ class ReductionWriter:
             else:
                 fin = [f"{base} = tl.reduce({base}_acc, 1, {self.combine(kind)})[:, None]"]
             return init, upd, (fin, [base])
-        if kind in ("argmax", "argmin"):
-            fn = self.combine(kind)
+        if kind in ("argmax", "argmin"):  # (module doc)
             init += [f"{base}_accv = tl.full({full}, {initial_value(kind, T)}, {tt})",
-                     f"{base}_acci = tl.full({full}, {BIG_INDEX}, tl.int64)"]
-            upd += [f"{base}_nv, {base}_ni = {fn}({base}_accv, {base}_acci, {v}, rindex.to(tl.int64))",
-                    f"{base}_accv = tl.where(xrmask, {base}_nv, {base}_accv)",
-                    f"{base}_acci = tl.where(xrmask, {base}_ni, {base}_acci)"]
-            fin = [f"{base}_rv, {base}_ri = tl.reduce(({base}_accv, {base}_acci), 1, {fn})",
-                   f"{base}_ri = {base}_ri[:, None]", f"{base}_rv = {base}_rv[:, None]"]
+                     f"{base}_acci = tl.full({full}, 0, {self.plan.index_dtype})"]
+            upd += [f"{base}_take = xrmask & {replaces(kind, v, base + '_accv', T)}",
+                    f"{base}_accv = tl.where({base}_take, {v}, {base}_accv)",
+                    f"{base}_acci = tl.where({base}_take, rindex, {base}_acci)"]
+            fin = self.arg_of_lanes(red, base, f"{base}_accv", f"{base}_acci")
             return init, upd, (fin, [f"{base}_ri", f"{base}_rv"])
         if kind == "welford":
             fn = self.combine("welford")
@@ -269,12 +299,34 @@ class ReductionWriter:
             return init, upd, (fin, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"])
         raise CodegenError(f"reduction kind {kind!r} (kernel {self.kernel.name}, target {self.w.target_name})")
 
+    def arg_of_lanes(self, red: Reduction, base: str, values: str, indices: str) -> list[str]:
+        """The lines that finish arg-reduction ``red`` over the lanes (axis 1) of ``values``
+        and their first ``indices``: ``{base}_rv``, the NaN-propagating max (argmin: min)
+        of the values, and ``{base}_ri``, the least index among the lanes holding it, both
+        ``[XBLOCK, 1]`` (module doc)."""
+        T = accumulator_dtype(red)
+        holds = f"({values} == {base}_rv)"
+        if T.is_floating_point:  # the max is NaN only where some lane's value is
+            holds += f" | ({values} != {values})"
+        fn = self.combine(ARG_VALUE_KIND[red.kind])
+        return [f"{base}_rv = tl.reduce({values}, 1, {fn})[:, None]",
+                f"{base}_ri = tl.min(tl.where({holds}, {indices}, {NO_INDEX[self.plan.index_dtype]}), 1)[:, None]"]
+
+    def index_dtype(self) -> torch.dtype:
+        """The dtype of the lanes' indices of an arg-reduction: the plan's index dtype."""
+        return torch.int64 if self.plan.index_dtype == "tl.int64" else torch.int32
+
     def bind(self, scope: Scope, red: Reduction, results, sink: list[str]) -> None:
-        """Make ``acc(red.name, field)`` read ``results``; 16-bit results are rounded
-        (the rounding line goes to ``sink``)."""
+        """Make ``acc(red.name, field)`` read ``results``; 16-bit results are rounded, an
+        arg-reduction's int32 index widened to the int64 of its result (the line goes to
+        ``sink``)."""
         kind = red.kind
         if kind in ("argmax", "argmin"):
-            fields = {0: (results[0], torch.int64), 1: (results[1], red.value.dtype)}
+            index = results[0]
+            if self.index_dtype() != torch.int64:
+                index = f"{results[0]}64"
+                sink.append(f"{index} = {results[0]}.to(tl.int64)")
+            fields = {0: (index, torch.int64), 1: (results[1], red.value.dtype)}
         elif kind == "welford":
             fields = {i: (n, O.compute_dtype(red.dtype)) for i, n in enumerate(results)}
         elif kind in ("any", "all"):
@@ -292,18 +344,24 @@ class ReductionWriter:
     # ------------------------------------------------------------------ split-outer
     def workspace_dtypes(self) -> list[torch.dtype]:
         """The dtype of each workspace of partials (split-outer), reduction by reduction: its
-        accumulator's (``int8`` for any/all); a Welford reduction has three (mean, M2, count)."""
+        accumulator's (``int8`` for any/all); a Welford reduction has three (mean, M2, count),
+        an arg-reduction two (its first index, in the plan's index dtype, and its value)."""
         out = []
         for red in self.reductions:
             T = accumulator_dtype(red)
-            out += [T] * 3 if red.kind == "welford" else [torch.int8 if T == torch.bool else T]
+            if red.kind == "welford":
+                out += [T] * 3
+            elif red.kind in ("argmax", "argmin"):
+                out += [self.index_dtype(), T]
+            else:
+                out.append(torch.int8 if T == torch.bool else T)
         return out
 
     def workspace_slots(self) -> list[list[int]]:
         """Per reduction, the indices of its workspaces (``ws_ptr{i}``)."""
         slots, at = [], 0
         for red in self.reductions:
-            n = 3 if red.kind == "welford" else 1
+            n = {"welford": 3, "argmax": 2, "argmin": 2}.get(red.kind, 1)
             slots.append(list(range(at, at + n)))
             at += n
         return slots
@@ -374,6 +432,12 @@ class ReductionWriter:
                       f"{base}_rmean = {base}_rmean[:, None]", f"{base}_rm2 = {base}_rm2[:, None]",
                       f"{base}_rn = {base}_rn[:, None]"]
                 self.bind(top, red, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"], b)
+                continue
+            if kind in ("argmax", "argmin"):  # the chunks' (first index, value) partials
+                b.append(f"{base}_pi = {parts[0]}")
+                b.append(f"{base}_pv = {parts[1]}")
+                b += self.arg_of_lanes(red, base, f"{base}_pv", f"{base}_pi")
+                self.bind(top, red, [f"{base}_ri", f"{base}_rv"], b)
                 continue
             part = parts[0]
             if kind == "sum":
