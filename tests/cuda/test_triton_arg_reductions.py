@@ -145,6 +145,25 @@ def test_gpu_argmax_over_rows_is_a_plain_max_with_lane_indices(shape, dtype, pla
             assert "torch.int32" in k.launch.workspace_dtypes
 
 
+@pytest.mark.parametrize("shape", [(6, 37), (5, 301)], ids=str)
+def test_softmax_and_argmax_share_the_row_max(shape):
+    """A softmax's row max and an argmax of the same rows are one reduction (the softmax reads
+    the argmax lanes' max): numbers with NaNs, ties and infinite rows."""
+    x = special_rows(shape, torch.bfloat16)
+    check(lambda x: (torch.softmax(x, -1), x.argmax(-1), *x.max(-1)), (x,), tol=dict(rtol=0, atol=0))
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.max(-1), lambda x: (torch.softmax(x, -1), x.argmax(-1))],
+                         ids=["max_dim", "softmax_argmax"])
+def test_gpu_max_values_come_from_the_argmax_lanes(fn):
+    """``x.max(-1)``'s values (and a softmax's max beside an argmax) are the argmax lanes' max:
+    one reduction of the row's values, not a plain max accumulated beside the argmax."""
+    (k,) = _gpu_kernels(fn, torch.empty(4096, 32000, dtype=torch.bfloat16))
+    src = k.source
+    assert src.count("_take = ") == 1
+    assert src.count("tl.reduce(") == 1 and "_fx_max(_red" not in src
+
+
 def test_gpu_column_argmax_splits_like_a_column_max():
     """``x.argmax(0)`` of few columns and many rows takes the split-outer plan a column
     ``amax`` takes (before, arg-reductions were never split: one program per column tile)."""

@@ -36,7 +36,9 @@ NaN-propagating max of their values and the least index among the lanes holding 
 A lane's index starts at 0, the index of a row's first element: a lane that never took an
 element keeps its identity value (``-inf`` for argmax) there, and can only win a row whose
 every element is that value, whose answer is 0.  Split rows combine their chunks' (value,
-first index) partials the same way.
+first index) partials the same way.  A plain max (min) of the same values in the kernel
+(``x.max(dim)``'s values, a softmax's max beside an argmax) is read from ``_rv``, not
+reduced again (``computed_by``; plans ``persistent`` and ``looped``).
 
 A result is bound as the reduction's ``acc`` in the scope after it (``bind``): what the
 stores and later reductions read.
@@ -148,21 +150,33 @@ class ReductionWriter:
         if p.kind == "persistent":
             out += ["rindex = rbase", "rmask = rindex < rnumel", "xrmask = xmask & rmask",
                     *w.decompose("rindex", p.groups["r"], p.ranges["r"])]
+            written: set[str] = set()
             for red in self.reductions:
-                self.persistent(top, red)
+                computed = self.computed_by(red)
+                if computed.name not in written:
+                    self.persistent(top, computed)
+                    written.add(computed.name)
+                if computed is not red:
+                    self.bind(top, red, [f"{w.reduction_local(computed)}_rv"], top.lines)
             for st in r_stores:
                 w.store(top, st, ("x", "r"))
             for st in x_stores:
                 w.store(top, st, ("x",))
             return w.with_zeros(out + top.lines)
+        written = set()
         for group in self.passes():
             init, update, finish = [], [], []
             loop = Scope(top, provides=rnames)
             for red in group:
-                a, b, c = self.looped(loop, red)
-                init += a
-                update += b
-                finish.append((red, c))
+                computed = self.computed_by(red)
+                if computed.name not in written:
+                    a, b, c = self.looped(loop, computed)
+                    init += a
+                    update += b
+                    finish.append((computed, c))
+                    written.add(computed.name)
+                if computed is not red:
+                    finish.append((red, ([], [f"{w.reduction_local(computed)}_rv"])))
             out += top.lines
             top.lines.clear()
             out += init
@@ -180,6 +194,22 @@ class ReductionWriter:
         for st in x_stores:
             w.store(top, st, ("x",))
         return w.with_zeros(out + top.lines)
+
+    def computed_by(self, red: Reduction) -> Reduction:
+        """The reduction whose lines give ``red``'s result in plans ``persistent`` and
+        ``looped``: ``red`` itself, or, for a plain max (min) of the values an argmax
+        (argmin) of the kernel reduces (``x.max(dim)``: its values and its indices), that
+        arg-reduction, whose lanes' max is the same number: one reduction, written where
+        the first of the two comes, and the max bound to its ``_rv``."""
+        if red.kind not in ("max", "min"):
+            return red
+        value = red.value
+        for arg in self.reductions:
+            if arg.kind in ARG_VALUE_KIND and ARG_VALUE_KIND[arg.kind] == red.kind \
+                    and accumulator_dtype(arg) == accumulator_dtype(red) \
+                    and (value == arg.value or value.op == OpCode.CAST and value.src[0] == arg.value):
+                return arg
+        return red
 
     def passes(self) -> list[list[Reduction]]:
         """The kernel's reductions in loops over the row: a reduction joins the loop before
