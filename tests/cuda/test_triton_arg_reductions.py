@@ -84,6 +84,17 @@ def test_sampling_epilogue_max_of_softmax():
     assert _externs(program) == []
 
 
+@pytest.mark.parametrize("fn", [lambda x: x.max(-1).values * 2, lambda x: x.min(0).values],
+                         ids=["max_values", "min_values"])
+def test_values_only_compute_no_indices(fn):
+    """Where only the values of ``x.max(dim)`` are used, the kernel reduces a plain max: the
+    arg-reduction, whose index nothing stores, is dropped (``scheduler.read_reductions``)."""
+    x = special_rows((6, 301), torch.float32)
+    ks = check(fn, (x,), tol=dict(rtol=0, atol=0))
+    reductions = [ln for k in ks for ln in k.source.splitlines() if ln.startswith("# reduction acc")]
+    assert reductions and not any(": arg" in ln for ln in reductions), reductions
+
+
 def _externs(program) -> list[str]:
     return [str(n.target) for n in program.graph_module.graph.nodes
             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
