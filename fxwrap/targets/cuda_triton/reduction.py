@@ -38,7 +38,7 @@ element keeps its identity value (``-inf`` for argmax) there, and can only win a
 every element is that value, whose answer is 0.  Split rows combine their chunks' (value,
 first index) partials the same way.  A plain max (min) of the same values in the kernel
 (``x.max(dim)``'s values, a softmax's max beside an argmax) is read from ``_rv``, not
-reduced again (``computed_by``; plans ``persistent`` and ``looped``).
+reduced again (``computed_by``; in a split, the max's partials are the arg-reduction's).
 
 A result is bound as the reduction's ``acc`` in the scope after it (``bind``): what the
 stores and later reductions read.
@@ -196,8 +196,7 @@ class ReductionWriter:
         return w.with_zeros(out + top.lines)
 
     def computed_by(self, red: Reduction) -> Reduction:
-        """The reduction whose lines give ``red``'s result in plans ``persistent`` and
-        ``looped``: ``red`` itself, or, for a plain max (min) of the values an argmax
+        """The reduction whose lines give ``red``'s result (a split: its partials): ``red`` itself, or, for a plain max (min) of the values an argmax
         (argmin) of the kernel reduces (``x.max(dim)``: its values and its indices), that
         arg-reduction, whose lanes' max is the same number: one reduction, written where
         the first of the two comes, and the max bound to its ``_rv``."""
@@ -422,6 +421,10 @@ class ReductionWriter:
         loop = Scope(top, provides=rnames)
         init, update, finish = [], [], []
         for red in self.reductions:
+            computed = self.computed_by(red)
+            if computed is not red:  # its partial is the arg-reduction's (stored after it, below)
+                finish.append(([], [f"{w.reduction_local(computed)}_rv"]))
+                continue
             i, u, f = self.looped(loop, red)
             init += i
             update += u
@@ -434,12 +437,15 @@ class ReductionWriter:
         a += init
         a += w.row_loop(loop, update, start="rstart", end="rend")
         dtypes = self.workspace_dtypes()
-        for (fin_lines, results), slots in zip(finish, self.workspace_slots()):
+        shared = []  # the stores of reductions computed by another, after every result
+        for red, (fin_lines, results), slots in zip(self.reductions, finish, self.workspace_slots()):
             a += fin_lines
             for i, v in zip(slots, results):  # a Welford reduction's mean, M2 and count
                 if dtypes[i] == torch.int8:
                     v = f"{v}.to(tl.int8)"
-                a.append(f"tl.store(ws_ptr{i} + (split * xnumel + xindex), {v}, xmask)")
+                line = f"tl.store(ws_ptr{i} + (split * xnumel + xindex), {v}, xmask)"
+                (shared if self.computed_by(red) is not red else a).append(line)
+        a += shared
         body_a = casts + w.with_zeros(a)
         # ---- kernel B: each program loads the [XBLOCK, NSPLIT] tile of partials of its x
         # (one load, NSPLIT a power of two) and reduces it along the splits: a fixed tree
