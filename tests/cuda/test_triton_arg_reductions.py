@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fxwrap
+
 from fxwrap.testing.offline_cuda import offline_programs
 from offline_sass import row_loop_instructions, instructions, sm90_sass, unavailable
 from triton_helpers import DEVICE, GPU, check, compiled, kernels
@@ -118,6 +120,20 @@ def test_max_over_a_dim_is_one_kernel_on_the_target(fn):
     (program,) = programs
     assert _externs(program) == []
     assert len(_kernels(program)) == 1
+
+
+def test_the_cpu_target_keeps_atens_max_dim():
+    """``x.max(dim)`` is one kernel only on targets that opt in (the Triton ones: the rule is not
+    a default): on the C++ target the values and indices stay ATen's ``max.dim``, 2.7x faster
+    at one thread than the C++ kernel's max and argmax of a 2048x4096 float32 (56 vs 21 ms)."""
+    x = torch.randn(16, 301)
+    programs = []
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x.max(-1), backend=fxwrap.Backend("cpu", {"on_program": programs.append}))
+    for got, want in zip(f(x), x.max(-1)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    (program,) = programs
+    assert _externs(program) == ["aten.max.dim_max"] and _kernels(program) == []
 
 
 # -- the GPU's kernels (rendered offline) ------------------------------------------------------
