@@ -4,11 +4,18 @@
     PYTHONPATH=. python benchmarks/compile_profile.py --model swin_t --target triton-interpret --no-inductor
     PYTHONPATH=. python benchmarks/compile_profile.py --model swin_t --target cpu --cprofile 30
     python benchmarks/compile_profile.py --model swin_t --device cuda --target cuda   # the GPU's sizes
+    PYTHONPATH=. python benchmarks/compile_profile.py --model llama --variant training-amp --target cuda-offline \
+        --no-inductor --cprofile 40   # a training step's two graphs, the GPU's kernels rendered
 
 Each compile runs in a fresh process with an empty cache directory and the whole-graph caches
 off (fxwrap's program cache and warm-start cache, Inductor's FX graph and AOTAutograd caches),
-one thread.  The model is the suite's small CPU one (``benchmarks/suite_models.py``), inference;
-with ``--device cuda`` the suite's GPU size (Swin-T: 32 images), as ``benchmarks/models.py`` runs it.
+one thread.  The model is the suite's small CPU one (``benchmarks/suite_models.py``); with
+``--device cuda`` the suite's GPU size (Swin-T: 32 images), as ``benchmarks/models.py`` runs it.
+``--variant``: ``inference-fp32`` (default), or a training step (forward and backward of the
+loss, both graphs compiled): ``training-fp32``, ``training-amp`` (under ``torch.autocast`` to
+bfloat16).  ``--target cuda-offline``: the kernels the ``cuda`` target renders (its plans, no
+autotuning) on CPU tensors, never compiled; their launches zero the outputs, so a training step
+goes on to its backward.
 
 * ``fxwrap``: the first call of ``torch.compile(model, backend="fxwrap")``; its own time
   (``compile_aten_graph``) split into phases (``fxwrap.core.logs.PhaseTimer``), summed over
@@ -32,6 +39,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+VARIANTS = ("inference-fp32", "training-fp32", "training-amp")
 
 
 class _Compiled(Exception):
@@ -53,30 +61,60 @@ def _import_torchvision() -> None:
         pass
 
 
-def _step(model_name: str, device: str, compile_model):
-    """One inference call of suite model ``model_name`` at ``device``'s size, compiled by ``compile_model``."""
+def _step(model_name: str, device: str, compile_model, variant: str = "inference-fp32"):
+    """One step of suite model ``model_name`` at ``device``'s size, compiled by ``compile_model``:
+    an inference call, or for ``training-*`` variants forward and backward of the loss
+    (``training-amp``: under ``torch.autocast`` to bfloat16, as ``benchmarks/models.py`` steps it)."""
     import torch
     import suite_models
 
-    if device == "cpu":
-        return suite_models.cpu_step(model_name, "inference-fp32", compile_model)
+    training, amp = variant.startswith("training"), variant == "training-amp"
     entry = next(m for m in suite_models.MODELS if m.name == model_name)
     torch.manual_seed(0)
-    model, make_inputs, _ = entry.build(device, "large")
-    model = model.to(device).eval()
+    model, make_inputs, loss_fn = entry.build(device, "small" if device == "cpu" else "large")
+    model = model.to(device).train(training)
     inputs = make_inputs(1)
     compiled = compile_model(model)
 
     def step():
-        with torch.no_grad():
-            compiled(*inputs)
+        if training:
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+                loss = loss_fn(compiled(*inputs))
+            loss.backward()
+        else:
+            with torch.no_grad():
+                compiled(*inputs)
         if device == "cuda":
             torch.cuda.synchronize()
     return step
 
 
+def _offline_backend(options: dict):
+    """``cuda-offline``: kernels rendered as the ``cuda`` target renders them (the GPU's plans,
+    no autotuning) on CPU tensors, never compiled by Triton; each launch zeroes its outputs
+    (indices stay in bounds), so a training step reaches its backward's compile."""
+    from fxwrap.api import Backend
+    from fxwrap.targets.base import DirectCallWrapper, Target
+    from fxwrap.targets.host.device import CpuDevice
+    from fxwrap.testing.offline_cuda import OfflineTritonEmitter
+
+    class SkippingEmitter(OfflineTritonEmitter):
+        def load(self, source):
+            n_in = sum(arg.role == "input" for arg in source.signature)
+            n_out = len(source.signature) - n_in - sum(arg.role == "size" for arg in source.signature)
+
+            def zero_outputs(*args):
+                for out in args[n_in:n_in + n_out]:
+                    out.zero_()
+            return zero_outputs
+
+    target = Target("cuda-offline", "cpu", CpuDevice(), SkippingEmitter, DirectCallWrapper,
+                    options={"interpret": False, "autotune": False})
+    return Backend(target, {k: v for k, v in options.items() if k != "target"})
+
+
 def child(backend: str, model_name: str, target: str, compile_only: bool, cprofile: int,
-          device: str = "cpu") -> dict:
+          device: str = "cpu", variant: str = "inference-fp32") -> dict:
     import torch
 
     if device == "cpu":
@@ -127,10 +165,13 @@ def child(backend: str, model_name: str, target: str, compile_only: bool, cprofi
             return program
         api.compile_aten_graph = timed
         options = {"cache": False, "target": target}
-        compile_model = lambda model: torch.compile(model, backend="fxwrap", options=options)  # noqa: E731
+        if target == "cuda-offline":
+            compile_model = lambda model: torch.compile(model, backend=_offline_backend(options))  # noqa: E731
+        else:
+            compile_model = lambda model: torch.compile(model, backend="fxwrap", options=options)  # noqa: E731
     else:
         compile_model = torch.compile
-    step = _step(model_name, device, compile_model)
+    step = _step(model_name, device, compile_model, variant)
     start, used = time.perf_counter(), _cpu_seconds()
     try:
         step()
@@ -181,16 +222,20 @@ def main(argv=None) -> int:
                         help="compile the first graph, do not run (default for triton-interpret)")
     parser.add_argument("--cprofile", type=int, default=0, help="show the N functions of most cumulative time")
     parser.add_argument("--device", default="cpu", help="cpu: the suite's small size; cuda: its GPU size")
+    parser.add_argument("--variant", default="inference-fp32", choices=VARIANTS,
+                        help="training-*: forward and backward of the loss (both graphs compiled); "
+                             "training-amp: under autocast to bfloat16")
     parser.add_argument("--no-inductor", action="store_true")
-    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        backend, model, target, compile_only, cprofile, device = args.child
-        print(json.dumps(child(backend, model, target, compile_only == "1", int(cprofile), device)))
+        backend, model, target, compile_only, cprofile, device, variant = args.child
+        print(json.dumps(child(backend, model, target, compile_only == "1", int(cprofile), device, variant)))
         return 0
     compile_only = args.compile_only or args.target == "triton-interpret"
-    fx = _spawn(["fxwrap", args.model, args.target, "1" if compile_only else "0", str(args.cprofile), args.device])
-    print(f"# {args.model} inference on {args.device}, target {args.target}, caches off"
+    fx = _spawn(["fxwrap", args.model, args.target, "1" if compile_only else "0", str(args.cprofile), args.device,
+                 args.variant])
+    print(f"# {args.model} {args.variant} on {args.device}, target {args.target}, caches off"
           f"{', compile only (model not run)' if compile_only else ''}")
     print(f"fxwrap    first call {fx['first_s']:7.2f} s   own (compile_aten_graph) {fx['own_s']:6.2f} s   "
           f"(thread CPU {fx['own_cpu_s']:6.2f} s)   graphs {fx['graphs']}  wrapper lines {fx['lines']}")
@@ -198,7 +243,7 @@ def main(argv=None) -> int:
     for name, seconds in sorted(fx["phases"].items(), key=lambda kv: -kv[1]):
         print(f"    {name:<28} {seconds:7.3f} s")
     if not args.no_inductor:
-        ind = _spawn(["inductor", args.model, args.target, "0", "0", args.device])
+        ind = _spawn(["inductor", args.model, args.target, "0", "0", args.device, args.variant])
         print(f"inductor  first call {ind['first_s']:7.2f} s")
         print(f"          CPU {ind['cpu_s']:6.2f} s in the process, {ind['compilers_cpu_s']:6.2f} s in compilers")
     if fx["top"]:

@@ -206,6 +206,7 @@ class Backend:
         warm = None if lowering else GraphCompile.start(gm, example_inputs, session)
         if warm is not None and (runner := warm.load(options.on_program)) is not None:
             return runner, warm, options
+        session.new_emitter().prepare()  # e.g. compiler processes started while AOTAutograd traces
 
         def compile_graph(aten_gm, aten_inputs, kind):
             program = compile_aten_graph(aten_gm, session, kind, example_inputs=aten_inputs)

@@ -162,6 +162,12 @@ def follow_input_layouts(gm: torch.fx.GraphModule, example_inputs: Sequence,
     return [n.name for n in restrided]
 
 
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether fake values ``a`` and ``b`` have one size, stride, offset and dtype."""
+    return _static(a) and _static(b) and \
+        (a.shape, a.stride(), a.storage_offset(), a.dtype) == (b.shape, b.stride(), b.storage_offset(), b.dtype)
+
+
 def _static(val: torch.Tensor) -> bool:
     return all(isinstance(s, int) for s in (*val.shape, *val.stride()))
 
@@ -208,12 +214,17 @@ def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: 
     if not propagate(candidate, fake_mode, input_values):
         return False
     # a clone whose input the propagation made channels-last already is a copy for nothing
-    # (the relu after a converted convolution, feeding the next one): drop it, propagate again
+    # (the relu after a converted convolution, feeding the next one): drop it.  Where the
+    # clone gave exactly its input's layout (the usual case) every value after it stays as
+    # propagated; only a clone that changed the strides (sizes for which two layouts are both
+    # channels-last) means propagating again (a whole-graph FakeTensorProp: a third of a
+    # convolutional network's training compile on the host)
     needless = [c for c in clones if _is_channels_last(c.args[0].meta["val"])]
+    same_layout = all(_same_layout(c.meta["val"], c.args[0].meta["val"]) for c in needless)
     for clone in needless:
         clone.replace_all_uses_with(clone.args[0])
         graph.erase_node(clone)
-    if needless and not propagate(candidate, fake_mode, input_values):
+    if needless and not same_layout and not propagate(candidate, fake_mode, input_values):
         return False
 
     if not restore_traced_outputs(graph, traced, saved_outputs, "channels-last layout"):

@@ -31,6 +31,7 @@ one store.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -111,9 +112,12 @@ def _expand(index):
     return index if is_indirect(index) else sympy.expand(index)
 
 
-def loads_of(op: Op) -> list[tuple[str, sympy.Expr]]:
-    """``(buffer, index)`` of every distinct load under ``op``, in walk order."""
-    return [load_key(n) for n in walk(op) if n.op == OpCode.LOAD]
+@functools.lru_cache(maxsize=1 << 16)
+def loads_of(op: Op) -> tuple[tuple[str, sympy.Expr], ...]:
+    """``(buffer, index)`` of every distinct load under ``op``, in walk order.  Memoized (ops
+    are interned and immutable): fusion asks it of a group's values again at every job that
+    tries to join the group, each time a walk of the whole expression."""
+    return tuple(load_key(n) for n in walk(op) if n.op == OpCode.LOAD)
 
 
 def store_reads(stores) -> set[str]:

@@ -297,6 +297,11 @@ class KernelEmitter:
     def load(self, source: KernelSource) -> Callable:
         raise NotImplementedError(f"{type(self).__name__} cannot load kernels yet")
 
+    def prepare(self) -> None:
+        """A compile for this target begins (``api.Backend``, before AOTAutograd traces the
+        graphs): start what loading kernels will need, so that it is ready by then (the Triton
+        emitter's compile worker processes); nothing by default."""
+
     def load_ahead(self, sources: list[KernelSource]) -> None:
         """Before ``load`` of each of ``sources`` (a program's kernels, known at once): build
         what those loads need in fewer, larger steps (the C++ emitter compiles the kernels

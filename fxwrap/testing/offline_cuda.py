@@ -32,7 +32,10 @@ class _Compiled(Exception):
 
 class OfflineTritonEmitter(TritonEmitter):
     """The Triton emitter with GPU plans whose kernels are never loaded: ``load(source)`` gives a
-    launcher that refuses to run (``offline_programs`` stops before any call)."""
+    launcher that refuses to run (``offline_programs`` stops before any call).  No compile
+    workers: nothing is compiled."""
+
+    compile_workers = 0
 
     def load(self, source):
         def not_runnable(*args):

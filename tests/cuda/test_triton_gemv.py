@@ -65,7 +65,7 @@ def full_precision_cublas_reductions():
     """Eager's reference without cuBLAS's bf16/fp16 split-K reductions (on by default): with
     them a bf16 product of 2-8 rows and K = 1000 was 0.05-0.15 off the float32 result in a few
     elements on the H200, more than the GEMV's own rounding, so the comparison judged eager's
-    error.  (Not shown on a GPU yet: see ``gemv.DOT_FORM_ON_GPU``.)"""
+    error (shown on the H200: with them off, every test here passes with ``FORM_DOT``)."""
     matmul = torch.backends.cuda.matmul
     saved = matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction
     matmul.allow_bf16_reduced_precision_reduction = matmul.allow_fp16_reduced_precision_reduction = False
@@ -335,7 +335,7 @@ def only_form(monkeypatch, form, dtype):
     the table offers ``FORM_DOT`` to 16-bit activations only: float32 ones skip it there)."""
     if GPU and form == gemv.FORM_DOT and dtype == f32:
         pytest.skip("the table offers FORM_DOT to 16-bit activations only (gemv_configs)")
-    monkeypatch.setattr(gemv, "DOT_FORM_ON_GPU", True)  # the form under test, off by default on a GPU
+    monkeypatch.setattr(gemv, "DOT_FORM_ON_GPU", True)  # the form under test (FXWRAP_GEMV_DOT=0 turns it off)
     monkeypatch.setattr(gemv, "INTERPRET_FORM", form)
     table = gemv.gemv_configs
     monkeypatch.setattr(gemv, "gemv_configs",
@@ -440,8 +440,9 @@ def test_few_row_tilings_by_band(monkeypatch):
         return TemplateCall(INT8_MM, "mm", (x, w), out, sizes, tuple((d, int(v)) for d, v in sizes))
 
     assert [band.rows for band in gemv.GEMV_BANDS] == [1, 2, 4, 8] and gemv.MAX_ROWS == 8
+    monkeypatch.setattr(gemv, "DOT_FORM_ON_GPU", False)  # FXWRAP_GEMV_DOT=0
     assert gemv.FORM_DOT not in {c.form for c in gemv.gemv_configs(call(4, 4096, 14336, bf16), interpret=False)}
-    monkeypatch.setattr(gemv, "DOT_FORM_ON_GPU", True)  # FXWRAP_GEMV_DOT=1
+    monkeypatch.setattr(gemv, "DOT_FORM_ON_GPU", True)  # the default
     for rows in range(2, 9):
         assert gemv.row_band(rows).rows == next_pow2(rows)
         configs = gemv.gemv_configs(call(rows, 4096, 14336, bf16), interpret=False)

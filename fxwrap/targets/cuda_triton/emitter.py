@@ -61,6 +61,8 @@ from fxwrap.runtime.launch import TritonLaunch, UserTritonLaunch
 from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, Workspace, kernel_function_name,
                                   kernel_header, kernel_signature)
 from fxwrap.targets.cuda_triton import ops as O
+from fxwrap.targets.cuda_triton.compile_workers import CompileUnit, compile_workers, default_count
+from fxwrap.targets.cuda_triton.launcher import SequenceLauncher, SplitLauncher, split_launches
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
 from fxwrap.targets.cuda_triton.combo import render_triton_combo
@@ -78,6 +80,7 @@ log = logging.getLogger("fxwrap")
 # function names (the repeated blocks of a model) compile and autotune once.
 _LAUNCHERS: dict[tuple, object] = {}
 _TUNED: dict[tuple, tuple] = {}
+_BUILDING: dict[tuple, threading.Event] = {}  # launchers being built: a second thread waits for the first
 _CACHE_LOCK = threading.Lock()
 _DEFAULT_DEVICE = CudaDevice()
 
@@ -106,6 +109,16 @@ def _launch_key(text: str, launch: TritonLaunch, device) -> tuple:
     return (body_digest(text, launch), tuple(launch.config), launch.combine_config,
             tuple(launch.pointer_dtypes), tuple(launch.workspace_dtypes), tuple(launch.numels),
             tuple(launch.size_symbols), launch.pointers, bool(launch.interpret), index)
+
+
+def _compiled_launches(launch: TritonLaunch) -> list[TritonLaunch]:
+    """The launches whose functions binding ``launch`` compiles: a split scan's parts, a
+    split-outer reduction's partials and combine, else ``launch`` itself."""
+    if launch.parts:
+        return list(launch.parts)
+    if launch.plan == "split-outer":
+        return list(split_launches(launch))
+    return [launch]
 
 
 def clear_caches() -> None:
@@ -210,7 +223,10 @@ class TritonEmitter(KernelEmitter):
         return kernel.in_place_pairs()
 
     def render_combo(self, kernel: ComboKernel) -> KernelSource | None:
-        return render_triton_combo(self, kernel)
+        source = render_triton_combo(self, kernel)
+        if source is not None:  # to the compile workers now, as a plain kernel is
+            self._compile_ahead(source.text, source.launch, [source.launch.config])
+        return source
 
     def render(self, kernel: ScheduledKernel) -> KernelSource:
         for red in kernel.reductions:
@@ -305,6 +321,8 @@ class TritonEmitter(KernelEmitter):
             launch.workspace_dtypes = tuple(str(d) for d in partial_dtypes)
             launch.nsplit = dict(configs[0])["NSPLIT"]
         source = KernelSource(kernel.name, text, self.language, self.signature(kernel), launch, workspaces)
+        tuned = self.autotune and len(configs) > 1 and self._device(kernel) is not None
+        self._compile_ahead(text, launch, configs if tuned else [launch.config], urgent=tuned)
         if self.autotune and len(configs) > 1:
             self._tune(source, kernel, configs)
         if plan.kind == "split-outer":  # the partials' workspaces, sized by the NSPLIT chosen
@@ -439,6 +457,38 @@ class TritonEmitter(KernelEmitter):
         with ThreadPoolExecutor(threads, thread_name_prefix="fxwrap-compile") as pool:
             list(pool.map(build, configs))
 
+    # ------------------------------------------------------------------ compile workers
+    @property
+    def compile_workers(self) -> int:
+        """How many Triton compile worker processes the process keeps (``compile_workers.py``)."""
+        return default_count(self.interpret)
+
+    def prepare(self) -> None:
+        """Start the compile workers (their imports take seconds: begun before AOTAutograd)."""
+        compile_workers(self.compile_workers)
+
+    def load_ahead(self, sources: list) -> None:
+        """Every kernel of a program about to be loaded, to the compile workers (those not given
+        them at render: combos, template candidates)."""
+        for source in sources:
+            if isinstance(source.launch, TritonLaunch):
+                self._compile_ahead(source.text, source.launch, [source.launch.config])
+
+    def _compile_ahead(self, text: str, launch: TritonLaunch, configs, urgent: bool = False) -> None:
+        """Each compile that binding ``launch`` with each of ``configs`` will make, to the
+        compile workers (one job per body, config and device: ``_launch_key``)."""
+        workers = compile_workers(self.compile_workers)
+        if workers is None:
+            return
+        device = None
+        if not launch.interpret:
+            index = launch.device_index
+            device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
+        for config in configs:
+            for unit in _compiled_launches(launch.replace(config=config)):
+                workers.submit(_launch_key(text, unit, device),
+                               CompileUnit(text, unit.symbol, unit, tuple(unit.pointer_dtypes)), urgent=urgent)
+
     # ------------------------------------------------------------------ load
     def load(self, source: KernelSource):
         """Import the module and bind a launcher for ``source.launch.config`` on the
@@ -473,34 +523,49 @@ class TritonEmitter(KernelEmitter):
         return saved.cubin_loader_of(kernel)
 
     def _bind(self, text: str, launch: TritonLaunch, device):
-        """A launcher for ``launch.config``, shared by every kernel with the same body."""
-        from fxwrap.targets.cuda_triton.launcher import SequenceLauncher, SplitLauncher, split_launches
-
+        """A launcher for ``launch.config``, shared by every kernel with the same body: built
+        once, also where several threads ask for it at once (the repeated layers of a model
+        loaded together)."""
         if device is None and not launch.interpret:
             device = torch.device("cuda", torch.cuda.current_device())
         key = _launch_key(text, launch, device)
-        with _CACHE_LOCK:
-            hit = _LAUNCHERS.get(key)
-        if logs.enabled("cache"):
-            logs.logger("cache").debug("%s: %s", launch.symbol, "in-process launcher hit (same body)"
-                                       if hit is not None else "miss, loading the module")
-        if hit is not None:
-            return hit
-        if launch.parts:
-            launcher = SequenceLauncher([self._bind_one(text, part, device) for part in launch.parts])
-        elif launch.plan == "split-outer":
-            partial, combine = split_launches(launch)
-            launcher = SplitLauncher(self._bind_one(text, partial, device), self._bind_one(text, combine, device),
-                                     launch)
-        else:
-            launcher = self._bind_one(text, launch, device)
-        with _CACHE_LOCK:
-            return _LAUNCHERS.setdefault(key, launcher)
+        while True:
+            with _CACHE_LOCK:
+                hit = _LAUNCHERS.get(key)
+                building = _BUILDING.get(key) if hit is None else None
+                if hit is None and building is None:
+                    _BUILDING[key] = mine = threading.Event()
+            if logs.enabled("cache"):
+                logs.logger("cache").debug("%s: %s", launch.symbol, "in-process launcher hit (same body)"
+                                           if hit is not None else "miss, loading the module" if building is None
+                                           else "being loaded by another thread: waiting for it")
+            if hit is not None:
+                return hit
+            if building is None:
+                break
+            building.wait()  # then the launcher it built (or, where it failed, build it here)
+        try:
+            units = [self._bind_one(text, unit, device) for unit in _compiled_launches(launch)]
+            if launch.parts:
+                launcher = SequenceLauncher(units)
+            elif launch.plan == "split-outer":
+                launcher = SplitLauncher(*units, launch)
+            else:
+                (launcher,) = units
+            with _CACHE_LOCK:
+                return _LAUNCHERS.setdefault(key, launcher)
+        finally:
+            with _CACHE_LOCK:
+                del _BUILDING[key]
+            mine.set()
 
     def _bind_one(self, text: str, launch: TritonLaunch, device):
         from fxwrap.targets.cuda_triton.launcher import InterpretedLauncher, bind_compiled, load_module
 
         interpret = bool(launch.interpret)
+        workers = compile_workers(self.compile_workers)
+        if workers is not None:  # a worker that began this compile: Triton's disk cache has it after
+            workers.claim(_launch_key(text, launch, device))
         mod = load_module(text, launch.symbol, interpret)
         fn = getattr(mod, launch.symbol)
         if interpret:

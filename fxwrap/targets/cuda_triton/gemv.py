@@ -188,14 +188,13 @@ MAX_ROWS = GEMV_BANDS[-1].rows
 #: the form the interpreter runs for two rows or more (one tiling there; tests set the others)
 INTERPRET_FORM = FORM_PARTIAL
 
-#: ``FORM_DOT`` on a GPU, off unless ``FXWRAP_GEMV_DOT=1``: on the H200 (2026-11-29, Triton 3.6)
-#: the few-row tests failed where the dot form was the tiling kept (a few elements of bf16
-#: results 0.05-0.15 off eager's: 1 of 420 at K = 50, up to 17 of 2400 at K = 1000; the one-row
-#: kernel, float32 and the other forms passed).  The likely cause is eager's reference (cuBLAS
-#: reduces split-K partial sums in bf16 by default), which the tests now exclude, but that was
-#: not shown on a GPU: until it is, the forms whose results were shown right are the default.
-#: The dot form is what reaches 2.9 TB/s from 4 rows on (``benchmarks/gemv.py``).
-DOT_FORM_ON_GPU = os.environ.get("FXWRAP_GEMV_DOT", "0") == "1"
+#: ``FORM_DOT`` on a GPU, on unless ``FXWRAP_GEMV_DOT=0``.  It was off for a session: on the H200
+#: (2026-11-29, Triton 3.6) few-row bf16 tests failed where it was the tiling kept (a few
+#: elements 0.05-0.15 off eager's at K = 1000).  The cause was eager's reference: cuBLAS reduces
+#: split-K partial sums in bf16 by default.  With those reductions off in the tests' reference,
+#: every few-row test passed with the dot form on the H200 (tests/cuda/test_triton_gemv.py, 112
+#: passed).  The dot form is what reaches 2.9 TB/s from 4 rows on (``benchmarks/gemv.py``).
+DOT_FORM_ON_GPU = os.environ.get("FXWRAP_GEMV_DOT", "1") != "0"
 
 
 def static_rows(call: TemplateCall) -> int | None:

@@ -37,6 +37,8 @@ parameters, so one source serves every config; the plan only fixes the structure
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 
 import sympy
@@ -82,7 +84,15 @@ class Plan:
 
 
 def _coeff(index, var):
-    index = sympy.sympify(index)
+    """The constant step of ``index`` along loop variable ``var`` (0 where it does not use it),
+    or None where the step is not constant."""
+    return _step(sympy.sympify(index), var)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _step(index: sympy.Expr, var: sympy.Symbol):
+    """``_coeff`` of a sympy index, memoized: the equal kernels of a model's repeated layers
+    (and each kernel's several plans) ask it of the same indices."""
     if var not in index.free_symbols:
         return 0
     d = sympy.diff(index, var)
