@@ -205,6 +205,17 @@ def make_colsum(device, size):
     return Case(colsum_fn, (x,), _shape(x), rtol=1e-4, atol=1e-3, memory_bound=True)
 
 
+def argmax_rows_fn(x):
+    return x.argmax(-1)
+
+
+def make_argmax_rows(device, size):
+    """Greedy decoding's argmax over logits: bf16 rows of a 32000-token vocabulary on the GPU."""
+    rows, cols = _pick(size, (64, 1000), (512, 32000), (4096, 32000))
+    x = torch.randn(rows, cols, device=device).to(torch.bfloat16 if device == "cuda" else torch.float32)
+    return Case(argmax_rows_fn, (x,), _shape(x), rtol=0, atol=0, memory_bound=True)
+
+
 def gelu_mlp_fn(x, w1, b1, w2, b2):
     return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
 
@@ -263,6 +274,7 @@ WORKLOADS = [
     Workload("layer_norm_bf16", "layer_norm(x, w, b) bf16", make_layer_norm(torch.bfloat16)),
     Workload("rmsnorm_residual_bf16", "h=x+r; (rmsnorm(h)*w, h) bf16, fp32 math", make_rmsnorm),
     Workload("colsum", "x.sum(0)", make_colsum),
+    Workload("argmax_rows", "x.argmax(-1) of logits (bf16 on cuda)", make_argmax_rows),
     Workload("gelu_mlp", "linear -> gelu -> linear", make_gelu_mlp),
     Workload("attention", "softmax(q@k^T/sqrt(d))@v, written out", make_attention),
     Workload("mlp_train", "MLP forward + mse loss + backward (whole step)", make_mlp_train),

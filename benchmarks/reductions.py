@@ -15,6 +15,11 @@ Cases (the shapes vision nets reduce; batch 32 at 224x224):
   weight in the input's dtype); ``rmsnorm_train``: its forward and backward (the weight's
   gradient is a column reduction over the rows).  Their "% of copy" is the bytes of the
   input over a copy's time (a forward reads and writes about that much; the backward more).
+* ``argmax_rows``: ``x.argmax(-1)`` over rows (logits of a batch of tokens, GPT-2's and Llama
+  3's vocabularies); ``max_dim_rows``: ``x.max(-1)``, values and indices; ``amax_rows``: the
+  plain row max of the same rows, the bandwidth an arg-reduction should reach (the same reads)::
+
+      python benchmarks/reductions.py --cases argmax_rows,max_dim_rows,amax_rows --out argmax.log
 
 Per case and backend: microseconds per call (CUDA events over back-to-back calls queued
 behind a GPU spin longer than their host time, so kernels only; the median of rounds), and the bandwidth it reaches as a share of a copy's: a reduction reads
@@ -39,7 +44,13 @@ CASES = {
     "bn_stats": [(32, 64, 112, 112), (32, 256, 56, 56), (32, 512, 28, 28)],
     "rmsnorm": [(2048, 1024), (4096, 4096)],
     "rmsnorm_train": [(2048, 1024), (4096, 4096)],
+    "argmax_rows": [(4096, 32000), (32, 50257), (8192, 1024), (1, 128256)],
+    "max_dim_rows": [(4096, 32000), (32, 50257), (8192, 1024), (1, 128256)],
+    "amax_rows": [(4096, 32000), (32, 50257), (8192, 1024), (1, 128256)],
 }
+#: the cases over rows: what each computes
+ROW_FUNCTIONS = {"argmax_rows": lambda x: x.argmax(-1), "max_dim_rows": lambda x: tuple(x.max(-1)),
+                 "amax_rows": lambda x: x.amax(-1)}
 
 
 def _rmsnorm(x, w):
@@ -65,6 +76,8 @@ def _fn(case):
         return _rmsnorm
     if case == "rmsnorm_train":
         return _rmsnorm  # timed with its backward (_step)
+    if case in ROW_FUNCTIONS:
+        return ROW_FUNCTIONS[case]
     if case == "middle_mean":
         return lambda x: x.mean(1)
     if case == "spatial_mean":
@@ -139,7 +152,9 @@ def main(argv=None) -> int:
                 for name, f in backends.items():  # compile, and check against eager
                     got, want = f(*x), fn(*x)
                     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-                        torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2,
+                        exact = not w.dtype.is_floating_point  # indices: eager's, the first of the best
+                        torch.testing.assert_close(g.float(), w.float(), rtol=0 if exact else 2e-2,
+                                                   atol=0 if exact else 2e-2,
                                                    msg=lambda m: f"{case} {shape} {name}: {m}")
                     if case == "rmsnorm_train":  # the backward compiles on the first call
                         _step(case, f)(*x)

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, Store, direct_indices, is_indirect, is_loop_var,
+from fxwrap.ir.loops import (Op, OpCode, Reduction, ScheduledKernel, Store, acc_key, direct_indices, is_indirect,
+                            is_loop_var,
                             load_buffer,
                             load_key,
                             rewrite, rvar, walk, xvar)
@@ -760,12 +761,29 @@ def _simplified_indices(reductions, stores, ranges: dict):
     return reductions, stores
 
 
+def read_reductions(reductions, stores) -> tuple[Reduction, ...]:
+    """The ``reductions`` that ``stores`` read, directly or through a later reduction, in
+    order: a reduction whose every store was dropped is not computed (``x.max(0).values``
+    lowers to a max and an argmax, and only the max is stored)."""
+    def accs(op: Op) -> set[str]:
+        return {acc_key(n)[0] for n in walk(op) if n.op == OpCode.ACC}
+    needed: set[str] = set()
+    for s in stores:
+        for root in s.roots():
+            needed |= accs(root)
+    for r in reversed(reductions):  # a reduction reads only earlier ones
+        if r.name in needed:
+            needed |= accs(r.value)
+    return tuple(r for r in reductions if r.name in needed)
+
+
 def to_kernel(group: Group, name: str, keep: set[str], buffers: dict, extra_keep: set[str]) -> ScheduledKernel:
-    """The ``ScheduledKernel`` of a group, storing only buffers in ``keep | extra_keep``."""
+    """The ``ScheduledKernel`` of a group, storing only buffers in ``keep | extra_keep`` and
+    computing only the reductions those stores read."""
     stores = tuple(s for s in group.stores if s.buffer in keep or s.buffer in extra_keep)
     ranges = {**{xvar(i): n for i, n in enumerate(group.outer)},
               **{rvar(i): n for i, n in enumerate(group.reduced)}}
-    reductions, stores = _simplified_indices(group.reductions, stores, ranges)
+    reductions, stores = _simplified_indices(read_reductions(group.reductions, stores), stores, ranges)
     ops = [r.value for r in reductions] + [op for s in stores for op in s.roots()]
     input_names: list[str] = [b.name for b in group.template.operands] if group.template is not None else []
     for op in ops:

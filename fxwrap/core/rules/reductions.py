@@ -1,4 +1,5 @@
-"""Reduction rules: sum, mean, prod, amax, amin, argmax, argmin, any, all, var, var_mean.
+"""Reduction rules: sum, mean, prod, amax, amin, argmax, argmin, any, all, var, var_mean; and
+``minmax_with_indices``, the rule of max/min over a dim (values and indices) a target opts into.
 
 ``aten.sum.dim_IntList(x, [1])`` on ``(s0, 64)`` becomes a reduction with outer
 range ``(s0,)``, reduced range ``(64,)`` and body ``x[(x0, r0)]``; the scheduler
@@ -79,6 +80,20 @@ def _argminmax(kind):
 
 register(aten.argmax.default, _argminmax("argmax"))
 register(aten.argmin.default, _argminmax("argmin"))
+
+
+def minmax_with_indices(kind):
+    """The rule of ``x.max(dim)`` (``kind`` ``"max"``) / ``x.min(dim)``: the values, a plain
+    reduction, and the indices, an arg-reduction, over the same rows (one kernel reads them
+    once).  Not a default: a target whose emitter computes both from one reduction registers
+    it (the Triton targets, ``fxwrap_lowerings``); elsewhere ATen's ``max.dim`` runs (the C++
+    target's max and argmax over a row were 2.7x ATen's ``max.dim`` at one thread)."""
+    def rule(ctx, x, dim, keepdim=False):
+        loops = as_loops(x)
+        values = _reduce(ctx, loops, dim, keepdim, kind, compute_dtype(loops.dtype))
+        indices = _reduce(ctx, loops, dim, keepdim, "arg" + kind, compute_dtype(loops.dtype))
+        return (values, indices)
+    return rule
 
 
 def _anyall(kind):

@@ -101,22 +101,6 @@ def _fx_logaddexp(a, b):
     same_inf = (lo == hi) & (tl.abs(lo) == float("inf"))
     return tl.where(same_inf, a, libdevice.log1p(libdevice.exp(lo - hi)) + hi)
 """,
-    "_fx_argmax": """
-@triton.jit
-def _fx_argmax(v1, i1, v2, i2):
-    better = (v1 > v2) | ((v1 != v1) & (v2 == v2))
-    tie = (v1 == v2) | ((v1 != v1) & (v2 != v2))
-    pick = better | (tie & (i1 < i2))
-    return tl.where(pick, v1, v2), tl.where(pick, i1, i2)
-""",
-    "_fx_argmin": """
-@triton.jit
-def _fx_argmin(v1, i1, v2, i2):
-    better = (v1 < v2) | ((v1 != v1) & (v2 == v2))
-    tie = (v1 == v2) | ((v1 != v1) & (v2 != v2))
-    pick = better | (tie & (i1 < i2))
-    return tl.where(pick, v1, v2), tl.where(pick, i1, i2)
-""",
     "_fx_welford": """
 @triton.jit
 def _fx_welford(mean1, m2_1, n1, mean2, m2_2, n2):

@@ -19,6 +19,27 @@ of a kernel with reductions (``sum``, ``prod``, ``max``/``min``, ``argmax``/``ar
 * ``split-outer``: two kernels, the partials of each (x tile, r chunk) into workspaces,
   then their combine (``write_split``).
 
+An arg-reduction (``argmax``/``argmin``; ``max(dim)`` is one) costs a plain max's reads
+and little more arithmetic: a lane keeps the first index of its best value, replaced only
+by a strictly better later element (NaN beats any number, the first NaN stays), with the
+index in the plan's index dtype; the lanes are then finished by two plain reductions, the
+NaN-propagating max of their values and the least index among the lanes holding it
+(``arg_of_lanes``)::
+
+    _red0_take = xrmask & (_red0_accv == _red0_accv) & ~(tmp0 <= _red0_accv)
+    _red0_accv = tl.where(_red0_take, tmp0, _red0_accv)
+    _red0_acci = tl.where(_red0_take, rindex, _red0_acci)
+    ...
+    _red0_rv = tl.reduce(_red0_accv, 1, _fx_max)[:, None]
+    _red0_ri = tl.min(tl.where((_red0_accv == _red0_rv) | (_red0_accv != _red0_accv), _red0_acci, 2147483647), 1)[:, None]
+
+A lane's index starts at 0, the index of a row's first element: a lane that never took an
+element keeps its identity value (``-inf`` for argmax) there, and can only win a row whose
+every element is that value, whose answer is 0.  Split rows combine their chunks' (value,
+first index) partials the same way.  A plain max (min) of the same values in the kernel
+(``x.max(dim)``'s values, a softmax's max beside an argmax) is read from ``_rv``, not
+reduced again (``computed_by``; in a split, the max's partials are the arg-reduction's).
+
 A result is bound as the reduction's ``acc`` in the scope after it (``bind``): what the
 stores and later reductions read.
 """
@@ -30,10 +51,14 @@ from fxwrap.ir.loops import OpCode, Reduction, acc_key, split_stores, walk
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter, Scope
 
-BIG_INDEX = 2 ** 62
-#: the jitted helper combining two values (arg-reductions: value and index pairs) of a kind
+#: the jitted helper combining two values of a kind (an arg-reduction's values: its
+#: value kind's, ``ARG_VALUE_KIND``)
 COMBINE = {"max": "_fx_max", "min": "_fx_min", "prod": "_fx_mul", "sum": "_fx_add",
-           "argmax": "_fx_argmax", "argmin": "_fx_argmin", "welford": "_fx_welford"}
+           "welford": "_fx_welford"}
+#: the plain reduction of an arg-reduction's values
+ARG_VALUE_KIND = {"argmax": "max", "argmin": "min"}
+#: no lane's index reaches it (the identity of the index ``tl.min``), per index dtype
+NO_INDEX = {"tl.int32": 2 ** 31 - 1, "tl.int64": 2 ** 62}
 
 
 def initial_value(kind: str, dtype: torch.dtype) -> str:
@@ -53,6 +78,19 @@ def initial_value(kind: str, dtype: torch.dtype) -> str:
         return 'float("-inf")' if lowest else 'float("inf")'
     info = torch.iinfo(dtype)
     return str(info.min if lowest else info.max)
+
+
+def replaces(kind: str, value: str, acc: str, dtype: torch.dtype) -> str:
+    """Whether a lane's later element ``value`` replaces its best ``acc`` so far in an
+    arg-reduction ``kind``: strictly better, or a NaN where ``acc`` is a number (ties keep
+    the earlier index; a NaN ``acc`` is never replaced)::
+
+        (_red0_accv == _red0_accv) & ~(tmp0 <= _red0_accv)
+    """
+    if not dtype.is_floating_point:
+        return f"({value} {'>' if kind == 'argmax' else '<'} {acc})"
+    not_better = "<=" if kind == "argmax" else ">="
+    return f"({acc} == {acc}) & ~({value} {not_better} {acc})"
 
 
 def accumulator_dtype(red: Reduction) -> torch.dtype:
@@ -112,21 +150,33 @@ class ReductionWriter:
         if p.kind == "persistent":
             out += ["rindex = rbase", "rmask = rindex < rnumel", "xrmask = xmask & rmask",
                     *w.decompose("rindex", p.groups["r"], p.ranges["r"])]
+            written: set[str] = set()
             for red in self.reductions:
-                self.persistent(top, red)
+                computed = self.computed_by(red)
+                if computed.name not in written:
+                    self.persistent(top, computed)
+                    written.add(computed.name)
+                if computed is not red:
+                    self.bind(top, red, [f"{w.reduction_local(computed)}_rv"], top.lines)
             for st in r_stores:
                 w.store(top, st, ("x", "r"))
             for st in x_stores:
                 w.store(top, st, ("x",))
             return w.with_zeros(out + top.lines)
+        written = set()
         for group in self.passes():
             init, update, finish = [], [], []
             loop = Scope(top, provides=rnames)
             for red in group:
-                a, b, c = self.looped(loop, red)
-                init += a
-                update += b
-                finish.append((red, c))
+                computed = self.computed_by(red)
+                if computed.name not in written:
+                    a, b, c = self.looped(loop, computed)
+                    init += a
+                    update += b
+                    finish.append((computed, c))
+                    written.add(computed.name)
+                if computed is not red:
+                    finish.append((red, ([], [f"{w.reduction_local(computed)}_rv"])))
             out += top.lines
             top.lines.clear()
             out += init
@@ -144,6 +194,21 @@ class ReductionWriter:
         for st in x_stores:
             w.store(top, st, ("x",))
         return w.with_zeros(out + top.lines)
+
+    def computed_by(self, red: Reduction) -> Reduction:
+        """The reduction whose lines give ``red``'s result (a split: its partials): ``red`` itself, or, for a plain max (min) of the values an argmax
+        (argmin) of the kernel reduces (``x.max(dim)``: its values and its indices), that
+        arg-reduction, whose lanes' max is the same number: one reduction, written where
+        the first of the two comes, and the max bound to its ``_rv``."""
+        if red.kind not in ("max", "min"):
+            return red
+        value = red.value
+        for arg in self.reductions:
+            if arg.kind in ARG_VALUE_KIND and ARG_VALUE_KIND[arg.kind] == red.kind \
+                    and accumulator_dtype(arg) == accumulator_dtype(red) \
+                    and (value == arg.value or value.op == OpCode.CAST and value.src[0] == arg.value):
+                return arg
+        return red
 
     def passes(self) -> list[list[Reduction]]:
         """The kernel's reductions in loops over the row: a reduction joins the loop before
@@ -194,11 +259,7 @@ class ReductionWriter:
             results = [base]
         elif kind in ("argmax", "argmin"):
             lines.append(f"{base}_v = tl.where(xrmask, {v}, tl.full([], {initial_value(kind, T)}, {tt}))")
-            lines.append(f"{base}_i = tl.where(xrmask, rindex.to(tl.int64), {BIG_INDEX})")
-            lines.append(f"{base}_rv, {base}_ri = tl.reduce(({base}_v, {base}_i), 1, "
-                         f"{self.combine(kind)})")
-            lines.append(f"{base}_ri = {base}_ri[:, None]")
-            lines.append(f"{base}_rv = {base}_rv[:, None]")
+            lines += self.arg_of_lanes(red, base, f"{base}_v", "rindex")
             results = [f"{base}_ri", f"{base}_rv"]
         elif kind == "welford":
             lines.append(f"{base}_n = tl.sum(tl.where(xrmask, 1.0, 0.0).to({tt}), 1)[:, None]")
@@ -236,15 +297,13 @@ class ReductionWriter:
             else:
                 fin = [f"{base} = tl.reduce({base}_acc, 1, {self.combine(kind)})[:, None]"]
             return init, upd, (fin, [base])
-        if kind in ("argmax", "argmin"):
-            fn = self.combine(kind)
+        if kind in ("argmax", "argmin"):  # (module doc)
             init += [f"{base}_accv = tl.full({full}, {initial_value(kind, T)}, {tt})",
-                     f"{base}_acci = tl.full({full}, {BIG_INDEX}, tl.int64)"]
-            upd += [f"{base}_nv, {base}_ni = {fn}({base}_accv, {base}_acci, {v}, rindex.to(tl.int64))",
-                    f"{base}_accv = tl.where(xrmask, {base}_nv, {base}_accv)",
-                    f"{base}_acci = tl.where(xrmask, {base}_ni, {base}_acci)"]
-            fin = [f"{base}_rv, {base}_ri = tl.reduce(({base}_accv, {base}_acci), 1, {fn})",
-                   f"{base}_ri = {base}_ri[:, None]", f"{base}_rv = {base}_rv[:, None]"]
+                     f"{base}_acci = tl.full({full}, 0, {self.plan.index_dtype})"]
+            upd += [f"{base}_take = xrmask & {replaces(kind, v, base + '_accv', T)}",
+                    f"{base}_accv = tl.where({base}_take, {v}, {base}_accv)",
+                    f"{base}_acci = tl.where({base}_take, rindex, {base}_acci)"]
+            fin = self.arg_of_lanes(red, base, f"{base}_accv", f"{base}_acci")
             return init, upd, (fin, [f"{base}_ri", f"{base}_rv"])
         if kind == "welford":
             fn = self.combine("welford")
@@ -269,12 +328,34 @@ class ReductionWriter:
             return init, upd, (fin, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"])
         raise CodegenError(f"reduction kind {kind!r} (kernel {self.kernel.name}, target {self.w.target_name})")
 
+    def arg_of_lanes(self, red: Reduction, base: str, values: str, indices: str) -> list[str]:
+        """The lines that finish arg-reduction ``red`` over the lanes (axis 1) of ``values``
+        and their first ``indices``: ``{base}_rv``, the NaN-propagating max (argmin: min)
+        of the values, and ``{base}_ri``, the least index among the lanes holding it, both
+        ``[XBLOCK, 1]`` (module doc)."""
+        T = accumulator_dtype(red)
+        holds = f"({values} == {base}_rv)"
+        if T.is_floating_point:  # the max is NaN only where some lane's value is
+            holds += f" | ({values} != {values})"
+        fn = self.combine(ARG_VALUE_KIND[red.kind])
+        return [f"{base}_rv = tl.reduce({values}, 1, {fn})[:, None]",
+                f"{base}_ri = tl.min(tl.where({holds}, {indices}, {NO_INDEX[self.plan.index_dtype]}), 1)[:, None]"]
+
+    def index_dtype(self) -> torch.dtype:
+        """The dtype of the lanes' indices of an arg-reduction: the plan's index dtype."""
+        return torch.int64 if self.plan.index_dtype == "tl.int64" else torch.int32
+
     def bind(self, scope: Scope, red: Reduction, results, sink: list[str]) -> None:
-        """Make ``acc(red.name, field)`` read ``results``; 16-bit results are rounded
-        (the rounding line goes to ``sink``)."""
+        """Make ``acc(red.name, field)`` read ``results``; 16-bit results are rounded, an
+        arg-reduction's int32 index widened to the int64 of its result (the line goes to
+        ``sink``)."""
         kind = red.kind
         if kind in ("argmax", "argmin"):
-            fields = {0: (results[0], torch.int64), 1: (results[1], red.value.dtype)}
+            index = results[0]
+            if self.index_dtype() != torch.int64:
+                index = f"{results[0]}64"
+                sink.append(f"{index} = {results[0]}.to(tl.int64)")
+            fields = {0: (index, torch.int64), 1: (results[1], red.value.dtype)}
         elif kind == "welford":
             fields = {i: (n, O.compute_dtype(red.dtype)) for i, n in enumerate(results)}
         elif kind in ("any", "all"):
@@ -292,18 +373,24 @@ class ReductionWriter:
     # ------------------------------------------------------------------ split-outer
     def workspace_dtypes(self) -> list[torch.dtype]:
         """The dtype of each workspace of partials (split-outer), reduction by reduction: its
-        accumulator's (``int8`` for any/all); a Welford reduction has three (mean, M2, count)."""
+        accumulator's (``int8`` for any/all); a Welford reduction has three (mean, M2, count),
+        an arg-reduction two (its first index, in the plan's index dtype, and its value)."""
         out = []
         for red in self.reductions:
             T = accumulator_dtype(red)
-            out += [T] * 3 if red.kind == "welford" else [torch.int8 if T == torch.bool else T]
+            if red.kind == "welford":
+                out += [T] * 3
+            elif red.kind in ("argmax", "argmin"):
+                out += [self.index_dtype(), T]
+            else:
+                out.append(torch.int8 if T == torch.bool else T)
         return out
 
     def workspace_slots(self) -> list[list[int]]:
         """Per reduction, the indices of its workspaces (``ws_ptr{i}``)."""
         slots, at = [], 0
         for red in self.reductions:
-            n = 3 if red.kind == "welford" else 1
+            n = {"welford": 3, "argmax": 2, "argmin": 2}.get(red.kind, 1)
             slots.append(list(range(at, at + n)))
             at += n
         return slots
@@ -334,6 +421,10 @@ class ReductionWriter:
         loop = Scope(top, provides=rnames)
         init, update, finish = [], [], []
         for red in self.reductions:
+            computed = self.computed_by(red)
+            if computed is not red:  # its partial is the arg-reduction's (stored after it, below)
+                finish.append(([], [f"{w.reduction_local(computed)}_rv"]))
+                continue
             i, u, f = self.looped(loop, red)
             init += i
             update += u
@@ -346,12 +437,15 @@ class ReductionWriter:
         a += init
         a += w.row_loop(loop, update, start="rstart", end="rend")
         dtypes = self.workspace_dtypes()
-        for (fin_lines, results), slots in zip(finish, self.workspace_slots()):
+        shared = []  # the stores of reductions computed by another, after every result
+        for red, (fin_lines, results), slots in zip(self.reductions, finish, self.workspace_slots()):
             a += fin_lines
             for i, v in zip(slots, results):  # a Welford reduction's mean, M2 and count
                 if dtypes[i] == torch.int8:
                     v = f"{v}.to(tl.int8)"
-                a.append(f"tl.store(ws_ptr{i} + (split * xnumel + xindex), {v}, xmask)")
+                line = f"tl.store(ws_ptr{i} + (split * xnumel + xindex), {v}, xmask)"
+                (shared if self.computed_by(red) is not red else a).append(line)
+        a += shared
         body_a = casts + w.with_zeros(a)
         # ---- kernel B: each program loads the [XBLOCK, NSPLIT] tile of partials of its x
         # (one load, NSPLIT a power of two) and reduces it along the splits: a fixed tree
@@ -374,6 +468,12 @@ class ReductionWriter:
                       f"{base}_rmean = {base}_rmean[:, None]", f"{base}_rm2 = {base}_rm2[:, None]",
                       f"{base}_rn = {base}_rn[:, None]"]
                 self.bind(top, red, [f"{base}_rmean", f"{base}_rm2", f"{base}_rn"], b)
+                continue
+            if kind in ("argmax", "argmin"):  # the chunks' (first index, value) partials
+                b.append(f"{base}_pi = {parts[0]}")
+                b.append(f"{base}_pv = {parts[1]}")
+                b += self.arg_of_lanes(red, base, f"{base}_pv", f"{base}_pi")
+                self.bind(top, red, [f"{base}_ri", f"{base}_rv"], b)
                 continue
             part = parts[0]
             if kind == "sum":

@@ -162,7 +162,7 @@ class Planner:
     split_min_rnumel_interpret = 128
     split_nsplit_interpret = 4     # interpreter: partials per x (tests raise it: wide combine tiles)
     split_min_rows_rnumel = 1 << 16  # a row split pays for its second launch from here on
-    split_kinds = frozenset("sum prod max min any all welford".split())
+    split_kinds = frozenset("sum prod max min any all welford argmax argmin".split())
 
     # mode="max-autotune": every candidate kept, each widened by its neighbours (half and
     # double the innermost block, half and double num_warps), at most this many in all
