@@ -461,7 +461,11 @@ class TritonEmitter(KernelEmitter):
     # ------------------------------------------------------------------ compile workers
     @property
     def compile_workers(self) -> int:
-        """How many Triton compile worker processes the process keeps (``compile_workers.py``)."""
+        """How many Triton compile worker processes the process keeps (``compile_workers.py``);
+        none for GPU kernels rendered where no GPU is (the ``cuda-offline`` renders: nothing to
+        compile them for)."""
+        if not self.interpret and not torch.cuda.is_available():
+            return 0
         return default_count(self.interpret)
 
     def prepare(self) -> None:
