@@ -316,7 +316,15 @@ class CppEmitter(CStyleEmitter):
             inner_lines = outer.lines + head
             test = " && ".join(outer.lookup(m)[0] for m in masks)
             append_block(inner_lines, f"if ({test})", ["#pragma omp simd", *_block(loop, fast_body)])
-            append_block(inner_lines, "else", ["#pragma omp simd", *_block(loop, body)])
+            if _masked_loads_in(fast, outer, fn):
+                append_block(inner_lines, "else", ["#pragma omp simd", *_block(loop, body)])
+            else:
+                # only the border loop loads under masks: it alone opts out of if-conversion
+                # (the prelude's FX_NO_IFCVT says why), as a lambda of its own, so that the
+                # loop above vectorizes its selects (a ReLU's, a max-pool's ``maximum``)
+                append_block(inner_lines, "else [&]() FX_NO_IFCVT", ["#pragma omp simd", *_block(loop, body)])
+                inner_lines[-1] += "();"
+                self._masked_loads = False
             return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
         inner_lines = outer.lines + head
         if simd:
@@ -392,6 +400,12 @@ def _invariant_masks(kernel: ScheduledKernel, inner: Scope, inner_var) -> list[O
         if inner_var.name not in inner.deps(mask) and inner.lookup(mask) is not None and mask not in masks:
             masks.append(mask)
     return masks
+
+
+def _masked_loads_in(*scopes: Scope) -> bool:
+    """Whether a load declared in one of ``scopes`` reads under a mask they do not know true."""
+    return any(op.op == OpCode.LOAD and load_mask(op) is not None and load_mask(op) not in scope.known_true
+               for scope in scopes for op in scope.env)
 
 
 def _interleaved_lanes(kernel: ScheduledKernel, vars_, ranges, most: int) -> int:
