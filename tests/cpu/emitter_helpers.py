@@ -61,9 +61,10 @@ __all__ = ["CPU", "x0", "x1", "x2", "r0", "r1", "s0", "s1", "buf", "ld", "const"
 
 def unvectorized_simd_loops(source: str, folder) -> list:
     """The ``#pragma omp simd`` loops of a kernel's ``source`` that g++ (fxwrap's flags, its
-    ``-fopt-info-vec-optimized`` report) does not vectorize: ``[(line, report)]``, empty when
-    every one is.  g++ reports a vectorized loop at its ``for`` line or at its body's first
-    statement; ``folder`` (a ``tmp_path``) holds the source and object."""
+    ``-fopt-info-vec-optimized`` report) does not vectorize: ``[(line, report)]`` (the 1-based
+    line of the pragma), empty when every one is.  g++ reports a vectorized loop at a line
+    of the loop (its ``for``, or a statement of its body); ``folder`` (a ``tmp_path``) holds
+    the source and object."""
     import re
     import subprocess
 
@@ -79,4 +80,14 @@ def unvectorized_simd_loops(source: str, folder) -> list:
     report = subprocess.run(["g++", *flags, "-fopt-info-vec-optimized", "-c", str(src), "-o", str(folder / "k.o")],
                             capture_output=True, text=True, check=True).stderr
     vectorized = {int(m) for m in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", report)}
-    return [(p, report) for p in simd if not vectorized & {p + 1, p + 2}]
+
+    def loop_lines(pragma: int) -> set:
+        first = pragma + 1  # the loop's for line, then its body up to the brace closing it
+        depth, last = 0, first
+        for last in range(first, len(lines) + 1):
+            depth += lines[last - 1].count("{") - lines[last - 1].count("}")
+            if depth <= 0:
+                break
+        return set(range(first, last + 1))
+
+    return [(p, report) for p in simd if not vectorized & loop_lines(p)]

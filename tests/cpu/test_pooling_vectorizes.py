@@ -63,3 +63,41 @@ def test_pool_after_relu_vectorizes(fn, tmp_path):
     lines = source.splitlines()
     missed = [p for p, _ in unvectorized_simd_loops(source, tmp_path) if "FX_NO_IFCVT" not in lines[p - 2]]
     assert not missed, [lines[p - 2] for p in missed]
+
+
+def _pool_relu_bn_grads(grad, x, indices, relu_out, centered):
+    """A training step's max-pool, ReLU and batch-norm gradients over channels-last images: the
+    pool's gradient, gated by the ReLU, summed per channel (a column reduction whose loads of
+    ``grad`` and ``indices`` are masked by the window's position, a condition of the r vars)."""
+    g = torch.ops.aten.max_pool2d_with_indices_backward(grad, x, [2, 2], [2, 2], [0, 0], [1, 1], False, indices)
+    g = torch.where(relu_out <= 0, 0.0, g)
+    return g.sum((0, 2, 3)), (g * centered).sum((0, 2, 3)), g
+
+
+def _grad_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 32, 16, 16, generator=g).to(memory_format=torch.channels_last)
+    pooled, indices = F.max_pool2d(x, 2, return_indices=True)
+    grad = torch.randn(pooled.shape, generator=g).to(memory_format=torch.channels_last)
+    centered = torch.randn(x.shape, generator=g).to(memory_format=torch.channels_last)
+    return grad, x, indices, x.relu(), centered
+
+
+def test_pool_backward_column_sums_match_eager():
+    program = fxwrap.lower(_pool_relu_bn_grads, *_grad_inputs(0), options={"cache": False})
+    for seed in (1, 2):
+        args = _grad_inputs(seed)
+        for got, want in zip(program.run(*args), _pool_relu_bn_grads(*args)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed: the vectorizer report needs it")
+def test_pool_backward_column_sums_vectorize_inside_the_windows(tmp_path):
+    program = fxwrap.lower(_pool_relu_bn_grads, *_grad_inputs(0), options={"cache": False})
+    (source,) = [s for s in _sources(program) if "max_pool2d_with_indices_backward" in s.split('extern "C"')[0]]
+    body = source[source.index('extern "C"'):]
+    assert not body.startswith('extern "C" FX_NO_IFCVT'), body[:200]
+    assert "else [&]() FX_NO_IFCVT {" in body
+    lines = source.splitlines()
+    missed = [p for p, _ in unvectorized_simd_loops(source, tmp_path) if "FX_NO_IFCVT" not in lines[p - 2]]
+    assert not missed, [lines[p - 2] for p in missed]

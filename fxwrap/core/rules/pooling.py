@@ -4,9 +4,9 @@
 output ``(n, c, oh, ow)``, a scan of the window's ``kernel[0] * kernel[1]`` positions
 (unrolled; positions outside the input are masked off), with ATen's rule: a value
 replaces the maximum when it is greater or NaN, and the index starts at the window's
-first position inside the input.  The values are the ``maximum`` (NaN-propagating: the same
-rule) of the window's values; the indices a select chain over the same comparisons; a
-kernel that stores both computes each.
+first position inside the input.  Values and indices are one select chain on the
+comparisons where one kernel stores both; values alone are the ``maximum`` (NaN-propagating:
+the same rule) of the window's values.
 
 ``max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, dilation, ceil_mode,
 indices)`` is, for every input element ``(n, c, h, w)``, the sum of ``grad`` over the
@@ -121,7 +121,8 @@ def _max_pool2d(ctx, x, kernel_size, stride=(), padding=(0,), dilation=(1,), cei
             best = larger if inside is None else Op("where", compute, (inside, larger, best))
         return best
 
-    def argmax(i):
+    def scan(i):
+        """The window's maximum and its index, as one select chain on the comparisons."""
         positions, where_ = window(i)
         best = const(float("-inf"), compute)
         for value, inside, flat in positions:
@@ -131,14 +132,15 @@ def _max_pool2d(ctx, x, kernel_size, stride=(), padding=(0,), dilation=(1,), cei
                 wins = Op("logical_and", torch.bool, (inside, wins))
             best = Op("where", compute, (wins, value, best))
             where_ = Op("where", I64, (wins, flat, where_))
-        return where_
+        return best, where_
 
-    values = Loops(size, dtype, ctx.device, lambda i: cast(maximum(i), dtype))
-    indices = Loops(size, I64, ctx.device, lambda i: argmax(i))
     used = {user.args[1] for user in ctx.node.users if user.target is operator.getitem}
-    if used == {0, 1}:  # both stored by one kernel: the scan is computed once
+    indices = Loops(size, I64, ctx.device, lambda i: scan(i)[1])
+    if used == {0, 1}:  # both stored by one kernel: one chain computes both (the maximum
+        # beside the chain would be a second computation, and g++ vectorizes neither then)
+        values = Loops(size, dtype, ctx.device, lambda i: cast(scan(i)[0], dtype))
         return ctx.realized_output(values, 0), ctx.realized_output(indices, 1)
-    return values, indices
+    return Loops(size, dtype, ctx.device, lambda i: cast(maximum(i), dtype)), indices
 
 
 def _may_leave(offset: int, pad: int, stride: int, out_size, in_size) -> bool:
