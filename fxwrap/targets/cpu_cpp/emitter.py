@@ -34,6 +34,11 @@ When an epilogue store contains the (transcendental) value the last pass reduces
 that pass stores it and the epilogue reads it back: softmax computes one ``exp``
 per element, ``out = exp(x - max)`` in the sum pass, ``out = out / sum`` after.
 
+A loop whose loads are masked by conditions it does not change (a padded max-pool window's
+position inside the image; a max-pool gradient's window choices, over a column reduction's
+``r`` vars) runs twice, behind a test of the masks: unmasked where they all hold, masked at
+the borders, in a lambda that alone opts out of if-conversion (``CppEmitter.unmasked_copy``).
+
 Scan kernels (``cumsum``...) run one task per row, a serial pass over ``r0`` that updates
 the running states and makes every store (``CStyleEmitter.scan_pass``, shared with Metal);
 few long rows run as a split scan (chunk totals in a workspace, then each chunk from its
