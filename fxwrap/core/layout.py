@@ -216,11 +216,53 @@ def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: 
     if needless and not propagate(candidate, fake_mode, input_values):
         return False
 
+    _follow_channels_last(candidate, fake_mode, input_values)
     if not restore_traced_outputs(graph, traced, saved_outputs, "channels-last layout"):
         return False
     gm.graph = graph
     gm.recompile()
     return True
+
+
+def _pointwise(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+        and torch.Tag.pointwise in node.target.tags
+
+
+def _follow_channels_last(candidate: torch.fx.GraphModule, fake_mode, input_values: Sequence) -> None:
+    """A 4-D pointwise result that propagation left NCHW though a full-size input is
+    channels-last (ATen's output layout follows the first operand: a broadcast gradient,
+    ``expand(div(grad, 256)) + convolution_backward(...)[0]``, makes its sum NCHW) becomes
+    channels-last through a clone its readers read instead: the clone is the kernel that
+    computes it where it is stored (a max-pool gradient's gathers and a batch-norm gradient's
+    column sums over channels then read channels contiguous), and fuses into pointwise
+    readers like the op itself.  Nothing changes where the readers refuse the layout (a
+    ``view``)::
+
+        add_27 = aten.add(expand, getitem_24)    # getitem_24 NHWC; add_27 NCHW
+        add_27_cl = aten.clone(add_27, memory_format=torch.channels_last)
+    """
+    graph = candidate.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    clones = []
+    for node in list(graph.nodes):
+        val = node.meta.get("val")
+        if not _pointwise(node) or not isinstance(val, torch.Tensor) \
+                or val.dim() != 4 or _is_channels_last(val) or output in node.users:
+            continue
+        full = [a.meta["val"] for a in node.args if isinstance(a, torch.fx.Node)
+                and isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].shape == val.shape]
+        if not any(_is_channels_last(v) and not v.is_contiguous() for v in full):
+            continue
+        with graph.inserting_after(node):
+            clone = graph.call_function(aten.clone.default, (node,), {"memory_format": torch.channels_last})
+        node.replace_all_uses_with(clone, delete_user_cb=lambda user, c=clone: user is not c)
+        clones.append(clone)
+    if clones and not propagate(candidate, fake_mode, input_values, "channels-last pointwise results"):
+        for clone in clones:
+            clone.replace_all_uses_with(clone.args[0])
+            graph.erase_node(clone)
+        propagate(candidate, fake_mode, input_values)
 
 
 def restore_traced_outputs(graph: torch.fx.Graph, traced: dict, keep: Collection[int] = (),
