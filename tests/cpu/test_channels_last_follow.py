@@ -53,3 +53,11 @@ def test_pointwise_result_read_by_pointwise_ops_is_one_kernel_with_them():
     args = _inputs(3)[:3]
     out = program.run(*args)
     torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, fn(*args), rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_sizes_match_eager():
+    program = fxwrap.lower(_pool_grad_of_broadcast_plus_conv, *_inputs(0), dynamic=True, options={"cache": False})
+    args = _inputs(4)
+    out = program.run(*args)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    torch.testing.assert_close(out, _pool_grad_of_broadcast_plus_conv(*args), rtol=1e-4, atol=1e-4)
