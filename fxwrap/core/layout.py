@@ -224,44 +224,39 @@ def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: 
     return True
 
 
-def _pointwise(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
-        and torch.Tag.pointwise in node.target.tags
+# commutative ops whose operands may swap places exactly (IEEE addition and multiplication are)
+_COMMUTATIVE = {aten.add.Tensor, aten.mul.Tensor}
 
 
 def _follow_channels_last(candidate: torch.fx.GraphModule, fake_mode, input_values: Sequence) -> None:
-    """A 4-D pointwise result that propagation left NCHW though a full-size input is
-    channels-last (ATen's output layout follows the first operand: a broadcast gradient,
-    ``expand(div(grad, 256)) + convolution_backward(...)[0]``, makes its sum NCHW) becomes
-    channels-last through a clone its readers read instead: the clone is the kernel that
-    computes it where it is stored (a max-pool gradient's gathers and a batch-norm gradient's
-    column sums over channels then read channels contiguous), and fuses into pointwise
-    readers like the op itself.  Nothing changes where the readers refuse the layout (a
-    ``view``)::
+    """A sum or product that propagation left NCHW though its second operand is a full-size
+    channels-last tensor (ATen's output layout follows the first operand: a broadcast
+    gradient, ``expand(div(grad, 256)) + convolution_backward(...)[0]``, makes the sum NCHW)
+    takes its operands the other way round, so that it is channels-last as well; its readers
+    (a max-pool gradient's gathers, a batch-norm gradient's column sums over channels, where
+    it is stored) then read channels contiguous.  Nothing changes where a reader refuses the
+    layout (a ``view``)::
 
-        add_27 = aten.add(expand, getitem_24)    # getitem_24 NHWC; add_27 NCHW
-        add_27_cl = aten.clone(add_27, memory_format=torch.channels_last)
+        add_27 = aten.add(expand, getitem_24)    # getitem_24 NHWC: add_27 NCHW
+        add_27 = aten.add(getitem_24, expand)    # NHWC
     """
     graph = candidate.graph
     output = next(n for n in graph.nodes if n.op == "output")
-    clones = []
-    for node in list(graph.nodes):
+    swapped = []
+    for node in graph.nodes:
         val = node.meta.get("val")
-        if not _pointwise(node) or not isinstance(val, torch.Tensor) \
-                or val.dim() != 4 or _is_channels_last(val) or output in node.users:
+        if node.op != "call_function" or node.target not in _COMMUTATIVE or node.kwargs \
+                or not isinstance(val, torch.Tensor) or val.dim() != 4 or _is_channels_last(val) \
+                or output in node.users or not all(isinstance(a, torch.fx.Node) for a in node.args[:2]):
             continue
-        full = [a.meta["val"] for a in node.args if isinstance(a, torch.fx.Node)
-                and isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].shape == val.shape]
-        if not any(_is_channels_last(v) and not v.is_contiguous() for v in full):
-            continue
-        with graph.inserting_after(node):
-            clone = graph.call_function(aten.clone.default, (node,), {"memory_format": torch.channels_last})
-        node.replace_all_uses_with(clone, delete_user_cb=lambda user, c=clone: user is not c)
-        clones.append(clone)
-    if clones and not propagate(candidate, fake_mode, input_values, "channels-last pointwise results"):
-        for clone in clones:
-            clone.replace_all_uses_with(clone.args[0])
-            graph.erase_node(clone)
+        second = node.args[1].meta.get("val")
+        if isinstance(second, torch.Tensor) and second.shape == val.shape \
+                and _is_channels_last(second) and not second.is_contiguous():
+            node.args = (node.args[1], node.args[0], *node.args[2:])
+            swapped.append(node)
+    if swapped and not propagate(candidate, fake_mode, input_values, "channels-last sums and products"):
+        for node in swapped:
+            node.args = (node.args[1], node.args[0], *node.args[2:])
         propagate(candidate, fake_mode, input_values)
 
 

@@ -1,9 +1,9 @@
-"""In a channels-last convolution net, a 4-D pointwise result that ATen would make NCHW (its
-first operand a broadcast: ``expand(grad / 256) + convolution_backward(...)[0]``, the average
-pool's gradient plus a residual's) is channels-last (``core/layout._follow_channels_last``:
-a clone, which fuses into pointwise readers as the op would).  The suite conv net's max-pool
-gradient read that sum with a channel stride of H*W: its two kernels (fused with the batch-norm
-gradient's column sums) took 27 ms at one thread, 10.6 ms reading it channels-last."""
+"""In a channels-last convolution net, a sum whose first operand is a broadcast (``expand(grad /
+256) + convolution_backward(...)[0]``, the average pool's gradient plus a residual's), which
+ATen makes NCHW, takes its operands the other way round and is channels-last
+(``core/layout._follow_channels_last``).  The suite conv net's max-pool gradient read that sum
+with a channel stride of H*W: its two kernels (fused with the batch-norm gradient's column
+sums) took 27 ms at one thread, 10.6 ms reading it channels-last."""
 from __future__ import annotations
 
 import re
@@ -29,7 +29,7 @@ def _inputs(seed):
             torch.randn(2, 16, generator=gen), pooled_from, F.max_pool2d(pooled_from, 2, return_indices=True)[1])
 
 
-def test_pointwise_result_read_by_pooling_gradient_follows_channels_last():
+def test_sum_read_by_pooling_gradient_is_channels_last():
     program = fxwrap.lower(_pool_grad_of_broadcast_plus_conv, *_inputs(0), options={"cache": False})
     (source,) = [line.kernel.source for line in program.lines if isinstance(line, DefineKernel)
                  and "max_pool2d_with_indices_backward" in line.kernel.source.split('extern "C"')[0]]
@@ -43,7 +43,7 @@ def test_pointwise_result_read_by_pooling_gradient_follows_channels_last():
         torch.testing.assert_close(out, _pool_grad_of_broadcast_plus_conv(*args), rtol=1e-4, atol=1e-4)
 
 
-def test_pointwise_result_read_by_pointwise_ops_is_one_kernel_with_them():
+def test_sum_read_by_pointwise_ops_is_one_kernel_with_them():
     def fn(x, w, g):
         y = F.conv2d(x, w, padding=1)
         return (g[:, :, None, None].expand_as(y) / 256 + y).relu() * 2
