@@ -7,8 +7,7 @@ convolution.  ``channels_last_convolutions(gm)`` gives every 4-D convolution (an
 lets the layout flow through the ops after it (batch norm, ReLU, residual adds and
 pooling keep a channels-last input's layout; a sum whose first operand is a broadcast
 takes its operands the other way round to keep it too: ``_follow_channels_last``), and
-gives the graph's outputs back the
-layout they were traced with::
+gives the graph's outputs back the layout they were traced with::
 
     convolution = aten.convolution(x, w, b, ...)          # x, w: NCHW
     relu = aten.relu(convolution)
