@@ -5,8 +5,9 @@ NCHW ones they transpose the input and the weight in and the result out around e
 convolution.  ``channels_last_convolutions(gm)`` gives every 4-D convolution (and every
 4-D ``convolution_backward``: its grad_output, input and weight) channels-last tensors,
 lets the layout flow through the ops after it (batch norm, ReLU, residual adds and
-pooling keep a channels-last input's layout), and gives the graph's outputs back the
-layout they were traced with::
+pooling keep a channels-last input's layout; a sum whose first operand is a broadcast
+takes its operands the other way round to keep it too: ``_follow_channels_last``), and
+gives the graph's outputs back the layout they were traced with::
 
     convolution = aten.convolution(x, w, b, ...)          # x, w: NCHW
     relu = aten.relu(convolution)
@@ -227,11 +228,48 @@ def _relayout(gm: torch.fx.GraphModule, input_values: Sequence | None, convert: 
     if needless and not same_layout and not propagate(candidate, fake_mode, input_values):
         return False
 
+    _follow_channels_last(candidate, fake_mode, input_values)
     if not restore_traced_outputs(graph, traced, saved_outputs, "channels-last layout"):
         return False
     gm.graph = graph
     gm.recompile()
     return True
+
+
+# commutative ops whose operands may swap places exactly (IEEE addition and multiplication are)
+_COMMUTATIVE = {aten.add.Tensor, aten.mul.Tensor}
+
+
+def _follow_channels_last(candidate: torch.fx.GraphModule, fake_mode, input_values: Sequence) -> None:
+    """A sum or product that propagation left NCHW though its second operand is a full-size
+    channels-last tensor (ATen's output layout follows the first operand: a broadcast
+    gradient, ``expand(div(grad, 256)) + convolution_backward(...)[0]``, makes the sum NCHW)
+    takes its operands the other way round, so that it is channels-last as well; its readers
+    (a max-pool gradient's gathers, a batch-norm gradient's column sums over channels, where
+    it is stored) then read channels contiguous.  Nothing changes where a reader refuses the
+    layout (a ``view``)::
+
+        add_27 = aten.add(expand, getitem_24)    # getitem_24 NHWC: add_27 NCHW
+        add_27 = aten.add(getitem_24, expand)    # NHWC
+    """
+    graph = candidate.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    swapped = []
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if node.op != "call_function" or node.target not in _COMMUTATIVE or node.kwargs \
+                or not isinstance(val, torch.Tensor) or val.dim() != 4 or _is_channels_last(val) \
+                or output in node.users or not all(isinstance(a, torch.fx.Node) for a in node.args[:2]):
+            continue
+        second = node.args[1].meta.get("val")
+        if isinstance(second, torch.Tensor) and second.shape == val.shape \
+                and _is_channels_last(second) and not second.is_contiguous():
+            node.args = (node.args[1], node.args[0], *node.args[2:])
+            swapped.append(node)
+    if swapped and not propagate(candidate, fake_mode, input_values, "channels-last sums and products"):
+        for node in swapped:
+            node.args = (node.args[1], node.args[0], *node.args[2:])
+        propagate(candidate, fake_mode, input_values)
 
 
 def restore_traced_outputs(graph: torch.fx.Graph, traced: dict, keep: Collection[int] = (),

@@ -57,3 +57,37 @@ def rand(shape, dtype=torch.float32, low=-3.0, high=3.0, gen=None) -> torch.Tens
 __all__ = ["CPU", "x0", "x1", "x2", "r0", "r1", "s0", "s1", "buf", "ld", "const", "op", "cast",
            "acc", "kernel", "build", "emitter", "rand", "Store", "Reduction", "Op",
            "contiguous"]
+
+
+def unvectorized_simd_loops(source: str, folder) -> list:
+    """The ``#pragma omp simd`` loops of a kernel's ``source`` that g++ (fxwrap's flags, its
+    ``-fopt-info-vec-optimized`` report) does not vectorize: ``[(line, report)]`` (the 1-based
+    line of the pragma), empty when every one is.  g++ reports a vectorized loop at a line
+    of the loop (its ``for``, or a statement of its body); ``folder`` (a ``tmp_path``) holds
+    the source and object."""
+    import re
+    import subprocess
+
+    from fxwrap.targets.host.compiler import DEFAULT_FLAGS
+
+    src = folder / "k.cpp"
+    src.write_text(source)
+    lines = source.splitlines()
+    start = next(j for j, t in enumerate(lines) if t.startswith('extern "C"'))
+    simd = [i + 1 for i, line in enumerate(lines) if i > start and line.strip() == "#pragma omp simd"]
+    assert simd, "no omp simd loop in the kernel"
+    flags = [f for f in DEFAULT_FLAGS if f != "-shared"]
+    report = subprocess.run(["g++", *flags, "-fopt-info-vec-optimized", "-c", str(src), "-o", str(folder / "k.o")],
+                            capture_output=True, text=True, check=True).stderr
+    vectorized = {int(m) for m in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", report)}
+
+    def loop_lines(pragma: int) -> set:
+        first = pragma + 1  # the loop's for line, then its body up to the brace closing it
+        depth, last = 0, first
+        for last in range(first, len(lines) + 1):
+            depth += lines[last - 1].count("{") - lines[last - 1].count("}")
+            if depth <= 0:
+                break
+        return set(range(first, last + 1))
+
+    return [(p, report) for p in simd if not vectorized & loop_lines(p)]

@@ -22,7 +22,8 @@ def _kernel_source(program) -> str:
 
 def _branches(source: str) -> tuple[str, str, str]:
     """The mask test, the loop under it and the loop of its ``else``."""
-    match = re.search(r"\n(\s*)if \(([^\n]*)\) \{\n(.*?)\n\1\}\n\1else \{\n(.*?)\n\1\}\n", source, re.S)
+    match = re.search(r"\n(\s*)if \(([^\n]*)\) \{\n(.*?)\n\1\}\n\1else(?: \[&\]\(\) FX_NO_IFCVT)? \{\n(.*?)\n\1\}(?:\(\);)?\n",
+                      source, re.S)
     assert match, source
     return match.group(2), match.group(3), match.group(4)
 

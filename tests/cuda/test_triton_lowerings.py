@@ -178,6 +178,18 @@ def test_max_pool2d_backward_gathers(dtype):
         assert len(ks) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_max_pool2d_values_alone_are_a_nan_propagating_maximum(dtype):
+    """Pooled values without their indices are the ``maximum`` of the window (pooling.py):
+    a NaN wins its window, -inf stays, a padded position never counts."""
+    x = (torch.randn(2, 6, 9, 7, device=DEVICE) * 3).round().to(dtype)
+    x = x.masked_fill(torch.rand_like(x, dtype=torch.float32) < 0.1, float("nan"))
+    x[0, 1] = float("-inf")
+    for fn in (lambda x: F.max_pool2d(x, 2) * 2, lambda x: F.max_pool2d(x - 20, 3, 2, 1) * 2):
+        ks = check(fn, (x,), tol=dict(rtol=0, atol=0))
+        assert len(ks) == 1
+
+
 def test_permuted_3d_copy_is_tiled():
     x = torch.randn(5, 33, 40, device=DEVICE)
     ks = check(lambda x: x.permute(0, 2, 1) * 2 + 1, (x,))

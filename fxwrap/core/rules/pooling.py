@@ -4,8 +4,9 @@
 output ``(n, c, oh, ow)``, a scan of the window's ``kernel[0] * kernel[1]`` positions
 (unrolled; positions outside the input are masked off), with ATen's rule: a value
 replaces the maximum when it is greater or NaN, and the index starts at the window's
-first position inside the input.  Values and indices are two ``Loops`` over the same
-scan; interning makes them one computation where a kernel stores both.
+first position inside the input.  Values and indices are one select chain on the
+comparisons where one kernel stores both; values alone are the ``maximum`` (NaN-propagating:
+the same rule) of the window's values.
 
 ``max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, dilation, ceil_mode,
 indices)`` is, for every input element ``(n, c, h, w)``, the sum of ``grad`` over the
@@ -89,12 +90,14 @@ def _max_pool2d(ctx, x, kernel_size, stride=(), padding=(0,), dilation=(1,), cei
     outside = [[_may_leave(d, pads[a], strides[a], size[2 + a], loops.size[2 + a]) for d in range(kernel[a])]
                for a in range(2)]
 
-    def scan(i):
+    def window(i):
+        """The window of output ``i``: its positions as ``(value, inside or None, flat index)``,
+        in scan order, and the index of its first position inside the input."""
         n, c, oh, ow = i
         top, left = oh * strides[0] - pads[0], ow * strides[1] - pads[1]
-        best = const(float("-inf"), compute)
-        where_ = index_value(top * width + left) if not (pads[0] or pads[1]) else \
+        first = index_value(top * width + left) if not (pads[0] or pads[1]) else \
             _op("add", _op("mul", _op("maximum", top, 0), width), _op("maximum", left, 0))
+        positions = []
         for dh in range(kernel[0]):
             for dw in range(kernel[1]):
                 h, w = top + dh, left + dw
@@ -105,20 +108,39 @@ def _max_pool2d(ctx, x, kernel_size, stride=(), padding=(0,), dilation=(1,), cei
                     inside = check if inside is None else Op("logical_and", torch.bool, (inside, check))
                 value = loops((n, c, h, w))
                 value = cast(value if inside is None else masked(value, inside), compute)
-                wins = Op("logical_or", torch.bool, (Op("gt", torch.bool, (value, best)),
-                                                      Op("isnan", torch.bool, (value,))))
-                if inside is not None:
-                    wins = Op("logical_and", torch.bool, (inside, wins))
-                best = Op("where", compute, (wins, value, best))
-                where_ = Op("where", I64, (wins, index_value(h * width + w), where_))
+                positions.append((value, inside, index_value(h * width + w)))
+        return positions, first
+
+    def maximum(i):
+        # ATen's "greater or NaN replaces" is ``maximum`` (NaN-propagating) of the window's
+        # values: one op a position, with no select on a comparison (g++ 12 vectorizes no
+        # loop whose select chain follows an inlined relu: "control flow in loop")
+        best = const(float("-inf"), compute)
+        for value, inside, _ in window(i)[0]:
+            larger = Op("maximum", compute, (best, value))
+            best = larger if inside is None else Op("where", compute, (inside, larger, best))
+        return best
+
+    def scan(i):
+        """The window's maximum and its index, as one select chain on the comparisons."""
+        positions, where_ = window(i)
+        best = const(float("-inf"), compute)
+        for value, inside, flat in positions:
+            wins = Op("logical_or", torch.bool, (Op("gt", torch.bool, (value, best)),
+                                                  Op("isnan", torch.bool, (value,))))
+            if inside is not None:
+                wins = Op("logical_and", torch.bool, (inside, wins))
+            best = Op("where", compute, (wins, value, best))
+            where_ = Op("where", I64, (wins, flat, where_))
         return best, where_
 
-    values = Loops(size, dtype, ctx.device, lambda i: cast(scan(i)[0], dtype))
-    indices = Loops(size, I64, ctx.device, lambda i: scan(i)[1])
     used = {user.args[1] for user in ctx.node.users if user.target is operator.getitem}
-    if used == {0, 1}:  # both stored by one kernel: the scan is computed once
+    indices = Loops(size, I64, ctx.device, lambda i: scan(i)[1])
+    if used == {0, 1}:  # both stored by one kernel: one chain computes both (the maximum
+        # beside the chain would be a second computation, and g++ vectorizes neither then)
+        values = Loops(size, dtype, ctx.device, lambda i: cast(scan(i)[0], dtype))
         return ctx.realized_output(values, 0), ctx.realized_output(indices, 1)
-    return values, indices
+    return Loops(size, dtype, ctx.device, lambda i: cast(maximum(i), dtype)), indices
 
 
 def _may_leave(offset: int, pad: int, stride: int, out_size, in_size) -> bool:

@@ -34,6 +34,11 @@ When an epilogue store contains the (transcendental) value the last pass reduces
 that pass stores it and the epilogue reads it back: softmax computes one ``exp``
 per element, ``out = exp(x - max)`` in the sum pass, ``out = out / sum`` after.
 
+A loop whose loads are masked by conditions it does not change (a padded max-pool window's
+position inside the image; a max-pool gradient's window choices, over a column reduction's
+``r`` vars) runs twice, behind a test of the masks: unmasked where they all hold, masked at
+the borders, in a lambda that alone opts out of if-conversion (``CppEmitter.unmasked_copy``).
+
 Scan kernels (``cumsum``...) run one task per row, a serial pass over ``r0`` that updates
 the running states and makes every store (``CStyleEmitter.scan_pass``, shared with Metal);
 few long rows run as a split scan (chunk totals in a workspace, then each chunk from its
@@ -148,6 +153,18 @@ class CppEmitter(CStyleEmitter):
         self._masked_loads = False
         self._selects = False
 
+    # Masked loads make a kernel opt out of if-conversion (FX_NO_IFCVT, the prelude says why),
+    # unless each is declared in a border loop that does so alone (``unmasked_copy``): the
+    # scopes of the masked loads rendered, and those of the border loops.
+    @property
+    def _masked_loads(self) -> bool:
+        return any(all(home is not border for border in self._border_scopes) for home in self._masked_homes)
+
+    @_masked_loads.setter
+    def _masked_loads(self, value: bool) -> None:
+        self._masked_homes: list = [None] if value else []
+        self._border_scopes: list = []
+
     # ------------------------------------------------------------------ naming
     def symbol_name(self, sym: sympy.Symbol) -> str:
         if sym.name in self.reserved_names:
@@ -203,8 +220,8 @@ class CppEmitter(CStyleEmitter):
         return render_c_combo(self, kernel)
 
     def render_load(self, op, scope) -> str:
-        masked = load_mask(op) is not None and load_mask(op) not in scope.known_true
-        self._masked_loads = self._masked_loads or masked
+        if load_mask(op) is not None and load_mask(op) not in scope.known_true:
+            self._masked_homes.append(scope)
         return super().render_load(op, scope)
 
     def render_op(self, op, args, arg_dtypes) -> str:
@@ -305,19 +322,14 @@ class CppEmitter(CStyleEmitter):
         else:
             start, stop = "0", ir
         loop = f"for ({it} {iv} = {start}; {iv} < {stop}; ++{iv})"
-        masks = _invariant_masks(kernel, inner, inner_var) if simd and not lanes else []
-        if masks:
+        split = self.unmasked_copy(kernel.stores, inner, inner_var, loop,
+                                   lambda fast: self.render_stores(kernel, kernel.stores, fast), body) \
+            if simd and not lanes else None
+        if split is not None:
             # the loads of the inner loop under masks it does not change (a max-pool window's
             # rows and columns inside the image): gcc vectorizes none of them (too many
             # conditions to unswitch), so the loop runs unmasked where every mask holds
-            fast = Scope(self, names, outer, declares=[inner_var.name])
-            fast.known_true = frozenset(masks)
-            fast_body = self.render_stores(kernel, kernel.stores, fast)
-            inner_lines = outer.lines + head
-            test = " && ".join(outer.lookup(m)[0] for m in masks)
-            append_block(inner_lines, f"if ({test})", ["#pragma omp simd", *_block(loop, fast_body)])
-            append_block(inner_lines, "else", ["#pragma omp simd", *_block(loop, body)])
-            return fn.lines + self.parallel_for(names, par if loops else None, loops, inner_lines)
+            return fn.lines + self.parallel_for(names, par if loops else None, loops, outer.lines + head + split)
         inner_lines = outer.lines + head
         if simd:
             inner_lines.append("#pragma omp simd")
@@ -350,6 +362,36 @@ class CppEmitter(CStyleEmitter):
             append_block(blocks, "", [f"const {self.index_type} {lane_var.name} = {value};", *stores])
         return inner.lines + [ln[1:] if ln == " {" else ln for ln in blocks]
 
+    def unmasked_copy(self, stores, inner: Scope, inner_var, loop: str, render, body: list[str]) -> list[str] | None:
+        """The ``omp simd`` loop ``loop`` (its body ``body``, rendered in ``inner``) twice, where
+        loads of its body read under masks it does not change: unmasked where every mask holds
+        (``render(scope)`` renders the body again in a scope that knows them true), masked
+        otherwise; None where there are no such masks.  The border loop alone opts out of
+        if-conversion, as a lambda of its own, so the unmasked loop vectorizes its selects::
+
+            if (tmp12 && tmp10) {
+              #pragma omp simd
+              for (int64_t x1 = 0; x1 < 32; ++x1) { ... in_ptr0[...] ... }
+            }
+            else [&]() FX_NO_IFCVT {
+              #pragma omp simd
+              for (int64_t x1 = 0; x1 < 32; ++x1) { ... tmp12 ? in_ptr0[...] : float(0) ... }
+            }();
+        """
+        masks = _invariant_masks(stores, inner, inner_var)
+        if not masks:
+            return None
+        fast = Scope(self, inner.names, inner.parent, declares=[inner_var.name])
+        fast.known_true = frozenset(masks)
+        fast_body = render(fast)
+        test = " && ".join(inner.parent.lookup(m)[0] for m in masks)
+        lines: list[str] = []
+        append_block(lines, f"if ({test})", ["#pragma omp simd", *_block(loop, fast_body)])
+        append_block(lines, "else [&]() FX_NO_IFCVT", ["#pragma omp simd", *_block(loop, body)])
+        lines[-1] += "();"
+        self._border_scopes.append(inner)
+        return lines
+
     def scan(self, kernel: ScheduledKernel, names: LocalNames) -> list[str]:
         """A scan kernel: one task per row, or a split scan of few long rows (``ScanCode``)."""
         return ScanCode(self, kernel, names).render()
@@ -376,7 +418,7 @@ class CppEmitter(CStyleEmitter):
         return SharedObjectLoader.of(kernel.launcher().library, bind_c_kernel, kernel_loader)
 
 
-def _invariant_masks(kernel: ScheduledKernel, inner: Scope, inner_var) -> list[Op]:
+def _invariant_masks(stores, inner: Scope, inner_var) -> list[Op]:
     """The masks of the loads declared in the innermost loop's scope ``inner`` (its body
     rendered) that do not depend on its variable, in program order; their locals are
     declared outside the loop.  A max-pool window over a padded image::
@@ -385,7 +427,7 @@ def _invariant_masks(kernel: ScheduledKernel, inner: Scope, inner_var) -> list[O
         for (x0 ...) { tmp29 = tmp28 ? in_ptr0[x0 + ...] : float(0); ... }
     """
     masks: list[Op] = []
-    for op in walk(*(root for st in kernel.stores for root in st.roots())):
+    for op in walk(*(root for st in stores for root in (st.roots() if isinstance(st, Store) else (st,)))):
         if op.op != OpCode.LOAD or op not in inner.env or load_mask(op) is None:
             continue
         mask = load_mask(op)
@@ -962,15 +1004,25 @@ class _ReductionCode:
             code.append(f"{it} {p[0].base}_flush = 0;")
         rscope = self.scope(outer, [v.name for v in self.rv])
         inner = self.scope(rscope, [xlast])
-        bind(inner)
-        body = [f"const {it} {xlast} = xbase + xj;"]
-        upd = [r.upd([f"{c}[xj]" for c in r.names("c")], r.value(inner), "rindex") for r in p]
-        inner.flush_into(body)
-        body += upd
+
+        def render(scope: Scope) -> list[str]:
+            bind(scope)
+            body = [f"const {it} {xlast} = xbase + xj;"]
+            upd = [r.upd([f"{c}[xj]" for c in r.names("c")], r.value(scope), "rindex") for r in p]
+            scope.flush_into(body)
+            return body + upd
+
+        body = render(inner)
+        loop = f"for ({it} xj = 0; xj < xcount; ++xj)"
+        # loads masked by conditions of the r vars only (a max-pool backward's window choices)
+        split = self.em.unmasked_copy([r.red.value for r in p], inner, self.xv[-1], loop, render, body)
         rbody = self.r_all("rindex")
         rscope.flush_into(rbody)
-        rbody.append("#pragma omp simd")
-        append_block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
+        if split is not None:
+            rbody += split
+        else:
+            rbody.append("#pragma omp simd")
+            append_block(rbody, loop, body)
         rbody += self.flush_partials(flush, p[0].base, "c", f"{it} xj", "xcount")
         append_block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
         fold: list[str] = []
@@ -990,14 +1042,23 @@ class _ReductionCode:
         xlast = self.xv[-1]
         rscope = self.scope(outer, [v.name for v in self.rv])
         inner = self.scope(rscope, [xlast.name])
-        bind(inner)
-        body = [f"const {it} {xlast.name} = xbase + xj;"]
-        body += self.em.render_stores(self.k, self.r_stores, inner)
+
+        def render(scope: Scope) -> list[str]:
+            bind(scope)
+            return [f"const {it} {xlast.name} = xbase + xj;", *self.em.render_stores(self.k, self.r_stores, scope)]
+
+        body = render(inner)
+        loop = f"for ({it} xj = 0; xj < xcount; ++xj)"
+        simd = all(_stride(st.index, xlast) == 1 for st in self.r_stores)
+        split = self.em.unmasked_copy(self.r_stores, inner, xlast, loop, render, body) if simd else None
         rbody = self.r_all("rindex")
         rscope.flush_into(rbody)
-        if all(_stride(st.index, xlast) == 1 for st in self.r_stores):
-            rbody.append("#pragma omp simd")
-        append_block(rbody, f"for ({it} xj = 0; xj < xcount; ++xj)", body)
+        if split is not None:
+            rbody += split
+        else:
+            if simd:
+                rbody.append("#pragma omp simd")
+            append_block(rbody, loop, body)
         code: list[str] = []
         append_block(code, f"for ({it} rindex = {rs}; rindex < {re_}; ++rindex)", rbody)
         return code
