@@ -232,9 +232,10 @@ def test_compile_workers_compile_into_the_cache_folder_the_caller_has_now(monkey
 
 
 def test_compile_worker_count(monkeypatch):
-    """How many workers: none under the interpreter, one a core up to 16 on a GPU, the cores
-    shared by the ranks ``torchrun`` started on the host; ``FXWRAP_TRITON_COMPILE_WORKERS``
-    wins, and a value that is not a count fails naming the variable."""
+    """How many workers: none unless ``FXWRAP_TRITON_COMPILE_WORKERS`` asks (opt-in for now);
+    ``auto``: none under the interpreter, one a core up to 16 on a GPU, the cores shared by the
+    ranks ``torchrun`` started on the host; a count wins, and a value that is neither fails
+    naming the variable."""
     import os
 
     import pytest
@@ -243,6 +244,8 @@ def test_compile_worker_count(monkeypatch):
     monkeypatch.delenv("FXWRAP_TRITON_COMPILE_WORKERS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert (default_count(interpret=True), default_count(interpret=False)) == (0, 0)
+    monkeypatch.setenv("FXWRAP_TRITON_COMPILE_WORKERS", "auto")
     assert (default_count(interpret=True), default_count(interpret=False)) == (0, 16)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert default_count(interpret=False) == 8
