@@ -19,10 +19,10 @@ are given no more.  ``claim`` never waits for a job no worker has begun:
 it takes it back (the caller compiles as without workers), so a slow start of the workers costs
 nothing.  A worker that fails a job, or dies, only means the caller compiles that unit itself.
 
-``FXWRAP_TRITON_COMPILE_WORKERS=N`` sets the count (0: compile in the binding process, in
-threads, as before); the Triton emitter's default is one a core up to 16 on a GPU (the cores
-shared by ``torchrun``'s processes on the host), none under the interpreter, where the worker only
-imports the module.
+``FXWRAP_TRITON_COMPILE_WORKERS=N`` sets the count, ``auto`` one a core up to 16 on a GPU (the
+cores shared by ``torchrun``'s processes on the host; none under the interpreter, where the worker
+only imports the module); unset, none: the binding process compiles, in threads (opt-in for now:
+``default_count`` says why).
 """
 from __future__ import annotations
 

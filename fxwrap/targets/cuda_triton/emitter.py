@@ -62,7 +62,8 @@ from fxwrap.targets.base import (DeviceInterface, KernelEmitter, KernelSource, W
                                   kernel_header, kernel_signature)
 from fxwrap.targets.cuda_triton import ops as O
 from fxwrap.targets.cuda_triton.compile_workers import CompileUnit, compile_workers, default_count
-from fxwrap.targets.cuda_triton.launcher import SequenceLauncher, SplitLauncher, split_launches
+from fxwrap.targets.cuda_triton.launcher import (InterpretedLauncher, SequenceLauncher, SplitLauncher, bind_compiled,
+                                                 clear_modules, load_module, split_launches)
 from fxwrap.targets.cuda_triton.device import CudaDevice
 from fxwrap.targets.cuda_triton.codegen import CodegenError, KernelWriter
 from fxwrap.targets.cuda_triton.combo import render_triton_combo
@@ -124,8 +125,6 @@ def _compiled_launches(launch: TritonLaunch) -> list[TritonLaunch]:
 def clear_caches() -> None:
     """Forget the in-process launcher, autotuning and kernel-module caches (tests,
     benchmarks): the next load imports the module anew, so Triton compiles again."""
-    from fxwrap.targets.cuda_triton.launcher import clear_modules
-
     with _CACHE_LOCK:
         _LAUNCHERS.clear()
         _TUNED.clear()
@@ -565,8 +564,6 @@ class TritonEmitter(KernelEmitter):
             mine.set()
 
     def _bind_one(self, text: str, launch: TritonLaunch, device):
-        from fxwrap.targets.cuda_triton.launcher import InterpretedLauncher, bind_compiled, load_module
-
         interpret = bool(launch.interpret)
         workers = compile_workers(self.compile_workers)
         if workers is not None:  # a worker that began this compile: Triton's disk cache has it after

@@ -218,8 +218,7 @@ def gemv_configs(call: TemplateCall, interpret: bool) -> list[GemvConfig]:
     """The candidate tilings at ``call``'s size hints: the row band's table for the weight's
     layout, each block capped at the problem (next power of two), ``FORM_DOT`` only with
     ``DOT_FORM_ON_GPU``, for 16-bit activations and blocks of at least 16, deduplicated, in
-    table order.  Under the
-    interpreter one small tiling (its cost is per program and per op)."""
+    table order.  Under the interpreter one small tiling (its cost is per program and per op)."""
     rows = static_rows(call) or 1
     n, k = (max(1, call.hint(d)) for d in ("n", "k"))
     cap_n, cap_k = next_pow2(n), next_pow2(k)
